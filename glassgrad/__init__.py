@@ -1,0 +1,16 @@
+"""glassgrad: tinygrad's architecture in clear, typed Python.
+
+    from glassgrad import Tensor
+    x = Tensor([[1.0, 2.0], [3.0, 4.0]])
+    print((x @ x.T).relu().sum(axis=1).numpy())
+
+See docs/ARCHITECTURE.md for the walk from `a + b` to the generated kernel.
+"""
+from glassgrad.device import Device
+from glassgrad.dtype import DType, dtypes
+from glassgrad.engine.realize import GlobalCounters
+from glassgrad.helpers import Context, getenv
+from glassgrad.kernels import kernels
+from glassgrad.tensor import Tensor, no_grad
+
+__all__ = ["Tensor", "dtypes", "DType", "Device", "GlobalCounters", "Context", "getenv", "no_grad", "kernels"]

@@ -1,0 +1,169 @@
+"""Devices, buffers and the compile cache.
+
+In: a device name ('CPU', 'CUDA', 'CUDA:1', 'METAL'; `DEV` picks the default). Out: the `Compiled` device for it
+(allocator, renderer, compiler, program class), and `Buffer`s of memory on it.
+
+A backend is a module `glassgrad.runtime.ops_<name>` that defines `create_device(name) -> Compiled`.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from glassgrad.dtype import DType, dtypes
+from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir
+
+
+class Allocator:
+    """Device memory: alloc/free plus host copies. Freed blocks are kept and reused by size (an LRU cache)."""
+
+    def __init__(self) -> None:
+        self._free: defaultdict[int, list[Any]] = defaultdict(list)
+
+    def alloc(self, nbytes: int) -> Any:
+        if self._free[nbytes]:
+            return self._free[nbytes].pop()
+        try:
+            return self._alloc(nbytes)
+        except MemoryError:
+            self.clear_cache()
+            return self._alloc(nbytes)
+
+    def free(self, handle: Any, nbytes: int) -> None:
+        self._free[nbytes].append(handle)
+
+    def clear_cache(self) -> None:
+        for nbytes, handles in self._free.items():
+            for h in handles:
+                self._release(h, nbytes)
+        self._free.clear()
+
+    # backends implement these
+    def _alloc(self, nbytes: int) -> Any: raise NotImplementedError  # noqa: E704
+    def _release(self, handle: Any, nbytes: int) -> None: pass  # noqa: E704
+    def copyin(self, handle: Any, src: memoryview) -> None: raise NotImplementedError  # noqa: E704
+    def copyout(self, dest: memoryview, handle: Any) -> None: raise NotImplementedError  # noqa: E704
+
+
+class Compiler:
+    """Source -> binary, cached in memory and on disk (CACHEDIR; CACHELEVEL=0 turns the disk cache off)."""
+    cache_key: str = "base"
+
+    def __init__(self) -> None:
+        self._memory: dict[str, bytes] = {}
+
+    def compile(self, src: str) -> bytes:
+        raise NotImplementedError
+
+    def compile_cached(self, src: str) -> bytes:
+        key = hashlib.sha256(f"{self.cache_key}\n{src}".encode()).hexdigest()
+        if key in self._memory:
+            return self._memory[key]
+        path = cache_dir() / "kernels" / f"{key}.bin"
+        if CACHELEVEL >= 1 and path.exists():
+            binary = path.read_bytes()
+        else:
+            binary = self.compile(src)
+            if CACHELEVEL >= 1:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(path, binary)
+        self._memory[key] = binary
+        return binary
+
+
+@dataclass
+class Compiled:
+    """Everything glassgrad needs from one backend."""
+    name: str
+    allocator: Allocator
+    renderer: Any  # glassgrad.renderer.cstyle.CStyleLanguage
+    compiler: Compiler
+    program: Callable[..., Any]  # (name, binary) -> callable program
+    synchronize: Callable[[], None] = field(default=lambda: None)
+
+
+class _DeviceRegistry:
+    """`Device['CPU']` gives the Compiled backend, created on first use. `Device.DEFAULT` is $DEV or CPU."""
+
+    def __init__(self) -> None:
+        self._devices: dict[str, Compiled] = {}
+        self.DEFAULT: str = self.canonicalize(os.environ.get("DEV", "CPU"))
+
+    @staticmethod
+    def canonicalize(name: str) -> str:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"device must be a non-empty string like 'CPU' or 'CUDA:1', got {name!r}")
+        base, _, index = name.partition(":")
+        base = base.upper()
+        if base not in ("CPU", "CUDA", "METAL", "CLANG"):
+            raise ValueError(f"unknown device {name!r}; glassgrad knows CPU, CUDA and METAL")
+        base = "CPU" if base == "CLANG" else base
+        if index and not index.isdigit():
+            raise ValueError(f"device index in {name!r} must be a number, as in 'CUDA:1'")
+        return base if not index or index == "0" else f"{base}:{index}"
+
+    def __getitem__(self, name: str) -> Compiled:
+        name = self.canonicalize(name)
+        if name not in self._devices:
+            module = importlib.import_module(f"glassgrad.runtime.ops_{name.split(':')[0].lower()}")
+            self._devices[name] = module.create_device(name)
+        return self._devices[name]
+
+
+Device = _DeviceRegistry()
+
+
+class Buffer:
+    """`size` elements of `dtype` in the memory of `device`. Memory is allocated on first use, returned on delete."""
+
+    def __init__(self, device: str, size: int, dtype: DType) -> None:
+        self.device = Device.canonicalize(device)
+        self.size = size
+        self.dtype = dtype
+        self._handle: Any = None
+
+    def __repr__(self) -> str:
+        return f"<Buffer {self.device} {self.size} {self.dtype.name}{' allocated' if self.is_allocated else ''}>"
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_allocated(self) -> bool:
+        return self._handle is not None
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            self._handle = Device[self.device].allocator.alloc(max(self.nbytes, 1))
+        return self._handle
+
+    def __del__(self) -> None:
+        if self._handle is not None:
+            try:
+                Device[self.device].allocator.free(self._handle, max(self.nbytes, 1))
+            except Exception:  # interpreter shutdown: nothing to give back to
+                pass
+
+    def copyin(self, data: np.ndarray) -> Buffer:
+        array = np.ascontiguousarray(data)
+        if array.nbytes != self.nbytes:
+            raise ValueError(f"copyin of {array.nbytes} bytes into a buffer of {self.nbytes} bytes")
+        if self.nbytes:
+            Device[self.device].allocator.copyin(self.handle, memoryview(array.reshape(-1).view(np.uint8)))
+        return self
+
+    def numpy(self) -> np.ndarray:
+        """The buffer's contents as a flat numpy array (bfloat16 comes back as its uint16 bits)."""
+        out = np.empty(self.size, dtype=self.dtype.np if self.dtype != dtypes.void else np.uint8)
+        if self.nbytes:
+            Device[self.device].allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
+        return out

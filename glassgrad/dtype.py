@@ -1,0 +1,174 @@
+"""Data types: what a tensor's elements are, and how mixed types promote.
+
+In: nothing (a table of `DType`s). Out: `dtypes.float32` and friends, `least_upper_dtype` for
+promotion (tinygrad's/PyTorch's lattice), and conversions to numpy dtypes and C type names.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=True)
+class DType:
+    """One element type. `priority` orders types of the same kind; `fmt` is the numpy type code."""
+    priority: int
+    itemsize: int
+    name: str
+    fmt: str | None  # numpy type string; None for bfloat16 (numpy has none)
+
+    def __repr__(self) -> str:
+        return f"dtypes.{self.name}"
+
+    @property
+    def is_float(self) -> bool:
+        return self in _FLOATS
+
+    @property
+    def is_int(self) -> bool:
+        return self in _INTS
+
+    @property
+    def is_unsigned(self) -> bool:
+        return self in _UINTS
+
+    @property
+    def is_bool(self) -> bool:
+        return self == dtypes.bool
+
+    @property
+    def np(self) -> np.dtype:
+        """The numpy dtype that stores this type (bfloat16 is stored as uint16 bits)."""
+        return np.dtype(self.fmt if self.fmt is not None else "uint16")
+
+    def min(self) -> int | float | bool:
+        if self.is_bool:
+            return False
+        if self.is_int:
+            return int(np.iinfo(self.np).min)
+        return float("-inf")
+
+    def max(self) -> int | float | bool:
+        if self.is_bool:
+            return True
+        if self.is_int:
+            return int(np.iinfo(self.np).max)
+        return float("inf")
+
+
+class dtypes:
+    """Namespace of every dtype glassgrad knows, with tinygrad's names."""
+    bool = DType(0, 1, "bool", "?")
+    int8 = DType(1, 1, "int8", "b")
+    uint8 = DType(2, 1, "uint8", "B")
+    int16 = DType(3, 2, "int16", "h")
+    uint16 = DType(4, 2, "uint16", "H")
+    int32 = DType(5, 4, "int32", "i")
+    uint32 = DType(6, 4, "uint32", "I")
+    int64 = DType(7, 8, "int64", "q")
+    uint64 = DType(8, 8, "uint64", "Q")
+    float16 = DType(9, 2, "float16", "e")
+    bfloat16 = DType(10, 2, "bfloat16", None)
+    float32 = DType(11, 4, "float32", "f")
+    float64 = DType(12, 8, "float64", "d")
+    void = DType(-1, 0, "void", None)  # for nodes that hold no value (DEVICE, SINK, STORE)
+    # aliases
+    half = float16
+    float = float32
+    double = float64
+    int = int32
+    long = int64
+    default_float = float32
+    default_int = int32
+
+    @staticmethod
+    def from_np(npdtype: np.dtype | type) -> DType:
+        d = np.dtype(npdtype)
+        for dt in ALL_DTYPES:
+            if dt.fmt is not None and np.dtype(dt.fmt) == d:
+                return dt
+        raise TypeError(f"numpy dtype {d} has no glassgrad equivalent; supported: {[x.name for x in ALL_DTYPES]}")
+
+    @staticmethod
+    def from_py(x: object) -> DType:
+        """The dtype a Python value (or nested list of them) gets by default."""
+        if isinstance(x, (list, tuple)):
+            return max((dtypes.from_py(e) for e in x), key=lambda d: d.priority, default=dtypes.default_float)
+        if isinstance(x, bool):
+            return dtypes.bool
+        if isinstance(x, int):
+            return dtypes.default_int
+        if isinstance(x, float):
+            return dtypes.default_float
+        raise TypeError(f"cannot make a tensor element from {type(x).__name__}: {x!r}")
+
+
+ALL_DTYPES: tuple[DType, ...] = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32,
+                                 dtypes.uint32, dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16,
+                                 dtypes.float32, dtypes.float64)
+_FLOATS = frozenset({dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64})
+_UINTS = frozenset({dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64})
+_INTS = frozenset({dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64}) | _UINTS
+DTYPE_BY_NAME: dict[str, DType] = {d.name: d for d in ALL_DTYPES}
+
+# Each type's direct supertypes. A set of types promotes to the lowest common ancestor in this lattice,
+# so int8+uint8 -> int16, int64+float16 -> float16, float16+bfloat16 -> float32 (as in tinygrad/PyTorch).
+_PROMOTES_TO: dict[DType, tuple[DType, ...]] = {
+    dtypes.bool: (dtypes.int8, dtypes.uint8), dtypes.int8: (dtypes.int16,), dtypes.int16: (dtypes.int32,),
+    dtypes.int32: (dtypes.int64,), dtypes.int64: (dtypes.float16, dtypes.bfloat16),
+    dtypes.uint8: (dtypes.int16, dtypes.uint16), dtypes.uint16: (dtypes.int32, dtypes.uint32),
+    dtypes.uint32: (dtypes.int64, dtypes.uint64), dtypes.uint64: (dtypes.float16, dtypes.bfloat16),
+    dtypes.float16: (dtypes.float32,), dtypes.bfloat16: (dtypes.float32,), dtypes.float32: (dtypes.float64,),
+    dtypes.float64: (),
+}
+
+
+@functools.cache
+def _ancestors(d: DType) -> frozenset[DType]:
+    return frozenset({d}).union(*(_ancestors(p) for p in _PROMOTES_TO[d]))
+
+
+def least_upper_dtype(*ds: DType) -> DType:
+    """The smallest dtype every one of `ds` promotes to."""
+    common = frozenset.intersection(*(_ancestors(d) for d in ds))
+    return min(common, key=lambda d: d.priority)
+
+
+def to_dtype(x: DType | str | type | np.dtype) -> DType:
+    """Accept a DType, its name ('float32'), or a numpy dtype."""
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, str) and x in DTYPE_BY_NAME:
+        return DTYPE_BY_NAME[x]
+    if isinstance(x, str) and x in ("half", "float", "double", "int", "long"):
+        return getattr(dtypes, x)
+    try:
+        return dtypes.from_np(x)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"unknown dtype {x!r}; use one of {sorted(DTYPE_BY_NAME)}") from None
+
+
+def truncate(value: float | int | bool, dtype: DType) -> float | int | bool:
+    """Make a Python scalar exactly what `dtype` would store (wrap ints, round floats)."""
+    if dtype.is_bool:
+        return bool(value)
+    if dtype.is_int:
+        return int(np.array(int(value) if not isinstance(value, float) or np.isfinite(value) else 0).astype(dtype.np))
+    if dtype == dtypes.bfloat16:
+        return float(bf16_to_f32(f32_to_bf16(np.array([value], np.float32)))[0])
+    return float(np.array(value, dtype=dtype.np))
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 array -> bfloat16 bits (uint16), round to nearest even, NaN kept NaN."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    return np.where(nan, np.uint16(0x7FC0), rounded).astype(np.uint16)
+
+
+def bf16_to_f32(x: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) -> float32 array."""
+    return (x.astype(np.uint32) << 16).view(np.float32)

@@ -1,0 +1,84 @@
+"""Running a schedule: compile each kernel (cached), allocate buffers, launch, and count.
+
+In: `ScheduleItem`s from the scheduler. Out: filled buffers. `GlobalCounters` adds up kernels, FLOPs, bytes and
+time; `DEBUG=2` prints a line per kernel (name, size, time, GFLOP/s, GB/s), `DEBUG=4` its source.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from glassgrad.codegen import ProgramSpec, get_program
+from glassgrad.device import Buffer, Device
+from glassgrad.helpers import DEBUG
+from glassgrad.schedule import ScheduleItem
+from glassgrad.uop.ops import Ops, UOp
+
+
+class GlobalCounters:
+    """Totals since the last `reset()`: kernels launched, FLOPs, bytes moved, seconds spent in kernels."""
+    kernel_count: ClassVar[int] = 0
+    global_ops: ClassVar[int] = 0
+    global_mem: ClassVar[int] = 0
+    time_sum_s: ClassVar[float] = 0.0
+
+    @staticmethod
+    def reset() -> None:
+        GlobalCounters.kernel_count = GlobalCounters.global_ops = GlobalCounters.global_mem = 0
+        GlobalCounters.time_sum_s = 0.0
+
+
+@dataclass
+class CompiledKernel:
+    spec: ProgramSpec
+    program: Any
+
+
+_kernel_cache: dict[tuple[str, UOp], CompiledKernel] = {}
+
+
+def compile_kernel(device: str, ast: UOp) -> CompiledKernel:
+    key = (device, ast)
+    if key not in _kernel_cache:
+        dev = Device[device]
+        spec = get_program(ast, dev.renderer)
+        if DEBUG >= 4:
+            print(spec.source)
+        binary = dev.compiler.compile_cached(spec.source)
+        _kernel_cache[key] = CompiledKernel(spec, dev.program(spec.name, binary))
+    return _kernel_cache[key]
+
+
+def _report(name: str, seconds: float, flops: int, nbytes: int, extra: str = "") -> None:
+    if DEBUG >= 2:
+        print(f"*** {GlobalCounters.kernel_count:4d} {name:<32s} {extra:<20s} {seconds * 1e6:9.2f} us "
+              f"{flops / max(seconds, 1e-9) / 1e9:8.2f} GFLOP/s {nbytes / max(seconds, 1e-9) / 1e9:8.2f} GB/s")
+
+
+def run_copy(dest: Buffer, src: Buffer) -> None:
+    start = time.perf_counter()
+    dest.copyin(src.numpy())
+    seconds = time.perf_counter() - start
+    GlobalCounters.kernel_count += 1
+    GlobalCounters.global_mem += dest.nbytes
+    GlobalCounters.time_sum_s += seconds
+    _report(f"copy {src.device}->{dest.device}", seconds, 0, dest.nbytes, f"{dest.nbytes} bytes")
+
+
+def run_schedule(schedule: list[ScheduleItem]) -> None:
+    for item in schedule:
+        if item.ast.op is Ops.COPY:
+            run_copy(*item.bufs)
+            continue
+        device = item.bufs[0].device
+        kernel = compile_kernel(device, item.ast)
+        handles = [b.handle for b in item.bufs]
+        seconds = kernel.program(*handles, global_size=kernel.spec.global_size, local_size=kernel.spec.local_size,
+                                 work=kernel.spec.work, wait=DEBUG >= 2)
+        nbytes = sum(b.nbytes for b in item.bufs)
+        GlobalCounters.kernel_count += 1
+        GlobalCounters.global_ops += kernel.spec.flops
+        GlobalCounters.global_mem += nbytes
+        GlobalCounters.time_sum_s += seconds or 0.0
+        _report(kernel.spec.name, seconds or 0.0, kernel.spec.flops, nbytes, f"size {kernel.spec.work}")

@@ -1,0 +1,122 @@
+"""Autograd on the tensor graph: one rule per primitive op.
+
+In: a scalar-or-tensor root node, the gradient flowing into it, and the target nodes. Out: {target: gradient node}.
+Each rule maps (gradient of the output, the node) to gradients of its sources (None where a source gets none).
+Gradients are themselves lazy tensor-graph nodes, so the backward pass is scheduled and fused like anything else.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from glassgrad.dtype import dtypes
+from glassgrad.uop.ops import GroupOp, Ops, UOp
+
+Grads = tuple[UOp | None, ...]
+
+
+def _c(like: UOp, value: float) -> UOp:
+    return UOp.const(like.dtype, value, like.device).reshape((1,) * len(like.shape)).expand(like.shape)
+
+
+def _sum_to(g: UOp, shape: tuple[int, ...]) -> UOp:
+    """Undo an EXPAND: sum the broadcast dimensions back to `shape`."""
+    axes = tuple(i for i, (a, b) in enumerate(zip(shape, g.shape)) if a != b)
+    if not axes:
+        return g
+    return g.reduce_axis(Ops.ADD, axes)
+
+
+def _reduce_grad(g: UOp, node: UOp) -> Grads:
+    op, axes = node.arg
+    src = node.src[0]
+    if op is Ops.ADD:
+        return (g.expand(src.shape),)
+    if op is Ops.MAX:
+        hit = src.alu(Ops.CMPEQ, node.expand(src.shape)).cast(src.dtype)
+        count = hit.reduce_axis(Ops.ADD, axes)
+        return (hit.alu(Ops.MUL, g.alu(Ops.FDIV, count).expand(src.shape)),)
+    # MUL: d(prod)/dx_i = prod / x_i
+    return (g.alu(Ops.MUL, node).expand(src.shape).alu(Ops.FDIV, src),)
+
+
+def _pow_grad(g: UOp, node: UOp) -> Grads:
+    a, b = node.src
+    da = g.alu(Ops.MUL, b.alu(Ops.MUL, a.alu(Ops.POW, b.alu(Ops.ADD, _c(b, -1.0)))))
+    ln_a = a.alu(Ops.LOG2).alu(Ops.MUL, _c(a, math.log(2)))
+    # d/db a^b = a^b ln a; define it as 0 where a == 0 (as PyTorch does), not NaN
+    db = a.alu(Ops.CMPEQ, _c(a, 0.0)).where(_c(a, 0.0), g.alu(Ops.MUL, node.alu(Ops.MUL, ln_a)))
+    return (da, db)
+
+
+def _max_grad(g: UOp, node: UOp) -> Grads:
+    a, b = node.src
+    half = _c(g, 0.5)
+    a_share = a.alu(Ops.CMPLT, b).where(_c(g, 0.0), a.alu(Ops.CMPEQ, b).where(half, _c(g, 1.0)))
+    return (g.alu(Ops.MUL, a_share), g.alu(Ops.MUL, _c(g, 1.0).alu(Ops.ADD, a_share.alu(Ops.NEG))))
+
+
+def _pad_grad(g: UOp, node: UOp) -> Grads:
+    return (g.shrink(tuple((b, b + s) for (b, _), s in zip(node.arg, node.src[0].shape))),)
+
+
+def _shrink_grad(g: UOp, node: UOp) -> Grads:
+    return (g.pad(tuple((b, s - e) for (b, e), s in zip(node.arg, node.src[0].shape))),)
+
+
+def _permute_grad(g: UOp, node: UOp) -> Grads:
+    inverse = tuple(sorted(range(len(node.arg)), key=lambda i: node.arg[i]))
+    return (g.permute(inverse),)
+
+
+RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
+    Ops.ADD: lambda g, n: (g, g),
+    Ops.MUL: lambda g, n: (g.alu(Ops.MUL, n.src[1]), g.alu(Ops.MUL, n.src[0])),
+    Ops.FDIV: lambda g, n: (g.alu(Ops.FDIV, n.src[1]),
+                            g.alu(Ops.MUL, n.src[0]).alu(Ops.FDIV, n.src[1].alu(Ops.MUL, n.src[1])).alu(Ops.NEG)),
+    Ops.NEG: lambda g, n: (g.alu(Ops.NEG),),
+    Ops.RECIP: lambda g, n: (g.alu(Ops.MUL, n.alu(Ops.MUL, n)).alu(Ops.NEG),),
+    Ops.SQRT: lambda g, n: (g.alu(Ops.FDIV, n.alu(Ops.MUL, _c(n, 2.0))),),
+    Ops.EXP2: lambda g, n: (g.alu(Ops.MUL, n.alu(Ops.MUL, _c(n, math.log(2)))),),
+    Ops.LOG2: lambda g, n: (g.alu(Ops.FDIV, n.src[0].alu(Ops.MUL, _c(n, math.log(2)))),),
+    Ops.SIN: lambda g, n: (g.alu(Ops.MUL, _c(n, math.pi / 2).alu(Ops.ADD, n.src[0].alu(Ops.NEG)).alu(Ops.SIN)),),
+    Ops.MOD: lambda g, n: (g, g.alu(Ops.MUL, n.src[0].alu(Ops.FDIV, n.src[1]).alu(Ops.TRUNC)).alu(Ops.NEG)),
+    Ops.TRUNC: lambda g, n: (_c(g, 0.0),),
+    Ops.POW: _pow_grad,
+    Ops.MAX: _max_grad,
+    Ops.WHERE: lambda g, n: (None, n.src[0].where(g, _c(g, 0.0)), n.src[0].where(_c(g, 0.0), g)),
+    Ops.CAST: lambda g, n: (g.cast(n.src[0].dtype) if n.src[0].dtype.is_float else None,),
+    Ops.RESHAPE: lambda g, n: (g.reshape(n.src[0].shape),),
+    Ops.EXPAND: lambda g, n: (_sum_to(g, n.src[0].shape),),
+    Ops.PERMUTE: _permute_grad,
+    Ops.PAD: _pad_grad,
+    Ops.SHRINK: _shrink_grad,
+    Ops.FLIP: lambda g, n: (g.flip(n.arg),),
+    Ops.REDUCE_AXIS: _reduce_grad,
+    Ops.CONTIGUOUS: lambda g, n: (g,),
+    Ops.COPY: lambda g, n: (UOp(Ops.COPY, g.dtype, (g, UOp(Ops.DEVICE, dtypes.void, (), n.src[0].device))),),
+}
+NO_GRADIENT = GroupOp.Comparison | {Ops.IDIV, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.BITCAST, Ops.DETACH,
+                                    Ops.CONST, Ops.BUFFER, Ops.DEVICE, Ops.ARANGE}
+
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
+    """Reverse-mode accumulation from `root` to every node in `targets` that it depends on."""
+    order = root.toposort(stop=lambda n: n.op is Ops.DETACH)
+    # only walk nodes that lie on a path to some target
+    on_path: dict[UOp, bool] = {}
+    for n in order:
+        on_path[n] = n in targets or (n.op is not Ops.DETACH and any(on_path.get(s, False) for s in n.src))
+    grads: dict[UOp, UOp] = {root: root_grad}
+    for node in reversed(order):
+        g = grads.get(node)
+        if g is None or node.op in NO_GRADIENT or not on_path[node]:
+            continue
+        rule = RULES.get(node.op)
+        if rule is None:
+            raise RuntimeError(f"no gradient rule for {node.op}")
+        for src, src_grad in zip(node.src, rule(g, node)):
+            if src_grad is None or not on_path.get(src, False) or not src.dtype.is_float:
+                continue
+            grads[src] = src_grad if src not in grads else grads[src].alu(Ops.ADD, src_grad)
+    return {t: grads[t] for t in targets if t in grads}

@@ -1,0 +1,96 @@
+"""Small shared helpers: environment flags (tinygrad's names), `prod`, `Context`, cache directory.
+
+In: environment variables such as DEBUG, NOOPT, CACHEDIR, CACHELEVEL. Out: typed accessors for them.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import pathlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+
+@functools.cache
+def getenv(key: str, default: Any = 0) -> Any:
+    """Read an environment flag, converted to the type of `default`."""
+    value = os.environ.get(key)
+    if value is None:
+        return default
+    return type(default)(value)
+
+
+class ContextVar:
+    """A flag that reads its start value from the environment and can be overridden with `Context`."""
+    _registry: dict[str, ContextVar] = {}
+
+    def __init__(self, key: str, default: int) -> None:
+        self.key = key
+        self.value: int = getenv(key, default)
+        ContextVar._registry[key] = self
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __ge__(self, other: int) -> bool:
+        return self.value >= other
+
+    def __gt__(self, other: int) -> bool:
+        return self.value > other
+
+    def __int__(self) -> int:
+        return self.value
+
+
+DEBUG = ContextVar("DEBUG", 0)
+NOOPT = ContextVar("NOOPT", 0)
+CACHELEVEL = ContextVar("CACHELEVEL", 2)
+TRAINING = ContextVar("TRAINING", 0)
+
+
+@contextlib.contextmanager
+def Context(**flags: int) -> Iterator[None]:
+    """Temporarily set flags: `with Context(DEBUG=2): ...`."""
+    old = {}
+    for key, value in flags.items():
+        if key not in ContextVar._registry:
+            raise KeyError(f"unknown flag {key!r}; known: {sorted(ContextVar._registry)}")
+        old[key] = ContextVar._registry[key].value
+        ContextVar._registry[key].value = value
+    try:
+        yield
+    finally:
+        for key, value in old.items():
+            ContextVar._registry[key].value = value
+
+
+def prod(xs: Iterable[int]) -> int:
+    return math.prod(xs)
+
+
+def cache_dir() -> pathlib.Path:
+    """Where compiled kernels are kept: $CACHEDIR, else ~/.cache/glassgrad."""
+    base = os.environ.get("CACHEDIR") or os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
+                                                      "glassgrad")
+    path = pathlib.Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def atomic_write(path: pathlib.Path, data: bytes) -> None:
+    """Write a file so that readers see either nothing or all of it (safe for two processes at once)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{id(data)}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def normalize_axis(axis: int, ndim: int, name: str = "axis") -> int:
+    """Turn a possibly negative axis into a positive one, with a clear error when out of range."""
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise TypeError(f"{name} must be an int, got {type(axis).__name__}")
+    lo, hi = (-ndim, ndim - 1) if ndim > 0 else (-1, 0)
+    if not lo <= axis <= hi:
+        raise IndexError(f"{name} {axis} is out of range for a tensor with {ndim} dimensions (expected {lo}..{hi})")
+    return axis % max(ndim, 1)

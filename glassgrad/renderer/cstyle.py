@@ -1,0 +1,239 @@
+"""Rendering: a linear UOp program -> C-family source text.
+
+In: the list from `codegen.linearize` and a kernel name. Out: the kernel's source. `CStyleLanguage` holds
+everything the C-like languages share (expressions, loops, accumulators, constants); a backend's renderer
+overrides only what differs: the function signature, type names, math function names, the outer-loop
+convention, and `extra_matcher`, rewrite rules run before linearising (e.g. compute float16 in float32).
+
+Single-use arithmetic is inlined into its consumer; loads, accumulators and shared values get named variables
+(`val3`, `acc0`, `alu7`), so the printed kernel reads like hand-written C.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+
+from glassgrad.dtype import DType, dtypes
+from glassgrad.uop.ops import GroupOp, Ops, UOp
+from glassgrad.uop.pattern import PatternMatcher, UPat
+
+_LOW_PRECISION = (dtypes.float16, dtypes.bfloat16)
+
+
+def _compute_in_float32(u: UOp) -> UOp | None:
+    """float16/bfloat16 arithmetic -> cast the inputs to float32, compute, cast the result back."""
+    if u.op is Ops.WHERE:
+        return None
+    srcs = tuple(s.cast(dtypes.float32) if s.dtype in _LOW_PRECISION else s for s in u.src)
+    if srcs == u.src:
+        return None
+    out_dtype = dtypes.bool if u.op in GroupOp.Comparison else dtypes.float32
+    result = UOp(u.op, out_dtype, srcs, u.arg)
+    return result if out_dtype == u.dtype else result.cast(u.dtype)
+
+
+def _reduce_in_float32(u: UOp) -> UOp | None:
+    return UOp(Ops.REDUCE, dtypes.float32, (u.src[0].cast(dtypes.float32), *u.src[1:]), u.arg).cast(u.dtype)
+
+
+# float16/bfloat16 are storage types for the C backend: all math on them happens in float32
+float32_compute = PatternMatcher([
+    (UPat(GroupOp.ALU, name="u"), _compute_in_float32),
+    (UPat(Ops.REDUCE, dtype=_LOW_PRECISION, name="u"), _reduce_in_float32),
+])
+
+
+class CStyleLanguage:
+    """The shared part of the C, CUDA and Metal renderers."""
+    device = ""
+    has_local = False
+    extra_matcher: PatternMatcher | None = None
+    type_names: dict[DType, str] = {
+        dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
+        dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
+        dtypes.uint64: "unsigned long long", dtypes.float16: "half", dtypes.bfloat16: "bfloat16",
+        dtypes.float32: "float", dtypes.float64: "double"}
+    float_functions: dict[Ops, str] = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin",
+                                       Ops.TRUNC: "trunc", Ops.POW: "pow", Ops.MOD: "fmod"}
+
+    # ---------- pieces a backend overrides ----------
+    def render_dtype(self, dtype: DType) -> str:
+        return self.type_names[dtype]
+
+    def float_function(self, op: Ops, dtype: DType) -> str:
+        return self.float_functions[op] + ("f" if dtype == dtypes.float32 else "")
+
+    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+        raise NotImplementedError
+
+    def render_global_range(self, index: int, var: str, size: str) -> str:
+        return f"for (long long {var} = 0; {var} < {size}; {var}++) {{"
+
+    def render_cast(self, x: str, src: DType, dst: DType) -> str:
+        return f"(({self.render_dtype(dst)})({x}))"
+
+    def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
+        return f"(((union {{ {self.render_dtype(src)} a; {self.render_dtype(dst)} b; }}){{.a = {x}}}).b)"
+
+    # ---------- shared rendering ----------
+    def render_const(self, value: int | float | bool, dtype: DType) -> str:
+        if dtype.is_bool:
+            return "1" if value else "0"
+        if dtype.is_float:
+            if math.isnan(value):
+                text = "NAN"
+            elif math.isinf(value):
+                text = "INFINITY" if value > 0 else "(-INFINITY)"
+            else:
+                text = repr(float(value)) + ("f" if dtype != dtypes.float64 else "")
+            return text if dtype in (dtypes.float32, dtypes.float64) else self.render_cast(text, dtypes.float32, dtype)
+        suffix = {dtypes.int64: "ll", dtypes.uint64: "ull", dtypes.uint32: "u"}.get(dtype, "")
+        if dtype in (dtypes.int64, dtypes.int32) and value == dtype.min():
+            return f"({value + 1}{suffix}-1)"
+        text = f"{value}{suffix}"
+        return text if dtype in (dtypes.int32, dtypes.int64, dtypes.uint32, dtypes.uint64) else \
+            f"(({self.render_dtype(dtype)}){text})"
+
+    def render_alu(self, u: UOp, a: list[str]) -> str:
+        op, dt = u.op, u.src[0].dtype
+        if op is Ops.NEG:
+            return f"(!{a[0]})" if dt.is_bool else f"(-{a[0]})"
+        if op is Ops.RECIP:
+            return f"(1.0{'f' if dt != dtypes.float64 else ''}/{a[0]})"
+        if op in (Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC, Ops.POW) or (op is Ops.MOD and dt.is_float):
+            return f"{self.float_function(op, dt)}({', '.join(a)})"
+        if op in (Ops.IDIV, Ops.MOD) and not _safe_divisor(u.src[1]):
+            symbol = "/" if op is Ops.IDIV else "%"
+            # x/0 and INT_MIN/-1 trap in C: division by zero gives 0 here, as in constant folding
+            minus_one = "" if dt.is_unsigned else f"{a[1]} == -1 ? {'-' if op is Ops.IDIV else '0*'}{a[0]} : "
+            return f"({a[1]} == 0 ? 0 : {minus_one}{a[0]} {symbol} {a[1]})"
+        if op is Ops.MAX:
+            nan_check = f" || {a[0]} != {a[0]}" if dt.is_float else ""
+            return f"(({a[0]} > {a[1]}{nan_check}) ? {a[0]} : {a[1]})"
+        if op is Ops.WHERE:
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        symbols = {Ops.ADD: "+", Ops.MUL: "*", Ops.FDIV: "/", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<",
+                   Ops.CMPNE: "!=", Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<",
+                   Ops.SHR: ">>"}
+        if dt.is_bool and op in (Ops.ADD, Ops.MUL):
+            return f"({a[0]} {'||' if op is Ops.ADD else '&&'} {a[1]})"
+        return f"({a[0]} {symbols[op]} {a[1]})"
+
+    def render_accumulate(self, acc: str, value: str, op: Ops, dtype: DType) -> str:
+        if op is Ops.MAX:
+            nan_check = f" || {value} != {value}" if dtype.is_float else ""
+            return f"{acc} = ({value} > {acc}{nan_check}) ? {value} : {acc};"
+        return f"{acc} = {acc} {'+' if op is Ops.ADD else '*'} {value};"
+
+    def render(self, name: str, program: list[UOp]) -> str:
+        uses = Counter(s for u in program for s in u.src)
+        names: dict[UOp, str] = {}
+        counters: Counter[str] = Counter()
+        body: list[str] = []
+        params: list[str] = []
+        depth = 1
+        global_index = 0
+
+        def new_name(prefix: str) -> str:
+            counters[prefix] += 1
+            return f"{prefix}{counters[prefix] - 1}"
+
+        def line(text: str) -> None:
+            body.append("  " * depth + text)
+
+        def ref(s: UOp) -> str:
+            return self.render_const(s.arg, s.dtype) if s.op is Ops.CONST else names[s]
+
+        for u in program:
+            a = [ref(s) for s in u.src]
+            if u.op is Ops.DEFINE_GLOBAL:
+                names[u] = f"data{u.arg}"
+                params.append(self.render_param(u, writes=u.arg == 0))
+            elif u.op is Ops.CONST:
+                pass  # constants are written where they are used
+            elif u.op is Ops.RANGE:
+                names[u] = f"ridx{u.arg[0]}"
+                if u.arg[1] == "global":
+                    line(self.render_global_range(global_index, names[u], a[0]))
+                    global_index += 1
+                else:
+                    line(f"for (long long {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
+                depth += 1
+            elif u.op is Ops.ENDRANGE:
+                depth -= 1
+                line("}")
+            elif u.op is Ops.DEFINE_ACC:
+                names[u] = names[u.arg] = new_name("acc")
+                line(f"{self.render_dtype(u.dtype)} {names[u]} = {a[0]};")
+            elif u.op is Ops.ACCUMULATE:
+                line(self.render_accumulate(a[0], a[1], u.arg, u.dtype))
+            elif u.op is Ops.LOAD:
+                names[u] = new_name("val")
+                load = f"{a[0]}[{a[1]}]"
+                if len(a) == 3:
+                    load = f"({a[2]} ? {load} : {self.render_const(0, u.dtype)})"
+                line(f"{self.render_dtype(u.dtype)} {names[u]} = {load};")
+            elif u.op is Ops.STORE:
+                line(f"{a[0]}[{a[1]}] = {a[2]};")
+            elif u.op in GroupOp.ALU or u.op in (Ops.CAST, Ops.BITCAST):
+                if u.op is Ops.CAST:
+                    expr = self.render_cast(a[0], u.src[0].dtype, u.dtype)
+                elif u.op is Ops.BITCAST:
+                    expr = self.render_bitcast(a[0], u.src[0].dtype, u.dtype)
+                else:
+                    expr = self.render_alu(u, a)
+                if uses[u] == 1:
+                    names[u] = expr
+                else:
+                    names[u] = new_name("alu")
+                    line(f"{self.render_dtype(u.dtype)} {names[u]} = {expr};")
+            else:
+                raise RuntimeError(f"{type(self).__name__} cannot render {u.op}")
+        return self.render_kernel(name, params, body)
+
+    def render_param(self, u: UOp, writes: bool) -> str:
+        return f"{'' if writes else 'const '}{self.render_dtype(u.dtype)}* restrict data{u.arg}"
+
+
+def _safe_divisor(d: UOp) -> bool:
+    return d.op is Ops.CONST and d.arg not in (0, -1)
+
+
+_BF16_HELPERS = """\
+static inline float gg_bf16_to_f32(unsigned short x) { union { unsigned int i; float f; } u = { (unsigned int)x << 16 }; return u.f; }
+static inline unsigned short gg_f32_to_bf16(float f) {
+  union { float f; unsigned int i; } u = { f };
+  if (f != f) return 0x7fc0;
+  return (unsigned short)((u.i + 0x7fff + ((u.i >> 16) & 1)) >> 16);
+}
+"""
+
+
+class ClangRenderer(CStyleLanguage):
+    """C for the CPU backend. The outermost loop runs over [start, end) so the runtime can split it over threads."""
+    device = "CPU"
+    extra_matcher = float32_compute
+    type_names = {**CStyleLanguage.type_names, dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"}
+
+    def render_global_range(self, index: int, var: str, size: str) -> str:
+        if index == 0:
+            return f"for (long long {var} = start; {var} < end; {var}++) {{"
+        return super().render_global_range(index, var, size)
+
+    def render_cast(self, x: str, src: DType, dst: DType) -> str:
+        if src == dtypes.bfloat16:
+            x, src = f"gg_bf16_to_f32({x})", dtypes.float32
+            if dst == dtypes.float32:
+                return x
+        if dst == dtypes.bfloat16:
+            return f"gg_f32_to_bf16((float)({x}))"
+        return super().render_cast(x, src, dst)
+
+    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+        signature = ", ".join([*params, "long long start", "long long end"])
+        return "\n".join(["#include <math.h>", "#include <stdbool.h>", _BF16_HELPERS.rstrip(), "",
+                          f"void {name}({signature}) {{", *body, "}", ""])
+
+
+RendererFactory = Callable[[], CStyleLanguage]

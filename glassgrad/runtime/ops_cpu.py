@@ -1,0 +1,120 @@
+"""The CPU backend: C source -> shared library (system C compiler) -> ctypes call, split over threads.
+
+In: C source from `ClangRenderer` (one function per kernel whose last two arguments are the [start, end) slice
+of its outermost loop). Out: a callable program. `CC` picks the compiler (default: clang, else gcc, else cc).
+Buffers are 64-byte-aligned numpy byte arrays, so host copies are plain memcpy.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from glassgrad.device import Allocator, Compiled, Compiler
+from glassgrad.helpers import cache_dir, getenv
+from glassgrad.renderer.cstyle import ClangRenderer
+
+
+class CPUAllocator(Allocator):
+    def _alloc(self, nbytes: int) -> np.ndarray:
+        raw = np.empty(nbytes + 64, dtype=np.uint8)
+        offset = (-raw.ctypes.data) % 64
+        return raw[offset:offset + nbytes]
+
+    def copyin(self, handle: np.ndarray, src: memoryview) -> None:
+        handle[:] = np.frombuffer(src, dtype=np.uint8)
+
+    def copyout(self, dest: memoryview, handle: np.ndarray) -> None:
+        np.frombuffer(dest, dtype=np.uint8)[:] = handle
+
+
+def find_c_compiler() -> str:
+    for candidate in (os.environ.get("CC"), "clang", "gcc", "cc"):
+        if candidate and shutil.which(candidate):
+            return candidate
+    raise RuntimeError("no C compiler found for the CPU backend: install clang or gcc, or set CC")
+
+
+class ClangCompiler(Compiler):
+    """Compiles a kernel's C source to a shared library's bytes."""
+    flags = ["-O2", "-march=native", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off", "-fno-math-errno"]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cc = find_c_compiler()
+        version = subprocess.run([self.cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+        self.cache_key = f"cpu {self.cc} {version} {platform.machine()} {platform.node()} {' '.join(self.flags)}"
+
+    def compile(self, src: str) -> bytes:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "kernel.so")
+            proc = subprocess.run([self.cc, *self.flags, "-x", "c", "-", "-o", out, "-lm"], input=src.encode(),
+                                  capture_output=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"C compile failed ({self.cc}):\n{proc.stderr.decode()}\n--- source ---\n{src}")
+            with open(out, "rb") as f:
+                return f.read()
+
+
+_POOL: ThreadPoolExecutor | None = None
+THREADS = getenv("THREADS", os.cpu_count() or 1)
+MIN_WORK_PER_THREAD = 1 << 15  # below this much work, a thread costs more than it saves
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="glassgrad-cpu")
+    return _POOL
+
+
+class CPUProgram:
+    """One compiled kernel. Calling it runs the outer loop's range split evenly across threads."""
+
+    def __init__(self, name: str, binary: bytes) -> None:
+        self.name = name
+        path = cache_dir() / "lib" / f"{hashlib.sha256(binary).hexdigest()}.so"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(binary)
+            os.replace(tmp, path)
+        self.lib = ctypes.CDLL(str(path))
+        self.fn = getattr(self.lib, name)
+        self.fn.restype = None
+
+    def __call__(self, *bufs: np.ndarray, global_size: tuple[int, ...] = (1,), local_size: Any = None,
+                 vals: tuple[int, ...] = (), work: int = 0, wait: bool = False) -> float:
+        ptrs = [ctypes.c_void_p(b.ctypes.data) for b in bufs]
+        extra = [ctypes.c_int64(v) for v in vals]
+        outer = global_size[0] if global_size else 1
+        threads = max(1, min(THREADS, outer, work // MIN_WORK_PER_THREAD))
+        start = time.perf_counter()
+        if threads == 1:
+            self.fn(*ptrs, *extra, ctypes.c_int64(0), ctypes.c_int64(outer))
+        else:
+            bounds = [outer * i // threads for i in range(threads + 1)]
+            futures = [_pool().submit(self.fn, *ptrs, *extra, ctypes.c_int64(lo), ctypes.c_int64(hi))
+                       for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+            for f in futures:
+                f.result()
+        return time.perf_counter() - start
+
+
+def create_device(name: str) -> Compiled:
+    if name != "CPU":
+        raise ValueError(f"the CPU backend has one device, 'CPU'; got {name!r}")
+    return Compiled(name, CPUAllocator(), ClangRenderer(), ClangCompiler(), CPUProgram)
+
+
+def create_renderer() -> ClangRenderer:
+    return ClangRenderer()

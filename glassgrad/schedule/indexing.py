@@ -1,0 +1,199 @@
+"""Lowering one kernel's tensor graph to a kernel AST: movement ops become index arithmetic.
+
+In: the tensor-graph node a kernel computes, and the buffers of every already-materialised node it reads.
+Out: `SINK(STORE(out, index, value))`, where `value` is a scalar expression of LOADs, ALU ops and REDUCEs
+written over RANGE nodes (one per output dimension, one per reduced dimension).
+
+This is "rangeify": instead of tracking views, each node is evaluated *at an index*. Given the index tuple of
+a node's output element, a movement op tells which element of its source that is:
+  permute -> reorder the indices;  expand -> the broadcast dimension reads index 0;
+  shrink  -> add the start;        flip   -> size-1-i;
+  pad     -> subtract the left pad, and the element is valid only inside the source (a gate on the loads);
+  reshape -> flatten the indices of a group of dimensions and split them again in the source's shape.
+The symbolic simplifier then folds the resulting divisions and modulos away where it can.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import count
+
+from glassgrad.device import Buffer
+from glassgrad.dtype import DType, dtypes
+from glassgrad.helpers import prod
+from glassgrad.uop.ops import GroupOp, Ops, UOp
+
+Index = tuple[UOp, ...]
+
+
+def reshape_groups(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """Split two shapes of equal size into runs of dimensions with equal products: [(old dims, new dims)]."""
+    if prod(old) == 0:
+        return [(list(range(len(old))), list(range(len(new))))]
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(old) or j < len(new):
+        old_dims: list[int] = []
+        new_dims: list[int] = []
+        old_size = new_size = 1
+        if i < len(old):
+            old_dims.append(i); old_size *= old[i]; i += 1  # noqa: E702
+        if j < len(new):
+            new_dims.append(j); new_size *= new[j]; j += 1  # noqa: E702
+        while old_size != new_size:
+            if old_size < new_size:
+                old_dims.append(i); old_size *= old[i]; i += 1  # noqa: E702
+            else:
+                new_dims.append(j); new_size *= new[j]; j += 1  # noqa: E702
+        groups.append((old_dims, new_dims))
+    return groups
+
+
+def flat_index(idxs: Index, shape: tuple[int, ...], dtype: DType) -> UOp:
+    """Row-major linear index of `idxs` in `shape`."""
+    total = UOp.const(dtype, 0)
+    for i, s in zip(idxs, shape):
+        total = total * UOp.const(dtype, s) + i if s != 1 else total
+    return total
+
+
+def unflatten_index(flat: UOp, shape: tuple[int, ...], dtype: DType) -> list[UOp]:
+    """The per-dimension indices of row-major linear index `flat` in `shape`."""
+    out: list[UOp] = []
+    stride = 1
+    for s in reversed(shape):
+        out.append(UOp.const(dtype, 0) if s == 1 else (flat // UOp.const(dtype, stride)) % UOp.const(dtype, s))
+        stride *= s
+    return out[::-1]
+
+
+@dataclass
+class KernelBuilder:
+    """Builds one kernel's AST. `view_of` gives the buffer view of a materialised tensor node, else None."""
+    view_of: Callable[[UOp], UOp | None]
+    index_dtype: DType = dtypes.int32
+    buffers: list[Buffer] = field(default_factory=list)
+    _globals: dict[int, UOp] = field(default_factory=dict)
+    _memo: dict[tuple[UOp, Index, UOp | None], UOp] = field(default_factory=dict)
+    _range_ids: count = field(default_factory=count)
+
+    def new_range(self, size: int, kind: str) -> UOp:
+        return UOp(Ops.RANGE, self.index_dtype, (UOp.const(self.index_dtype, size),), (next(self._range_ids), kind))
+
+    def global_for(self, buf: Buffer) -> UOp:
+        for i, b in enumerate(self.buffers):
+            if b is buf:
+                return self._globals[i]
+        i = len(self.buffers)
+        self.buffers.append(buf)
+        self._globals[i] = UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), i)
+        return self._globals[i]
+
+    def build(self, node: UOp, out: Buffer) -> UOp:
+        """SINK(STORE(out[i], node[i])) over the output's shape."""
+        self.index_dtype = dtypes.int64 if self._largest(node) >= 2**31 else dtypes.int32
+        out_global = self.global_for(out)
+        idxs = tuple(UOp.const(self.index_dtype, 0) if s == 1 else self.new_range(s, "global") for s in node.shape)
+        value = self.lower(node, idxs, None)
+        store = UOp(Ops.STORE, dtypes.void, (out_global, flat_index(idxs, node.shape, self.index_dtype), value))
+        return UOp(Ops.SINK, dtypes.void, (store,))
+
+    def _largest(self, node: UOp) -> int:
+        """The largest element count any index in this kernel can reach."""
+        nodes = node.toposort(stop=lambda n: self.view_of(n) is not None)
+        views = [v for n in nodes if (v := self.view_of(n)) is not None]
+        return max([n.size for n in nodes + views if n.op is not Ops.DEVICE] + [v.base.size for v in views] + [1])
+
+    def lower(self, node: UOp, idxs: Index, gate: UOp | None) -> UOp:
+        key = (node, idxs, gate)
+        if key not in self._memo:
+            self._memo[key] = self._lower(node, idxs, gate)
+        return self._memo[key]
+
+    def _lower(self, node: UOp, idxs: Index, gate: UOp | None) -> UOp:
+        view = self.view_of(node)
+        if view is not None:
+            return self.lower(view, idxs, gate)
+        op = node.op
+        if op is Ops.BUFFER:
+            buf: Buffer = node.arg[0]
+            return UOp(Ops.LOAD, buf.dtype, (self.global_for(buf), idxs[0]) + ((gate,) if gate is not None else ()))
+        if op is Ops.CONST:
+            return UOp.const(node.dtype, node.arg)
+        if op is Ops.ARANGE:
+            return idxs[0].cast(node.dtype)
+        if op in GroupOp.Elementwise:
+            return UOp(op, node.dtype, tuple(self.lower(s, idxs, gate) for s in node.src))
+        if op in (Ops.DETACH, Ops.CONTIGUOUS):
+            return self.lower(node.src[0], idxs, gate)
+        if op is Ops.REDUCE_AXIS:
+            return self._lower_reduce(node, idxs, gate)
+        if op is Ops.PAD:
+            return self._lower_pad(node, idxs, gate)
+        if op in GroupOp.Movement:
+            return self.lower(node.src[0], self.source_index(node, idxs), gate)
+        raise RuntimeError(f"cannot lower {op} into a kernel (it should have been materialised by the scheduler)")
+
+    def source_index(self, node: UOp, idxs: Index) -> Index:
+        """For a movement op (not PAD): the source's index of the element at `idxs` of `node`."""
+        src_shape, dt = node.src[0].shape, self.index_dtype
+        if node.op is Ops.PERMUTE:
+            out: list[UOp] = [idxs[0]] * len(idxs)
+            for i, axis in enumerate(node.arg):
+                out[axis] = idxs[i]
+            return tuple(out)
+        if node.op is Ops.EXPAND:
+            return tuple(UOp.const(dt, 0) if s == 1 else i for i, s in zip(idxs, src_shape))
+        if node.op is Ops.SHRINK:
+            return tuple(i + UOp.const(dt, b) if b else i for i, (b, _) in zip(idxs, node.arg))
+        if node.op is Ops.FLIP:
+            return tuple(UOp.const(dt, s - 1) - i if f else i for i, s, f in zip(idxs, src_shape, node.arg))
+        assert node.op is Ops.RESHAPE
+        result: list[UOp] = [UOp.const(dt, 0)] * len(src_shape)
+        for old_dims, new_dims in reshape_groups(src_shape, node.shape):
+            if len(old_dims) == 1 and len(new_dims) == 1:
+                result[old_dims[0]] = idxs[new_dims[0]]
+                continue
+            flat = flat_index(tuple(idxs[j] for j in new_dims), tuple(node.shape[j] for j in new_dims), dt)
+            parts = unflatten_index(flat, tuple(src_shape[j] for j in old_dims), dt)
+            for d, part in zip(old_dims, parts):
+                result[d] = part
+        return tuple(result)
+
+    def _lower_pad(self, node: UOp, idxs: Index, gate: UOp | None) -> UOp:
+        dt = self.index_dtype
+        valid: UOp | None = None
+        src_idxs: list[UOp] = []
+        for i, s, (before, _) in zip(idxs, node.src[0].shape, node.arg):
+            shifted = i - UOp.const(dt, before) if before else i
+            src_idxs.append(shifted)
+            if node.shape[len(src_idxs) - 1] != s:
+                inside = (i < UOp.const(dt, before + s)).alu(Ops.AND, (i < UOp.const(dt, before)).alu(
+                    Ops.CMPNE, UOp.const(dtypes.bool, True)))
+                valid = inside if valid is None else valid.alu(Ops.AND, inside)
+        if valid is None:
+            return self.lower(node.src[0], tuple(src_idxs), gate)
+        inner_gate = valid if gate is None else gate.alu(Ops.AND, valid)
+        value = self.lower(node.src[0], tuple(src_idxs), inner_gate)
+        return valid.where(value, UOp.const(node.dtype, 0))
+
+    def _lower_reduce(self, node: UOp, idxs: Index, gate: UOp | None) -> UOp:
+        reduce_op, axes = node.arg
+        src_shape = node.src[0].shape
+        ranges = [self.new_range(src_shape[a], "reduce") for a in axes]
+        src_idxs = list(idxs)
+        for a, r in zip(axes, ranges):
+            src_idxs[a] = r
+        value = self.lower(node.src[0], tuple(src_idxs), gate)
+        return UOp(Ops.REDUCE, node.dtype, (value, *ranges), reduce_op)
+
+
+def kernel_name(ast: UOp) -> str:
+    """'E_4_4' for elementwise kernels, 'r_64_256' for kernels with a reduction (sizes of their loops)."""
+    ranges = sorted((u for u in ast.toposort() if u.op is Ops.RANGE), key=lambda r: r.arg[0])
+    prefix = "r" if any(r.arg[1] == "reduce" for r in ranges) else "E"
+    return prefix + "".join(f"_{r.src[0].arg}" for r in ranges) if ranges else prefix + "_1"
+
+
+def ast_size(ast: UOp) -> int:
+    return prod(r.src[0].arg for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "global")

@@ -1,0 +1,1177 @@
+"""`Tensor`: the user-facing, lazy n-dimensional array.
+
+In: Python scalars, nested lists, numpy arrays, and calls such as `a + b`, `x.sum(1)`, `x @ w`. Out: a tensor whose
+`uop` is a node of the tensor graph; nothing is computed until `realize()`, `numpy()`, `item()` or `tolist()`.
+
+Only a handful of primitives build graph nodes (`_unary`, `_binary`, `where`, `_reduce`, the movement ops,
+`cast`); every other op (softmax, matmul, cross_entropy, indexing, ...) is composed from them, as in tinygrad.
+Shapes and dtypes are checked here, eagerly, so mistakes raise at the line that made them.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from glassgrad.device import Buffer, Device
+from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper_dtype, to_dtype
+from glassgrad.engine.realize import run_schedule
+from glassgrad.gradient import compute_gradient
+from glassgrad.helpers import normalize_axis, prod
+from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
+from glassgrad.uop.ops import ConstType, Ops, UOp
+
+# realized buffer view -> the graph it was computed from, so gradients flow through realized tensors
+LINEAGE: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+_REQUIRES_GRAD: weakref.WeakSet[Tensor] = weakref.WeakSet()
+
+Scalar = int | float | bool
+AxisArg = int | Sequence[int] | None
+
+
+class _RNG:
+    """The host random generator behind rand/randn/randint/dropout. `Tensor.manual_seed(n)` makes runs repeat."""
+    generator = np.random.default_rng(0)
+
+
+class Tensor:
+    """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
+    __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
+    training: ClassVar[bool] = False
+    no_grad: ClassVar[bool] = False
+
+    def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
+                 requires_grad: bool | None = None) -> None:
+        device = Device.canonicalize(device or Device.DEFAULT)
+        want = to_dtype(dtype) if dtype is not None else None
+        if isinstance(data, UOp):
+            uop = data
+        elif isinstance(data, Tensor):
+            raise TypeError("Tensor(Tensor) is ambiguous: use t.detach(), t.clone() or t.cast(dtype)")
+        elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
+            d = want or dtypes.from_py(data)
+            uop = UOp.const(d, data, device)
+        else:
+            uop = _uop_from_array(data, want, device)
+        if want is not None and uop.dtype != want:
+            uop = uop.cast(want)
+        self.uop: UOp = uop
+        self.grad: Tensor | None = None
+        self.requires_grad: bool | None = None
+        if requires_grad:
+            self.requires_grad_(True)
+        elif requires_grad is False:
+            self.requires_grad = False
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.uop.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.uop.dtype
+
+    @property
+    def device(self) -> str:
+        return self.uop.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    def size(self, dim: int | None = None) -> int | tuple[int, ...]:
+        return self.shape if dim is None else self.shape[normalize_axis(dim, self.ndim, "dim")]
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel() * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"<Tensor shape={self.shape} dtype={self.dtype} device={self.device}" \
+               f"{' realized' if is_buffer_view(self.uop) else ''}>"
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise RuntimeError(f"the truth value of a tensor with {self.numel()} elements is ambiguous; use .any() or"
+                               " .all()")
+        return bool(self.item())
+
+    def requires_grad_(self, value: bool = True) -> Tensor:
+        self.requires_grad = value
+        if value:
+            if not self.dtype.is_float:
+                raise RuntimeError(f"only floating point tensors can require gradients, this one is {self.dtype}")
+            _REQUIRES_GRAD.add(self)
+        return self
+
+    # ------------------------------------------------------------------ realizing
+    def realize(self, *others: Tensor) -> Tensor:
+        """Compute this tensor (and `others`) now, in as few kernels as the scheduler can."""
+        Tensor.realize_all(self, *others)
+        return self
+
+    @staticmethod
+    def realize_all(*tensors: Tensor) -> None:
+        pending = [t for t in tensors if not is_buffer_view(t.uop)]
+        if not pending:
+            return
+        schedule, views = create_schedule([t.uop for t in pending])
+        run_schedule(schedule)
+        keep_lineage = not Tensor.no_grad
+        for node, view in views.items():
+            REALIZED[node] = view
+            if keep_lineage and node.base.op is not Ops.BUFFER:
+                LINEAGE[view] = node
+        for t in pending:
+            t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
+
+    def _buffer(self) -> Buffer:
+        self.realize()
+        base = self.uop.base
+        if base.op is not Ops.BUFFER:
+            raise RuntimeError(f"internal error: realized tensor is not a buffer: {self.uop.op}")
+        return base.arg[0]
+
+    def numpy(self) -> np.ndarray:
+        """A new numpy array with this tensor's values (bfloat16 comes back as float32)."""
+        if self.numel() == 0:
+            return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else self.dtype.np)
+        flat = self._buffer().numpy()
+        if self.dtype == dtypes.bfloat16:
+            flat = bf16_to_f32(flat)
+        return flat.reshape(self.shape)
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def item(self) -> Scalar:
+        if self.numel() != 1:
+            raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+        return self.numpy().reshape(()).item()
+
+    def contiguous(self) -> Tensor:
+        """A tensor that will be materialised in its own buffer, in row-major order."""
+        return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+
+    def detach(self) -> Tensor:
+        return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+
+    def clone(self) -> Tensor:
+        return self.contiguous()
+
+    def to(self, device: str | None) -> Tensor:
+        target = Device.canonicalize(device or Device.DEFAULT)
+        if target == self.device:
+            return self
+        return self._wrap(UOp(Ops.COPY, self.dtype, (self.uop, UOp(Ops.DEVICE, dtypes.void, (), target))))
+
+    def cast(self, dtype: DType | str) -> Tensor:
+        dt = to_dtype(dtype)
+        return self if dt == self.dtype else self._wrap(self.uop.cast(dt))
+
+    def bitcast(self, dtype: DType | str) -> Tensor:
+        dt = to_dtype(dtype)
+        if dt.itemsize != self.dtype.itemsize:
+            raise ValueError(f"bitcast needs dtypes of the same size: {self.dtype} is {self.dtype.itemsize} bytes, "
+                             f"{dt} is {dt.itemsize}")
+        return self if dt == self.dtype else Tensor(self.uop.bitcast(dt))
+
+    def float(self) -> Tensor: return self.cast(dtypes.float32)  # noqa: E704
+    def half(self) -> Tensor: return self.cast(dtypes.float16)  # noqa: E704
+    def int(self) -> Tensor: return self.cast(dtypes.int32)  # noqa: E704
+    def long(self) -> Tensor: return self.cast(dtypes.int64)  # noqa: E704
+    def bool(self) -> Tensor: return self.cast(dtypes.bool)  # noqa: E704
+    def double(self) -> Tensor: return self.cast(dtypes.float64)  # noqa: E704
+
+    def _wrap(self, uop: UOp) -> Tensor:
+        """A new tensor over `uop` (the one place results of ops are made)."""
+        return Tensor(uop)
+
+    # ------------------------------------------------------------------ autograd
+    def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
+        """Gradients of this tensor with respect to `targets` (a scalar, unless `gradient` is given)."""
+        if gradient is None:
+            if self.numel() != 1:
+                raise RuntimeError(f"gradient of a tensor of shape {self.shape} needs `gradient=`; only scalars "
+                                   "get an implicit gradient of 1")
+            gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
+        if gradient.shape != self.shape:
+            raise ValueError(f"gradient shape {gradient.shape} does not match tensor shape {self.shape}")
+        root = _with_lineage(self.uop)
+        target_uops = [_with_lineage(t.uop) for t in targets]
+        grads = compute_gradient(root, gradient.cast(self.dtype).uop, set(target_uops))
+        out = []
+        for t, u in zip(targets, target_uops):
+            g = grads.get(u)
+            out.append(Tensor(g) if g is not None else Tensor.zeros(t.shape, dtype=t.dtype, device=t.device))
+        return out
+
+    def backward(self, gradient: Tensor | None = None) -> Tensor:
+        """Accumulate d(self)/d(t) into `t.grad` for every tensor `t` with requires_grad=True that self depends on."""
+        root_nodes = set(_with_lineage(self.uop).toposort())
+        targets = [t for t in list(_REQUIRES_GRAD) if t.requires_grad and _with_lineage(t.uop) in root_nodes]
+        if not targets:
+            raise RuntimeError("backward(): no tensor with requires_grad=True is part of this computation")
+        for t, g in zip(targets, self.gradient(*targets, gradient=gradient)):
+            t.grad = g if t.grad is None else t.grad + g
+        return self
+
+    # ------------------------------------------------------------------ creation
+    @staticmethod
+    def manual_seed(seed: int = 0) -> None:
+        _RNG.generator = np.random.default_rng(seed)
+
+    @staticmethod
+    def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
+        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        for d in dims:
+            if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
+                raise ValueError(f"shape must be non-negative ints, got {dims}")
+        return tuple(int(d) for d in dims)
+
+    @staticmethod
+    def full(shape: tuple[int, ...] | int, fill_value: Scalar, dtype: DType | str | None = None,
+             device: str | None = None, requires_grad: bool | None = None) -> Tensor:
+        dims = Tensor._shape_arg((shape,) if isinstance(shape, int) else (tuple(shape),))
+        t = Tensor(fill_value, device=device, dtype=dtype)
+        out = Tensor(t.uop.reshape((1,) * len(dims)).expand(dims))
+        return out.requires_grad_(True) if requires_grad else out
+
+    @staticmethod
+    def zeros(*shape: Any, dtype: DType | str | None = None, device: str | None = None,
+              requires_grad: bool | None = None) -> Tensor:
+        return Tensor.full(Tensor._shape_arg(shape), 0.0, dtype or dtypes.default_float, device, requires_grad)
+
+    @staticmethod
+    def ones(*shape: Any, dtype: DType | str | None = None, device: str | None = None,
+             requires_grad: bool | None = None) -> Tensor:
+        return Tensor.full(Tensor._shape_arg(shape), 1.0, dtype or dtypes.default_float, device, requires_grad)
+
+    @staticmethod
+    def empty(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        dims = Tensor._shape_arg(shape)
+        dt = to_dtype(dtype or dtypes.default_float)
+        buf = Buffer(device or Device.DEFAULT, prod(dims), dt)
+        return Tensor(buffer_view(buf, dims))
+
+    @staticmethod
+    def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: DType | str | None = None,
+               device: str | None = None) -> Tensor:
+        if stop is None:
+            start, stop = 0, start
+        if step == 0:
+            raise ValueError("arange step must not be zero")
+        count = max(0, math.ceil((stop - start) / step))
+        is_float = any(isinstance(v, float) for v in (start, stop, step))
+        dt = to_dtype(dtype) if dtype is not None else (dtypes.default_float if is_float else dtypes.default_int)
+        # index i -> start + i*step, built from a cumulative count so it stays one fused kernel
+        idx = _index_tensor(count, device)
+        return (idx.cast(dt if dt.is_float else dtypes.int64) * step + start).cast(dt)
+
+    @staticmethod
+    def linspace(start: Scalar, stop: Scalar, steps: int, dtype: DType | str | None = None,
+                 device: str | None = None) -> Tensor:
+        if steps < 0:
+            raise ValueError(f"linspace needs steps >= 0, got {steps}")
+        dt = to_dtype(dtype or dtypes.default_float)
+        if steps == 1:
+            return Tensor.full((1,), start, dt, device)
+        idx = _index_tensor(steps, device).cast(dtypes.float64 if dt == dtypes.float64 else dtypes.float32)
+        return (idx * ((stop - start) / (steps - 1)) + start).cast(dt)
+
+    @staticmethod
+    def eye(n: int, m: int | None = None, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        m = n if m is None else m
+        rows = _index_tensor(n, device).reshape(n, 1)
+        cols = _index_tensor(m, device).reshape(1, m)
+        return (rows == cols).cast(dtype or dtypes.default_float)
+
+    @staticmethod
+    def _from_host(array: np.ndarray, dtype: DType | str | None, device: str | None,
+                   requires_grad: bool | None) -> Tensor:
+        dt = to_dtype(dtype or dtypes.default_float)
+        return Tensor(array.astype(np.float32) if dt == dtypes.bfloat16 else array.astype(dt.np),
+                      device=device, dtype=dt, requires_grad=requires_grad)
+
+    @staticmethod
+    def rand(*shape: Any, dtype: DType | str | None = None, device: str | None = None,
+             requires_grad: bool | None = None) -> Tensor:
+        """Uniform in [0, 1). Drawn on the host from the seeded generator (see `manual_seed`)."""
+        dims = Tensor._shape_arg(shape)
+        return Tensor._from_host(_RNG.generator.random(dims, dtype=np.float32), dtype, device, requires_grad)
+
+    @staticmethod
+    def randn(*shape: Any, dtype: DType | str | None = None, device: str | None = None,
+              requires_grad: bool | None = None) -> Tensor:
+        dims = Tensor._shape_arg(shape)
+        return Tensor._from_host(_RNG.generator.standard_normal(dims, dtype=np.float32), dtype, device, requires_grad)
+
+    @staticmethod
+    def randint(*shape: Any, low: int = 0, high: int = 10, dtype: DType | str | None = None,
+                device: str | None = None) -> Tensor:
+        if high <= low:
+            raise ValueError(f"randint needs low < high, got low={low}, high={high}")
+        dims = Tensor._shape_arg(shape)
+        return Tensor._from_host(_RNG.generator.integers(low, high, dims), dtype or dtypes.int32, device, None)
+
+    @staticmethod
+    def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, dtype: DType | str | None = None,
+                device: str | None = None, requires_grad: bool | None = None) -> Tensor:
+        dims = Tensor._shape_arg(shape)
+        values = _RNG.generator.random(dims, dtype=np.float32) * np.float32(high - low) + np.float32(low)
+        return Tensor._from_host(values, dtype, device, requires_grad)
+
+    @staticmethod
+    def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, dtype: DType | str | None = None,
+               device: str | None = None, requires_grad: bool | None = None) -> Tensor:
+        dims = Tensor._shape_arg(shape)
+        values = _RNG.generator.standard_normal(dims, dtype=np.float32) * np.float32(std) + np.float32(mean)
+        return Tensor._from_host(values, dtype, device, requires_grad)
+
+    def full_like(self, fill_value: Scalar, dtype: DType | str | None = None) -> Tensor:
+        return Tensor.full(self.shape, fill_value, dtype or self.dtype, self.device)
+
+    def zeros_like(self, dtype: DType | str | None = None) -> Tensor:
+        return self.full_like(0, dtype)
+
+    def ones_like(self, dtype: DType | str | None = None) -> Tensor:
+        return self.full_like(1, dtype)
+
+    def rand_like(self, dtype: DType | str | None = None) -> Tensor:
+        return Tensor.rand(self.shape, dtype=dtype or self.dtype, device=self.device)
+
+    def randn_like(self, dtype: DType | str | None = None) -> Tensor:
+        return Tensor.randn(self.shape, dtype=dtype or self.dtype, device=self.device)
+
+    # ------------------------------------------------------------------ elementwise primitives
+    def _const_for(self, x: Scalar) -> Tensor:
+        """A Python scalar as a tensor of this tensor's shape, with PyTorch's scalar promotion rules."""
+        if isinstance(x, bool):
+            dt = self.dtype
+        elif isinstance(x, int):
+            dt = dtypes.default_int if self.dtype.is_bool else self.dtype
+        elif isinstance(x, float):
+            dt = self.dtype if self.dtype.is_float else dtypes.default_float
+        else:
+            raise TypeError(f"cannot combine a tensor with {type(x).__name__} {x!r}")
+        return Tensor.full(self.shape, x, dt, self.device)
+
+    def _broadcasted(self, other: Tensor | Scalar, reverse: bool = False,
+                     match_dtype: bool = True) -> tuple[Tensor, Tensor]:
+        if isinstance(other, (np.ndarray, np.generic)):
+            other = Tensor(other, device=self.device)
+        y = other if isinstance(other, Tensor) else None
+        if y is None:
+            x, y = self, self._const_for(other)  # type: ignore[arg-type]
+        else:
+            x = self
+            if x.device != y.device:
+                raise RuntimeError(f"tensors are on different devices: {x.device} and {y.device}; move one with .to()")
+            shape = _broadcast_shape(x.shape, y.shape)
+            x, y = x._broadcast_to(shape), y._broadcast_to(shape)
+        if match_dtype and x.dtype != y.dtype:
+            out = least_upper_dtype(x.dtype, y.dtype)
+            x, y = x.cast(out), y.cast(out)
+        return (y, x) if reverse else (x, y)
+
+    def _unary(self, op: Ops) -> Tensor:
+        return self._wrap(UOp(op, self.dtype, (self.uop,)))
+
+    def _binary(self, op: Ops, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        x, y = self._broadcasted(other, reverse)
+        return x._wrap(x.uop.alu(op, y.uop))
+
+    def _float(self) -> Tensor:
+        """Ints and bools become the default float; floats stay as they are."""
+        return self if self.dtype.is_float else self.cast(dtypes.default_float)
+
+    def add(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(Ops.ADD, x, reverse)  # noqa
+    def mul(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(Ops.MUL, x, reverse)  # noqa
+
+    def sub(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(x, reverse)
+        if a.dtype.is_bool:
+            raise TypeError("subtracting bool tensors is not supported; use ^ or logical_not instead")
+        return a + (-b)
+
+    def div(self, x: Tensor | Scalar, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
+        """True division (ints become floats); rounding_mode 'trunc' or 'floor' as in PyTorch."""
+        a, b = self._broadcasted(x, reverse)
+        if rounding_mode is None:
+            a, b = a._float(), b._float()
+            return a._wrap(a.uop.alu(Ops.FDIV, b.uop))
+        if rounding_mode == "trunc":
+            return a._wrap(a.uop.alu(Ops.IDIV, b.uop)) if not a.dtype.is_float else a.div(b).trunc()
+        if rounding_mode == "floor":
+            return a.floordiv(b)
+        raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+
+    def floordiv(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """Floor division like numpy's `//`: rounds toward minus infinity."""
+        a, b = self._broadcasted(x, reverse)
+        if a.dtype.is_float:
+            return a.div(b).floor()
+        if a.dtype.is_bool:
+            a, b = a.cast(dtypes.int32), b.cast(dtypes.int32)
+        q = a._wrap(a.uop.alu(Ops.IDIV, b.uop))
+        if a.dtype.is_unsigned:
+            return q
+        remainder = a._wrap(a.uop.alu(Ops.MOD, b.uop))
+        adjust = (remainder != 0) & ((a < 0) != (b < 0))
+        return adjust.where(q - 1, q)
+
+    def mod(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """Remainder with the sign of the divisor, like numpy's `%`."""
+        a, b = self._broadcasted(x, reverse)
+        if a.dtype.is_bool:
+            a, b = a.cast(dtypes.int32), b.cast(dtypes.int32)
+        r = a._wrap(a.uop.alu(Ops.MOD, b.uop))
+        if a.dtype.is_unsigned:
+            return r
+        return ((r != 0) & ((r < 0) != (b < 0))).where(r + b, r)
+
+    def pow(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool) and x == 2:
+            return self * self
+        a, b = self._broadcasted(x, reverse)
+        if not a.dtype.is_float:
+            if (b.dtype.is_int and a.dtype.is_int) or a.dtype.is_bool:
+                return a._int_pow(b)
+        return a._wrap(a.uop.alu(Ops.POW, b.uop))
+
+    def _int_pow(self, exponent: Tensor) -> Tensor:
+        """Integer power by repeated squaring over the bits of the exponent (negative exponents give 0, or 1 for 1)."""
+        result = self.ones_like()
+        base = self
+        e = exponent
+        bits = 8 * e.dtype.itemsize
+        for _ in range(bits - (0 if e.dtype.is_unsigned else 1)):
+            result = ((e % 2) == 1).where(result * base, result)
+            base = base * base
+            e = e // 2
+        return (exponent < 0).where((self == 1).where(1, (self == -1).where(1 - 2 * (exponent % 2), 0)).cast(
+            self.dtype), result)
+
+    def maximum(self, x: Tensor | Scalar) -> Tensor:
+        return self._binary(Ops.MAX, x)
+
+    def minimum(self, x: Tensor | Scalar) -> Tensor:
+        a, b = self._broadcasted(x)
+        if a.dtype.is_unsigned or a.dtype.is_bool:
+            return (a < b).where(a, b)
+        return -((-a).maximum(-b))
+
+    def clip(self, min_: Scalar | Tensor | None = None, max_: Scalar | Tensor | None = None) -> Tensor:
+        if min_ is None and max_ is None:
+            raise ValueError("clip needs at least one of min_ or max_")
+        out = self if min_ is None else self.maximum(min_)
+        return out if max_ is None else out.minimum(max_)
+
+    clamp = clip
+
+    def where(self, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
+        """`cond.where(x, y)`: x where this (bool) tensor is true, else y. All three broadcast."""
+        cond = self if self.dtype.is_bool else self.cast(dtypes.bool)
+        if isinstance(x, Tensor) and isinstance(y, Tensor):
+            x, y = x._broadcasted(y)
+        elif isinstance(x, Tensor):
+            x, y = x._broadcasted(y)
+        elif isinstance(y, Tensor):
+            y, x = y._broadcasted(x)
+        else:
+            x, y = Tensor(x, device=self.device)._broadcasted(y)
+        shape = _broadcast_shape(cond.shape, x.shape)
+        cond, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)
+        return x._wrap(cond.uop.where(x.uop, y.uop))
+
+    # comparisons
+    def __lt__(self, x: Tensor | Scalar) -> Tensor: return self._binary(Ops.CMPLT, x)  # type: ignore[override]  # noqa
+    def __gt__(self, x: Tensor | Scalar) -> Tensor: return self._binary(Ops.CMPLT, x, reverse=True)  # type: ignore  # noqa
+    def __eq__(self, x: Tensor | Scalar) -> Tensor: return self._binary(Ops.CMPEQ, x)  # type: ignore[override]  # noqa
+    def __ne__(self, x: Tensor | Scalar) -> Tensor: return self._binary(Ops.CMPNE, x)  # type: ignore[override]  # noqa
+    def __le__(self, x: Tensor | Scalar) -> Tensor: return (self < x) | (self == x)  # noqa: E704
+    def __ge__(self, x: Tensor | Scalar) -> Tensor: return (self > x) | (self == x)  # noqa: E704
+
+    # logical and bitwise
+    def _bitwise(self, op: Ops, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(x, reverse)
+        if a.dtype.is_float:
+            raise TypeError(f"{op.name.lower()} needs int or bool tensors, got {a.dtype}")
+        return a._wrap(a.uop.alu(op, b.uop))
+
+    def bitwise_and(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.AND, x)  # noqa: E704
+    def bitwise_or(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.OR, x)  # noqa: E704
+    def bitwise_xor(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.XOR, x)  # noqa: E704
+
+    def bitwise_not(self) -> Tensor:
+        if self.dtype.is_float:
+            raise TypeError(f"bitwise_not needs int or bool tensors, got {self.dtype}")
+        return self.logical_not() if self.dtype.is_bool else self ^ -1 if not self.dtype.is_unsigned else \
+            self ^ int(self.dtype.max())
+
+    def logical_not(self) -> Tensor:
+        return self == 0 if not self.dtype.is_bool else self != True  # noqa: E712
+
+    def lshift(self, x: int | Tensor) -> Tensor: return self._bitwise(Ops.SHL, x)  # noqa: E704
+    def rshift(self, x: int | Tensor) -> Tensor: return self._bitwise(Ops.SHR, x)  # noqa: E704
+
+    # ------------------------------------------------------------------ unary math
+    def neg(self) -> Tensor:
+        if self.dtype.is_bool:
+            return self.logical_not()
+        return self._unary(Ops.NEG)
+
+    def reciprocal(self) -> Tensor: return self._float()._unary(Ops.RECIP)  # noqa: E704
+    def sqrt(self) -> Tensor: return self._float()._unary(Ops.SQRT)  # noqa: E704
+    def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()  # noqa: E704
+    def exp2(self) -> Tensor: return self._float()._unary(Ops.EXP2)  # noqa: E704
+    def log2(self) -> Tensor: return self._float()._unary(Ops.LOG2)  # noqa: E704
+    def exp(self) -> Tensor: return (self._float() * (1 / math.log(2))).exp2()  # noqa: E704
+    def log(self) -> Tensor: return self.log2() * math.log(2)  # noqa: E704
+    def sin(self) -> Tensor: return self._float()._unary(Ops.SIN)  # noqa: E704
+    def cos(self) -> Tensor: return (math.pi / 2 - self._float()).sin()  # noqa: E704
+    def tan(self) -> Tensor: return self.sin() / self.cos()  # noqa: E704
+
+    def trunc(self) -> Tensor:
+        return self._unary(Ops.TRUNC) if self.dtype.is_float else self
+
+    def floor(self) -> Tensor:
+        if not self.dtype.is_float:
+            return self
+        t = self.trunc()
+        return (self < t).where(t - 1, t)
+
+    def ceil(self) -> Tensor:
+        if not self.dtype.is_float:
+            return self
+        t = self.trunc()
+        return (self > t).where(t + 1, t)
+
+    def round(self) -> Tensor:
+        """Round half to even, like numpy and PyTorch."""
+        if not self.dtype.is_float:
+            return self
+        f = self.floor()
+        diff = self - f
+        f_is_even = (f - (f * 0.5).floor() * 2) == 0
+        return (diff > 0.5).where(f + 1, (diff < 0.5).where(f, f_is_even.where(f, f + 1)))
+
+    def abs(self) -> Tensor:
+        if self.dtype.is_unsigned or self.dtype.is_bool:
+            return self
+        return self.maximum(-self)
+
+    def sign(self) -> Tensor:
+        if self.dtype.is_bool:
+            return self
+        positive, negative = (self > 0).cast(self.dtype), (self < 0).cast(self.dtype)
+        out = positive - negative if not self.dtype.is_unsigned else positive
+        return (self != self).where(self, out) if self.dtype.is_float else out
+
+    def square(self) -> Tensor: return self * self  # noqa: E704
+
+    # activations
+    def relu(self) -> Tensor: return (self <= 0).where(0, self)  # noqa: E704
+    def relu6(self) -> Tensor: return self.relu().minimum(6)  # noqa: E704
+    def sigmoid(self) -> Tensor: return (1 + (-self._float()).exp()).reciprocal()  # noqa: E704
+    def tanh(self) -> Tensor: return 2.0 * (2.0 * self._float()).sigmoid() - 1.0  # noqa: E704
+    def silu(self) -> Tensor: return self * self.sigmoid()  # noqa: E704
+    swish = silu
+
+    def leaky_relu(self, neg_slope: float = 0.01) -> Tensor:
+        return (self > 0).where(self, self * neg_slope)
+
+    def elu(self, alpha: float = 1.0) -> Tensor:
+        return (self > 0).where(self, alpha * (self._float().exp() - 1))
+
+    def gelu(self) -> Tensor:
+        """The tanh approximation, as tinygrad (PyTorch: gelu(x, approximate='tanh'))."""
+        x = self._float()
+        return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+
+    def quick_gelu(self) -> Tensor: return self * (self * 1.702).sigmoid()  # noqa: E704
+
+    def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+        """log(1 + exp(beta*x)) / beta, and x itself above `threshold` (PyTorch's definition)."""
+        scaled = self._float() * beta
+        return (scaled > threshold).where(self, (1 + scaled.minimum(threshold).exp()).log() / beta)
+
+    def logical_and(self, x: Tensor) -> Tensor: return self.bool() & x.bool()  # noqa: E704
+    def logical_or(self, x: Tensor) -> Tensor: return self.bool() | x.bool()  # noqa: E704
+
+    # ------------------------------------------------------------------ operators
+    def __neg__(self) -> Tensor: return self.neg()  # noqa: E704
+    def __add__(self, x: Tensor | Scalar) -> Tensor: return self.add(x)  # noqa: E704
+    def __radd__(self, x: Tensor | Scalar) -> Tensor: return self.add(x, True)  # noqa: E704
+    def __sub__(self, x: Tensor | Scalar) -> Tensor: return self.sub(x)  # noqa: E704
+    def __rsub__(self, x: Tensor | Scalar) -> Tensor: return self.sub(x, True)  # noqa: E704
+    def __mul__(self, x: Tensor | Scalar) -> Tensor: return self.mul(x)  # noqa: E704
+    def __rmul__(self, x: Tensor | Scalar) -> Tensor: return self.mul(x, True)  # noqa: E704
+    def __truediv__(self, x: Tensor | Scalar) -> Tensor: return self.div(x)  # noqa: E704
+    def __rtruediv__(self, x: Tensor | Scalar) -> Tensor: return self.div(x, True)  # noqa: E704
+    def __floordiv__(self, x: Tensor | Scalar) -> Tensor: return self.floordiv(x)  # noqa: E704
+    def __rfloordiv__(self, x: Tensor | Scalar) -> Tensor: return self.floordiv(x, True)  # noqa: E704
+    def __mod__(self, x: Tensor | Scalar) -> Tensor: return self.mod(x)  # noqa: E704
+    def __rmod__(self, x: Tensor | Scalar) -> Tensor: return self.mod(x, True)  # noqa: E704
+    def __pow__(self, x: Tensor | Scalar) -> Tensor: return self.pow(x)  # noqa: E704
+    def __rpow__(self, x: Tensor | Scalar) -> Tensor: return self.pow(x, True)  # noqa: E704
+    def __matmul__(self, x: Tensor) -> Tensor: return self.matmul(x)  # noqa: E704
+    def __rmatmul__(self, x: Tensor) -> Tensor: return x.matmul(self)  # noqa: E704
+    def __and__(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.AND, x)  # noqa: E704
+    def __rand__(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.AND, x, True)  # noqa: E704
+    def __or__(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.OR, x)  # noqa: E704
+    def __ror__(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.OR, x, True)  # noqa: E704
+    def __xor__(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.XOR, x)  # noqa: E704
+    def __rxor__(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.XOR, x, True)  # noqa: E704
+    def __invert__(self) -> Tensor: return self.bitwise_not()  # noqa: E704
+    def __lshift__(self, x: int | Tensor) -> Tensor: return self.lshift(x)  # noqa: E704
+    def __rshift__(self, x: int | Tensor) -> Tensor: return self.rshift(x)  # noqa: E704
+    def __abs__(self) -> Tensor: return self.abs()  # noqa: E704
+    def __iadd__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self + x)  # noqa: E704
+    def __isub__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self - x)  # noqa: E704
+    def __imul__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self * x)  # noqa: E704
+    def __itruediv__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self / x)  # noqa: E704
+
+    def _inplace(self, result: Tensor) -> Tensor:
+        if result.shape != self.shape:
+            raise ValueError(f"in-place op would change shape {self.shape} to {result.shape}")
+        self.uop = result.cast(self.dtype).uop
+        return self
+
+    # ------------------------------------------------------------------ movement
+    def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
+        if self.shape == shape:
+            return self
+        padded = (1,) * (len(shape) - self.ndim) + self.shape
+        if len(padded) != len(shape) or any(s not in (1, t) for s, t in zip(padded, shape)):
+            raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
+        return self._wrap(self.uop.reshape(padded).expand(shape))
+
+    def reshape(self, *shape: Any) -> Tensor:
+        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        dims = tuple(self.shape[i] if d is None else d for i, d in enumerate(dims))
+        if any(not isinstance(d, (int, np.integer)) or isinstance(d, bool) for d in dims):
+            raise TypeError(f"reshape needs int dimensions, got {dims}")
+        if sum(1 for d in dims if d == -1) > 1:
+            raise ValueError(f"reshape: only one dimension can be -1, got {dims}")
+        if any(d < -1 for d in dims):
+            raise ValueError(f"reshape: negative dimension in {dims}")
+        if -1 in dims:
+            known = prod(d for d in dims if d != -1)
+            if known == 0 or self.numel() % known:
+                raise ValueError(f"cannot reshape tensor of shape {self.shape} into {dims}")
+            dims = tuple(self.numel() // known if d == -1 else d for d in dims)
+        dims = tuple(int(d) for d in dims)
+        if prod(dims) != self.numel():
+            raise ValueError(f"cannot reshape tensor of shape {self.shape} ({self.numel()} elements) into {dims}")
+        return self if dims == self.shape else self._wrap(self.uop.reshape(dims))
+
+    view = reshape
+
+    def expand(self, *shape: Any) -> Tensor:
+        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        if len(dims) < self.ndim:
+            raise ValueError(f"expand: target {dims} has fewer dimensions than the tensor's shape {self.shape}")
+        padded = (1,) * (len(dims) - self.ndim) + self.shape
+        dims = tuple(s if d == -1 else d for s, d in zip(padded, dims))
+        return self._broadcast_to(dims)
+
+    def permute(self, *order: Any) -> Tensor:
+        axes = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
+        norm = tuple(normalize_axis(a, self.ndim) for a in axes)
+        if sorted(norm) != list(range(self.ndim)):
+            raise ValueError(f"permute order {axes} is not a permutation of the {self.ndim} dimensions")
+        return self._wrap(self.uop.permute(norm))
+
+    def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+        order = list(range(self.ndim))
+        a, b = normalize_axis(dim0, self.ndim), normalize_axis(dim1, self.ndim)
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+
+    @property
+    def T(self) -> Tensor:
+        return self.permute(tuple(range(self.ndim))[::-1])
+
+    def flip(self, axis: AxisArg = None) -> Tensor:
+        axes = self._resolve_axes(axis)
+        return self._wrap(self.uop.flip(tuple(i in axes for i in range(self.ndim))))
+
+    def shrink(self, bounds: Sequence[tuple[int, int] | None]) -> Tensor:
+        if len(bounds) != self.ndim:
+            raise ValueError(f"shrink needs one (start, end) per dimension ({self.ndim}), got {bounds}")
+        full = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for b, s in zip(bounds, self.shape))
+        for (b, e), s in zip(full, self.shape):
+            if not 0 <= b <= e <= s:
+                raise ValueError(f"shrink bounds {full} do not fit shape {self.shape}")
+        return self._wrap(self.uop.shrink(full))
+
+    def pad(self, padding: Sequence[Any], value: Scalar = 0.0, mode: str = "constant") -> Tensor:
+        """Pad with `value`. `padding` is ((before, after), ...) per dim, or PyTorch's flat (left, right, top, ...)."""
+        if mode != "constant":
+            raise NotImplementedError(f"pad mode {mode!r}: only 'constant' is implemented")
+        pads = _normalize_padding(padding, self.ndim)
+        if any(b < 0 or a < 0 for b, a in pads):
+            cropped = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pads, self.shape)))
+            return cropped.pad(tuple((max(b, 0), max(a, 0)) for b, a in pads), value)
+        padded = self._wrap(self.uop.pad(pads))
+        if value == 0:
+            return padded
+        inside = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device)._wrap_pad(pads)
+        return inside.where(padded, value)
+
+    def _wrap_pad(self, pads: tuple[tuple[int, int], ...]) -> Tensor:
+        return self._wrap(self.uop.pad(pads))
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        if self.ndim == 0:
+            return self.reshape(1)
+        s, e = normalize_axis(start_dim, self.ndim), normalize_axis(end_dim, self.ndim)
+        return self.reshape(*self.shape[:s], prod(self.shape[s:e + 1]), *self.shape[e + 1:])
+
+    def unflatten(self, dim: int, sizes: Sequence[int]) -> Tensor:
+        d = normalize_axis(dim, self.ndim)
+        return self.reshape(*self.shape[:d], *sizes, *self.shape[d + 1:])
+
+    def squeeze(self, dim: int | None = None) -> Tensor:
+        if dim is None:
+            return self.reshape(tuple(s for s in self.shape if s != 1))
+        d = normalize_axis(dim, self.ndim)
+        return self if self.ndim == 0 or self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        d = normalize_axis(dim, self.ndim + 1)
+        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+
+    def repeat(self, *repeats: Any) -> Tensor:
+        reps = tuple(repeats[0]) if len(repeats) == 1 and isinstance(repeats[0], (tuple, list)) else tuple(repeats)
+        if len(reps) < self.ndim:
+            raise ValueError(f"repeat needs at least {self.ndim} repeat counts, got {reps}")
+        base = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
+        expanded = base.reshape(tuple(x for s in base.shape for x in (1, s)))
+        expanded = expanded.expand(tuple(x for r, s in zip(reps, base.shape) for x in (r, s)))
+        return expanded.reshape(tuple(r * s for r, s in zip(reps, base.shape)))
+
+    def cat(self, *others: Tensor, dim: int = 0) -> Tensor:
+        tensors = (self, *others)
+        d = normalize_axis(dim, self.ndim, "dim")
+        for t in tensors:
+            if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != d):
+                raise ValueError(f"cat: shapes {[x.shape for x in tensors]} differ outside dimension {d}")
+        dt = least_upper_dtype(*(t.dtype for t in tensors))
+        total = sum(t.shape[d] for t in tensors)
+        out: Tensor | None = None
+        offset = 0
+        for t in tensors:
+            pads = tuple((offset, total - offset - t.shape[d]) if i == d else (0, 0) for i in range(self.ndim))
+            piece = t.cast(dt).pad(pads)
+            out = piece if out is None else out + piece
+            offset += t.shape[d]
+        assert out is not None
+        return out
+
+    @staticmethod
+    def stack(*tensors: Tensor, dim: int = 0) -> Tensor:
+        if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+            tensors = tuple(tensors[0])
+        if not tensors:
+            raise ValueError("stack needs at least one tensor")
+        d = normalize_axis(dim, tensors[0].ndim + 1, "dim")
+        return tensors[0].unsqueeze(d).cat(*(t.unsqueeze(d) for t in tensors[1:]), dim=d)
+
+    def split(self, sizes: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+        d = normalize_axis(dim, self.ndim, "dim")
+        n = self.shape[d]
+        if isinstance(sizes, int):
+            if sizes <= 0:
+                raise ValueError(f"split size must be positive, got {sizes}")
+            sizes = [min(sizes, n - i) for i in range(0, n, sizes)] or [0]
+        if sum(sizes) != n:
+            raise ValueError(f"split sizes {list(sizes)} do not add up to dimension {d}'s size {n}")
+        out, start = [], 0
+        for s in sizes:
+            out.append(self.shrink(tuple((start, start + s) if i == d else None for i in range(self.ndim))))
+            start += s
+        return tuple(out)
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+        if chunks <= 0:
+            raise ValueError(f"chunk count must be positive, got {chunks}")
+        n = self.shape[normalize_axis(dim, self.ndim, "dim")]
+        return self.split(max(1, math.ceil(n / chunks)), dim)
+
+    # ------------------------------------------------------------------ indexing
+    def __getitem__(self, index: Any) -> Tensor:
+        from glassgrad.indexing import getitem
+        return getitem(self, index)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        raise TypeError("glassgrad tensors are immutable: build a new tensor (e.g. with where) or use assign")
+
+    def gather(self, dim: int, index: Tensor) -> Tensor:
+        """out[i][j][k] = self[index[i][j][k]][j][k] for dim=0 (PyTorch's gather)."""
+        d = normalize_axis(dim, self.ndim, "dim")
+        if index.ndim != self.ndim or index.dtype.is_float:
+            raise ValueError(f"gather: index must be an int tensor with {self.ndim} dims, got {index.dtype} "
+                             f"{index.shape}")
+        if any(index.shape[i] > self.shape[i] for i in range(self.ndim) if i != d):
+            raise ValueError(f"gather: index shape {index.shape} is larger than {self.shape} outside dim {d}")
+        n = self.shape[d]
+        src = self.shrink(tuple(None if i == d else (0, index.shape[i]) for i in range(self.ndim)))
+        src = src.unsqueeze(-1).transpose(d, -1)  # dim d -> size 1, candidates on the last axis
+        hit = index.unsqueeze(-1) == Tensor.arange(n, device=self.device)
+        return hit.where(src, 0).sum(-1, dtype=self.dtype)
+
+    def scatter(self, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str | None = None) -> Tensor:
+        """self with self[index[i][j]][j] = src[i][j] for dim=0 (PyTorch's scatter); reduce 'add' or 'multiply'."""
+        d = normalize_axis(dim, self.ndim, "dim")
+        if index.ndim != self.ndim or index.dtype.is_float:
+            raise ValueError(f"scatter: index must be an int tensor with {self.ndim} dims")
+        if any(index.shape[i] > self.shape[i] for i in range(self.ndim) if i != d):
+            raise ValueError(f"scatter: index shape {index.shape} is larger than {self.shape} outside dim {d}")
+        values = src if isinstance(src, Tensor) else Tensor.full(index.shape, src, self.dtype, self.device)
+        values = values.shrink(tuple((0, s) for s in index.shape)).cast(self.dtype)
+        n = self.shape[d]
+        hit = index.unsqueeze(-1) == Tensor.arange(n, device=self.device)  # index.shape + (n,)
+        moved = list(range(self.ndim + 1))
+        moved[d], moved[-1] = moved[-1], moved[d]
+        pad_back = tuple((0, 0) if i == d else (0, self.shape[i] - index.shape[i]) for i in range(self.ndim))
+        any_hit = hit.any(d, keepdim=True).permute(moved).squeeze(-1).pad(pad_back, value=False)
+        if reduce == "multiply":
+            prod_vals = hit.where(values.unsqueeze(-1), 1).prod(d, keepdim=True).permute(moved).squeeze(-1)
+            return any_hit.where(self * prod_vals.pad(pad_back, value=1), self)
+        summed = hit.where(values.unsqueeze(-1), 0).sum(d, keepdim=True, dtype=self.dtype).permute(moved).squeeze(-1)
+        summed = summed.pad(pad_back)
+        if reduce == "add":
+            return self + summed
+        if reduce is not None:
+            raise ValueError(f"scatter reduce must be None, 'add' or 'multiply', got {reduce!r}")
+        return any_hit.where(summed, self)
+
+    # ------------------------------------------------------------------ reductions
+    def _resolve_axes(self, axis: AxisArg) -> tuple[int, ...]:
+        if axis is None:
+            return tuple(range(self.ndim))
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        norm = tuple(normalize_axis(a, self.ndim) for a in axes)
+        if len(set(norm)) != len(norm):
+            raise ValueError(f"axis {axis} names a dimension twice")
+        return tuple(sorted(norm))
+
+    def _reduce(self, op: Ops, axis: AxisArg, keepdim: bool) -> Tensor:
+        axes = self._resolve_axes(axis)
+        kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+        if op is Ops.MAX and any(self.shape[a] == 0 for a in axes):
+            raise ValueError(f"max/min over an empty dimension (shape {self.shape}, axis {axis}) has no identity")
+        out = self._wrap(self.uop.reduce_axis(op, axes)) if axes else self
+        out = out if out.shape == kept else out.reshape(kept)
+        return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    def _sum_dtype(self) -> DType:
+        if self.dtype.is_unsigned:
+            return least_upper_dtype(self.dtype, dtypes.uint32)
+        if self.dtype.is_int or self.dtype.is_bool:
+            return least_upper_dtype(self.dtype, dtypes.int32)
+        return least_upper_dtype(self.dtype, dtypes.float32)
+
+    def sum(self, axis: AxisArg = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
+        """Sum; ints accumulate in at least int32, float16/bfloat16 in float32 (and return their own dtype)."""
+        acc = to_dtype(dtype) if dtype is not None else self._sum_dtype()
+        out = self.cast(acc)._reduce(Ops.ADD, axis, keepdim)
+        return out.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else out
+
+    def prod(self, axis: AxisArg = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
+        acc = to_dtype(dtype) if dtype is not None else self._sum_dtype()
+        return self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
+
+    def max(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
+        return self._reduce(Ops.MAX, axis, keepdim)
+
+    def min(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
+        if self.dtype.is_unsigned or self.dtype.is_bool:
+            return self.bitwise_not().max(axis, keepdim).bitwise_not()
+        return -((-self).max(axis, keepdim))
+
+    def mean(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
+        count = prod(self.shape[a] for a in self._resolve_axes(axis))
+        total = self._float().sum(axis, keepdim)
+        return total / count if count else total * math.nan
+
+    def var(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+        count = prod(self.shape[a] for a in self._resolve_axes(axis))
+        centered = self._float() - self._float().mean(axis, keepdim=True)
+        return (centered * centered).sum(axis, keepdim) / max(0, count - correction)
+
+    def std(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+        return self.var(axis, keepdim, correction).sqrt()
+
+    def any(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
+        return self.bool()._reduce(Ops.MAX, axis, keepdim) if self.numel() else \
+            Tensor.full(self._reduced_shape(axis, keepdim), False, dtypes.bool, self.device)
+
+    def all(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
+        return self.logical_not().any(axis, keepdim).logical_not()
+
+    def _reduced_shape(self, axis: AxisArg, keepdim: bool) -> tuple[int, ...]:
+        axes = self._resolve_axes(axis)
+        return tuple(1 if i in axes else s for i, s in enumerate(self.shape) if keepdim or i not in axes)
+
+    def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+        """Index of the first maximum (over the flattened tensor when axis is None)."""
+        if axis is None:
+            return self.flatten().argmax(0)
+        a = normalize_axis(axis, self.ndim)
+        n = self.shape[a]
+        if n == 0:
+            raise ValueError(f"argmax over an empty dimension (shape {self.shape}, axis {axis})")
+        is_max = self == self.max(a, keepdim=True)
+        countdown = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - a - 1))
+        return (n - (is_max * countdown).max(a, keepdim)).cast(dtypes.int32)
+
+    def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+        flipped = self.bitwise_not() if self.dtype.is_unsigned or self.dtype.is_bool else -self
+        return flipped.argmax(axis, keepdim)
+
+    def logsumexp(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
+        m = self._float().max(axis, keepdim=True)
+        m = (m == math.inf).where(0.0, (m == -math.inf).where(0.0, m))  # keep inf/-inf rows finite-safe
+        out = (self - m).exp().sum(axis, keepdim=True).log() + m
+        return out if keepdim else out.squeeze_axes(self._resolve_axes(axis))
+
+    def squeeze_axes(self, axes: tuple[int, ...]) -> Tensor:
+        return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    def cumsum(self, axis: int = 0) -> Tensor:
+        """Running sum along `axis`, as one reduction over a triangular mask (n^2 work, one fused kernel)."""
+        if self.ndim == 0:
+            return self
+        a = normalize_axis(axis, self.ndim)
+        n = self.shape[a]
+        x = self.transpose(a, -1) if a != self.ndim - 1 else self
+        rows = Tensor.arange(n, device=self.device).reshape(n, 1)
+        cols = Tensor.arange(n, device=self.device).reshape(1, n)
+        lower = cols <= rows  # (n, n): out[i] sums x[j] for j <= i
+        out = lower.where(x.unsqueeze(-2), 0).sum(-1, dtype=self._sum_dtype())
+        return out.transpose(a, -1) if a != self.ndim - 1 else out
+
+    # ------------------------------------------------------------------ linear algebra and functional
+    def dot(self, w: Tensor) -> Tensor:
+        return self.matmul(w)
+
+    def matmul(self, w: Tensor) -> Tensor:
+        """Matrix product with numpy's rules: 1-D operands are vectors; leading dims broadcast."""
+        if not isinstance(w, Tensor):
+            raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
+        if self.ndim == 0 or w.ndim == 0:
+            raise ValueError(f"matmul needs tensors with at least 1 dim, got shapes {self.shape} and {w.shape}")
+        x = self.unsqueeze(0) if self.ndim == 1 else self
+        y = w.unsqueeze(-1) if w.ndim == 1 else w
+        if x.shape[-1] != y.shape[-2]:
+            raise ValueError(f"matmul shape mismatch: {self.shape} @ {w.shape} (inner dims {x.shape[-1]} != "
+                             f"{y.shape[-2]})")
+        # (..., n, 1, k) * (..., 1, m, k) summed over k
+        out = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1)
+        if self.ndim == 1:
+            out = out.squeeze(-2)
+        if w.ndim == 1:
+            out = out.squeeze(-1)
+        return out
+
+    def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        out = self.matmul(weight) if weight.ndim != 1 else self * weight
+        return out + bias if bias is not None else out
+
+    def softmax(self, axis: int = -1) -> Tensor:
+        x = self._float()
+        e = (x - x.max(axis, keepdim=True)).exp()
+        return e / e.sum(axis, keepdim=True)
+
+    def log_softmax(self, axis: int = -1) -> Tensor:
+        x = self._float()
+        shifted = x - x.max(axis, keepdim=True)
+        return shifted - shifted.exp().sum(axis, keepdim=True).log()
+
+    def one_hot(self, num_classes: int = -1) -> Tensor:
+        if self.dtype.is_float:
+            raise TypeError(f"one_hot needs an int tensor, got {self.dtype}")
+        if num_classes == -1:
+            num_classes = int(self.max().item()) + 1
+        return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).where(1, 0)
+
+    def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+        """PyTorch's cross_entropy: logits (N, C, ...) against class indices (N, ...) or probabilities (N, C, ...)."""
+        classes = self.shape[1] if self.ndim > 1 else self.shape[0]
+        axis = 1 if self.ndim > 1 else 0
+        if not Y.dtype.is_float:
+            target = Y.one_hot(classes)
+            target = target.permute(0, -1, *range(1, target.ndim - 1)) if target.ndim > 2 else target
+        else:
+            target = Y
+        if target.shape != self.shape:
+            raise ValueError(f"cross_entropy: logits {self.shape} do not match targets {Y.shape}")
+        target = target * (1 - label_smoothing) + label_smoothing / classes
+        loss = -(self.log_softmax(axis) * target).sum(axis)
+        return _reduce_loss(loss, reduction)
+
+    def sparse_categorical_crossentropy(self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0,
+                                        reduction: str = "mean") -> Tensor:
+        """tinygrad's loss: logits (..., C), integer labels (...); labels equal to ignore_index are skipped."""
+        if Y.shape != self.shape[:-1] or Y.dtype.is_float:
+            raise ValueError(f"sparse_categorical_crossentropy: labels must be ints of shape {self.shape[:-1]}, "
+                             f"got {Y.dtype} {Y.shape}")
+        log_probs = self.log_softmax(-1)
+        keep = Y != ignore_index
+        picked = (Y.unsqueeze(-1) == Tensor.arange(self.shape[-1], device=self.device)).where(log_probs, 0).sum(-1)
+        smooth = log_probs.mean(-1)
+        loss = -((1 - label_smoothing) * picked + label_smoothing * smooth) * keep
+        if reduction == "mean":
+            return loss.sum() / keep.sum().maximum(1)
+        return _reduce_loss(loss, reduction)
+
+    def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
+        """self holds probabilities; log is clamped at -100 as in PyTorch."""
+        loss = -(Y * self.log().maximum(-100) + (1 - Y) * (1 - self).log().maximum(-100))
+        return _reduce_loss(loss, reduction)
+
+    def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean") -> Tensor:
+        loss = self.maximum(0) - Y * self + (1 + (-self.abs()).exp()).log()
+        return _reduce_loss(loss, reduction)
+
+    def layernorm(self, axis: AxisArg = -1, eps: float = 1e-5) -> Tensor:
+        centered = self - self.mean(axis, keepdim=True)
+        return centered * ((centered * centered).mean(axis, keepdim=True) + eps).rsqrt()
+
+    def dropout(self, p: float = 0.5) -> Tensor:
+        if not 0 <= p <= 1:
+            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        if not Tensor.training or p == 0:
+            return self
+        if p == 1:
+            return self.zeros_like()
+        keep = Tensor.rand(self.shape, device=self.device) >= p
+        return keep.where(self, 0) * (1 / (1 - p))
+
+    def sequential(self, layers: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
+        return functools.reduce(lambda x, f: f(x), layers, self)
+
+    # ------------------------------------------------------------------ modes
+    @staticmethod
+    @contextlib.contextmanager
+    def train(mode: bool = True) -> Iterator[None]:
+        """`with Tensor.train():` turns on training behaviour (dropout, batchnorm statistics)."""
+        previous, Tensor.training = Tensor.training, mode
+        try:
+            yield
+        finally:
+            Tensor.training = previous
+
+    @staticmethod
+    @contextlib.contextmanager
+    def test() -> Iterator[None]:
+        with Tensor.train(False):
+            yield
+
+
+@contextlib.contextmanager
+def no_grad() -> Iterator[None]:
+    """No gradient bookkeeping inside (realized tensors keep no link to the graph that made them)."""
+    previous, Tensor.no_grad = Tensor.no_grad, True
+    try:
+        yield
+    finally:
+        Tensor.no_grad = previous
+
+
+# ---------------------------------------------------------------------- helpers
+def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "none":
+        return loss
+    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    n = max(len(a), len(b))
+    pa, pb = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(pa, pb):
+        if x != y and x != 1 and y != 1:
+            raise ValueError(f"shapes {a} and {b} cannot be broadcast together")
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
+def _normalize_padding(padding: Sequence[Any], ndim: int) -> tuple[tuple[int, int], ...]:
+    if all(isinstance(p, (tuple, list)) or p is None for p in padding):
+        if len(padding) != ndim:
+            raise ValueError(f"pad needs one (before, after) pair per dimension ({ndim}), got {len(padding)}")
+        return tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
+    flat = [int(p) for p in padding]
+    if len(flat) % 2 or len(flat) // 2 > ndim:
+        raise ValueError(f"flat padding {tuple(flat)} must have an even length of at most {2 * ndim}")
+    pairs = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)][::-1]  # PyTorch: last dim first
+    return tuple([(0, 0)] * (ndim - len(pairs)) + pairs)
+
+
+def _index_tensor(n: int, device: str | None) -> Tensor:
+    """0, 1, ..., n-1 as int32: the ARANGE leaf, which a kernel evaluates as its loop index (no memory read)."""
+    dev = UOp(Ops.DEVICE, dtypes.void, (), Device.canonicalize(device or Device.DEFAULT))
+    return Tensor(UOp(Ops.ARANGE, dtypes.int32, (dev,), n))
+
+
+def _with_lineage(u: UOp) -> UOp:
+    """Replace realized buffer views by the graphs that computed them (so gradients reach the leaves)."""
+    if not LINEAGE:
+        return u
+    from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+    pm = PatternMatcher([(UPat(Ops.RESHAPE, name="x"), lambda x: LINEAGE.get(x)),
+                         (UPat(Ops.BUFFER, name="x"), lambda x: LINEAGE.get(x))])
+    return graph_rewrite(u, pm)
+
+
+def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:
+    if isinstance(data, np.ndarray) or isinstance(data, np.generic):
+        array = np.asarray(data)
+        if array.dtype == np.float16 or array.dtype.kind in "biuf":
+            dtype = want if want is not None and want == dtypes.bfloat16 else dtypes.from_np(array.dtype)
+        else:
+            raise TypeError(f"cannot make a tensor from a numpy array of dtype {array.dtype}")
+    elif isinstance(data, (list, tuple)):
+        dtype = dtypes.from_py(data) if want is None else want
+        try:
+            array = np.array(data, dtype=np.float32 if dtype == dtypes.bfloat16 else dtype.np)
+        except ValueError as e:
+            raise ValueError(f"cannot make a tensor from a ragged or mixed nested list: {e}") from None
+        if array.dtype == object:
+            raise ValueError("cannot make a tensor from a ragged nested list")
+    else:
+        raise TypeError(f"cannot make a tensor from {type(data).__name__}")
+    if dtype == dtypes.bfloat16:
+        array = f32_to_bf16(array.astype(np.float32))
+    buf = Buffer(device, array.size, dtype)
+    if array.size:
+        buf.copyin(array)
+    return buffer_view(buf, array.shape)

@@ -1,0 +1,242 @@
+"""The symbolic simplifier: rewrite rules that make kernel index arithmetic small and fast.
+
+In: a kernel-level UOp graph (scalars; integer nodes know their value range `vmin..vmax`). Out: an equal but
+simpler graph. The rules:
+  * constant folding, with the generated code's semantics (C: division truncates, ints wrap);
+  * identities (`x+0`, `x*1`, `x//1`, double negation, `where` on a known condition);
+  * any integer or bool node whose range is a single value becomes that constant (so `r < 16` with
+    `r` in 0..15 folds to True, and `r // 16` to 0);
+  * sums are flattened into terms, like terms are merged, and `(x//c)*c + x%c` is put back together as `x`;
+  * `(a*c + b) // c -> a + b//c` and `(a*c + b) % c -> b % c` when the values involved are non-negative.
+The property tests in tests/test_symbolic.py check with hypothesis that no rule changes an integer expression's value.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from glassgrad.dtype import DType, dtypes, truncate
+from glassgrad.uop.ops import ConstType, GroupOp, Ops, UOp
+from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+
+
+def _c_div(a: int, b: int) -> int:
+    if b == 0:
+        return 0  # the renderers guard division by zero the same way
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def _c_mod(a: int, b: int) -> int:
+    return 0 if b == 0 else a - b * _c_div(a, b)
+
+
+def _np_float(op: Callable[..., Any], dtype: DType) -> Callable[..., Any]:
+    """Run a float op in the dtype's own precision (float32 ops round once, like the C code)."""
+    npt = np.float32 if dtype in (dtypes.float16, dtypes.bfloat16) else dtype.np.type
+
+    def run(*xs: ConstType) -> Any:
+        with np.errstate(all="ignore"):
+            return op(*(npt(x) for x in xs))
+    return run
+
+
+_INT_ALU: dict[Ops, Callable[..., Any]] = {
+    Ops.NEG: lambda x: -x, Ops.ADD: lambda x, y: x + y, Ops.MUL: lambda x, y: x * y, Ops.IDIV: _c_div,
+    Ops.MOD: _c_mod, Ops.MAX: max, Ops.CMPLT: lambda x, y: x < y, Ops.CMPNE: lambda x, y: x != y,
+    Ops.CMPEQ: lambda x, y: x == y, Ops.AND: lambda x, y: x & y, Ops.OR: lambda x, y: x | y,
+    Ops.XOR: lambda x, y: x ^ y, Ops.WHERE: lambda c, x, y: x if c else y,
+    Ops.SHL: lambda x, y: x << y if 0 <= y < 64 else None, Ops.SHR: lambda x, y: x >> y if 0 <= y < 64 else None,
+}
+_FLOAT_ALU: dict[Ops, Callable[..., Any]] = {
+    Ops.NEG: np.negative, Ops.RECIP: np.reciprocal, Ops.SQRT: np.sqrt, Ops.EXP2: np.exp2, Ops.LOG2: np.log2,
+    Ops.SIN: np.sin, Ops.TRUNC: np.trunc, Ops.ADD: np.add, Ops.MUL: np.multiply, Ops.FDIV: np.divide, Ops.MAX: np.fmax,
+    Ops.POW: np.power, Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal, Ops.CMPEQ: np.equal,
+}
+
+
+def exec_alu(op: Ops, dtype: DType, operands: list[ConstType]) -> ConstType | None:
+    """Evaluate one ALU op on constants as the generated code would; None when it cannot be folded."""
+    if op is Ops.WHERE:
+        return truncate(operands[1] if operands[0] else operands[2], dtype)
+    in_dtype_is_float = any(isinstance(x, float) for x in operands)
+    if in_dtype_is_float:
+        fn = _FLOAT_ALU.get(op)
+        if fn is None:
+            return None
+        src_dtype = dtype if dtype.is_float else dtypes.float64
+        result = _np_float(fn, src_dtype)(*operands)
+        if op is Ops.MAX and any(math.isnan(x) for x in operands):  # C's fmax ignores NaN too, but be explicit
+            return None
+        return truncate(bool(result) if dtype.is_bool else float(result), dtype)
+    fn = _INT_ALU.get(op)
+    if fn is None:
+        return None
+    result = fn(*operands)
+    return None if result is None else truncate(result, dtype)
+
+
+def _fold_const(u: UOp) -> UOp | None:
+    if not all(s.op is Ops.CONST for s in u.src):
+        return None
+    value = exec_alu(u.op, u.dtype, [s.arg for s in u.src])
+    return None if value is None else UOp.const(u.dtype, value)
+
+
+def _fold_cast(x: UOp, c: UOp) -> UOp | None:
+    value = c.arg
+    if isinstance(value, float) and (x.dtype.is_int or x.dtype.is_bool) and not math.isfinite(value):
+        return None  # float->int of inf/NaN has no defined C result: leave it to the device
+    if isinstance(value, float) and x.dtype.is_int and not (x.dtype.min() <= value <= x.dtype.max()):
+        return None
+    return UOp.const(x.dtype, bool(value) if x.dtype.is_bool else value)
+
+
+def _fold_by_range(x: UOp) -> UOp | None:
+    """An integer/bool node whose value range is one number is that number."""
+    if (x.dtype.is_int or x.dtype.is_bool) and x.op is not Ops.CONST and x.op not in (Ops.DEFINE_GLOBAL, Ops.LOAD):
+        lo, hi = x.vmin, x.vmax
+        if lo == hi and not isinstance(lo, float):
+            return UOp.const(x.dtype, lo)
+    return None
+
+
+# ---------- sums of integer terms ----------
+def _terms(x: UOp) -> list[tuple[UOp | None, int]]:
+    """Flatten an integer sum into (base, coefficient) terms; base None is the constant term."""
+    if x.op is Ops.ADD:
+        return _terms(x.src[0]) + _terms(x.src[1])
+    if x.op is Ops.CONST:
+        return [(None, x.arg)]
+    if x.op is Ops.MUL and x.src[1].op is Ops.CONST:
+        return [(base, coef * x.src[1].arg) for base, coef in _terms(x.src[0])]
+    if x.op is Ops.NEG:
+        return [(base, -coef) for base, coef in _terms(x.src[0])]
+    return [(x, 1)]
+
+
+def _merge_terms(terms: list[tuple[UOp | None, int]]) -> list[tuple[UOp | None, int]]:
+    merged: dict[UOp | None, int] = {}
+    for base, coef in terms:
+        merged[base] = merged.get(base, 0) + coef
+    # (x//c)*c*k + (x%c)*k -> x*k
+    for base in list(merged):
+        if base is None or base.op is not Ops.MOD or base.src[1].op is not Ops.CONST or base not in merged:
+            continue
+        inner, c = base.src[0], base.src[1].arg
+        div = UOp(Ops.IDIV, inner.dtype, (inner, base.src[1]))
+        k = merged[base]
+        if k != 0 and merged.get(div) == k * c:
+            del merged[base], merged[div]
+            merged[inner] = merged.get(inner, 0) + k
+    return [(b, c) for b, c in merged.items() if c != 0]
+
+
+def _build_sum(terms: list[tuple[UOp | None, int]], dtype: DType) -> UOp:
+    const = sum(c for b, c in terms if b is None)
+    out: UOp | None = None
+    for base, coef in terms:
+        if base is None:
+            continue
+        term = base if coef == 1 else base * UOp.const(dtype, coef)
+        out = term if out is None else out + term
+    if out is None:
+        return UOp.const(dtype, const)
+    return out if const == 0 else out + UOp.const(dtype, const)
+
+
+def _canonical_sum(x: UOp) -> UOp | None:
+    if not x.dtype.is_int:
+        return None
+    rebuilt = _build_sum(_merge_terms(_terms(x)), x.dtype)
+    return None if rebuilt is x else rebuilt
+
+
+def _fold_divmod(x: UOp, c: UOp, op: Ops) -> UOp | None:
+    """(a*c + b) // c -> a + b//c and (a*c + b) % c -> b % c, for non-negative values; also gcd reduction."""
+    d = c.arg
+    if not x.dtype.is_int or not isinstance(d, int) or d <= 0 or x.vmin < 0:
+        return None
+    if x.vmax < d:
+        return x if op is Ops.MOD else UOp.const(x.dtype, 0)
+    quotient: list[tuple[UOp | None, int]] = []
+    rest: list[tuple[UOp | None, int]] = []
+    for base, coef in _merge_terms(_terms(x)):
+        if base is None:
+            quotient.append((None, coef // d))
+            if coef % d:
+                rest.append((None, coef % d))
+        elif coef % d == 0:
+            quotient.append((base, coef // d))
+        else:
+            rest.append((base, coef))
+    if not any(b is not None for b, _ in quotient) and all(c_ == 0 for _, c_ in quotient):
+        # nothing divides evenly: try dividing everything by a common factor
+        g = math.gcd(d, *(coef for _, coef in rest))
+        if g > 1 and all(b is None or b.vmin >= 0 for b, _ in rest):
+            reduced = _build_sum([(b, coef // g) for b, coef in rest], x.dtype)
+            small = UOp.const(x.dtype, d // g)
+            return reduced // small if op is Ops.IDIV else (reduced % small) * UOp.const(x.dtype, g)
+        return None
+    rest_sum = _build_sum(rest, x.dtype)
+    if rest_sum.vmin < 0:
+        return None
+    if op is Ops.MOD:
+        return rest_sum % c
+    return _build_sum(quotient, x.dtype) + rest_sum // c
+
+
+def _nested_div(x: UOp, a: UOp, b: UOp) -> UOp | None:
+    if x.dtype.is_int and x.vmin >= 0 and isinstance(a.arg, int) and a.arg > 0 and isinstance(b.arg, int) and b.arg > 0:
+        return x // UOp.const(x.dtype, a.arg * b.arg)
+    return None
+
+
+def _nested_mod(x: UOp, a: UOp, b: UOp) -> UOp | None:
+    if x.dtype.is_int and x.vmin >= 0 and isinstance(a.arg, int) and isinstance(b.arg, int) and b.arg > 0 \
+            and a.arg % b.arg == 0:
+        return x % b
+    return None
+
+
+def _is_int(u: UOp) -> bool:
+    return u.dtype.is_int
+
+
+symbolic = PatternMatcher([
+    # constants
+    (UPat(GroupOp.ALU, name="u"), _fold_const),
+    (UPat(Ops.CAST, name="x", src=(UPat.cvar("c"),)), _fold_cast),
+    (UPat(Ops.CAST, name="x"), lambda x: x.src[0] if x.src[0].dtype == x.dtype else None),
+    # identities
+    (UPat(Ops.ADD, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 0 and _is_int(x) else None),
+    (UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 1 else
+     (UOp.const(x.dtype, 0) if c.arg == 0 and _is_int(x) else None)),
+    (UPat(Ops.IDIV, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 1 else None),
+    (UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: UOp.const(x.dtype, 0) if c.arg == 1 else None),
+    (UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(UPat.var("x"),)),)), lambda x: x),
+    (UPat(Ops.WHERE, src=(UPat.cvar("c"), UPat.var("a"), UPat.var("b"))), lambda c, a, b: a if c.arg else b),
+    (UPat(Ops.WHERE, src=(UPat.var(), UPat.var("a"), UPat.var("a"))), lambda a: a),
+    (UPat(Ops.AND, dtype=dtypes.bool, src=(UPat.var("x"), UPat.cvar("c"))),
+     lambda x, c: x if c.arg else UOp.const(dtypes.bool, False)),
+    (UPat(Ops.AND, dtype=dtypes.bool, src=(UPat.var("x"), UPat.var("x"))), lambda x: x),
+    # value ranges
+    (UPat(GroupOp.ALU | {Ops.CAST}, name="x"), _fold_by_range),
+    # integer sums and division
+    (UPat(Ops.NEG, name="x"), lambda x: x.src[0] * UOp.const(x.dtype, -1) if _is_int(x) else None),
+    (UPat(Ops.ADD, name="x"), _canonical_sum),
+    (UPat(Ops.IDIV, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: _fold_divmod(x, c, Ops.IDIV)),
+    (UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: _fold_divmod(x, c, Ops.MOD)),
+    (UPat(Ops.IDIV, src=(UPat(Ops.IDIV, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b"))), _nested_div),
+    (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b"))), _nested_mod),
+    (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b"))),
+     lambda x, a, b: x * UOp.const(x.dtype, a.arg * b.arg) if _is_int(x) else None),
+])
+
+
+def simplify(u: UOp) -> UOp:
+    """Run the symbolic rules over a graph to a fixed point."""
+    return graph_rewrite(u, symbolic)
