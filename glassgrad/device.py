@@ -158,12 +158,12 @@ class Buffer:
         if array.nbytes != self.nbytes:
             raise ValueError(f"copyin of {array.nbytes} bytes into a buffer of {self.nbytes} bytes")
         if self.nbytes:
-            Device[self.device].allocator.copyin(self.handle, memoryview(array.reshape(-1).view(np.uint8)))
+            Device[self.device].allocator.copyin(self.handle, memoryview(array.reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
         return self
 
     def numpy(self) -> np.ndarray:
         """The buffer's contents as a flat numpy array (bfloat16 comes back as its uint16 bits)."""
         out = np.empty(self.size, dtype=self.dtype.np if self.dtype != dtypes.void else np.uint8)
         if self.nbytes:
-            Device[self.device].allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
+            Device[self.device].allocator.copyout(memoryview(out.view(np.uint8)), self.handle)  # type: ignore[arg-type]
         return out

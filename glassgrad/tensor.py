@@ -24,7 +24,7 @@ from glassgrad.engine.realize import run_schedule
 from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import normalize_axis, prod
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
-from glassgrad.uop.ops import ConstType, Ops, UOp
+from glassgrad.uop.ops import Ops, UOp
 
 # realized buffer view -> the graph it was computed from, so gradients flow through realized tensors
 LINEAGE: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
@@ -39,7 +39,22 @@ class _RNG:
     generator = np.random.default_rng(0)
 
 
-class Tensor:
+class _CastShortcuts:
+    """`t.float()`, `t.int()`, ... (a base class, so these names do not shadow the builtins inside Tensor's body)."""
+    __slots__ = ()
+
+    def cast(self, dtype: DType | str) -> Tensor:
+        raise NotImplementedError
+
+    def float(self) -> Tensor: return self.cast(dtypes.float32)  # noqa: E704
+    def half(self) -> Tensor: return self.cast(dtypes.float16)  # noqa: E704
+    def int(self) -> Tensor: return self.cast(dtypes.int32)  # noqa: E704
+    def long(self) -> Tensor: return self.cast(dtypes.int64)  # noqa: E704
+    def bool(self) -> Tensor: return self.cast(dtypes.bool)  # noqa: E704
+    def double(self) -> Tensor: return self.cast(dtypes.float64)  # noqa: E704
+
+
+class Tensor(_CastShortcuts):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
     training: ClassVar[bool] = False
@@ -195,13 +210,6 @@ class Tensor:
             raise ValueError(f"bitcast needs dtypes of the same size: {self.dtype} is {self.dtype.itemsize} bytes, "
                              f"{dt} is {dt.itemsize}")
         return self if dt == self.dtype else Tensor(self.uop.bitcast(dt))
-
-    def float(self) -> Tensor: return self.cast(dtypes.float32)  # noqa: E704
-    def half(self) -> Tensor: return self.cast(dtypes.float16)  # noqa: E704
-    def int(self) -> Tensor: return self.cast(dtypes.int32)  # noqa: E704
-    def long(self) -> Tensor: return self.cast(dtypes.int64)  # noqa: E704
-    def bool(self) -> Tensor: return self.cast(dtypes.bool)  # noqa: E704
-    def double(self) -> Tensor: return self.cast(dtypes.float64)  # noqa: E704
 
     def _wrap(self, uop: UOp) -> Tensor:
         """A new tensor over `uop` (the one place results of ops are made)."""

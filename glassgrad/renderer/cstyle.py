@@ -201,7 +201,10 @@ def _safe_divisor(d: UOp) -> bool:
 
 
 _BF16_HELPERS = """\
-static inline float gg_bf16_to_f32(unsigned short x) { union { unsigned int i; float f; } u = { (unsigned int)x << 16 }; return u.f; }
+static inline float gg_bf16_to_f32(unsigned short x) {
+  union { unsigned int i; float f; } u = { (unsigned int)x << 16 };
+  return u.f;
+}
 static inline unsigned short gg_f32_to_bf16(float f) {
   union { float f; unsigned int i; } u = { f };
   if (f != f) return 0x7fc0;

@@ -7,6 +7,7 @@ Buffers are 64-byte-aligned numpy byte arrays, so host copies are plain memcpy.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -94,16 +95,16 @@ class CPUProgram:
 
     def __call__(self, *bufs: np.ndarray, global_size: tuple[int, ...] = (1,), local_size: Any = None,
                  vals: tuple[int, ...] = (), work: int = 0, wait: bool = False) -> float:
-        ptrs = [ctypes.c_void_p(b.ctypes.data) for b in bufs]
-        extra = [ctypes.c_int64(v) for v in vals]
+        args: list[Any] = [ctypes.c_void_p(b.ctypes.data) for b in bufs] + [ctypes.c_int64(v) for v in vals]
         outer = global_size[0] if global_size else 1
         threads = max(1, min(THREADS, outer, work // MIN_WORK_PER_THREAD))
         start = time.perf_counter()
         if threads == 1:
-            self.fn(*ptrs, *extra, ctypes.c_int64(0), ctypes.c_int64(outer))
+            self.fn(*args, ctypes.c_int64(0), ctypes.c_int64(outer))
         else:
             bounds = [outer * i // threads for i in range(threads + 1)]
-            futures = [_pool().submit(self.fn, *ptrs, *extra, ctypes.c_int64(lo), ctypes.c_int64(hi))
+            run = functools.partial(self.fn, *args)
+            futures = [_pool().submit(run, ctypes.c_int64(lo), ctypes.c_int64(hi))
                        for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
             for f in futures:
                 f.result()

@@ -21,6 +21,7 @@ from glassgrad.dtype import dtypes
 from glassgrad.schedule.indexing import KernelBuilder
 from glassgrad.uop.ops import Ops, UOp
 
+
 class RealizedMap:
     """Tensor-graph node -> view of the buffer that holds its value. Weak on both sides: an entry lasts while the
     node is alive and something (a Tensor) still holds the view, so realized buffers are never kept alive here."""

@@ -10,6 +10,7 @@ The same node type serves every stage:
 """
 from __future__ import annotations
 
+import functools
 import math
 import struct
 import weakref
@@ -48,8 +49,8 @@ class Ops(Enum):
 
 class GroupOp:
     Unary = frozenset({Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC})
-    Binary = frozenset({Ops.ADD, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.POW, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
-                        Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR})
+    Binary = frozenset({Ops.ADD, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.POW, Ops.CMPLT, Ops.CMPNE,
+                        Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR})
     Ternary = frozenset({Ops.WHERE})
     ALU = Unary | Binary | Ternary
     Comparison = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
@@ -82,6 +83,8 @@ class UOp:
     dtype: DType
     src: tuple[UOp, ...]
     arg: Any
+    _shape: tuple[int, ...] | None
+    _range: tuple[ConstType, ConstType] | None
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
         key = (op, dtype, src, _arg_key(arg))
@@ -95,7 +98,7 @@ class UOp:
         object.__setattr__(node, "arg", arg)
         object.__setattr__(node, "_shape", None)
         object.__setattr__(node, "_range", None)
-        UOp._cache[key] = weakref.ref(node, lambda _, k=key: UOp._cache.pop(k, None))
+        UOp._cache[key] = weakref.ref(node, functools.partial(_forget, key))
         return node
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -204,9 +207,11 @@ class UOp:
     # ---------- tensor-graph properties ----------
     @property
     def shape(self) -> tuple[int, ...]:
-        if self._shape is None:
-            object.__setattr__(self, "_shape", _infer_shape(self))
-        return self._shape  # type: ignore[return-value]
+        shape = self._shape
+        if shape is None:
+            shape = _infer_shape(self)
+            object.__setattr__(self, "_shape", shape)
+        return shape
 
     @property
     def size(self) -> int:
@@ -241,9 +246,18 @@ class UOp:
         return self._minmax()[1]
 
     def _minmax(self) -> tuple[ConstType, ConstType]:
-        if self._range is None:
-            object.__setattr__(self, "_range", _value_range(self))
-        return self._range  # type: ignore[return-value]
+        value_range = self._range
+        if value_range is None:
+            value_range = _value_range(self)
+            object.__setattr__(self, "_range", value_range)
+        return value_range
+
+
+def _forget(key: tuple, _ref: weakref.ref[UOp]) -> None:
+    """Drop a collected node's cache entry (unless a new node took the key meanwhile)."""
+    ref = UOp._cache.get(key)
+    if ref is not None and ref() is None:
+        del UOp._cache[key]
 
 
 def _infer_shape(u: UOp) -> tuple[int, ...]:
@@ -293,10 +307,10 @@ def _value_range(u: UOp) -> tuple[ConstType, ConstType]:
     if u.op is Ops.MUL:
         corners = [a * b for a in s[0] for b in s[1]]
         return (min(corners), max(corners))
-    if u.op is Ops.IDIV and s[1][0] == s[1][1] and s[1][0] > 0:
+    if u.op is Ops.IDIV and s[1][0] == s[1][1] and isinstance(s[1][0], int) and s[1][0] > 0:
         d = s[1][0]
         return (_trunc_div(s[0][0], d), _trunc_div(s[0][1], d))
-    if u.op is Ops.MOD and s[1][0] == s[1][1] and s[1][0] > 0:
+    if u.op is Ops.MOD and s[1][0] == s[1][1] and isinstance(s[1][0], int) and s[1][0] > 0:
         d = s[1][0]
         if s[0][0] >= 0:
             return (s[0][0], s[0][1]) if s[0][1] < d else (0, min(s[0][1], d - 1))
