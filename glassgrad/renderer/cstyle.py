@@ -67,11 +67,18 @@ class CStyleLanguage:
     def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
         raise NotImplementedError
 
-    def render_global_range(self, index: int, var: str, size: str) -> str:
-        return f"for (long long {var} = 0; {var} < {size}; {var}++) {{"
+    def render_global_range(self, index: int, var: str, size: str, dtype: str) -> str:
+        return f"for ({dtype} {var} = 0; {var} < {size}; {var}++) {{"
 
     def render_cast(self, x: str, src: DType, dst: DType) -> str:
         return f"(({self.render_dtype(dst)})({x}))"
+
+    def loop_var_type(self, dtype: DType) -> str:
+        return self.render_dtype(dtype)
+
+    def reduce_loop_pragma(self, program: list[UOp], position: int, names: dict[UOp, str]) -> str:
+        """A line to put before the reduce loop opened at program[position] (e.g. a vectorisation hint)."""
+        return ""
 
     def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
         return f"(((union {{ {self.render_dtype(src)} a; {self.render_dtype(dst)} b; }}){{.a = {x}}}).b)"
@@ -145,7 +152,7 @@ class CStyleLanguage:
         def ref(s: UOp) -> str:
             return self.render_const(s.arg, s.dtype) if s.op is Ops.CONST else names[s]
 
-        for u in program:
+        for position, u in enumerate(program):
             a = [ref(s) for s in u.src]
             if u.op is Ops.DEFINE_GLOBAL:
                 names[u] = f"data{u.arg}"
@@ -155,10 +162,13 @@ class CStyleLanguage:
             elif u.op is Ops.RANGE:
                 names[u] = f"ridx{u.arg[0]}"
                 if u.arg[1] == "global":
-                    line(self.render_global_range(global_index, names[u], a[0]))
+                    line(self.render_global_range(global_index, names[u], a[0], self.loop_var_type(u.dtype)))
                     global_index += 1
                 else:
-                    line(f"for (long long {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
+                    pragma = self.reduce_loop_pragma(program, position, names)
+                    if pragma:
+                        line(pragma)
+                    line(f"for ({self.loop_var_type(u.dtype)} {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
                 depth += 1
             elif u.op is Ops.ENDRANGE:
                 depth -= 1
@@ -196,6 +206,23 @@ class CStyleLanguage:
         return f"{'' if writes else 'const '}{self.render_dtype(u.dtype)}* restrict data{u.arg}"
 
 
+def index_stride(index: UOp, loop: UOp) -> int | None:
+    """How far `index` moves when `loop` advances by one, if that is a constant (None if not affine in it)."""
+    if loop not in index.toposort():
+        return 0
+    if index is loop:
+        return 1
+    if index.op is Ops.ADD:
+        a, b = index_stride(index.src[0], loop), index_stride(index.src[1], loop)
+        return None if a is None or b is None else a + b
+    if index.op is Ops.MUL and index.src[1].op is Ops.CONST:
+        inner = index_stride(index.src[0], loop)
+        return None if inner is None else inner * index.src[1].arg
+    if index.op is Ops.CAST:
+        return index_stride(index.src[0], loop)
+    return None
+
+
 def _safe_divisor(d: UOp) -> bool:
     return d.op is Ops.CONST and d.arg not in (0, -1)
 
@@ -219,10 +246,28 @@ class ClangRenderer(CStyleLanguage):
     extra_matcher = float32_compute
     type_names = {**CStyleLanguage.type_names, dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"}
 
-    def render_global_range(self, index: int, var: str, size: str) -> str:
+    def loop_var_type(self, dtype: DType) -> str:
+        return "long long"  # index values fit the AST's dtype; 64-bit loop variables give gcc simpler addressing
+
+    def reduce_loop_pragma(self, program: list[UOp], position: int, names: dict[UOp, str]) -> str:
+        """Innermost sum/product loops may be reordered (vectorised) by the compiler: OpenMP SIMD says so for this
+        loop alone, instead of -ffast-math for the whole file (which would also break NaN and inf handling)."""
+        loop = program[position]
+        for u in program[position + 1:]:
+            if u.op is Ops.RANGE:
+                return ""  # not the innermost loop
+            if u.op is Ops.LOAD and index_stride(u.src[1], loop) not in (0, 1):
+                return ""  # strided loads would become slow gathers
+            if u.op is Ops.ACCUMULATE:
+                if u.arg not in (Ops.ADD, Ops.MUL):
+                    return ""
+                return f"#pragma omp simd reduction({'+' if u.arg is Ops.ADD else '*'}:{names[u.src[0]]})"
+        return ""
+
+    def render_global_range(self, index: int, var: str, size: str, dtype: str) -> str:
         if index == 0:
-            return f"for (long long {var} = start; {var} < end; {var}++) {{"
-        return super().render_global_range(index, var, size)
+            return f"for ({dtype} {var} = start; {var} < end; {var}++) {{"
+        return super().render_global_range(index, var, size, dtype)
 
     def render_cast(self, x: str, src: DType, dst: DType) -> str:
         if src == dtypes.bfloat16:

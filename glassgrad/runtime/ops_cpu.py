@@ -47,7 +47,8 @@ def find_c_compiler() -> str:
 
 class ClangCompiler(Compiler):
     """Compiles a kernel's C source to a shared library's bytes."""
-    flags = ["-O2", "-march=native", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off", "-fno-math-errno"]
+    flags = ["-O2", "-march=native", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off", "-fno-math-errno",
+             "-fopenmp-simd"]
 
     def __init__(self) -> None:
         super().__init__()
