@@ -280,7 +280,8 @@ class ClangRenderer(CStyleLanguage):
 
     def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
         signature = ", ".join([*params, "long long start", "long long end"])
-        return "\n".join(["#include <math.h>", "#include <stdbool.h>", _BF16_HELPERS.rstrip(), "",
+        helpers = [_BF16_HELPERS.rstrip()] if any("gg_bf16" in line or "gg_f32" in line for line in body) else []
+        return "\n".join(["#include <math.h>", "#include <stdbool.h>", *helpers, "",
                           f"void {name}({signature}) {{", *body, "}", ""])
 
 
