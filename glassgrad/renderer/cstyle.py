@@ -240,6 +240,10 @@ static inline unsigned short gg_f32_to_bf16(float f) {
 """
 
 
+# glibc's libmvec has SIMD versions of these: declaring them `simd` lets gcc vectorise loops that call them
+_VECTOR_MATH = {fn: f'float {fn}(float) __attribute__((simd("notinbranch")));' for fn in ("exp2f", "log2f", "sinf")}
+
+
 class ClangRenderer(CStyleLanguage):
     """C for the CPU backend. The outermost loop runs over [start, end) so the runtime can split it over threads."""
     device = "CPU"
@@ -281,6 +285,9 @@ class ClangRenderer(CStyleLanguage):
     def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
         signature = ", ".join([*params, "long long start", "long long end"])
         helpers = [_BF16_HELPERS.rstrip()] if any("gg_bf16" in line or "gg_f32" in line for line in body) else []
+        vector_math = [decl for fn, decl in _VECTOR_MATH.items() if any(f"{fn}(" in line for line in body)]
+        if vector_math:  # the CPU compiler defines GG_VECTOR_MATH when glibc's libmvec can be linked
+            helpers = ["#ifdef GG_VECTOR_MATH", *vector_math, "#endif", *helpers]
         return "\n".join(["#include <math.h>", "#include <stdbool.h>", *helpers, "",
                           f"void {name}({signature}) {{", *body, "}", ""])
 

@@ -53,18 +53,35 @@ class ClangCompiler(Compiler):
     def __init__(self) -> None:
         super().__init__()
         self.cc = find_c_compiler()
+        self.libs = ["-lm"]
+        if self._try_compile(VECTOR_MATH_PROBE, ["-DGG_VECTOR_MATH"], ["-lmvec", "-lm"]) is not None:
+            self.flags = [*self.flags, "-DGG_VECTOR_MATH"]  # glibc's SIMD exp2f/log2f/sinf (libmvec) are usable
+            self.libs = ["-lmvec", "-lm"]
         version = subprocess.run([self.cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
         self.cache_key = f"cpu {self.cc} {version} {platform.machine()} {platform.node()} {' '.join(self.flags)}"
 
-    def compile(self, src: str) -> bytes:
+    def _try_compile(self, src: str, extra_flags: list[str], libs: list[str]) -> bytes | None:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "kernel.so")
-            proc = subprocess.run([self.cc, *self.flags, "-x", "c", "-", "-o", out, "-lm"], input=src.encode(),
-                                  capture_output=True)
+            proc = subprocess.run([self.cc, *self.flags, *extra_flags, "-x", "c", "-", "-o", out, *libs],
+                                  input=src.encode(), capture_output=True)
+            self.last_error = proc.stderr.decode()
             if proc.returncode != 0:
-                raise RuntimeError(f"C compile failed ({self.cc}):\n{proc.stderr.decode()}\n--- source ---\n{src}")
+                return None
             with open(out, "rb") as f:
                 return f.read()
+
+    def compile(self, src: str) -> bytes:
+        binary = self._try_compile(src, [], self.libs)
+        if binary is None:
+            raise RuntimeError(f"C compile failed ({self.cc}):\n{self.last_error}\n--- source ---\n{src}")
+        return binary
+
+
+VECTOR_MATH_PROBE = """#include <math.h>
+float exp2f(float) __attribute__((simd("notinbranch")));
+void probe(float* restrict out, const float* restrict in) { for (int i = 0; i < 64; i++) out[i] = exp2f(in[i]); }
+"""
 
 
 _POOL: ThreadPoolExecutor | None = None
