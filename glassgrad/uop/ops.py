@@ -46,6 +46,9 @@ class Ops(Enum):
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
 
+    # members are singletons: hashing by identity is correct, and much faster than Enum's hash of the name
+    __hash__ = object.__hash__
+
 
 class GroupOp:
     Unary = frozenset({Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC})
@@ -76,7 +79,7 @@ def _arg_key(arg: Any) -> Any:
 
 class UOp:
     """One node of the graph. Never mutate one: build a new node instead (they are shared)."""
-    __slots__ = ("op", "dtype", "src", "arg", "_shape", "_range", "__weakref__")
+    __slots__ = ("op", "dtype", "src", "arg", "_shape", "_range", "_device", "__weakref__")
     _cache: ClassVar[dict[tuple, weakref.ref[UOp]]] = {}
 
     op: Ops
@@ -85,6 +88,7 @@ class UOp:
     arg: Any
     _shape: tuple[int, ...] | None
     _range: tuple[ConstType, ConstType] | None
+    _device: str | None
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
         key = (op, dtype, src, _arg_key(arg))
@@ -98,10 +102,14 @@ class UOp:
         object.__setattr__(node, "arg", arg)
         object.__setattr__(node, "_shape", None)
         object.__setattr__(node, "_range", None)
+        object.__setattr__(node, "_device", None)
         UOp._cache[key] = weakref.ref(node, functools.partial(_forget, key))
         return node
 
     def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("UOp is immutable; build a new one")
+
+    def __delattr__(self, name: str) -> None:
         raise AttributeError("UOp is immutable; build a new one")
 
     def __reduce__(self) -> tuple[Callable[..., UOp], tuple[Any, ...]]:
@@ -138,7 +146,7 @@ class UOp:
     def const(dtype: DType, value: ConstType, device: str | None = None) -> UOp:
         """A scalar constant. Tensor-graph constants name their device; kernel constants do not."""
         src = (UOp(Ops.DEVICE, dtypes.void, (), device),) if device is not None else ()
-        return UOp(Ops.CONST, dtype, src, truncate(value, dtype))
+        return UOp(Ops.CONST, dtype, src, as_dtype(value, dtype))
 
     def const_like(self, value: ConstType) -> UOp:
         return UOp.const(self.dtype, value, self.device if self.op is not Ops.DEVICE and self._has_device() else None)
@@ -209,6 +217,8 @@ class UOp:
     def shape(self) -> tuple[int, ...]:
         shape = self._shape
         if shape is None:
+            if any(s._shape is None for s in self.src):
+                _fill_sources(self, "_shape", _infer_shape, lambda n: n._shape is not None)
             shape = _infer_shape(self)
             object.__setattr__(self, "_shape", shape)
         return shape
@@ -219,14 +229,19 @@ class UOp:
 
     @property
     def device(self) -> str:
-        node = self
-        while node.op is not Ops.DEVICE:
-            if node.op is Ops.BUFFER:
-                return node.arg[0].device
-            if node.op is Ops.COPY:
-                return node.src[1].arg
-            node = node.src[0]
-        return node.arg
+        """The device a tensor-graph node lives on (cached: computed once per node)."""
+        found = self._device
+        if found is None:
+            if self.op is Ops.DEVICE:
+                found = self.arg
+            elif self.op is Ops.BUFFER:
+                found = self.arg[0].device
+            elif self.op is Ops.COPY:
+                found = self.src[1].arg
+            else:
+                found = self.src[0].device
+            object.__setattr__(self, "_device", found)
+        return found
 
     @property
     def base(self) -> UOp:
@@ -248,9 +263,21 @@ class UOp:
     def _minmax(self) -> tuple[ConstType, ConstType]:
         value_range = self._range
         if value_range is None:
+            if any(s._range is None for s in self.src):
+                _fill_sources(self, "_range", _value_range, lambda n: n._range is not None or not _range_uses_src(n))
             value_range = _value_range(self)
             object.__setattr__(self, "_range", value_range)
         return value_range
+
+
+def _fill_sources(u: UOp, slot: str, compute: Callable[[UOp], Any], known: Callable[[UOp], bool]) -> None:
+    """Fill in a cached per-node property for the sources of `u` that lack it, sources first.
+
+    Working in toposort order rather than by recursion keeps deep graphs within Python's recursion limit.
+    `known(n)`: n has the property already, or can compute it without its sources (the walk stops there)."""
+    for node in u.toposort(stop=known):
+        if node is not u and getattr(node, slot) is None:
+            object.__setattr__(node, slot, compute(node))
 
 
 def _forget(key: tuple, _ref: weakref.ref[UOp]) -> None:
@@ -289,52 +316,125 @@ _SHAPED = GroupOp.Movement | GroupOp.Elementwise | {Ops.BUFFER, Ops.ARANGE, Ops.
                                                    Ops.DETACH, Ops.ASSIGN}
 
 
-def _value_range(u: UOp) -> tuple[ConstType, ConstType]:
-    """A conservative [vmin, vmax] of an integer or bool node's value."""
+Range = tuple[ConstType, ConstType]
+
+
+def as_dtype(value: ConstType, dtype: DType) -> ConstType:
+    """`value` as `dtype` stores it: ints wrap around (any Python int, without numpy), floats round, bools test."""
+    if dtype.is_int and isinstance(value, int):
+        lo, hi = dtype_bounds(dtype)
+        return (int(value) - int(lo)) % (int(hi) - int(lo) + 1) + int(lo)
+    return truncate(value, dtype)
+
+
+@functools.cache
+def dtype_bounds(dt: DType) -> Range:
+    """(smallest, largest) value of an int or bool dtype (cached: numpy's iinfo is slow)."""
+    return (dt.min(), dt.max())
+
+
+def _range_uses_src(u: UOp) -> bool:
     dt = u.dtype
-    default = (dt.min(), dt.max()) if dt.is_int or dt.is_bool else (-math.inf, math.inf)
+    return u.op is Ops.RANGE or ((dt.is_int or dt.is_bool) and u.op in (_BOOL_RANGE_RULES if dt.is_bool
+                                                                         else _INT_RANGE_RULES))
+
+
+def _value_range(u: UOp) -> Range:
+    """A conservative [vmin, vmax] of an integer or bool node's value, under the generated code's semantics.
+
+    Ints wrap around, so a bound that leaves the dtype's range gives the whole range: a node with a narrower range
+    is then known to compute its exact mathematical value, which the division and comparison rules rely on."""
+    dt = u.dtype
     if u.op is Ops.CONST:
         return (u.arg, u.arg)
     if u.op is Ops.RANGE:
-        return (0, u.src[0].vmax - 1)
+        return (0, max(0, u.src[0].vmax - 1))
     if not (dt.is_int or dt.is_bool):
+        return (-math.inf, math.inf)
+    default = dtype_bounds(dt)
+    rule = (_BOOL_RANGE_RULES if dt.is_bool else _INT_RANGE_RULES).get(u.op)
+    found = None if rule is None else rule(u, [x._minmax() for x in u.src])
+    if found is None or found[0] < default[0] or found[1] > default[1]:
         return default
-    s = [x._minmax() for x in u.src]
-    if u.op is Ops.ADD:
-        return (s[0][0] + s[1][0], s[0][1] + s[1][1])
-    if u.op is Ops.NEG and dt.is_int and not dt.is_unsigned:
-        return (-s[0][1], -s[0][0])
-    if u.op is Ops.MUL:
-        corners = [a * b for a in s[0] for b in s[1]]
-        return (min(corners), max(corners))
-    if u.op is Ops.IDIV and s[1][0] == s[1][1] and isinstance(s[1][0], int) and s[1][0] > 0:
-        d = s[1][0]
-        return (_trunc_div(s[0][0], d), _trunc_div(s[0][1], d))
-    if u.op is Ops.MOD and s[1][0] == s[1][1] and isinstance(s[1][0], int) and s[1][0] > 0:
-        d = s[1][0]
-        if s[0][0] >= 0:
-            return (s[0][0], s[0][1]) if s[0][1] < d else (0, min(s[0][1], d - 1))
-        return (-(d - 1), d - 1)
-    if u.op is Ops.MAX:
-        return (max(s[0][0], s[1][0]), max(s[0][1], s[1][1]))
-    if u.op is Ops.WHERE:
-        return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
-    if u.op is Ops.CMPLT:  # (always true?, can be true?)
-        return (s[0][1] < s[1][0], s[0][0] < s[1][1])
-    if u.op is Ops.AND and dt.is_bool:
-        return (s[0][0] and s[1][0], s[0][1] and s[1][1])
-    if u.op is Ops.CAST and u.src[0].dtype.is_int:
-        if dt.min() <= s[0][0] and s[0][1] <= dt.max():
-            return s[0]
-    return default
+    return found
 
 
-def _trunc_div(a: ConstType, b: int) -> int:
-    """C-style division (rounds toward zero) of integers; infinities pass through."""
-    if isinstance(a, float):
-        return a  # type: ignore[return-value]
-    q = abs(int(a)) // b
-    return q if a >= 0 else -q
+def _corners(op: Callable[[Any, Any], Any], a: Range, b: Range) -> Range:
+    values = [op(x, y) for x in a for y in b]
+    return (min(values), max(values))
+
+
+def _idiv_range(a: Range, d: Range) -> Range:
+    if d[0] > 0 or d[1] < 0:  # truncating division is monotone in each argument when the divisor keeps its sign
+        return _corners(_trunc_div, a, d)
+    return (min(a[0], -a[1], 0), max(a[1], -a[0], 0))  # |x/d| <= |x|, and x/0 is 0
+
+
+def _mod_range(a: Range, d: Range) -> Range:
+    if a[0] >= 0 and d[0] > a[1]:
+        return a  # every divisor is larger than the dividend: x % d == x
+    m = max(abs(d[0]), abs(d[1]))  # |x % d| < |d|, |x % d| <= |x|, the sign is x's, and x % 0 is 0
+    lo = 0 if a[0] >= 0 else max(a[0], -(m - 1))
+    hi = 0 if a[1] <= 0 else min(a[1], m - 1)
+    return (min(lo, 0), max(hi, 0))
+
+
+def _cast_range(u: UOp, s: list[Range]) -> Range | None:
+    src = u.src[0].dtype
+    if not (src.is_int or src.is_bool):
+        return None
+    if u.dtype.is_bool:
+        return (not s[0][0] <= 0 <= s[0][1], s[0] != (0, 0))
+    return (int(s[0][0]), int(s[0][1]))
+
+
+def _compare_range(u: UOp, s: list[Range]) -> Range | None:
+    """(is it always true?, can it be true?) of a comparison."""
+    (a_lo, a_hi), (b_lo, b_hi) = s
+    if u.op is Ops.CMPLT:
+        return (a_hi < b_lo, a_lo < b_hi)
+    if any(x.dtype.is_float for x in u.src):
+        return None  # NaN != NaN: leave float equality alone
+    disjoint = a_hi < b_lo or b_hi < a_lo
+    same_value = a_lo == a_hi == b_lo == b_hi
+    return (disjoint, not same_value) if u.op is Ops.CMPNE else (same_value, not disjoint)
+
+
+def _where_range(s: list[Range]) -> Range:
+    if s[0][0]:
+        return s[1]
+    if not s[0][1]:
+        return s[2]
+    return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
+
+
+_COMPARE_RULES: dict[Ops, Callable[[UOp, list[Range]], Range | None]] = {
+    Ops.CMPLT: _compare_range, Ops.CMPNE: _compare_range, Ops.CMPEQ: _compare_range,
+    Ops.CAST: _cast_range, Ops.WHERE: lambda u, s: _where_range(s)}
+_INT_RANGE_RULES: dict[Ops, Callable[[UOp, list[Range]], Range | None]] = {
+    **_COMPARE_RULES,
+    Ops.ADD: lambda u, s: (s[0][0] + s[1][0], s[0][1] + s[1][1]),
+    Ops.NEG: lambda u, s: (-s[0][1], -s[0][0]),
+    Ops.MUL: lambda u, s: _corners(lambda x, y: x * y, s[0], s[1]),
+    Ops.IDIV: lambda u, s: _idiv_range(s[0], s[1]),
+    Ops.MOD: lambda u, s: _mod_range(s[0], s[1]),
+    Ops.MAX: lambda u, s: (max(s[0][0], s[1][0]), max(s[0][1], s[1][1])),
+}
+_BOOL_RANGE_RULES: dict[Ops, Callable[[UOp, list[Range]], Range | None]] = {
+    **_COMPARE_RULES,  # bool ADD/MAX/OR are "or", MUL/AND are "and", NEG is "not"
+    Ops.ADD: lambda u, s: (s[0][0] or s[1][0], s[0][1] or s[1][1]),
+    Ops.MAX: lambda u, s: (s[0][0] or s[1][0], s[0][1] or s[1][1]),
+    Ops.OR: lambda u, s: (s[0][0] or s[1][0], s[0][1] or s[1][1]),
+    Ops.MUL: lambda u, s: (s[0][0] and s[1][0], s[0][1] and s[1][1]),
+    Ops.AND: lambda u, s: (s[0][0] and s[1][0], s[0][1] and s[1][1]),
+    Ops.NEG: lambda u, s: (not s[0][1], not s[0][0]),
+}
+
+
+def _trunc_div(a: ConstType, b: ConstType) -> int:
+    """C-style division of integers: rounds toward zero."""
+    q = abs(int(a)) // abs(int(b))
+    return q if (a >= 0) == (b >= 0) else -q
 
 
 def pretty(u: UOp, max_nodes: int = 40) -> str:

@@ -6,8 +6,9 @@ Every transformation in glassgrad (simplification, lowering, dtype fix-ups) is w
     pm = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 0 else None)])
     graph_rewrite(expr, pm)   # x + 0 -> x everywhere
 
-A rule's function gets the named captures as keyword arguments (and `ctx` first when the matcher is used with a
-context); returning None means "no change". Patterns on commutative binary ops match either source order.
+A rule's function gets the named captures as keyword arguments (and `ctx=`, the context given to `rewrite` or
+`graph_rewrite`, when it has a parameter of that name); returning None means "no change". Rules are tried in the
+order given, whether they name ops or match any op. Patterns on commutative binary ops match either source order.
 """
 from __future__ import annotations
 
@@ -80,18 +81,12 @@ class PatternMatcher:
 
     def __init__(self, rules: list[Rule]) -> None:
         self.rules = rules
-        self._by_op: dict[Ops, list[tuple[UPat, Callable[..., UOp | None], bool]]] = {}
-        self._any_op: list[tuple[UPat, Callable[..., UOp | None], bool]] = []
+        # for each op, the rules that can match it, in the order they were given (rules for any op included)
+        self._by_op: dict[Ops, list[tuple[UPat, Callable[..., UOp | None], bool]]] = {op: [] for op in Ops}
         for pat, fn in rules:
-            wants_ctx = "ctx" in inspect.signature(fn).parameters
-            entry = (pat, fn, wants_ctx)
-            if pat.ops is None:
-                self._any_op.append(entry)
-            for op in pat.ops or ():
-                self._by_op.setdefault(op, []).append(entry)
-        # rules that match any op must be tried for every op, after the op-specific ones
-        for op in Ops:
-            self._by_op[op] = self._by_op.get(op, []) + self._any_op
+            entry = (pat, fn, "ctx" in inspect.signature(fn).parameters)
+            for op in Ops if pat.ops is None else pat.ops:
+                self._by_op[op].append(entry)
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher(self.rules + other.rules)
@@ -100,25 +95,46 @@ class PatternMatcher:
         """Apply the first rule that matches `u` and returns something; None if none does."""
         for pat, fn, wants_ctx in self._by_op[u.op]:
             for captures in pat.matches(u, {}):
-                result = fn(ctx, **captures) if wants_ctx else fn(**captures)
+                result = fn(ctx=ctx, **captures) if wants_ctx else fn(**captures)
                 if result is not None and result is not u:
                     return result
         return None
 
 
 def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None) -> UOp:
-    """Rewrite the whole graph under `root` bottom-up, to a fixed point (sources first, then the node)."""
-    done: dict[UOp, UOp] = {}
+    """Rewrite the whole graph under `root` bottom-up, to a fixed point (sources first, then the node).
 
-    def rewrite_from(top: UOp) -> UOp:
-        for node in top.toposort(stop=lambda n: n in done):
+    A rule's result may contain new, unrewritten nodes, so it is rewritten in turn. The walk keeps its own stack
+    (no recursion), so graphs and chains of rewrites of any depth work; rules that loop raise RuntimeError."""
+    done: dict[UOp, UOp] = {}
+    in_progress: set[UOp] = set()
+    # (node, None): rewrite the node's sources first; (node, node): they are done, rewrite the node itself;
+    # (node, replacement): a rule replaced the node and the replacement is done: take its result
+    stack: list[tuple[UOp, UOp | None]] = [(root, None)]
+    while stack:
+        node, step = stack.pop()
+        if step is None:
             if node in done:
                 continue
+            if node in in_progress:
+                raise RuntimeError(f"rewrite rules loop: a rule's result depends on the node it replaces\n{node}")
+            in_progress.add(node)
+            stack.append((node, node))
+            stack.extend((s, None) for s in reversed(node.src) if s not in done)
+        elif step is node:
             new_src = tuple(done[s] for s in node.src)
             current = node if new_src == node.src else node.replace(src=new_src)
             replacement = pm.rewrite(current, ctx)
-            # a rule's result may contain new, unrewritten nodes: rewrite it in turn
-            done[node] = current if replacement is None else rewrite_from(replacement)
-        return done[top]
+            if replacement is None or replacement in done:
+                _finish(node, current if replacement is None else done[replacement], done, in_progress)
+            else:
+                stack.append((node, replacement))
+                stack.append((replacement, None))
+        else:
+            _finish(node, done[step], done, in_progress)
+    return done[root]
 
-    return rewrite_from(root)
+
+def _finish(node: UOp, result: UOp, done: dict[UOp, UOp], in_progress: set[UOp]) -> None:
+    done[node] = result
+    in_progress.discard(node)

@@ -2,13 +2,21 @@
 
 In: a kernel-level UOp graph (scalars; integer nodes know their value range `vmin..vmax`). Out: an equal but
 simpler graph. The rules:
-  * constant folding, with the generated code's semantics (C: division truncates, ints wrap);
-  * identities (`x+0`, `x*1`, `x//1`, double negation, `where` on a known condition);
+  * constant folding, with the generated code's semantics (C: division truncates, `%` takes the dividend's sign,
+    x/0 and x%0 are 0 as the renderers guard them, ints wrap; bool ADD/MUL/NEG are or/and/not);
+  * identities (`x+0`, `x*1`, `x//1`, `x%1` and `x*0` for ints, double negation, `where` on a known condition,
+    `max(x, y)` when x is never below y);
   * any integer or bool node whose range is a single value becomes that constant (so `r < 16` with
     `r` in 0..15 folds to True, and `r // 16` to 0);
-  * sums are flattened into terms, like terms are merged, and `(x//c)*c + x%c` is put back together as `x`;
-  * `(a*c + b) // c -> a + b//c` and `(a*c + b) % c -> b % c` when the values involved are non-negative.
-The property tests in tests/test_symbolic.py check with hypothesis that no rule changes an integer expression's value.
+  * sums are flattened into terms, like terms are merged, and `(x//c)*c + x%c` is put back together as `x`
+    (ints wrap, so this is arithmetic modulo 2**bits, where regrouping is always exact);
+  * `(a*c + b) // c -> a + b//c` and `(a*c + b) % c -> b % c` when the values involved are non-negative and
+    provably not wrapped around; a common factor of a sum and its divisor is divided out;
+  * `(x//a)//b -> x//(a*b)`, `(x%a)%b -> x%b` when b divides a, `(x*a)*b -> x*(a*b)`, `c*x -> x*c`.
+Value ranges that would leave the dtype's bounds become the whole range (see `_value_range` in ops.py), which is
+what keeps the division and comparison rules right in the presence of wraparound.
+The property tests in tests/test_symbolic.py check with hypothesis that no rule changes an integer expression's
+value, for int32, uint32 and int64, against a separate reference evaluator.
 """
 from __future__ import annotations
 
@@ -18,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from glassgrad.dtype import DType, dtypes, truncate
-from glassgrad.uop.ops import ConstType, GroupOp, Ops, UOp
+from glassgrad.dtype import DType, dtypes
+from glassgrad.uop.ops import ConstType, GroupOp, Ops, UOp, as_dtype, dtype_bounds
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
 
@@ -45,7 +53,8 @@ def _np_float(op: Callable[..., Any], dtype: DType) -> Callable[..., Any]:
 
 
 _INT_ALU: dict[Ops, Callable[..., Any]] = {
-    Ops.NEG: lambda x: -x, Ops.ADD: lambda x, y: x + y, Ops.MUL: lambda x, y: x * y, Ops.IDIV: _c_div,
+    Ops.NEG: lambda x: (not x) if isinstance(x, bool) else -x,  # bool NEG is rendered as !x
+    Ops.ADD: lambda x, y: x + y, Ops.MUL: lambda x, y: x * y, Ops.IDIV: _c_div,
     Ops.MOD: _c_mod, Ops.MAX: max, Ops.CMPLT: lambda x, y: x < y, Ops.CMPNE: lambda x, y: x != y,
     Ops.CMPEQ: lambda x, y: x == y, Ops.AND: lambda x, y: x & y, Ops.OR: lambda x, y: x | y,
     Ops.XOR: lambda x, y: x ^ y, Ops.WHERE: lambda c, x, y: x if c else y,
@@ -61,7 +70,7 @@ _FLOAT_ALU: dict[Ops, Callable[..., Any]] = {
 def exec_alu(op: Ops, dtype: DType, operands: list[ConstType]) -> ConstType | None:
     """Evaluate one ALU op on constants as the generated code would; None when it cannot be folded."""
     if op is Ops.WHERE:
-        return truncate(operands[1] if operands[0] else operands[2], dtype)
+        return as_dtype(operands[1] if operands[0] else operands[2], dtype)
     in_dtype_is_float = any(isinstance(x, float) for x in operands)
     if in_dtype_is_float:
         fn = _FLOAT_ALU.get(op)
@@ -71,12 +80,12 @@ def exec_alu(op: Ops, dtype: DType, operands: list[ConstType]) -> ConstType | No
         result = _np_float(fn, src_dtype)(*operands)
         if op is Ops.MAX and any(math.isnan(x) for x in operands):  # C's fmax ignores NaN too, but be explicit
             return None
-        return truncate(bool(result) if dtype.is_bool else float(result), dtype)
+        return as_dtype(bool(result) if dtype.is_bool else float(result), dtype)
     fn = _INT_ALU.get(op)
     if fn is None:
         return None
     result = fn(*operands)
-    return None if result is None else truncate(result, dtype)
+    return None if result is None else as_dtype(result, dtype)
 
 
 def _fold_const(u: UOp) -> UOp | None:
@@ -105,37 +114,55 @@ def _fold_by_range(x: UOp) -> UOp | None:
 
 
 # ---------- sums of integer terms ----------
-def _terms(x: UOp) -> list[tuple[UOp | None, int]]:
-    """Flatten an integer sum into (base, coefficient) terms; base None is the constant term."""
-    if x.op is Ops.ADD:
-        return _terms(x.src[0]) + _terms(x.src[1])
-    if x.op is Ops.CONST:
-        return [(None, x.arg)]
-    if x.op is Ops.MUL and x.src[1].op is Ops.CONST:
-        return [(base, coef * x.src[1].arg) for base, coef in _terms(x.src[0])]
-    if x.op is Ops.NEG:
-        return [(base, -coef) for base, coef in _terms(x.src[0])]
-    return [(x, 1)]
+_ADD, _MUL, _NEG, _CONST = Ops.ADD, Ops.MUL, Ops.NEG, Ops.CONST  # local names: Enum attribute lookups are slow
+Terms = list[tuple[UOp | None, int]]
 
 
-def _merge_terms(terms: list[tuple[UOp | None, int]]) -> list[tuple[UOp | None, int]]:
+def _terms(x: UOp) -> Terms:
+    """Flatten an integer sum into (base, coefficient) terms; base None is the constant term.
+
+    Ints wrap, so this is arithmetic modulo 2**bits, where sums and products regroup freely."""
+    out: Terms = []
+    stack: list[tuple[UOp, int]] = [(x, 1)]
+    while stack:
+        node, coef = stack.pop()
+        op = node.op
+        if op is _ADD:
+            stack.append((node.src[1], coef))
+            stack.append((node.src[0], coef))
+        elif op is _CONST:
+            out.append((None, coef * node.arg))
+        elif op is _MUL and node.src[1].op is _CONST:
+            stack.append((node.src[0], coef * node.src[1].arg))
+        elif op is _MUL and node.src[0].op is _CONST:
+            stack.append((node.src[1], coef * node.src[0].arg))
+        elif op is _NEG:
+            stack.append((node.src[0], -coef))
+        else:
+            out.append((node, coef))
+    return out
+
+
+def _merge_terms(terms: Terms) -> Terms:
     merged: dict[UOp | None, int] = {}
     for base, coef in terms:
         merged[base] = merged.get(base, 0) + coef
-    # (x//c)*c*k + (x%c)*k -> x*k
+    # (x//c)*c*k + (x%c)*k -> x*k: C's / and % satisfy x == (x/c)*c + x%c for every c but 0
     for base in list(merged):
         if base is None or base.op is not Ops.MOD or base.src[1].op is not Ops.CONST or base not in merged:
             continue
         inner, c = base.src[0], base.src[1].arg
         div = UOp(Ops.IDIV, inner.dtype, (inner, base.src[1]))
         k = merged[base]
-        if k != 0 and merged.get(div) == k * c:
+        if c != 0 and k != 0 and merged.get(div) == k * c:
             del merged[base], merged[div]
-            merged[inner] = merged.get(inner, 0) + k
+            for inner_base, inner_coef in _terms(inner):
+                merged[inner_base] = merged.get(inner_base, 0) + k * inner_coef
     return [(b, c) for b, c in merged.items() if c != 0]
 
 
-def _build_sum(terms: list[tuple[UOp | None, int]], dtype: DType) -> UOp:
+def _build_sum(terms: Terms, dtype: DType) -> UOp:
+    """The canonical sum: non-constant terms left to right (`base` or `base*coef`), then the constant."""
     const = sum(c for b, c in terms if b is None)
     out: UOp | None = None
     for base, coef in terms:
@@ -148,22 +175,57 @@ def _build_sum(terms: list[tuple[UOp | None, int]], dtype: DType) -> UOp:
     return out if const == 0 else out + UOp.const(dtype, const)
 
 
+def _is_term(node: UOp, base: UOp, coef: int) -> bool:
+    if coef == 1:
+        return node is base
+    return node.op is _MUL and node.src[0] is base and node.src[1].op is _CONST and node.src[1].arg == coef
+
+
+def _is_built_from(x: UOp, terms: Terms) -> bool:
+    """Is `x` exactly what `_build_sum(terms)` would build? (Checking is much cheaper than rebuilding.)"""
+    const = sum(c for b, c in terms if b is None)
+    parts = [(b, c) for b, c in terms if b is not None]
+    node = x
+    if const != 0:
+        if node.op is not _ADD or node.src[1].op is not _CONST or node.src[1].arg != const:
+            return False
+        node = node.src[0]
+    if not parts:
+        return False
+    for base, coef in reversed(parts[1:]):
+        if node.op is not _ADD or not _is_term(node.src[1], base, coef):
+            return False
+        node = node.src[0]
+    return _is_term(node, *parts[0])
+
+
 def _canonical_sum(x: UOp) -> UOp | None:
     if not x.dtype.is_int:
         return None
-    rebuilt = _build_sum(_merge_terms(_terms(x)), x.dtype)
+    terms = _merge_terms(_terms(x))
+    if _is_built_from(x, terms):
+        return None
+    rebuilt = _build_sum(terms, x.dtype)
     return None if rebuilt is x else rebuilt
+
+
+def _exact_nonneg(u: UOp) -> bool:
+    """Is `u` known to be >= 0 and to compute its exact (not wrapped-around) value?
+
+    A value range that left the dtype's bounds becomes the whole range (see `_value_range`), so a narrower one
+    proves no wraparound; for unsigned types the whole range also starts at 0, hence the check on vmax."""
+    return u.dtype.is_int and u.vmin >= 0 and u.vmax < dtype_bounds(u.dtype)[1]
 
 
 def _fold_divmod(x: UOp, c: UOp, op: Ops) -> UOp | None:
     """(a*c + b) // c -> a + b//c and (a*c + b) % c -> b % c, for non-negative values; also gcd reduction."""
     d = c.arg
-    if not x.dtype.is_int or not isinstance(d, int) or d <= 0 or x.vmin < 0:
+    if not isinstance(d, int) or d <= 0 or not _exact_nonneg(x):
         return None
     if x.vmax < d:
         return x if op is Ops.MOD else UOp.const(x.dtype, 0)
-    quotient: list[tuple[UOp | None, int]] = []
-    rest: list[tuple[UOp | None, int]] = []
+    quotient: Terms = []
+    rest: Terms = []
     for base, coef in _merge_terms(_terms(x)):
         if base is None:
             quotient.append((None, coef // d))
@@ -174,32 +236,54 @@ def _fold_divmod(x: UOp, c: UOp, op: Ops) -> UOp | None:
         else:
             rest.append((base, coef))
     if not any(b is not None for b, _ in quotient) and all(c_ == 0 for _, c_ in quotient):
-        # nothing divides evenly: try dividing everything by a common factor
-        g = math.gcd(d, *(coef for _, coef in rest))
-        if g > 1 and all(b is None or b.vmin >= 0 for b, _ in rest):
-            reduced = _build_sum([(b, coef // g) for b, coef in rest], x.dtype)
-            small = UOp.const(x.dtype, d // g)
-            return reduced // small if op is Ops.IDIV else (reduced % small) * UOp.const(x.dtype, g)
-        return None
+        return _divmod_common_factor(rest, d, x.dtype, op)
     rest_sum = _build_sum(rest, x.dtype)
-    if rest_sum.vmin < 0:
+    if not _exact_nonneg(rest_sum):
         return None
     if op is Ops.MOD:
         return rest_sum % c
     return _build_sum(quotient, x.dtype) + rest_sum // c
 
 
+def _divmod_common_factor(terms: Terms, d: int, dtype: DType, op: Ops) -> UOp | None:
+    """(g*a) // (g*e) -> a // e and (g*a) % (g*e) -> (a % e) * g, for a sum `terms` >= 0 with a common factor g."""
+    g = math.gcd(d, *(coef for _, coef in terms))
+    if g <= 1:
+        return None
+    reduced = _build_sum([(b, coef // g) for b, coef in terms], dtype)
+    small = UOp.const(dtype, d // g)
+    return reduced // small if op is Ops.IDIV else (reduced % small) * UOp.const(dtype, g)
+
+
+def _positive_int(u: UOp) -> bool:
+    return isinstance(u.arg, int) and not isinstance(u.arg, bool) and u.arg > 0
+
+
 def _nested_div(x: UOp, a: UOp, b: UOp) -> UOp | None:
-    if x.dtype.is_int and x.vmin >= 0 and isinstance(a.arg, int) and a.arg > 0 and isinstance(b.arg, int) and b.arg > 0:
+    """(x//a)//b -> x//(a*b) for a, b > 0: true of truncating division for every x, if a*b does not overflow."""
+    if x.dtype.is_int and _positive_int(a) and _positive_int(b) and a.arg * b.arg <= dtype_bounds(x.dtype)[1]:
         return x // UOp.const(x.dtype, a.arg * b.arg)
     return None
 
 
 def _nested_mod(x: UOp, a: UOp, b: UOp) -> UOp | None:
-    if x.dtype.is_int and x.vmin >= 0 and isinstance(a.arg, int) and isinstance(b.arg, int) and b.arg > 0 \
-            and a.arg % b.arg == 0:
+    """(x%a)%b -> x%b when b divides a (a != 0): both remainders have x's sign and agree modulo b."""
+    if x.dtype.is_int and isinstance(a.arg, int) and a.arg != 0 and _positive_int(b) and a.arg % b.arg == 0:
         return x % b
     return None
+
+
+def _ordered_max(x: UOp, y: UOp) -> UOp | None:
+    """max(x, y) -> x when x is never below y."""
+    if (x.dtype.is_int or x.dtype.is_bool) and x.vmin >= y.vmax:
+        return x
+    return None
+
+
+def _const_first(m: UOp) -> UOp | None:
+    """c*x -> x*c for ints, so products have one spelling (and hash-cons to one node)."""
+    a, b = m.src
+    return b * a if m.dtype.is_int and a.op is Ops.CONST and b.op is not Ops.CONST else None
 
 
 def _is_int(u: UOp) -> bool:
@@ -216,7 +300,12 @@ symbolic = PatternMatcher([
     (UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 1 else
      (UOp.const(x.dtype, 0) if c.arg == 0 and _is_int(x) else None)),
     (UPat(Ops.IDIV, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 1 else None),
-    (UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: UOp.const(x.dtype, 0) if c.arg == 1 else None),
+    (UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("c"))),
+     lambda x, c: UOp.const(x.dtype, 0) if c.arg == 1 and _is_int(x) else None),
+    # x/0 and x%0 are 0 in the generated code (the renderers guard them), as in constant folding
+    (UPat((Ops.IDIV, Ops.MOD), name="u", src=(UPat.var("x"), UPat.cvar("c"))),
+     lambda u, x, c: UOp.const(u.dtype, 0) if c.arg == 0 and _is_int(u) else None),
+    (UPat(Ops.MAX, src=(UPat.var("x"), UPat.var("y"))), _ordered_max),
     (UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(UPat.var("x"),)),)), lambda x: x),
     (UPat(Ops.WHERE, src=(UPat.cvar("c"), UPat.var("a"), UPat.var("b"))), lambda c, a, b: a if c.arg else b),
     (UPat(Ops.WHERE, src=(UPat.var(), UPat.var("a"), UPat.var("a"))), lambda a: a),
@@ -227,6 +316,7 @@ symbolic = PatternMatcher([
     (UPat(GroupOp.ALU | {Ops.CAST}, name="x"), _fold_by_range),
     # integer sums and division
     (UPat(Ops.NEG, name="x"), lambda x: x.src[0] * UOp.const(x.dtype, -1) if _is_int(x) else None),
+    (UPat(Ops.MUL, name="m"), _const_first),
     (UPat(Ops.ADD, name="x"), _canonical_sum),
     (UPat(Ops.IDIV, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: _fold_divmod(x, c, Ops.IDIV)),
     (UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: _fold_divmod(x, c, Ops.MOD)),
@@ -234,6 +324,8 @@ symbolic = PatternMatcher([
     (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b"))), _nested_mod),
     (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b"))),
      lambda x, a, b: x * UOp.const(x.dtype, a.arg * b.arg) if _is_int(x) else None),
+    (UPat(Ops.MAX, src=(UPat(Ops.MAX, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b"))),
+     lambda x, a, b: x.maximum(UOp.const(x.dtype, max(a.arg, b.arg))) if _is_int(x) else None),
 ])
 
 
