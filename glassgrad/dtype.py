@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class DType:
     """One element type. `priority` orders types of the same kind; `fmt` is the numpy type code."""
     priority: int
@@ -21,6 +21,13 @@ class DType:
 
     def __repr__(self) -> str:
         return f"dtypes.{self.name}"
+
+    # every DType is a singleton in `dtypes`, so identity is equality (and hashing is fast: it is on hot paths)
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return to_dtype, (self.name,)  # unpickle to the same singleton
 
     @property
     def is_float(self) -> bool:

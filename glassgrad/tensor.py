@@ -155,7 +155,7 @@ class Tensor(_CastShortcuts):
         keep_lineage = not Tensor.no_grad
         for node, view in views.items():
             REALIZED[node] = view
-            if keep_lineage and node.base.op is not Ops.BUFFER:
+            if keep_lineage and not is_buffer_view(node):  # movement ops of a buffer are computed too
                 LINEAGE[view] = node
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
@@ -236,6 +236,11 @@ class Tensor(_CastShortcuts):
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
         """Accumulate d(self)/d(t) into `t.grad` for every tensor `t` with requires_grad=True that self depends on."""
+        if gradient is None and self.numel() != 1:
+            raise RuntimeError(f"backward() of a tensor of shape {self.shape} needs `gradient=`; only scalars get an "
+                               "implicit gradient of 1")
+        if gradient is not None and gradient.shape != self.shape:
+            raise ValueError(f"backward(): gradient shape {gradient.shape} does not match tensor shape {self.shape}")
         root_nodes = set(_with_lineage(self.uop).toposort())
         targets = [t for t in list(_REQUIRES_GRAD) if t.requires_grad and _with_lineage(t.uop) in root_nodes]
         if not targets:
@@ -485,7 +490,7 @@ class Tensor(_CastShortcuts):
 
     def minimum(self, x: Tensor | Scalar) -> Tensor:
         a, b = self._broadcasted(x)
-        if a.dtype.is_unsigned or a.dtype.is_bool:
+        if not a.dtype.is_float:  # not -max(-a, -b): negating INT_MIN overflows
             return (a < b).where(a, b)
         return -((-a).maximum(-b))
 
@@ -759,6 +764,9 @@ class Tensor(_CastShortcuts):
 
     def unflatten(self, dim: int, sizes: Sequence[int]) -> Tensor:
         d = normalize_axis(dim, self.ndim)
+        if -1 not in sizes and prod(sizes) != self.shape[d]:  # with a -1, reshape infers it (or says why not)
+            raise ValueError(f"unflatten: sizes {tuple(sizes)} do not multiply to dim {dim}'s size {self.shape[d]} "
+                             f"(shape {self.shape})")
         return self.reshape(*self.shape[:d], *sizes, *self.shape[d + 1:])
 
     def squeeze(self, dim: int | None = None) -> Tensor:
@@ -804,6 +812,8 @@ class Tensor(_CastShortcuts):
             tensors = tuple(tensors[0])
         if not tensors:
             raise ValueError("stack needs at least one tensor")
+        if any(t.shape != tensors[0].shape for t in tensors):
+            raise ValueError(f"stack needs tensors of one shape, got {[t.shape for t in tensors]}")
         d = normalize_axis(dim, tensors[0].ndim + 1, "dim")
         return tensors[0].unsqueeze(d).cat(*(t.unsqueeze(d) for t in tensors[1:]), dim=d)
 
@@ -878,13 +888,16 @@ class Tensor(_CastShortcuts):
 
     # ------------------------------------------------------------------ reductions
     def _resolve_axes(self, axis: AxisArg) -> tuple[int, ...]:
+        """Sorted, non-negative axes. A 0-d tensor accepts axis 0 or -1 (as PyTorch does) and reduces nothing."""
         if axis is None:
             return tuple(range(self.ndim))
+        if not isinstance(axis, (int, tuple, list)):
+            raise TypeError(f"axis must be an int, a tuple of ints or None, got {type(axis).__name__} {axis!r}")
         axes = (axis,) if isinstance(axis, int) else tuple(axis)
         norm = tuple(normalize_axis(a, self.ndim) for a in axes)
         if len(set(norm)) != len(norm):
             raise ValueError(f"axis {axis} names a dimension twice")
-        return tuple(sorted(norm))
+        return tuple(sorted(norm)) if self.ndim else ()
 
     def _reduce(self, op: Ops, axis: AxisArg, keepdim: bool) -> Tensor:
         axes = self._resolve_axes(axis)
@@ -916,7 +929,8 @@ class Tensor(_CastShortcuts):
         return self._reduce(Ops.MAX, axis, keepdim)
 
     def min(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
-        if self.dtype.is_unsigned or self.dtype.is_bool:
+        """Floats: -max(-x). Ints and bools: ~max(~x): ~ reverses the order without overflowing (-INT_MIN does)."""
+        if not self.dtype.is_float:
             return self.bitwise_not().max(axis, keepdim).bitwise_not()
         return -((-self).max(axis, keepdim))
 
@@ -945,7 +959,7 @@ class Tensor(_CastShortcuts):
         return tuple(1 if i in axes else s for i, s in enumerate(self.shape) if keepdim or i not in axes)
 
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
-        """Index of the first maximum (over the flattened tensor when axis is None)."""
+        """Index of the first maximum (over the flattened tensor when axis is None); NaN counts as the maximum."""
         if axis is None:
             return self.flatten().argmax(0)
         a = normalize_axis(axis, self.ndim)
@@ -953,11 +967,13 @@ class Tensor(_CastShortcuts):
         if n == 0:
             raise ValueError(f"argmax over an empty dimension (shape {self.shape}, axis {axis})")
         is_max = self == self.max(a, keepdim=True)
+        if self.dtype.is_float:  # a NaN is the maximum (max propagates it), as in numpy and PyTorch
+            is_max = is_max | (self != self)
         countdown = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - a - 1))
         return (n - (is_max * countdown).max(a, keepdim)).cast(dtypes.int32)
 
     def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
-        flipped = self.bitwise_not() if self.dtype.is_unsigned or self.dtype.is_bool else -self
+        flipped = -self if self.dtype.is_float else self.bitwise_not()  # ~x reverses int order without overflow
         return flipped.argmax(axis, keepdim)
 
     def logsumexp(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
@@ -997,6 +1013,11 @@ class Tensor(_CastShortcuts):
         if x.shape[-1] != y.shape[-2]:
             raise ValueError(f"matmul shape mismatch: {self.shape} @ {w.shape} (inner dims {x.shape[-1]} != "
                              f"{y.shape[-2]})")
+        try:
+            _broadcast_shape(x.shape[:-2], y.shape[:-2])
+        except ValueError:
+            raise ValueError(f"matmul batch dims {x.shape[:-2]} and {y.shape[:-2]} cannot be broadcast together "
+                             f"(shapes {self.shape} @ {w.shape})") from None
         # (..., n, 1, k) * (..., 1, m, k) summed over k
         out = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1)
         if self.ndim == 1:
@@ -1011,11 +1032,17 @@ class Tensor(_CastShortcuts):
 
     def softmax(self, axis: int = -1) -> Tensor:
         x = self._float()
+        if x.numel() == 0:
+            x._resolve_axes(axis)  # nothing to normalise, but a bad axis is still an error
+            return x
         e = (x - x.max(axis, keepdim=True)).exp()
         return e / e.sum(axis, keepdim=True)
 
     def log_softmax(self, axis: int = -1) -> Tensor:
         x = self._float()
+        if x.numel() == 0:
+            x._resolve_axes(axis)
+            return x
         shifted = x - x.max(axis, keepdim=True)
         return shifted - shifted.exp().sum(axis, keepdim=True).log()
 

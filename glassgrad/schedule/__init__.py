@@ -9,7 +9,9 @@ What gets materialised (a kernel writes it to memory):
     through another reduction (softmax's max and sum), or one that more than one kernel reads.
 Everything else fuses into the kernel that consumes it: elementwise chains, movement ops (as index math on
 the loads), and a reduction together with its elementwise inputs and the elementwise math on its result.
-Nodes realized before (`REALIZED`) are loaded from their buffers, never recomputed.
+Nodes realized before (`REALIZED`) are loaded from their buffers, never recomputed. A reshape keeps row-major
+order, so a requested output that is only reshapes of another node costs no kernel of its own: it becomes a view
+of that node's buffer (and a reshape of a buffer is already realized).
 """
 from __future__ import annotations
 
@@ -55,9 +57,16 @@ def buffer_view(buf: Buffer, shape: tuple[int, ...]) -> UOp:
     return UOp(Ops.BUFFER, buf.dtype, (), (buf, 0)).reshape(shape)
 
 
+def without_reshapes(u: UOp) -> UOp:
+    """The node under any chain of reshapes: the same elements, in the same row-major order."""
+    while u.op is Ops.RESHAPE:
+        u = u.src[0]
+    return u
+
+
 def is_buffer_view(u: UOp) -> bool:
-    """True for a buffer, or a reshape of one: already contiguous in memory, nothing to compute."""
-    return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+    """True for a buffer, or reshapes of one: already contiguous in memory, nothing to compute."""
+    return without_reshapes(u).op is Ops.BUFFER
 
 
 def _materialised(u: UOp) -> bool:
@@ -88,6 +97,8 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
 def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
     roots: dict[UOp, None] = {o: None for o in outs if not is_buffer_view(o) and not _materialised(o)}
     for n in nodes:
+        if _materialised(n):  # the walk stops at these, but lists them: they are loaded, never recomputed
+            continue
         if n.op is Ops.CONTIGUOUS:
             roots[n] = None
         if n.op is Ops.COPY:
@@ -100,10 +111,14 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
 
 
 def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
-    """Schedule the kernels that compute `outs`. Returns the items and {node: buffer view} for new buffers."""
-    sink = UOp(Ops.SINK, dtypes.void, tuple(outs))
+    """Schedule the kernels that compute `outs`. Returns the items and {node: buffer view} for new buffers.
+
+    A reshape keeps row-major order, so an output that is a reshape of some node costs no kernel of its own: the
+    node under the reshapes is materialised (unless it already is) and the output becomes a view of its buffer."""
+    targets = [without_reshapes(o) for o in outs]
+    sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
     nodes = sink.toposort(stop=_materialised)
-    roots = _choose_roots(outs, nodes)
+    roots = _choose_roots(targets, nodes)
     views: dict[UOp, UOp] = {}
 
     def view_of(u: UOp) -> UOp | None:
@@ -124,4 +139,7 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
             builder = KernelBuilder(view_of)
             schedule.append(ScheduleItem(builder.build(node, out), tuple(builder.buffers)))
         views[node] = buffer_view(out, node.shape)  # later kernels load it from here
+    for out_node, target in zip(outs, targets):
+        if out_node is not target and (target_view := view_of(target)) is not None:
+            views[out_node] = target_view.reshape(out_node.shape)  # holding it keeps the target's entry alive
     return schedule, views

@@ -14,7 +14,7 @@ The symbolic simplifier then folds the resulting divisions and modulos away wher
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -24,6 +24,8 @@ from glassgrad.helpers import prod
 from glassgrad.uop.ops import GroupOp, Ops, UOp
 
 Index = tuple[UOp, ...]
+Request = tuple[UOp, Index, "UOp | None"]  # (node, index, gate): "the value of node at index"
+LoweringStep = Generator[Request, UOp, UOp]  # yields what it needs, receives it, returns the value
 
 
 def reshape_groups(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
@@ -58,11 +60,21 @@ def flat_index(idxs: Index, shape: tuple[int, ...], dtype: DType) -> UOp:
 
 
 def unflatten_index(flat: UOp, shape: tuple[int, ...], dtype: DType) -> list[UOp]:
-    """The per-dimension indices of row-major linear index `flat` in `shape`."""
+    """The per-dimension indices of row-major linear index `flat` in `shape`.
+
+    The outermost dimension takes no modulo: for a `flat` inside the shape, `flat // stride` is already in range.
+    A `flat` outside it only happens in a pad's padding, where every load is gated off and the value discarded;
+    a modulo there would only hide the range from the simplifier (and cost a division per element)."""
+    outermost = next((d for d, s in enumerate(shape) if s != 1), 0)
     out: list[UOp] = []
     stride = 1
-    for s in reversed(shape):
-        out.append(UOp.const(dtype, 0) if s == 1 else (flat // UOp.const(dtype, stride)) % UOp.const(dtype, s))
+    for d in reversed(range(len(shape))):
+        s = shape[d]
+        if s == 1:
+            out.append(UOp.const(dtype, 0))
+        else:
+            part = flat // UOp.const(dtype, stride) if stride != 1 else flat
+            out.append(part if d == outermost else part % UOp.const(dtype, s))
         stride *= s
     return out[::-1]
 
@@ -96,7 +108,8 @@ class KernelBuilder:
         idxs = tuple(UOp.const(self.index_dtype, 0) if s == 1 else self.new_range(s, "global") for s in node.shape)
         value = self.lower(node, idxs, None)
         store = UOp(Ops.STORE, dtypes.void, (out_global, flat_index(idxs, node.shape, self.index_dtype), value))
-        return UOp(Ops.SINK, dtypes.void, (store,))
+        # every buffer stays a kernel parameter, even one whose loads all simplify away (e.g. all padding)
+        return UOp(Ops.SINK, dtypes.void, (store, *self._globals.values()))
 
     def _largest(self, node: UOp) -> int:
         """The largest element count any index in this kernel can reach."""
@@ -105,15 +118,33 @@ class KernelBuilder:
         return max([n.size for n in nodes + views if n.op is not Ops.DEVICE] + [v.base.size for v in views] + [1])
 
     def lower(self, node: UOp, idxs: Index, gate: UOp | None) -> UOp:
-        key = (node, idxs, gate)
-        if key not in self._memo:
-            self._memo[key] = self._lower(node, idxs, gate)
-        return self._memo[key]
+        """`node`'s value at `idxs` (loads gated by `gate`), as a kernel expression.
 
-    def _lower(self, node: UOp, idxs: Index, gate: UOp | None) -> UOp:
+        Each lowering step (`_lower` and its helpers) is a generator: it yields the (node, index, gate) it needs
+        and receives that value back. This driver keeps the pending steps on its own stack, so a fused chain of
+        thousands of ops never hits Python's recursion limit; finished values are memoised."""
+        root: Request = (node, idxs, gate)
+        stack: list[tuple[Request, LoweringStep]] = []
+        reply: UOp | None = None
+        if root not in self._memo:
+            stack.append((root, self._lower(*root)))
+        while stack:
+            key, step = stack[-1]
+            try:
+                request = next(step) if reply is None else step.send(reply)  # a new step starts with next()
+            except StopIteration as done:
+                self._memo[key] = reply = done.value
+                stack.pop()
+                continue
+            reply = self._memo.get(request)
+            if reply is None:
+                stack.append((request, self._lower(*request)))
+        return self._memo[root]
+
+    def _lower(self, node: UOp, idxs: Index, gate: UOp | None) -> LoweringStep:
         view = self.view_of(node)
         if view is not None:
-            return self.lower(view, idxs, gate)
+            return (yield (view, idxs, gate))
         op = node.op
         if op is Ops.BUFFER:
             buf: Buffer = node.arg[0]
@@ -123,15 +154,18 @@ class KernelBuilder:
         if op is Ops.ARANGE:
             return idxs[0].cast(node.dtype)
         if op in GroupOp.Elementwise:
-            return UOp(op, node.dtype, tuple(self.lower(s, idxs, gate) for s in node.src))
+            srcs = []
+            for s in node.src:
+                srcs.append((yield (s, idxs, gate)))
+            return UOp(op, node.dtype, tuple(srcs))
         if op in (Ops.DETACH, Ops.CONTIGUOUS):
-            return self.lower(node.src[0], idxs, gate)
+            return (yield (node.src[0], idxs, gate))
         if op is Ops.REDUCE_AXIS:
-            return self._lower_reduce(node, idxs, gate)
+            return (yield from self._lower_reduce(node, idxs, gate))
         if op is Ops.PAD:
-            return self._lower_pad(node, idxs, gate)
+            return (yield from self._lower_pad(node, idxs, gate))
         if op in GroupOp.Movement:
-            return self.lower(node.src[0], self.source_index(node, idxs), gate)
+            return (yield (node.src[0], self.source_index(node, idxs), gate))
         raise RuntimeError(f"cannot lower {op} into a kernel (it should have been materialised by the scheduler)")
 
     def source_index(self, node: UOp, idxs: Index) -> Index:
@@ -160,7 +194,7 @@ class KernelBuilder:
                 result[d] = part
         return tuple(result)
 
-    def _lower_pad(self, node: UOp, idxs: Index, gate: UOp | None) -> UOp:
+    def _lower_pad(self, node: UOp, idxs: Index, gate: UOp | None) -> LoweringStep:
         dt = self.index_dtype
         valid: UOp | None = None
         src_idxs: list[UOp] = []
@@ -168,23 +202,23 @@ class KernelBuilder:
             shifted = i - UOp.const(dt, before) if before else i
             src_idxs.append(shifted)
             if node.shape[len(src_idxs) - 1] != s:
-                inside = (i < UOp.const(dt, before + s)).alu(Ops.AND, (i < UOp.const(dt, before)).alu(
-                    Ops.CMPNE, UOp.const(dtypes.bool, True)))
+                # before <= i < before + s, as two comparisons whose value ranges the simplifier can fold
+                inside = (UOp.const(dt, before - 1) < i).alu(Ops.AND, i < UOp.const(dt, before + s))
                 valid = inside if valid is None else valid.alu(Ops.AND, inside)
         if valid is None:
-            return self.lower(node.src[0], tuple(src_idxs), gate)
+            return (yield (node.src[0], tuple(src_idxs), gate))
         inner_gate = valid if gate is None else gate.alu(Ops.AND, valid)
-        value = self.lower(node.src[0], tuple(src_idxs), inner_gate)
+        value = yield (node.src[0], tuple(src_idxs), inner_gate)
         return valid.where(value, UOp.const(node.dtype, 0))
 
-    def _lower_reduce(self, node: UOp, idxs: Index, gate: UOp | None) -> UOp:
+    def _lower_reduce(self, node: UOp, idxs: Index, gate: UOp | None) -> LoweringStep:
         reduce_op, axes = node.arg
         src_shape = node.src[0].shape
         ranges = [self.new_range(src_shape[a], "reduce") for a in axes]
         src_idxs = list(idxs)
         for a, r in zip(axes, ranges):
             src_idxs[a] = r
-        value = self.lower(node.src[0], tuple(src_idxs), gate)
+        value = yield (node.src[0], tuple(src_idxs), gate)
         return UOp(Ops.REDUCE, node.dtype, (value, *ranges), reduce_op)
 
 

@@ -231,16 +231,23 @@ class UOp:
     def device(self) -> str:
         """The device a tensor-graph node lives on (cached: computed once per node)."""
         found = self._device
-        if found is None:
-            if self.op is Ops.DEVICE:
-                found = self.arg
-            elif self.op is Ops.BUFFER:
-                found = self.arg[0].device
-            elif self.op is Ops.COPY:
-                found = self.src[1].arg
-            else:
-                found = self.src[0].device
-            object.__setattr__(self, "_device", found)
+        if found is not None:
+            return found
+        chain: list[UOp] = []  # walk down first sources (no recursion: graphs can be thousands of nodes deep)
+        node = self
+        while node._device is None and node.op not in (Ops.DEVICE, Ops.BUFFER, Ops.COPY):
+            chain.append(node)
+            node = node.src[0]
+        if node._device is not None:
+            found = node._device
+        elif node.op is Ops.DEVICE:
+            found = node.arg
+        elif node.op is Ops.BUFFER:
+            found = node.arg[0].device
+        else:
+            found = node.src[1].arg
+        for n in [*chain, node]:
+            object.__setattr__(n, "_device", found)
         return found
 
     @property
