@@ -43,6 +43,12 @@ class ContextVar:
     def __int__(self) -> int:
         return self.value
 
+    def __lt__(self, other: int) -> bool:
+        return self.value < other
+
+    def __le__(self, other: int) -> bool:
+        return self.value <= other
+
 
 DEBUG = ContextVar("DEBUG", 0)
 NOOPT = ContextVar("NOOPT", 0)

@@ -69,7 +69,7 @@ class Tensor(_CastShortcuts):
         elif isinstance(data, Tensor):
             raise TypeError("Tensor(Tensor) is ambiguous: use t.detach(), t.clone() or t.cast(dtype)")
         elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
-            d = want or dtypes.from_py(data)
+            d = want or _scalar_dtype(data)
             uop = UOp.const(d, data, device)
         else:
             uop = _uop_from_array(data, want, device)
@@ -607,7 +607,15 @@ class Tensor(_CastShortcuts):
     def relu(self) -> Tensor: return (self <= 0).where(0, self)  # noqa: E704
     def relu6(self) -> Tensor: return self.relu().minimum(6)  # noqa: E704
     def sigmoid(self) -> Tensor: return (1 + (-self._float()).exp()).reciprocal()  # noqa: E704
-    def tanh(self) -> Tensor: return 2.0 * (2.0 * self._float()).sigmoid() - 1.0  # noqa: E704
+
+    def tanh(self) -> Tensor:
+        """2*sigmoid(2x) - 1, except near 0, where that cancels (in float32 tanh(1e-6) would be 7% off): there an odd
+        Taylor polynomial, exact to the dtype's precision below the switch point (0.25; 1e-3 for float64)."""
+        x = self._float()
+        x2 = x * x
+        series = x * (1 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835)))))
+        switch = 1e-3 if x.dtype == dtypes.float64 else 0.25
+        return (x.abs() < switch).where(series, 2.0 * (2.0 * x).sigmoid() - 1.0)
     def silu(self) -> Tensor: return self * self.sigmoid()  # noqa: E704
     swish = silu
 
@@ -986,16 +994,22 @@ class Tensor(_CastShortcuts):
         return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
     def cumsum(self, axis: int = 0) -> Tensor:
-        """Running sum along `axis`, as one reduction over a triangular mask (n^2 work, one fused kernel)."""
+        """Running sum along `axis`, as one reduction over a triangular mask (n^2 work, one fused kernel).
+
+        dtypes follow `sum`: ints accumulate in at least (u)int32, float16/bfloat16 in float32 and come back as
+        themselves."""
+        acc = self._sum_dtype()
+        out_dtype = self.dtype if self.dtype in (dtypes.float16, dtypes.bfloat16) else acc
         if self.ndim == 0:
-            return self
+            normalize_axis(axis, 0)
+            return self.cast(out_dtype)
         a = normalize_axis(axis, self.ndim)
         n = self.shape[a]
         x = self.transpose(a, -1) if a != self.ndim - 1 else self
         rows = Tensor.arange(n, device=self.device).reshape(n, 1)
         cols = Tensor.arange(n, device=self.device).reshape(1, n)
         lower = cols <= rows  # (n, n): out[i] sums x[j] for j <= i
-        out = lower.where(x.unsqueeze(-2), 0).sum(-1, dtype=self._sum_dtype())
+        out = lower.where(x.unsqueeze(-2), 0).sum(-1, dtype=acc).cast(out_dtype)
         return out.transpose(a, -1) if a != self.ndim - 1 else out
 
     # ------------------------------------------------------------------ linear algebra and functional
@@ -1187,6 +1201,21 @@ def _with_lineage(u: UOp) -> UOp:
     return graph_rewrite(u, pm)
 
 
+def _scalar_dtype(x: Scalar) -> DType:
+    """A Python scalar's dtype: bool, the default float, or the default int (int64 if it does not fit int32)."""
+    d = dtypes.from_py(x)
+    if d != dtypes.default_int or dtypes.int32.min() <= x <= dtypes.int32.max():
+        return d
+    if not dtypes.int64.min() <= x <= dtypes.int64.max():
+        raise OverflowError(f"Python int {x} does not fit int64; pass dtype= to choose how to store it")
+    return dtypes.int64
+
+
+def _short(data: Any, limit: int = 60) -> str:
+    text = repr(data)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:
     if isinstance(data, np.ndarray) or isinstance(data, np.generic):
         array = np.asarray(data)
@@ -1197,7 +1226,15 @@ def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:
     elif isinstance(data, (list, tuple)):
         dtype = dtypes.from_py(data) if want is None else want
         try:
-            array = np.array(data, dtype=np.float32 if dtype == dtypes.bfloat16 else dtype.np)
+            try:
+                array = np.array(data, dtype=np.float32 if dtype == dtypes.bfloat16 else dtype.np)
+            except OverflowError:
+                if want is not None or dtype != dtypes.default_int:
+                    raise
+                dtype = dtypes.int64  # ints too big for int32 get int64, as a lone scalar does
+                array = np.array(data, dtype=np.int64)
+        except OverflowError as e:
+            raise OverflowError(f"cannot make a {dtype.name} tensor from {_short(data)}: {e}") from None
         except ValueError as e:
             raise ValueError(f"cannot make a tensor from a ragged or mixed nested list: {e}") from None
         if array.dtype == object:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from glassgrad.device import Allocator, Compiled, Compiler
-from glassgrad.helpers import cache_dir, getenv
+from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir, getenv
 from glassgrad.renderer.cstyle import ClangRenderer
 
 
@@ -96,18 +96,26 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
+def _load_library(binary: bytes) -> ctypes.CDLL:
+    """dlopen needs a file: keep it in the cache directory, or (CACHELEVEL=0) in a temporary file removed at once."""
+    if CACHELEVEL < 1:
+        with tempfile.NamedTemporaryFile(suffix=".so") as f:
+            f.write(binary)
+            f.flush()
+            return ctypes.CDLL(f.name)  # the mapping outlives the unlinked file
+    path = cache_dir() / "lib" / f"{hashlib.sha256(binary).hexdigest()}.so"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, binary)
+    return ctypes.CDLL(str(path))
+
+
 class CPUProgram:
     """One compiled kernel. Calling it runs the outer loop's range split evenly across threads."""
 
     def __init__(self, name: str, binary: bytes) -> None:
         self.name = name
-        path = cache_dir() / "lib" / f"{hashlib.sha256(binary).hexdigest()}.so"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(binary)
-            os.replace(tmp, path)
-        self.lib = ctypes.CDLL(str(path))
+        self.lib = _load_library(binary)
         self.fn = getattr(self.lib, name)
         self.fn.restype = None
 

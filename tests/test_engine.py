@@ -1,0 +1,161 @@
+"""The engine and its observability: GlobalCounters, DEBUG output, kernels(), the compile cache, the allocator."""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import glassgrad
+from glassgrad import Context, Device, GlobalCounters, Tensor
+from glassgrad.device import Buffer
+from glassgrad.dtype import dtypes
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_global_counters_count_kernels_flops_and_bytes() -> None:
+    a, b = Tensor.rand(64, 64).realize(), Tensor.rand(64, 64).realize()
+    GlobalCounters.reset()
+    (a * b + 1).realize()
+    assert GlobalCounters.kernel_count == 1
+    assert GlobalCounters.global_ops == 2 * 64 * 64          # one MUL and one ADD per element
+    assert GlobalCounters.global_mem == 3 * 64 * 64 * 4      # two inputs read, one output written
+    assert GlobalCounters.time_sum_s > 0
+    GlobalCounters.reset()
+    assert GlobalCounters.kernel_count == 0 and GlobalCounters.global_ops == 0
+
+
+def test_debug_2_prints_a_line_per_kernel(capsys: pytest.CaptureFixture[str]) -> None:
+    x = Tensor.rand(32, 16).realize()
+    with Context(DEBUG=2):
+        x.sum(axis=1).realize()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("***")]
+    assert len(lines) == 1
+    assert "r_32_16" in lines[0] and "us" in lines[0] and "GFLOP/s" in lines[0] and "GB/s" in lines[0]
+
+
+def test_debug_4_prints_the_source(capsys: pytest.CaptureFixture[str]) -> None:
+    x = Tensor.rand(5, 7).realize()
+    with Context(DEBUG=4):
+        (x * 3.5).realize()
+    out = capsys.readouterr().out
+    assert "void E_5_7(" in out and "3.5f" in out
+
+
+def test_kernels_lists_without_running() -> None:
+    a, b, c = Tensor.rand(8, 8), Tensor.rand(8, 8), Tensor.rand(8, 8)
+    out = (a * b + c).relu()
+    GlobalCounters.reset()
+    ks = glassgrad.kernels(out)
+    assert GlobalCounters.kernel_count == 0, "kernels() must not execute anything"
+    assert len(ks) == 1
+    k = ks[0]
+    assert k.name == "E_8_8" and k.global_size and "data0" in k.source
+    assert k.local_size is None  # CPU kernels have no work-groups
+    # and the tensor is still lazy and still computes the same thing afterwards
+    np.testing.assert_allclose(out.numpy(), np.maximum(a.numpy() * b.numpy() + c.numpy(), 0), rtol=1e-6)
+
+
+def test_kernels_of_softmax_is_three() -> None:
+    assert len(glassgrad.kernels(Tensor.rand(4, 10).softmax())) == 3
+
+
+def test_kernels_of_a_realized_tensor_is_empty() -> None:
+    assert glassgrad.kernels(Tensor.rand(3).realize()) == []
+
+
+def test_kernels_rejects_unknown_device() -> None:
+    with pytest.raises(ValueError, match="unknown device"):
+        glassgrad.kernels(Tensor.rand(3) + 1, device="TPU")
+
+
+def _compile_script(marker: float) -> str:
+    return textwrap.dedent(f"""
+        import numpy as np
+        from glassgrad import Tensor
+        x = Tensor(np.arange(1000, dtype=np.float32))
+        print(float((x * {marker} + 1).sum().item()))
+    """)
+
+
+def _run(code: str, cachedir: pathlib.Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "CACHEDIR": str(cachedir), "PYTHONPATH": str(REPO), **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120)
+
+
+def test_disk_cache_is_written_and_reused(tmp_path: pathlib.Path) -> None:
+    first = _run(_compile_script(1.25), tmp_path)
+    assert first.returncode == 0, first.stderr
+    binaries = sorted((tmp_path / "kernels").glob("*.bin"))
+    assert binaries, "compiling must leave a cached binary"
+    stamps = {p: p.stat().st_mtime_ns for p in binaries}
+    second = _run(_compile_script(1.25), tmp_path)
+    assert second.returncode == 0 and second.stdout == first.stdout
+    assert {p: p.stat().st_mtime_ns for p in binaries} == stamps, "a cached kernel must not be rewritten"
+    assert not list(tmp_path.rglob("*.tmp")), "no temporary files may be left behind"
+
+
+def test_cachelevel_0_writes_nothing(tmp_path: pathlib.Path) -> None:
+    result = _run(_compile_script(2.5), tmp_path, CACHELEVEL="0")
+    assert result.returncode == 0, result.stderr
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()], "CACHELEVEL=0 must leave nothing on disk"
+
+
+def test_two_processes_share_the_cache_safely(tmp_path: pathlib.Path) -> None:
+    """Two processes compiling the same new kernels at once: both succeed, both get the right answer."""
+    code = _compile_script(3.75)
+    env = {**os.environ, "CACHEDIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for _ in range(2)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
+    expected = float((np.arange(1000, dtype=np.float32) * np.float32(3.75) + 1).sum())
+    for out, _ in outputs:
+        assert float(out) == pytest.approx(expected, rel=1e-5)
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_compile_error_shows_the_source() -> None:
+    compiler = Device["CPU"].compiler
+    with pytest.raises(RuntimeError, match="C compile failed") as info:
+        compiler.compile("void broken( { this is not C }")
+    assert "this is not C" in str(info.value)
+
+
+def test_allocator_reuses_freed_memory() -> None:
+    allocator = Device["CPU"].allocator
+    buf = Buffer("CPU", 12345, dtypes.float32)
+    handle = buf.handle
+    address = handle.ctypes.data
+    del buf, handle
+    again = Buffer("CPU", 12345, dtypes.float32)
+    assert again.handle.ctypes.data == address, "a freed block of the same size should be reused"
+    assert allocator is Device["CPU"].allocator
+
+
+def test_buffer_copyin_checks_size() -> None:
+    buf = Buffer("CPU", 4, dtypes.float32)
+    with pytest.raises(ValueError, match="bytes"):
+        buf.copyin(np.zeros(5, np.float32))
+
+
+def test_device_names() -> None:
+    assert Device.canonicalize("cpu") == "CPU"
+    assert Device.canonicalize("CUDA:0") == "CUDA"
+    assert Device.canonicalize("cuda:1") == "CUDA:1"
+    with pytest.raises(ValueError, match="unknown device"):
+        Device.canonicalize("GPU9000")
+    with pytest.raises(ValueError, match="index"):
+        Device.canonicalize("CUDA:x")
+
+
+def test_cpu_threads_give_the_same_answer() -> None:
+    """A kernel big enough to be split across threads computes what one thread computes."""
+    x = np.random.default_rng(0).standard_normal((512, 300)).astype(np.float32)
+    out = Tensor(x).sum(axis=1).numpy()
+    np.testing.assert_allclose(out, x.sum(axis=1), rtol=1e-5, atol=1e-4)
