@@ -382,7 +382,7 @@ class Tensor(_CastShortcuts):
         if isinstance(x, bool):
             dt = self.dtype
         elif isinstance(x, int):
-            dt = dtypes.default_int if self.dtype.is_bool else self.dtype
+            dt = _scalar_dtype(x) if self.dtype.is_bool else self.dtype
         elif isinstance(x, float):
             dt = self.dtype if self.dtype.is_float else dtypes.default_float
         else:
