@@ -36,13 +36,27 @@ def _reduce_grad(g: UOp, node: UOp) -> Grads:
         hit = src.alu(Ops.CMPEQ, node.expand(src.shape)).cast(src.dtype)
         count = hit.reduce_axis(Ops.ADD, axes)
         return (hit.alu(Ops.MUL, g.alu(Ops.FDIV, count).expand(src.shape)),)
-    # MUL: d(prod)/dx_i = prod / x_i
-    return (g.alu(Ops.MUL, node).expand(src.shape).alu(Ops.FDIV, src),)
+    return (g.expand(src.shape).alu(Ops.MUL, _product_of_others(src, node, axes)),)
+
+
+def _product_of_others(src: UOp, prod: UOp, axes: tuple[int, ...]) -> UOp:
+    """d(prod x)/dx_i: prod/x_i where nothing is 0; with one 0 in the group, the product of the rest at the 0 and 0
+    elsewhere; with more zeros, 0 everywhere. (prod/x_i alone would give 0/0 = NaN at a zero.)"""
+    zero = _c(src, 0.0)
+    is_zero = src.alu(Ops.CMPEQ, zero)
+    zeros = is_zero.cast(src.dtype).reduce_axis(Ops.ADD, axes).expand(src.shape)
+    nonzero_prod = is_zero.where(_c(src, 1.0), src).reduce_axis(Ops.MUL, axes).expand(src.shape)
+    safe_src = is_zero.where(_c(src, 1.0), src)
+    no_zeros = prod.expand(src.shape).alu(Ops.FDIV, safe_src)
+    one_zero = is_zero.where(nonzero_prod, zero)
+    return zeros.alu(Ops.CMPEQ, zero).where(no_zeros, zeros.alu(Ops.CMPEQ, _c(src, 1.0)).where(one_zero, zero))
 
 
 def _pow_grad(g: UOp, node: UOp) -> Grads:
     a, b = node.src
-    da = g.alu(Ops.MUL, b.alu(Ops.MUL, a.alu(Ops.POW, b.alu(Ops.ADD, _c(b, -1.0)))))
+    # d/da a^b = b a^(b-1); define it as 0 where b == 0 (as PyTorch does), not 0 * 0^-1 = NaN
+    slope = b.alu(Ops.MUL, a.alu(Ops.POW, b.alu(Ops.ADD, _c(b, -1.0))))
+    da = b.alu(Ops.CMPEQ, _c(b, 0.0)).where(_c(g, 0.0), g.alu(Ops.MUL, slope))
     ln_a = a.alu(Ops.LOG2).alu(Ops.MUL, _c(a, math.log(2)))
     # d/db a^b = a^b ln a; define it as 0 where a == 0 (as PyTorch does), not NaN
     db = a.alu(Ops.CMPEQ, _c(a, 0.0)).where(_c(a, 0.0), g.alu(Ops.MUL, node.alu(Ops.MUL, ln_a)))

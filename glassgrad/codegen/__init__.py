@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from glassgrad.codegen.gpudims import gpu_dims
 from glassgrad.codegen.linearize import estimate_flops, linearize
 from glassgrad.helpers import prod
 from glassgrad.renderer.cstyle import CStyleLanguage
@@ -41,11 +42,17 @@ def optimize_ast(ast: UOp, renderer: CStyleLanguage) -> UOp:
 
 def get_program(ast: UOp, renderer: CStyleLanguage) -> ProgramSpec:
     ast = optimize_ast(ast, renderer)
-    program = linearize(ast)
     name = kernel_name(ast)
-    source = renderer.render(name, program)
-    ranges = [u for u in program if u.op is Ops.RANGE]
-    global_ranges = [r.src[0].arg for r in ranges if r.arg[1] == "global"]
+    flops = estimate_flops(ast)
+    ranges = [u for u in ast.toposort() if u.op is Ops.RANGE]
     work = prod(r.src[0].arg for r in ranges)
-    global_size = (global_ranges[0],) if global_ranges else (1,)
-    return ProgramSpec(name, source, global_size, None, estimate_flops(ast), work, tuple(program))
+    local_size: tuple[int, ...] | None = None
+    global_size: tuple[int, ...]
+    if renderer.has_local:  # GPUs: loops become threads and work-groups
+        ast, global_size, local_size = gpu_dims(ast)
+    else:  # CPUs: the outermost loop is split across threads by the runtime
+        global_ranges = sorted((r for r in ranges if r.arg[1] == "global"), key=lambda r: r.arg[0])
+        global_size = (global_ranges[0].src[0].arg,) if global_ranges else (1,)
+    program = linearize(ast)
+    source = renderer.render(name, program)
+    return ProgramSpec(name, source, global_size, local_size, flops, work, tuple(program))

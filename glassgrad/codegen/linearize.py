@@ -48,6 +48,7 @@ def linearize(sink: UOp) -> list[UOp]:
     scopes = Scopes()
     nodes = sink.toposort()
     program: list[UOp] = sorted((u for u in nodes if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
+    program += sorted((u for u in nodes if u.op is Ops.SPECIAL), key=lambda u: u.arg[0])  # GPU ids come first
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
     program += global_ranges
     emitted: set[UOp] = set(program)

@@ -64,7 +64,8 @@ class CStyleLanguage:
     def float_function(self, op: Ops, dtype: DType) -> str:
         return self.float_functions[op] + ("f" if dtype == dtypes.float32 else "")
 
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+    def render_kernel(self, name: str, params: list[str], body: list[str], local_size: int = 1) -> str:
+        """Wrap the body in the language's kernel signature. `local_size`: threads per work-group (GPUs)."""
         raise NotImplementedError
 
     def render_global_range(self, index: int, var: str, size: str, dtype: str) -> str:
@@ -127,11 +128,41 @@ class CStyleLanguage:
             return f"({a[0]} {'||' if op is Ops.ADD else '&&'} {a[1]})"
         return f"({a[0]} {symbols[op]} {a[1]})"
 
-    def render_accumulate(self, acc: str, value: str, op: Ops, dtype: DType) -> str:
+    def render_combine(self, acc: str, value: str, op: Ops, dtype: DType) -> str:
+        """One step of a reduction: acc (op) value. MAX keeps a NaN once it has seen one, as numpy does."""
         if op is Ops.MAX:
             nan_check = f" || {value} != {value}" if dtype.is_float else ""
-            return f"{acc} = ({value} > {acc}{nan_check}) ? {value} : {acc};"
-        return f"{acc} = {acc} {'+' if op is Ops.ADD else '*'} {value};"
+            return f"({value} > {acc}{nan_check}) ? {value} : {acc}"
+        return f"{acc} {'+' if op is Ops.ADD else '*'} {value}"
+
+    def render_accumulate(self, acc: str, value: str, op: Ops, dtype: DType) -> str:
+        return f"{acc} = {self.render_combine(acc, value, op, dtype)};"
+
+    # ---------- GPU pieces (used by renderers with has_local) ----------
+    barrier = ""
+
+    def group_id(self) -> str: raise NotImplementedError  # noqa: E704
+    def local_id(self) -> str: raise NotImplementedError  # noqa: E704
+
+    def render_local_array(self, dtype: DType, name: str, size: int) -> str:
+        raise NotImplementedError
+
+    def render_special(self, u: UOp, name: str) -> list[str]:
+        """Declare a GPU id: `gidx` (global thread index, with an early return past the end), `bidx`, `lidx`."""
+        kind, size, local = u.arg
+        dt = self.render_dtype(u.dtype)
+        if kind == "gidx":
+            lines = [f"{dt} {name} = ({dt}){self.group_id()} * {local} + {self.local_id()};"]
+            return lines + ([f"if ({name} >= {size}) return;"] if size % local else [])
+        return [f"{dt} {name} = {self.group_id() if kind == 'bidx' else self.local_id()};"]
+
+    def render_group_reduce(self, u: UOp, partial: str, lidx: str, smem: str, result: str) -> list[str]:
+        """Combine the group's partial results in shared memory (a tree: L/2, L/4, ... 1), leave it in `result`."""
+        op, size = u.arg
+        step = f"{smem}[{lidx}] = {self.render_combine(f'{smem}[{lidx}]', f'{smem}[{lidx} + s]', op, u.dtype)};"
+        return [self.render_local_array(u.dtype, smem, size), f"{smem}[{lidx}] = {partial};", self.barrier,
+                f"for (int s = {size // 2}; s > 0; s >>= 1) {{", f"  if ({lidx} < s) {step}", f"  {self.barrier}", "}",
+                f"{self.render_dtype(u.dtype)} {result} = {smem}[0];"]
 
     def render(self, name: str, program: list[UOp]) -> str:
         uses = Counter(s for u in program for s in u.src)
@@ -185,7 +216,15 @@ class CStyleLanguage:
                     load = f"({a[2]} ? {load} : {self.render_const(0, u.dtype)})"
                 line(f"{self.render_dtype(u.dtype)} {names[u]} = {load};")
             elif u.op is Ops.STORE:
-                line(f"{a[0]}[{a[1]}] = {a[2]};")
+                line(f"{'if (' + a[3] + ') ' if len(a) == 4 else ''}{a[0]}[{a[1]}] = {a[2]};")
+            elif u.op is Ops.SPECIAL:
+                names[u] = new_name(u.arg[0])
+                for text in self.render_special(u, names[u]):
+                    line(text)
+            elif u.op is Ops.GROUP_REDUCE:
+                names[u] = new_name("red")
+                for text in self.render_group_reduce(u, a[0], a[1], new_name("smem"), names[u]):
+                    line(text)
             elif u.op in GroupOp.ALU or u.op in (Ops.CAST, Ops.BITCAST):
                 if u.op is Ops.CAST:
                     expr = self.render_cast(a[0], u.src[0].dtype, u.dtype)
@@ -200,7 +239,8 @@ class CStyleLanguage:
                     line(f"{self.render_dtype(u.dtype)} {names[u]} = {expr};")
             else:
                 raise RuntimeError(f"{type(self).__name__} cannot render {u.op}")
-        return self.render_kernel(name, params, body)
+        local_size = max((u.arg[2] for u in program if u.op is Ops.SPECIAL), default=1)
+        return self.render_kernel(name, params, body, local_size)
 
     def render_param(self, u: UOp, writes: bool) -> str:
         return f"{'' if writes else 'const '}{self.render_dtype(u.dtype)}* restrict data{u.arg}"
@@ -282,7 +322,7 @@ class ClangRenderer(CStyleLanguage):
             return f"gg_f32_to_bf16((float)({x}))"
         return super().render_cast(x, src, dst)
 
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+    def render_kernel(self, name: str, params: list[str], body: list[str], local_size: int = 1) -> str:
         signature = ", ".join([*params, "long long start", "long long end"])
         helpers = [_BF16_HELPERS.rstrip()] if any("gg_bf16" in line or "gg_f32" in line for line in body) else []
         vector_math = [decl for fn, decl in _VECTOR_MATH.items() if any(f"{fn}(" in line for line in body)]

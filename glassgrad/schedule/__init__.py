@@ -16,12 +16,14 @@ of that node's buffer (and a reshape of a buffer is already realized).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import dtypes
 from glassgrad.schedule.indexing import KernelBuilder
 from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.symbolic import simplify
 
 
 class RealizedMap:
@@ -45,16 +47,22 @@ class RealizedMap:
 REALIZED = RealizedMap()
 
 
+BufferVersion = tuple[Buffer, int]  # a buffer's contents after its n-th in-place write (ASSIGN)
+
+
 @dataclass(frozen=True)
 class ScheduleItem:
-    """One unit of work: a kernel AST (SINK) with its buffers (output first), or a COPY between buffers."""
+    """One unit of work: a kernel AST (SINK) with its buffers (output first), or a COPY between buffers.
+    `reads`/`writes` name buffer versions, so the order of in-place writes can be checked and fixed."""
     ast: UOp
     bufs: tuple[Buffer, ...]
+    reads: frozenset[BufferVersion] = frozenset()
+    writes: BufferVersion | None = None
 
 
-def buffer_view(buf: Buffer, shape: tuple[int, ...]) -> UOp:
-    """The tensor-graph node that reads `buf` as a tensor of `shape`."""
-    return UOp(Ops.BUFFER, buf.dtype, (), (buf, 0)).reshape(shape)
+def buffer_view(buf: Buffer, shape: tuple[int, ...], version: int = 0) -> UOp:
+    """The tensor-graph node that reads `buf` (after its `version`-th in-place write) as a tensor of `shape`."""
+    return UOp(Ops.BUFFER, buf.dtype, (), (buf, version)).reshape(shape)
 
 
 def without_reshapes(u: UOp) -> UOp:
@@ -99,7 +107,7 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
     for n in nodes:
         if _materialised(n):  # the walk stops at these, but lists them: they are loaded, never recomputed
             continue
-        if n.op is Ops.CONTIGUOUS:
+        if n.op in (Ops.CONTIGUOUS, Ops.ASSIGN):
             roots[n] = None
         if n.op is Ops.COPY:
             roots[n] = None
@@ -129,17 +137,75 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     for node in nodes:
         if node not in roots:
             continue
+        if node.op is Ops.ASSIGN:
+            schedule += _assign_items(node, view_of)
+            buf, version = without_reshapes(node.src[0]).arg
+            views[node] = buffer_view(buf, node.shape, version + 1)
+            continue
         out = Buffer(node.device, node.size, node.dtype)
         if node.size == 0:
             pass
         elif node.op is Ops.COPY:
-            src = view_of(node.src[0]) or node.src[0]
-            schedule.append(ScheduleItem(UOp(Ops.COPY, node.dtype, (), node.src[1].arg), (out, src.base.arg[0])))
+            src = (view_of(node.src[0]) or node.src[0]).base
+            schedule.append(ScheduleItem(UOp(Ops.COPY, node.dtype, (), node.src[1].arg), (out, src.arg[0]),
+                                         frozenset({src.arg}), (out, 0)))
         else:
-            builder = KernelBuilder(view_of)
-            schedule.append(ScheduleItem(builder.build(node, out), tuple(builder.buffers)))
+            schedule.append(_kernel_item(node, out, 0, view_of))
         views[node] = buffer_view(out, node.shape)  # later kernels load it from here
     for out_node, target in zip(outs, targets):
         if out_node is not target and (target_view := view_of(target)) is not None:
             views[out_node] = target_view.reshape(out_node.shape)  # holding it keeps the target's entry alive
-    return schedule, views
+    return order_writes(schedule), views
+
+
+def _kernel_item(node: UOp, out: Buffer, version: int, view_of: Callable[[UOp], UOp | None]) -> ScheduleItem:
+    builder = KernelBuilder(view_of)
+    ast = builder.build(node, out)
+    return ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), (out, version))
+
+
+def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None]) -> list[ScheduleItem]:
+    """ASSIGN(target, value): write value into target's own buffer. If the value reads that buffer at any other
+    element than the one being written (x.assign(x.T)), computing in place would read overwritten data: compute
+    into a temporary buffer first, then copy it in."""
+    target, value = node.src
+    buf, version = without_reshapes(target).arg
+    if value.size == 0:
+        return []
+    item = _kernel_item(value, buf, version + 1, view_of)
+    if not reads_other_elements(item.ast):
+        return [item]
+    temp = Buffer(buf.device, buf.size, buf.dtype)
+    first = _kernel_item(value, temp, 0, view_of)
+    return [first, _kernel_item(buffer_view(temp, node.shape), buf, version + 1, view_of)]
+
+
+def reads_other_elements(ast: UOp) -> bool:
+    """True if the kernel loads from its output buffer (DEFINE_GLOBAL 0) at an index other than the one it stores."""
+    simplified = simplify(ast)
+    store = simplified.src[0]
+    return any(u.op is Ops.LOAD and u.src[0] is store.src[0] and u.src[1] is not store.src[1]
+               for u in simplified.toposort())
+
+
+def order_writes(items: list[ScheduleItem]) -> list[ScheduleItem]:
+    """Order items so each runs after the items whose outputs it reads, and every reader of a buffer's old version
+    runs before the in-place write that replaces it. Otherwise the given (graph) order is kept."""
+    writer = {item.writes: i for i, item in enumerate(items) if item.writes is not None}
+    after: list[set[int]] = [set() for _ in items]  # after[i]: items that must run before item i
+    for i, item in enumerate(items):
+        after[i] |= {writer[r] for r in item.reads if r in writer and writer[r] != i}
+        for buf, version in item.reads:  # reading version v must happen before the write making version v+1
+            overwriter = writer.get((buf, version + 1))
+            if overwriter is not None and overwriter != i:
+                after[overwriter].add(i)
+    ordered: list[ScheduleItem] = []
+    done: set[int] = set()
+    while len(done) < len(items):
+        ready = [i for i in range(len(items)) if i not in done and after[i] <= done]
+        if not ready:
+            raise RuntimeError("in-place writes (assign) form a cycle: a buffer is read after being overwritten and "
+                               "written before being read; realize the assigns separately")
+        done.add(ready[0])
+        ordered.append(items[ready[0]])
+    return ordered

@@ -85,6 +85,7 @@ class KernelBuilder:
     view_of: Callable[[UOp], UOp | None]
     index_dtype: DType = dtypes.int32
     buffers: list[Buffer] = field(default_factory=list)
+    reads: set[tuple[Buffer, int]] = field(default_factory=set)  # (buffer, version) of every load
     _globals: dict[int, UOp] = field(default_factory=dict)
     _memo: dict[tuple[UOp, Index, UOp | None], UOp] = field(default_factory=dict)
     _range_ids: count = field(default_factory=count)
@@ -148,6 +149,7 @@ class KernelBuilder:
         op = node.op
         if op is Ops.BUFFER:
             buf: Buffer = node.arg[0]
+            self.reads.add(node.arg)
             return UOp(Ops.LOAD, buf.dtype, (self.global_for(buf), idxs[0]) + ((gate,) if gate is not None else ()))
         if op is Ops.CONST:
             return UOp.const(node.dtype, node.arg)

@@ -42,6 +42,8 @@ class Ops(Enum):
     # kernel ASTs and linear programs
     SINK = auto(); DEFINE_GLOBAL = auto(); RANGE = auto(); LOAD = auto(); STORE = auto(); REDUCE = auto()  # noqa: E702
     DEFINE_ACC = auto(); ACCUMULATE = auto(); ENDRANGE = auto()  # noqa: E702
+    # GPU kernels: thread/block ids, and a reduction finished across a work-group through shared memory
+    SPECIAL = auto(); GROUP_REDUCE = auto()  # noqa: E702
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
@@ -356,6 +358,8 @@ def _value_range(u: UOp) -> Range:
         return (u.arg, u.arg)
     if u.op is Ops.RANGE:
         return (0, max(0, u.src[0].vmax - 1))
+    if u.op is Ops.SPECIAL:  # arg = (name, size): a GPU id in 0..size-1 (the kernel returns early outside it)
+        return (0, max(0, u.arg[1] - 1))
     if not (dt.is_int or dt.is_bool):
         return (-math.inf, math.inf)
     default = dtype_bounds(dt)
