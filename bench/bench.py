@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from glassgrad import Device, Tensor
+from glassgrad import Context, Device, GlobalCounters, Tensor
 
 try:
     import torch
@@ -110,6 +110,80 @@ def make_workloads(device: str) -> list[Workload]:
     return work
 
 
+# ---------------------------------------------------------------- GPU
+def gpu_kernel_time(fn: Callable[[], object], repeat: int) -> float:
+    """Median summed kernel time of one call of fn(), timed on the device with events (TIMING=1)."""
+    times = []
+    for i in range(repeat + 2):
+        GlobalCounters.reset()
+        with Context(TIMING=1):
+            fn()
+        if i >= 2:  # the first calls compile
+            times.append(GlobalCounters.time_sum_s)
+    return statistics.median(times)
+
+
+def torch_gpu_time(fn: Callable[[], object], repeat: int) -> float:
+    assert torch is not None
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def gpu_rows(device: str, repeat: int) -> list[tuple[str, str, float, float, float]]:
+    """(name, unit, amount, glassgrad seconds, torch seconds) for the CUDA issue's workloads."""
+    assert torch is not None, "the GPU benchmark compares against PyTorch: install it"
+    rng = np.random.default_rng(0)
+    rows = []
+
+    def pair(*shape: int, dtype: str = "float32") -> tuple[Tensor, object]:
+        a = rng.standard_normal(shape, dtype=np.float32)
+        return Tensor(a, device=device).cast(dtype).realize(), torch.from_numpy(a).cuda().to(getattr(torch, dtype))
+
+    n = 4096
+    for dt in ("float32", "float16"):
+        (ga, ta), (gb, tb) = pair(n, n, dtype=dt), pair(n, n, dtype=dt)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        t_gg = gpu_kernel_time(lambda ga=ga, gb=gb: (ga @ gb).realize(), repeat)
+        t_torch = torch_gpu_time(lambda ta=ta, tb=tb: ta @ tb, repeat)
+        rows.append((f"matmul {n} {dt}", "TFLOP/s", 2 * n**3 / 1e12, t_gg, t_torch))
+    m = 64 * 1024 * 1024
+    (gx, tx), (gy, ty), (gz, tz) = pair(m), pair(m), pair(m)
+    rows.append(("(a*b+c).relu() 64M", "GB/s", 4 * m * 4 / 1e9,
+                 gpu_kernel_time(lambda: (gx * gy + gz).relu().realize(), repeat),
+                 torch_gpu_time(lambda: (tx * ty + tz).relu(), repeat)))
+    rows.append(("a*2 64M", "GB/s", 2 * m * 4 / 1e9, gpu_kernel_time(lambda: (gx * 2).realize(), repeat),
+                 torch_gpu_time(lambda: tx * 2, repeat)))
+    rows.append(("(torch d2d copy 64M)", "GB/s", 2 * m * 4 / 1e9, float("nan"),
+                 torch_gpu_time(lambda: ty.copy_(tx), repeat)))
+    gs, ts = pair(8192, 8192)
+    rows.append(("sum(axis=1) 8192^2", "GB/s", 8192 * 8192 * 4 / 1e9, gpu_kernel_time(lambda: gs.sum(axis=1).realize(),
+                 repeat), torch_gpu_time(lambda: ts.sum(dim=1), repeat)))
+    rows.append(("softmax 8192^2", "GB/s", 2 * 8192 * 8192 * 4 / 1e9,
+                 gpu_kernel_time(lambda: gs.softmax(-1).realize(), repeat),
+                 torch_gpu_time(lambda: torch.softmax(ts, dim=-1), repeat)))
+    return rows
+
+
+def print_gpu(device: str, repeat: int) -> None:
+    print(f"device {device}; torch {torch.__version__ if torch else '-'}; kernel times from device events")
+    header = f"{'workload':<24} {'glassgrad':>12} {'torch':>12} {'unit':>8} {'glassgrad/torch':>16}"
+    print(header)
+    print("-" * len(header))
+    for name, unit, amount, t_gg, t_torch in gpu_rows(device, repeat):
+        rate_gg, rate_torch = amount / t_gg if t_gg == t_gg else float("nan"), amount / t_torch
+        print(f"{name:<24} {rate_gg:12.2f} {rate_torch:12.2f} {unit:>8} {rate_gg / rate_torch:15.2f}x")
+    print("throughput (higher is better); the last column is glassgrad's share of PyTorch's throughput")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=Device.DEFAULT)
@@ -117,6 +191,9 @@ def main() -> None:
     args = parser.parse_args()
     if torch is not None:
         torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.device.upper().startswith("CUDA"):
+        print_gpu(args.device, args.repeat)
+        return
     print(f"device {args.device}; numpy {np.__version__}; torch {torch.__version__ if torch else 'not installed'}")
     header = f"{'workload':<28} {'glassgrad':>11} {'numpy':>11} {'torch':>11} {'vs numpy':>9} {'vs torch':>9}"
     print(header)

@@ -28,6 +28,8 @@ from glassgrad.uop.symbolic import simplify
 LOCAL_SIZE = 256          # threads per block (a power of two: the group reduction halves it)
 GROUP_MIN_REDUCE = 256    # reductions shorter than this stay a loop per thread
 FEW_OUTPUTS = 4096        # below this many outputs, a thread per output leaves the GPU mostly idle
+ELEMENTS_PER_THREAD = 4   # large elementwise kernels: elements per thread (a small unrolled loop)
+MANY_ELEMENTS = 1 << 20   # from this size on
 
 Dims = tuple[int, int, int]
 
@@ -73,9 +75,20 @@ def _flat(ast: UOp, global_ranges: list[UOp], local_size: int) -> tuple[UOp, Dim
     total = prod(sizes)
     local = max(1, min(local_size, total))
     dt = _index_dtype(global_ranges)
-    gidx = UOp(Ops.SPECIAL, dt, (), ("gidx", total, local))
+    per_block = local * ELEMENTS_PER_THREAD
+    if total % per_block == 0 and total >= MANY_ELEMENTS and not any(u.op is Ops.REDUCE for u in ast.toposort()):
+        # each thread handles several elements, a block apart (still coalesced): more loads in flight per thread
+        bidx = UOp(Ops.SPECIAL, dt, (), ("bidx", total // per_block, 1))
+        lidx = UOp(Ops.SPECIAL, dt, (), ("lidx", local, local))
+        next_id = max((r.arg[0] for r in global_ranges), default=-1) + 1
+        unroll = UOp(Ops.RANGE, dt, (UOp.const(dt, ELEMENTS_PER_THREAD),), (next_id, "global"))
+        gidx = bidx * UOp.const(dt, per_block) + unroll * UOp.const(dt, local) + lidx
+        grid = total // per_block
+    else:
+        gidx = UOp(Ops.SPECIAL, dt, (), ("gidx", total, local))
+        grid = math.ceil(total / local)
     mapping = dict(zip(global_ranges, unflatten_index(gidx, sizes, dt)))
-    return simplify(substitute(ast, mapping)), (math.ceil(total / local), 1, 1), (local, 1, 1)
+    return simplify(substitute(ast, mapping)), (grid, 1, 1), (local, 1, 1)
 
 
 def _grouped(ast: UOp, nodes: list[UOp], global_ranges: list[UOp], reduces: list[UOp],

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from glassgrad.codegen import ProgramSpec, get_program
 from glassgrad.device import Buffer, Device
-from glassgrad.helpers import DEBUG
+from glassgrad.helpers import DEBUG, TIMING
 from glassgrad.schedule import ScheduleItem
 from glassgrad.uop.ops import Ops, UOp
 
@@ -57,8 +57,15 @@ def _report(name: str, seconds: float, flops: int, nbytes: int, extra: str = "")
 
 
 def run_copy(dest: Buffer, src: Buffer) -> None:
+    """Copy between buffers: device to device when both backends can (CUDA -> CUDA), else through the host."""
+    dest_alloc, src_alloc = Device[dest.device].allocator, Device[src.device].allocator
     start = time.perf_counter()
-    dest.copyin(src.numpy())
+    if type(dest_alloc) is type(src_alloc) and hasattr(dest_alloc, "copy_device"):
+        dest_alloc.copy_device(dest.handle, src.handle, dest.nbytes, src_allocator=src_alloc)
+        if DEBUG >= 2:
+            Device[dest.device].synchronize()
+    else:
+        dest.copyin(src.numpy())
     seconds = time.perf_counter() - start
     GlobalCounters.kernel_count += 1
     GlobalCounters.global_mem += dest.nbytes
@@ -75,7 +82,7 @@ def run_schedule(schedule: list[ScheduleItem]) -> None:
         kernel = compile_kernel(device, item.ast)
         handles = [b.handle for b in item.bufs]
         seconds = kernel.program(*handles, global_size=kernel.spec.global_size, local_size=kernel.spec.local_size,
-                                 work=kernel.spec.work, wait=DEBUG >= 2)
+                                 work=kernel.spec.work, wait=DEBUG >= 2 or bool(TIMING))
         nbytes = sum(b.nbytes for b in item.bufs)
         GlobalCounters.kernel_count += 1
         GlobalCounters.global_ops += kernel.spec.flops

@@ -29,6 +29,9 @@ class CUDARenderer(CStyleLanguage):
     def local_id(self) -> str:
         return "threadIdx.x"
 
+    def render_global_range(self, index: int, var: str, size: str, dtype: str) -> str:
+        return "#pragma unroll\n  " + super().render_global_range(index, var, size, dtype)
+
     def render_local_array(self, dtype: DType, name: str, size: int) -> str:
         return f"__shared__ {self.render_dtype(dtype)} {name}[{size}];"
 

@@ -1,0 +1,289 @@
+"""The CUDA backend: CUDA C -> CUBIN (NVRTC) -> kernel launch (driver API), through NVIDIA's `cuda-bindings`.
+
+In: CUDA C source from `CUDARenderer` (one `extern "C" __global__` kernel). Out: a callable program that launches
+it on a grid of `global_size` blocks of `local_size` threads. Buffers are raw device pointers (`CUdeviceptr`).
+
+`CUDA:n` is GPU n. Each device uses its primary context, made current before every call that needs it, and the
+legacy default stream, so copies and kernels run in the order they were issued. NVRTC compiles straight to SASS
+(a CUBIN for `sm_XY`), not PTX: a CUBIN from a newer NVRTC loads on an older driver of the same major version.
+Every driver and NVRTC status goes through `check`, which raises a `CUDAError` naming the call.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import hashlib
+import os
+import reprlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+try:
+    from cuda.bindings import driver, nvrtc
+except ImportError as e:  # glassgrad itself imports fine without it; only Device["CUDA"] needs it
+    raise ImportError("the CUDA backend needs NVIDIA's cuda-bindings: pip install 'glassgrad[cuda]'") from e
+
+from glassgrad.device import Allocator, Compiled, Compiler
+
+
+class CUDAError(RuntimeError):
+    """A driver or NVRTC call that did not succeed; `status` is its CUresult / nvrtcResult."""
+
+    def __init__(self, message: str, status: Any) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def check(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a cuda-bindings function, raise `CUDAError` unless it succeeded, and return its outputs.
+
+    cuda-bindings returns `(status, *outputs)`: we return None, the one output, or the tuple of them.
+    """
+    status, *outputs = fn(*args)
+    if isinstance(status, nvrtc.nvrtcResult):
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            reason = nvrtc.nvrtcGetErrorString(status)[1].decode()
+            raise CUDAError(f"{fn.__name__}{reprlib.repr(args)} failed: {reason}", status)
+    elif status != driver.CUresult.CUDA_SUCCESS:
+        raise CUDAError(f"{fn.__name__}{reprlib.repr(args)} failed: {driver.CUresult(status).name}", status)
+    return None if not outputs else outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+# ---------- NVRTC: found in the nvidia-cuda-nvrtc wheel ----------
+
+def _preload_nvrtc_from_wheels() -> None:
+    """Load libnvrtc from an installed nvidia-* wheel (nvidia/cu13/lib, nvidia/cuda_nvrtc/lib) so that
+    cuda-bindings' own dlopen of the same soname finds it, even where it does not search the wheels itself."""
+    for base in sys.path:
+        for lib in sorted(glob.glob(os.path.join(base, "nvidia", "*", "lib", "libnvrtc.so*"))):
+            if "builtins" not in lib:
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+                return
+
+
+@functools.cache
+def nvrtc_version() -> tuple[int, int]:
+    """NVRTC's (major, minor). Loading the library may fail (OSError, or cuda.pathfinder's RuntimeError):
+    then we preload it from the wheels and try once more, and finally say how to install it."""
+    try:
+        return tuple(check(nvrtc.nvrtcVersion))  # type: ignore[return-value]
+    except (OSError, RuntimeError):
+        _preload_nvrtc_from_wheels()
+    try:
+        return tuple(check(nvrtc.nvrtcVersion))  # type: ignore[return-value]
+    except (OSError, RuntimeError) as e:
+        raise RuntimeError(f"NVRTC (CUDA's runtime compiler) not found: pip install nvidia-cuda-nvrtc ({e})") from e
+
+
+def cuda_include_dirs() -> list[str]:
+    """Where cuda_fp16.h and cuda_bf16.h live, for NVRTC's -I: the nvidia-cuda-runtime wheel (found by
+    cuda.pathfinder), else $CUDA_HOME or /usr/local/cuda. Empty when neither has them."""
+    candidates = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")]
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+        candidates.insert(0, find_nvidia_header_directory("cudart") or "")
+    except Exception:  # an older cuda-bindings without cuda.pathfinder
+        pass
+    return [d for d in candidates if os.path.exists(os.path.join(d, "cuda_fp16.h"))][:1]
+
+
+# ---------- devices and contexts ----------
+
+@dataclass
+class CUDAContext:
+    """One GPU: its index, driver handle, primary context and architecture (e.g. 'sm_90')."""
+    index: int
+    device: Any
+    context: Any
+    arch: str
+    _timing_events: tuple[Any, Any] | None = field(default=None, repr=False)
+
+    def activate(self) -> None:
+        check(driver.cuCtxSetCurrent, self.context)
+
+    def synchronize(self) -> None:
+        self.activate()
+        check(driver.cuCtxSynchronize)
+
+    def timing_events(self) -> tuple[Any, Any]:
+        """A (start, end) event pair, created once and reused by every timed launch."""
+        if self._timing_events is None:
+            flags = driver.CUevent_flags.CU_EVENT_DEFAULT
+            self._timing_events = (check(driver.cuEventCreate, flags), check(driver.cuEventCreate, flags))
+        return self._timing_events
+
+
+def _init_driver() -> int:
+    """cuInit and the number of GPUs; RuntimeError when there is no driver or no GPU."""
+    try:
+        check(driver.cuInit, 0)
+        return int(check(driver.cuDeviceGetCount))
+    except Exception as e:  # no libcuda.so raises a cuda.pathfinder error, not a CUresult
+        raise RuntimeError(f"CUDA is not available: cuInit failed ({e})") from e
+
+
+@functools.cache  # one CUDAContext per GPU (a failure is not cached: the exception propagates)
+def open_context(index: int) -> CUDAContext:
+    """Retain GPU `index`'s primary context, make it current and read its compute capability."""
+    count = _init_driver()
+    if not 0 <= index < count:
+        raise RuntimeError(f"CUDA device {index} not found: {count} device{'s' if count != 1 else ''} available")
+    dev = check(driver.cuDeviceGet, index)
+    context = check(driver.cuDevicePrimaryCtxRetain, dev)
+    check(driver.cuCtxSetCurrent, context)
+    attr = driver.CUdevice_attribute
+    major = check(driver.cuDeviceGetAttribute, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+    minor = check(driver.cuDeviceGetAttribute, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+    return CUDAContext(index, dev, context, f"sm_{major}{minor}")
+
+
+# ---------- memory ----------
+
+class CUDAAllocator(Allocator):
+    """Device memory of one GPU. Handles are `CUdeviceptr`s; host copies are synchronous with the host."""
+
+    def __init__(self, ctx: CUDAContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+
+    def _alloc(self, nbytes: int) -> Any:
+        self.ctx.activate()
+        try:
+            return check(driver.cuMemAlloc, nbytes)
+        except CUDAError as e:
+            if e.status == driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+                raise MemoryError(f"CUDA:{self.ctx.index} is out of memory allocating {nbytes} bytes") from e
+            raise
+
+    def _release(self, handle: Any, nbytes: int) -> None:
+        self.ctx.activate()
+        check(driver.cuMemFree, handle)
+
+    def copyin(self, handle: Any, src: memoryview) -> None:
+        self.ctx.activate()
+        check(driver.cuMemcpyHtoD, handle, src, src.nbytes)
+
+    def copyout(self, dest: memoryview, handle: Any) -> None:
+        self.ctx.activate()
+        check(driver.cuMemcpyDtoH, dest, handle, dest.nbytes)
+
+    def copy_device(self, dest: Any, src: Any, nbytes: int, src_allocator: CUDAAllocator | None = None) -> None:
+        """Copy `nbytes` from `src` to `dest` (on this GPU) without the host. `src_allocator` is the source
+        buffer's allocator when it lives on another GPU: then the copy is a peer copy between the contexts."""
+        self.ctx.activate()
+        if src_allocator is None or src_allocator.ctx.index == self.ctx.index:
+            check(driver.cuMemcpyDtoD, dest, src, nbytes)
+            return
+        src_allocator.ctx.synchronize()  # the source's kernels must have finished writing it
+        self.ctx.activate()
+        check(driver.cuMemcpyPeer, dest, self.ctx.context, src, src_allocator.ctx.context, nbytes)
+
+
+# ---------- compiling ----------
+
+class CUDACompiler(Compiler):
+    """CUDA C -> CUBIN for one architecture with NVRTC. Works without a GPU when the arch is given."""
+
+    def __init__(self, arch: str = "sm_90") -> None:
+        super().__init__()
+        self.arch = arch
+        # no --use_fast_math: results must match numpy; FMA contraction (NVCC's default) stays on
+        self.options = [f"--gpu-architecture={arch}", "--std=c++17", "-default-device",
+                        *(f"-I{d}" for d in cuda_include_dirs())]
+        major, minor = nvrtc_version()
+        self.cache_key = f"cuda {arch} nvrtc {major}.{minor} {' '.join(self.options)}"
+
+    def compile(self, src: str) -> bytes:
+        prog = check(nvrtc.nvrtcCreateProgram, src.encode(), b"kernel.cu", 0, [], [])
+        try:
+            options = [o.encode() for o in self.options]
+            status, = nvrtc.nvrtcCompileProgram(prog, len(options), options)
+            if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+                raise CUDAError(f"NVRTC compile for {self.arch} failed:\n{self._log(prog)}\n--- source ---\n{src}",
+                                status)
+            binary = b" " * check(nvrtc.nvrtcGetCUBINSize, prog)
+            check(nvrtc.nvrtcGetCUBIN, prog, binary)
+            return binary
+        finally:
+            check(nvrtc.nvrtcDestroyProgram, prog)
+
+    @staticmethod
+    def _log(prog: Any) -> str:
+        log = b" " * check(nvrtc.nvrtcGetProgramLogSize, prog)
+        check(nvrtc.nvrtcGetProgramLog, prog, log)
+        return log.rstrip(b"\0").decode(errors="replace").strip()
+
+
+# ---------- launching ----------
+
+_functions: dict[tuple[int, str, str], Any] = {}  # (GPU, sha256 of the CUBIN, kernel name) -> CUfunction
+_modules: dict[tuple[int, str], Any] = {}  # (GPU, sha256 of the CUBIN) -> CUmodule, loaded once
+
+
+def _load_function(ctx: CUDAContext, name: str, binary: bytes) -> Any:
+    digest = hashlib.sha256(binary).hexdigest()
+    if (ctx.index, digest, name) not in _functions:
+        ctx.activate()
+        if (ctx.index, digest) not in _modules:
+            _modules[ctx.index, digest] = check(driver.cuModuleLoadData, binary)
+        _functions[ctx.index, digest, name] = check(driver.cuModuleGetFunction, _modules[ctx.index, digest],
+                                                    name.encode())
+    return _functions[ctx.index, digest, name]
+
+
+def _pad3(dims: tuple[int, ...] | None) -> tuple[int, int, int]:
+    dims = tuple(dims or ())
+    if len(dims) > 3:
+        raise ValueError(f"CUDA launches have at most 3 dimensions, got {dims}")
+    x, y, z = (*dims, 1, 1, 1)[:3]
+    return int(x), int(y), int(z)
+
+
+class CUDAProgram:
+    """One kernel in a loaded CUBIN. Calling it launches a grid of `global_size` blocks of `local_size` threads.
+
+    Kernel parameters are the buffers' device pointers in order, then `vals` as 32-bit ints: cuLaunchKernel takes
+    an array of pointers, each pointing at one argument's bytes.
+    """
+
+    def __init__(self, name: str, binary: bytes, ctx: CUDAContext | None = None) -> None:
+        self.name = name
+        self.ctx = ctx if ctx is not None else open_context(0)
+        self.function = _load_function(self.ctx, name, binary)
+
+    def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1,), local_size: tuple[int, ...] | None = None,
+                 vals: tuple[int, ...] = (), work: int = 0, wait: bool = False) -> float:
+        args = [ctypes.c_void_p(int(b)) for b in bufs] + [ctypes.c_int32(v) for v in vals]
+        pointers = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
+        self.ctx.activate()
+        if wait:
+            start, end = self.ctx.timing_events()
+            check(driver.cuEventRecord, start, 0)
+        check(driver.cuLaunchKernel, self.function, *_pad3(global_size), *_pad3(local_size), 0, 0,
+              ctypes.addressof(pointers), 0)
+        if not wait:
+            return 0.0
+        check(driver.cuEventRecord, end, 0)
+        check(driver.cuEventSynchronize, end)
+        return float(check(driver.cuEventElapsedTime, start, end)) / 1e3
+
+
+# ---------- the backend ----------
+
+def create_renderer() -> Any:
+    """The CUDA C renderer; needs neither a GPU nor a driver."""
+    from glassgrad.renderer.cuda import CUDARenderer
+    return CUDARenderer()
+
+
+def create_device(name: str) -> Compiled:
+    """'CUDA' or 'CUDA:n' -> the backend for GPU n. RuntimeError when there is no driver or no such GPU."""
+    base, _, index = name.partition(":")
+    if base != "CUDA" or not (index or "0").isdigit():
+        raise ValueError(f"the CUDA backend's devices are 'CUDA', 'CUDA:1', ...; got {name!r}")
+    ctx = open_context(int(index or 0))
+    program = functools.partial(CUDAProgram, ctx=ctx)
+    return Compiled(name, CUDAAllocator(ctx), create_renderer(), CUDACompiler(ctx.arch), program, ctx.synchronize)
