@@ -1,0 +1,30 @@
+"""Test-session hooks. `CHECK_CUDA_COMPILE=1`: also compile every kernel the tests run as CUDA (tests/cuda_compile_check.py;
+run it without xdist so the final count covers the whole run)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if os.environ.get("CHECK_CUDA_COMPILE"):
+    import cuda_compile_check
+
+    cuda_compile_check.install()
+
+    def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+        cuda_compile_check.pytest_terminal_summary(terminalreporter)
+
+# GLASSGRAD_METAL_EMULATION=1: Device["METAL"] is the EMULATED Metal device of tests/metal/metal_emulator.py (the
+# real MetalRenderer's MSL, compiled as C++ and run on CPU threads); with DEV=METAL the op suite runs on it.
+# CHECK_METAL_SYNTAX=1: also compile every kernel the tests run as MSL against tests/metal/shim.h (-fsyntax-only).
+# Both live in tests/metal/metal_plugin.py.
+if os.environ.get("GLASSGRAD_METAL_EMULATION") == "1" or os.environ.get("CHECK_METAL_SYNTAX"):
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "metal"))
+    import metal_plugin
+
+    metal_plugin.install()
+
+    def pytest_configure(config: pytest.Config) -> None:
+        config.pluginmanager.register(metal_plugin, "glassgrad-metal")
