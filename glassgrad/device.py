@@ -123,11 +123,13 @@ Device = _DeviceRegistry()
 class Buffer:
     """`size` elements of `dtype` in the memory of `device`. Memory is allocated on first use, returned on delete."""
 
-    def __init__(self, device: str, size: int, dtype: DType) -> None:
+    def __init__(self, device: str, size: int, dtype: DType, owned: bool = False) -> None:
         self.device = Device.canonicalize(device)
         self.size = size
         self.dtype = dtype
         self._handle: Any = None
+        self.version = 0     # how many in-place writes (assigns) have run on it
+        self.owned = owned   # made for one tensor (data, empty, assign target), not shared by equal graphs
 
     def __repr__(self) -> str:
         return f"<Buffer {self.device} {self.size} {self.dtype.name}{' allocated' if self.is_allocated else ''}>"

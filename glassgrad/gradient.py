@@ -108,6 +108,7 @@ RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.FLIP: lambda g, n: (g.flip(n.arg),),
     Ops.REDUCE_AXIS: _reduce_grad,
     Ops.CONTIGUOUS: lambda g, n: (g,),
+    Ops.ASSIGN: lambda g, n: (None, g),
     Ops.COPY: lambda g, n: (UOp(Ops.COPY, g.dtype, (g, UOp(Ops.DEVICE, dtypes.void, (), n.src[0].device))),),
 }
 NO_GRADIENT = GroupOp.Comparison | {Ops.IDIV, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.BITCAST, Ops.DETACH,

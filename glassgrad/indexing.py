@@ -94,7 +94,14 @@ def _classify(t: Tensor, entry: Any) -> _Item:
                     "lists of ints or integer tensors")
 
 
-def _host_index(entry: Any, device: str) -> Any:
+@dataclass(frozen=True)
+class _HostIndex:
+    """An index whose values are known on the host (from a list or numpy array), so its range can be checked."""
+    tensor: Any
+    values: np.ndarray
+
+
+def _host_index(entry: Any, device: str) -> _HostIndex:
     """A list or numpy array of ints as a Tensor (raw values: range checks happen per dim in `_advanced`)."""
     from glassgrad.tensor import Tensor
     array = np.asarray(entry)
@@ -105,13 +112,6 @@ def _host_index(entry: Any, device: str) -> Any:
     if array.dtype.kind not in "iu":
         raise IndexError(f"arrays used as indices must hold integers, got {array.dtype}")
     return _HostIndex(Tensor(array.astype(np.int64) if array.dtype == np.uint64 else array, device=device), array)
-
-
-@dataclass(frozen=True)
-class _HostIndex:
-    """An index whose values are known on the host (from a list or numpy array), so its range can be checked."""
-    tensor: Any
-    values: np.ndarray
 
 
 # ---------------------------------------------------------------------- basic indexing

@@ -194,6 +194,31 @@ class Tensor(_CastShortcuts):
     def clone(self) -> Tensor:
         return self.contiguous()
 
+    def assign(self, x: Tensor | Scalar) -> Tensor:
+        """Write `x` into this tensor's own buffer, in place (lazily, like everything else): whatever holds this
+        tensor sees the new values after the next realize, and the buffer keeps its identity, which optimisers and
+        the JIT rely on. A tensor with no buffer yet gets one first. Returns self."""
+        value = x if isinstance(x, Tensor) else Tensor.full(self.shape, x, self.dtype, self.device)
+        if value.device != self.device:
+            raise RuntimeError(f"assign: value is on {value.device}, tensor is on {self.device}")
+        if value.shape != self.shape:
+            try:
+                value = value._broadcast_to(self.shape)
+            except ValueError:
+                raise ValueError(f"assign: value of shape {value.shape} does not fit tensor of shape "
+                                 f"{self.shape}") from None
+        if not self._owns_buffer():
+            # equal graphs realize to one shared buffer (two Tensor.zeros(8) are one node): writing into it would
+            # change the other tensors too, so this tensor first gets a buffer of its own
+            own = buffer_view(Buffer(self.device, self.numel(), self.dtype, owned=True), self.shape)
+            self.uop = UOp(Ops.ASSIGN, self.dtype, (own, self.uop))
+            self.realize()
+        self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, value.cast(self.dtype).uop))
+        return self
+
+    def _owns_buffer(self) -> bool:
+        return is_buffer_view(self.uop) and self.uop.base.arg[0].owned
+
     def to(self, device: str | None) -> Tensor:
         target = Device.canonicalize(device or Device.DEFAULT)
         if target == self.device:
@@ -284,7 +309,7 @@ class Tensor(_CastShortcuts):
     def empty(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         dims = Tensor._shape_arg(shape)
         dt = to_dtype(dtype or dtypes.default_float)
-        buf = Buffer(device or Device.DEFAULT, prod(dims), dt)
+        buf = Buffer(device or Device.DEFAULT, prod(dims), dt, owned=True)
         return Tensor(buffer_view(buf, dims))
 
     @staticmethod
@@ -296,7 +321,8 @@ class Tensor(_CastShortcuts):
             raise ValueError("arange step must not be zero")
         count = max(0, math.ceil((stop - start) / step))
         is_float = any(isinstance(v, float) for v in (start, stop, step))
-        dt = to_dtype(dtype) if dtype is not None else (dtypes.default_float if is_float else dtypes.default_int)
+        int_dt = max((_scalar_dtype(v) for v in (start, stop, step)), key=lambda d: d.priority)  # int64 past int32
+        dt = to_dtype(dtype) if dtype is not None else (dtypes.default_float if is_float else int_dt)
         # index i -> start + i*step, built from a cumulative count so it stays one fused kernel
         idx = _index_tensor(count, device)
         return (idx.cast(dt if dt.is_float else dtypes.int64) * step + start).cast(dt)
@@ -443,7 +469,7 @@ class Tensor(_CastShortcuts):
         """Floor division like numpy's `//`: rounds toward minus infinity."""
         a, b = self._broadcasted(x, reverse)
         if a.dtype.is_float:
-            return a.div(b).floor()
+            return a._float_floordiv(b)
         if a.dtype.is_bool:
             a, b = a.cast(dtypes.int32), b.cast(dtypes.int32)
         q = a._wrap(a.uop.alu(Ops.IDIV, b.uop))
@@ -452,6 +478,17 @@ class Tensor(_CastShortcuts):
         remainder = a._wrap(a.uop.alu(Ops.MOD, b.uop))
         adjust = (remainder != 0) & ((a < 0) != (b < 0))
         return adjust.where(q - 1, q)
+
+    def _float_floordiv(self, b: Tensor) -> Tensor:
+        """Python's/numpy's/PyTorch's float floor division: from the exact remainder, not floor(a / b), whose rounded
+        quotient is off by one near multiples (1.0 // 0.1 is 9.0, but 1.0 / 0.1 rounds to 10.0). b == 0 gives a / b."""
+        a = self
+        rem = a._wrap(a.uop.alu(Ops.MOD, b.uop))  # C fmod: exact, with the sign of a
+        q = (a - rem) / b  # close to an integer
+        q = ((rem != 0) & ((b < 0) != (rem < 0))).where(q - 1, q)
+        floor = q.floor()
+        floor = (q - floor > 0.5).where(floor + 1, floor)
+        return (b == 0).where(a / b, floor)
 
     def mod(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """Remainder with the sign of the divisor, like numpy's `%`."""
@@ -495,10 +532,12 @@ class Tensor(_CastShortcuts):
         return -((-a).maximum(-b))
 
     def clip(self, min_: Scalar | Tensor | None = None, max_: Scalar | Tensor | None = None) -> Tensor:
+        """Limit to [min_, max_] (max_ wins if min_ > max_; NaN stays NaN). Built from `where`, so at a bound the
+        gradient goes to self, as in PyTorch (maximum/minimum would split it)."""
         if min_ is None and max_ is None:
             raise ValueError("clip needs at least one of min_ or max_")
-        out = self if min_ is None else self.maximum(min_)
-        return out if max_ is None else out.minimum(max_)
+        out = self if min_ is None else (self < min_).where(min_, self)
+        return out if max_ is None else (out > max_).where(max_, out)
 
     clamp = clip
 
@@ -605,17 +644,28 @@ class Tensor(_CastShortcuts):
 
     # activations
     def relu(self) -> Tensor: return (self <= 0).where(0, self)  # noqa: E704
-    def relu6(self) -> Tensor: return self.relu().minimum(6)  # noqa: E704
-    def sigmoid(self) -> Tensor: return (1 + (-self._float()).exp()).reciprocal()  # noqa: E704
+    def relu6(self) -> Tensor: return (self >= 6).where(6, self.relu())  # noqa: E704  (gradient 0 at 0 and 6)
+
+    def sigmoid(self) -> Tensor:
+        """1/(1+e^-x) for x >= 0 and e^x/(1+e^x) below, both from z = e^-|x| <= 1: no inf anywhere, so the gradient
+        of a saturated sigmoid is 0, not NaN (inf*0)."""
+        x = self._float()
+        positive = x >= 0
+        z = positive.where(-x, x).exp()  # e^-|x|, with d/dx = -sign(x) z (|x| itself has no useful gradient at 0)
+        r = (1 + z).reciprocal()
+        return positive.where(r, z * r)
 
     def tanh(self) -> Tensor:
         """2*sigmoid(2x) - 1, except near 0, where that cancels (in float32 tanh(1e-6) would be 7% off): there an odd
         Taylor polynomial, exact to the dtype's precision below the switch point (0.25; 1e-3 for float64)."""
         x = self._float()
-        x2 = x * x
-        series = x * (1 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835)))))
         switch = 1e-3 if x.dtype == dtypes.float64 else 0.25
-        return (x.abs() < switch).where(series, 2.0 * (2.0 * x).sigmoid() - 1.0)
+        near_zero = x.abs() < switch
+        small = near_zero.where(x, 0.0)  # the series never sees a big x (x^9 overflows, and inf*0 would be NaN)
+        s2 = small * small
+        series = small * (1 + s2 * (-1 / 3 + s2 * (2 / 15 + s2 * (-17 / 315 + s2 * (62 / 2835)))))
+        return near_zero.where(series, 2.0 * (2.0 * x).sigmoid() - 1.0)
+
     def silu(self) -> Tensor: return self * self.sigmoid()  # noqa: E704
     swish = silu
 
@@ -623,7 +673,8 @@ class Tensor(_CastShortcuts):
         return (self > 0).where(self, self * neg_slope)
 
     def elu(self, alpha: float = 1.0) -> Tensor:
-        return (self > 0).where(self, alpha * (self._float().exp() - 1))
+        positive = self > 0
+        return positive.where(self, alpha * (positive.where(0.0, self._float()).exp() - 1))  # exp never overflows
 
     def gelu(self) -> Tensor:
         """The tanh approximation, as tinygrad (PyTorch: gelu(x, approximate='tanh'))."""
@@ -869,7 +920,10 @@ class Tensor(_CastShortcuts):
         return hit.where(src, 0).sum(-1, dtype=self.dtype)
 
     def scatter(self, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str | None = None) -> Tensor:
-        """self with self[index[i][j]][j] = src[i][j] for dim=0 (PyTorch's scatter); reduce 'add' or 'multiply'."""
+        """self with self[index[i][j]][j] = src[i][j] for dim=0 (PyTorch's scatter); reduce 'add' or 'multiply'.
+
+        Without `reduce`, positions named by several index entries get the sum of their values (PyTorch leaves which
+        one wins unspecified); pass distinct indices for plain assignment."""
         d = normalize_axis(dim, self.ndim, "dim")
         if index.ndim != self.ndim or index.dtype.is_float:
             raise ValueError(f"scatter: index must be an int tensor with {self.ndim} dims")
@@ -953,7 +1007,10 @@ class Tensor(_CastShortcuts):
         return (centered * centered).sum(axis, keepdim) / max(0, count - correction)
 
     def std(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
-        return self.var(axis, keepdim, correction).sqrt()
+        """sqrt(var), with gradient 0 (as in PyTorch), not NaN, where the variance is 0."""
+        v = self.var(axis, keepdim, correction)
+        zero = v == 0
+        return zero.where(0.0, zero.where(1.0, v).sqrt())
 
     def any(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
         return self.bool()._reduce(Ops.MAX, axis, keepdim) if self.numel() else \
@@ -969,7 +1026,8 @@ class Tensor(_CastShortcuts):
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
         """Index of the first maximum (over the flattened tensor when axis is None); NaN counts as the maximum."""
         if axis is None:
-            return self.flatten().argmax(0)
+            flat = self.flatten().argmax(0)
+            return flat.reshape((1,) * self.ndim) if keepdim else flat
         a = normalize_axis(axis, self.ndim)
         n = self.shape[a]
         if n == 0:
@@ -1098,8 +1156,9 @@ class Tensor(_CastShortcuts):
         return _reduce_loss(loss, reduction)
 
     def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
-        """self holds probabilities; log is clamped at -100 as in PyTorch."""
-        loss = -(Y * self.log().maximum(-100) + (1 - Y) * (1 - self).log().maximum(-100))
+        """self holds probabilities; log is clamped at -100 as in PyTorch (where a probability is exactly 0 or 1 the
+        gradient is that of the clamp, 0, instead of NaN; PyTorch gives a huge finite value there)."""
+        loss = -(Y * _clamped_log(self) + (1 - Y) * _clamped_log(1 - self))
         return _reduce_loss(loss, reduction)
 
     def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean") -> Tensor:
@@ -1162,6 +1221,12 @@ def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
     raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
+def _clamped_log(p: Tensor) -> Tensor:
+    """max(log(p), -100), never evaluating log(0): its gradient (1/0 times a 0 from the clamp) would be NaN."""
+    positive = p > 0
+    return positive.where(positive.where(p, 1.0).log(), -100.0).maximum(-100.0)
+
+
 def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     n = max(len(a), len(b))
     pa, pb = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
@@ -1211,6 +1276,20 @@ def _scalar_dtype(x: Scalar) -> DType:
     return dtypes.int64
 
 
+def _list_dtype(data: list[Any] | tuple[Any, ...]) -> DType:
+    """Python values follow `dtypes.from_py`; lists holding numpy scalars or arrays take numpy's dtype for them."""
+    try:
+        return dtypes.from_py(data)
+    except TypeError:
+        try:
+            probe = np.array(data)
+        except ValueError:
+            raise ValueError("cannot make a tensor from a ragged nested list") from None
+        if probe.dtype.kind not in "biuf":
+            raise
+        return dtypes.from_np(probe.dtype)
+
+
 def _short(data: Any, limit: int = 60) -> str:
     text = repr(data)
     return text if len(text) <= limit else text[:limit] + "..."
@@ -1219,12 +1298,14 @@ def _short(data: Any, limit: int = 60) -> str:
 def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:
     if isinstance(data, np.ndarray) or isinstance(data, np.generic):
         array = np.asarray(data)
+        if not array.dtype.isnative:  # big-endian data (e.g. read from an IDX file): same values, native bytes
+            array = array.astype(array.dtype.newbyteorder("="))
         if array.dtype == np.float16 or array.dtype.kind in "biuf":
             dtype = want if want is not None and want == dtypes.bfloat16 else dtypes.from_np(array.dtype)
         else:
             raise TypeError(f"cannot make a tensor from a numpy array of dtype {array.dtype}")
     elif isinstance(data, (list, tuple)):
-        dtype = dtypes.from_py(data) if want is None else want
+        dtype = _list_dtype(data) if want is None else want
         try:
             try:
                 array = np.array(data, dtype=np.float32 if dtype == dtypes.bfloat16 else dtype.np)
@@ -1243,7 +1324,7 @@ def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:
         raise TypeError(f"cannot make a tensor from {type(data).__name__}")
     if dtype == dtypes.bfloat16:
         array = f32_to_bf16(array.astype(np.float32))
-    buf = Buffer(device, array.size, dtype)
+    buf = Buffer(device, array.size, dtype, owned=True)
     if array.size:
         buf.copyin(array)
     return buffer_view(buf, array.shape)

@@ -1,5 +1,5 @@
-"""Test-session hooks. `CHECK_CUDA_COMPILE=1`: also compile every kernel the tests run as CUDA (tests/cuda_compile_check.py;
-run it without xdist so the final count covers the whole run)."""
+"""Test-session hooks. `CHECK_CUDA_COMPILE=1`: also compile every kernel the tests run as CUDA
+(tests/cuda_compile_check.py; run it without xdist so the final count covers the whole run)."""
 from __future__ import annotations
 
 import os

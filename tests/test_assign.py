@@ -94,3 +94,21 @@ def test_many_steps_keep_the_graph_small() -> None:
     for _ in range(200):
         p.assign(p * 0.99 + 0.01).realize()
     assert len(p.uop.toposort()) <= 2
+
+
+def test_reading_a_version_overwritten_by_assign_raises() -> None:
+    """A lazy graph built on a buffer's old contents cannot be computed once an assign overwrote them: error, not
+    silently new numbers."""
+    r = Tensor(np.arange(3, dtype=np.float32)).realize()
+    old = r * 1
+    r.assign(r * 10).realize()
+    with pytest.raises(RuntimeError, match="before an assign overwrote it"):
+        old.numpy()
+
+
+def test_equal_graphs_do_not_share_an_assigned_buffer() -> None:
+    """Two Tensor.zeros(4) are one graph node and realize to one buffer; assigning to one must not change the other."""
+    z1, z2 = Tensor.zeros(4).realize(), Tensor.zeros(4).realize()
+    z1.assign(z1 + 1).realize()
+    np.testing.assert_array_equal(z1.numpy(), np.ones(4, np.float32))
+    np.testing.assert_array_equal(z2.numpy(), np.zeros(4, np.float32))

@@ -25,6 +25,7 @@ from glassgrad.dtype import DType
 try:
     import torch
     import torch.nn.functional as F
+    torch.set_num_threads(1)  # tiny tensors: threads only compete with the other pytest worker and with gcc
 except ImportError:  # CI has no PyTorch: numpy and finite differences still check everything
     torch = None
     F = None
@@ -243,6 +244,36 @@ def test_from_python_with_dtype() -> None:
     assert T(np.array([1.5, 2.0], np.float32), dtype=dtypes.int32).tolist() == [1, 2]
 
 
+def test_big_python_ints_get_int64() -> None:
+    """Python ints that do not fit int32 make int64 tensors (never silently wrapped values); torch uses int64 always."""
+    big = 2**40
+    for t in (T(big), T([big, 1]), Tensor.full((2,), big, device=DEVICE), Tensor.arange(big, big + 3, device=DEVICE)):
+        assert t.dtype == dtypes.int64
+    assert T(big).item() == big and T([[big], [-big]]).tolist() == [[big], [-big]]
+    np.testing.assert_array_equal(Tensor.arange(big, big + 3, device=DEVICE).numpy(), np.arange(big, big + 3))
+    assert T(5).dtype == dtypes.int32 and T([1, -2]).dtype == dtypes.int32
+    assert (T([1], dtype=dtypes.int8) + 300).tolist() == [45]  # a scalar takes the tensor's dtype and wraps (torch too)
+
+
+def test_from_list_of_numpy_values() -> None:
+    """Lists of numpy scalars or arrays keep numpy's dtype for them (a list of Python floats is float32)."""
+    for data, dtype in [([np.float32(1.0), np.float32(2.5)], dtypes.float32), ([np.int64(3), 4], dtypes.int64),
+                        ([np.array([1, 2], np.int16), np.array([3, 4], np.int16)], dtypes.int16),
+                        ([np.bool_(True), np.bool_(False)], dtypes.bool), ([np.float64(1.5)], dtypes.float32)]:
+        t = T(data)
+        assert t.dtype == dtype, (data, t.dtype)
+        np.testing.assert_array_equal(t.numpy(), np.array(data).astype(dtype.np))
+
+
+def test_from_numpy_views_and_byte_order() -> None:
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(T(a[:, ::-2].T).numpy(), a[:, ::-2].T)  # a non-contiguous numpy view
+    big_endian = np.array([[1, -2], [300, 4]], dtype=">i4")
+    t = T(big_endian)
+    assert t.dtype == dtypes.int32 and t.tolist() == [[1, -2], [300, 4]]
+    assert T(np.array([1.5], dtype=">f8")).item() == 1.5
+
+
 def test_numpy_scalar_input() -> None:
     t = T(np.float64(2.5))
     assert t.shape == () and t.dtype == dtypes.float64 and t.item() == 2.5
@@ -279,15 +310,22 @@ def test_creation(maker: Callable[[], Tensor], np_value: np.ndarray) -> None:
     _assert_close(t.numpy(), np_value, 1e-6, 1e-6, "creation")
 
 
-def test_creation_matches_torch() -> None:
-    if torch is None:
-        return
-    pairs = [(Tensor.arange(0, 1, 0.1, device=DEVICE), torch.arange(0, 1, 0.1)),
-             (Tensor.arange(7, 0, -3, device=DEVICE), torch.arange(7, 0, -3, dtype=torch.int32)),
-             (Tensor.linspace(-1, 1, 7, device=DEVICE), torch.linspace(-1, 1, 7)),
-             (Tensor.eye(3, 2, device=DEVICE), torch.eye(3, 2))]
-    for ours, theirs in pairs:
-        _assert_close(ours.numpy(), theirs.numpy(), 1e-6, 1e-6, "vs torch")
+@pytest.mark.parametrize("maker, np_ref, torch_ref", [
+    (lambda: Tensor.arange(0, 1, 0.1, device=DEVICE), lambda: np.arange(10, dtype=np.float32) * np.float32(0.1),
+     lambda: torch.arange(0, 1, 0.1)),
+    (lambda: Tensor.arange(7, 0, -3, device=DEVICE), lambda: np.arange(7, 0, -3, dtype=np.int32),
+     lambda: torch.arange(7, 0, -3, dtype=torch.int32)),
+    (lambda: Tensor.linspace(-1, 1, 7, device=DEVICE), lambda: np.linspace(-1, 1, 7, dtype=np.float32),
+     lambda: torch.linspace(-1, 1, 7)),
+    (lambda: Tensor.linspace(0, 10, 5, dtype=dtypes.int32, device=DEVICE), lambda: np.array([0, 2, 5, 7, 10], np.int32),
+     lambda: torch.linspace(0, 10, 5, dtype=torch.int32)),
+    (lambda: Tensor.eye(3, 2, device=DEVICE), lambda: np.eye(3, 2, dtype=np.float32), lambda: torch.eye(3, 2)),
+], ids=["arange_float", "arange_negative_step", "linspace", "linspace_int", "eye_rect"])
+def test_creation_vs_torch(maker: Callable[[], Tensor], np_ref: Callable[[], np.ndarray], torch_ref: Any) -> None:
+    ours = maker().numpy()
+    _assert_close(ours, np_ref(), 1e-6, 1e-6, "vs numpy")
+    if torch is not None:
+        _assert_close(ours, torch_ref().numpy(), 1e-6, 1e-6, "vs torch")
 
 
 def test_empty() -> None:
@@ -355,7 +393,8 @@ def test_host_conversions() -> None:
     assert t.tolist() == a.tolist()
     assert T(3.5).item() == 3.5 and isinstance(T(3).item(), int) and T(True).item() is True
     assert T([[4]]).item() == 4
-    assert T(a).realize() is not None and np.array_equal(t.realize().numpy(), a)
+    fresh = T(a) + 0
+    assert fresh.realize() is fresh and np.array_equal(fresh.numpy(), a)
     s = T(a).T.contiguous()
     np.testing.assert_array_equal(s.numpy(), a.T)
     d = T(a, requires_grad=True)
@@ -599,6 +638,18 @@ def test_int_division_and_pow() -> None:
     check(lambda x: 2 ** x, lambda x: 2 ** x, inputs=[e], out_dtype=dtypes.int32)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_float_floordiv_near_multiples() -> None:
+    """1.0 // 0.1 is 9.0 (0.1 is a bit more than a tenth); floor(1.0 / 0.1) would round to 10."""
+    a = np.round(np.random.default_rng(0).uniform(-10, 10, 400), 1).astype(np.float32)
+    check(lambda x: x // 0.1, lambda x: x // np.float32(0.1), inputs=[a])
+    check(lambda x: x.div(0.1, rounding_mode="floor"), lambda x: x // np.float32(0.1), inputs=[a],
+          torch_fn=lambda x: x.div(0.1, rounding_mode="floor"))
+    edges_a = np.array([1.0, -0.3, 5.0, 0.0, np.inf, 3.0, -3.5, 3.5, -5.0], np.float32)
+    edges_b = np.array([0.1, 0.1, 0.0, 0.0, 2.0, np.inf, 2.0, -2.0, 0.0], np.float32)
+    check(lambda x, y: x // y, np.floor_divide, inputs=[edges_a, edges_b])
+
+
 def test_float_pow_negative_base() -> None:
     a = np.array([-2.0, -1.5, -0.5, 0.0, 0.5, 2.0], np.float32)
     check(lambda x: x ** 3.0, lambda x: x ** np.float32(3.0), inputs=[a])
@@ -792,7 +843,8 @@ LOW_PRECISION = [("float16", np.float16, 2e-3), ("bfloat16", None, 1.6e-2), ("fl
     ("log_softmax", lambda a, b: a.log_softmax(1), lambda a, b: _np_log_softmax(a, 1)),
     ("layernorm", lambda a, b: a.layernorm(), lambda a, b: (a - a.mean(1, keepdims=True)) /
      np.sqrt(a.var(1, keepdims=True) + 1e-5)),
-    ("var", lambda a, b: a.var(0), lambda a, b: a.var(0, ddof=1)), ("mean", lambda a, b: a.mean(), lambda a, b: np.mean(a)),
+    ("var", lambda a, b: a.var(0), lambda a, b: a.var(0, ddof=1)),
+    ("mean", lambda a, b: a.mean(), lambda a, b: np.mean(a)),
     ("cumsum", lambda a, b: a.cumsum(1), lambda a, b: np.cumsum(a, 1)),
     ("logsumexp", lambda a, b: a.logsumexp(1), lambda a, b: _np_logsumexp(a, 1)),
 ])
@@ -981,7 +1033,8 @@ def test_max_with_inf_and_ties_gradient() -> None:
         np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy())
 
 
-@pytest.mark.parametrize("axis, keepdim", [(None, False), (0, False), (1, True), (-1, False), (2, True)], ids=str)
+@pytest.mark.parametrize("axis, keepdim", [(None, False), (None, True), (0, False), (1, True), (-1, False), (2, True)],
+                         ids=str)
 @pytest.mark.parametrize("op", ["argmax", "argmin"])
 def test_argmax_argmin(op: str, axis: int | None, keepdim: bool) -> None:
     a = rand((3, 4, 5), -3, 3, np.int32, seed=2).astype(np.float32)  # many ties: the first index must win
@@ -989,7 +1042,7 @@ def test_argmax_argmin(op: str, axis: int | None, keepdim: bool) -> None:
     check(lambda x: getattr(x, op)(axis, keepdim), lambda x: np_fn(x, axis, keepdims=keepdim).astype(np.int32),
           inputs=[a], out_dtype=dtypes.int32, torch_fn=None)
     if torch is not None:
-        t = getattr(torch.from_numpy(a), op)(axis, keepdim) if axis is not None else getattr(torch.from_numpy(a), op)()
+        t = getattr(torch.from_numpy(a), op)(axis, keepdim)
         np.testing.assert_array_equal(getattr(T(a), op)(axis, keepdim).numpy(), t.numpy())
 
 
@@ -1421,6 +1474,12 @@ def test_scatter(dim: int, reduce: str | None) -> None:
           grad=reduce != "multiply", torch_fn=t_fn)
 
 
+def test_scatter_repeated_targets_sum() -> None:
+    """Documented choice: without reduce, values scattered to the same position add up (PyTorch: unspecified)."""
+    out = T(np.full(3, 5.0, np.float32)).scatter(0, T([0, 0, 2]), T([1.0, 2.0, 3.0]))
+    np.testing.assert_array_equal(out.numpy(), [3.0, 5.0, 3.0])
+
+
 def test_scatter_scalar_and_ints() -> None:
     a = rand((3, 4), -5, 5, np.int32)
     idx = np.array([[2, 0, 1, 1]], np.int64)
@@ -1769,7 +1828,8 @@ FLOAT_EXTREMES: list[tuple[str, Callable[[], Tensor], Callable[[], np.ndarray]]]
      lambda: np.array([2.5e9, -1e20, -1.0], np.float32)),
     ("trunc/ceil of inf", lambda: T([INF, -INF, NAN]).ceil() + T([INF, -INF, NAN]).trunc(),
      lambda: np.array([INF, -INF, NAN], np.float32)),
-    ("sigmoid saturates", lambda: T([100.0, -100.0]).sigmoid(), lambda: np.array([1.0, 0.0], np.float32)),
+    ("sigmoid saturates", lambda: T([100.0, -80.0, -1000.0]).sigmoid(),
+     lambda: np.array([1.0, np.exp(-80.0), 0.0], np.float32)),  # e^-80 is tiny but a normal float32: kept
     ("tanh saturates", lambda: T([100.0, -100.0, 50.0]).tanh(), lambda: np.array([1.0, -1.0, 1.0], np.float32)),
     ("tanh near 0", lambda: T(TINY).tanh(), lambda: np.tanh(TINY.astype(np.float64)).astype(np.float32)),
     ("tanh near 0 float64", lambda: T(TINY.astype(np.float64)).tanh(), lambda: np.tanh(TINY.astype(np.float64))),
@@ -1922,3 +1982,121 @@ def test_deep_graph() -> None:
     for _ in range(1000):
         expected = expected * 1.0001 + 0.0001
     np.testing.assert_allclose(d.numpy(), expected, rtol=1e-4)
+
+
+# (name, fn, torch fn or SAME, input, expected gradient of fn(x).sum()): kinks, zeros and saturation, where a naive
+# composite gives NaN (0 * inf) or splits a gradient that PyTorch gives whole
+GRAD_EDGES: list[tuple[str, Callable[[Any], Any], Any, list[float], list[float]]] = [
+    ("prod with one zero", lambda x: x.prod(), SAME, [0.0, 2.0, 3.0], [6.0, 0.0, 0.0]),
+    ("prod with two zeros", lambda x: x.prod(), SAME, [0.0, 0.0, 3.0], [0.0, 0.0, 0.0]),
+    ("prod rows with zeros", lambda x: x.reshape(2, 3).prod(1), SAME, [0.0, 2.0, 3.0, 0.0, 0.0, 5.0],
+     [6.0, 0.0, 0.0, 0.0, 0.0, 0.0]),
+    ("pow 0 at 0", lambda x: x ** 0.0, SAME, [0.0, 2.0], [0.0, 0.0]),
+    ("clip at bounds", lambda x: x.clip(0.0, 1.0), lambda x: x.clamp(0.0, 1.0), [0.0, 1.0, 0.5, -1.0, 2.0],
+     [1.0, 1.0, 1.0, 0.0, 0.0]),
+    ("clip min > max", lambda x: x.clip(1.0, 0.0), lambda x: x.clamp(1.0, 0.0), [0.0, 2.0], [0.0, 0.0]),
+    ("std of constant", lambda x: x.std(), SAME, [1.0, 1.0], [0.0, 0.0]),
+    ("sigmoid saturated", lambda x: x.sigmoid(), SAME, [100.0, -100.0, 0.0, -1000.0, 1000.0],
+     [0.0, 0.0, 0.25, 0.0, 0.0]),
+    ("tanh saturated", lambda x: x.tanh(), SAME, [100.0, -100.0, 0.0, 1e5, -1e5], [0.0, 0.0, 1.0, 0.0, 0.0]),
+    ("gelu saturated", lambda x: x.gelu(), lambda x: F.gelu(x, approximate="tanh"), [100.0, -100.0, 1e5, 0.0],
+     [1.0, 0.0, 1.0, 0.5]),
+    ("silu saturated", lambda x: x.silu(), _tf("silu"), [100.0, -100.0, -1e5], [1.0, 0.0, 0.0]),
+    ("softplus saturated", lambda x: x.softplus(), _tf("softplus"), [100.0, -100.0, -1e5], [1.0, 0.0, 0.0]),
+    ("elu at 0 and saturated", lambda x: x.elu(), _tf("elu"), [100.0, -100.0, 0.0, 1e5], [1.0, 0.0, 1.0, 1.0]),
+    ("relu/abs at 0", lambda x: x.relu() + x.abs(), SAME, [0.0], [0.0]),
+    ("relu6 at its kinks", lambda x: x.relu6(), _tf("relu6"), [0.0, 6.0, 3.0, 7.0], [0.0, 0.0, 1.0, 0.0]),
+    ("max ties", lambda x: x.max(), SAME, [1.0, 1.0, 0.0], [0.5, 0.5, 0.0]),
+    ("maximum tie", lambda x: x.maximum(T(np.float32(1.0)) if isinstance(x, Tensor) else torch.tensor(1.0)), SAME,
+     [1.0, 2.0], [0.5, 1.0]),
+    ("log_softmax with -inf", lambda x: x.log_softmax(0), lambda x: x.log_softmax(0), [0.0, -INF, 1.0],
+     [1 - 3 * 0.2689414, 1.0, 1 - 3 * 0.7310586]),
+    ("bce logits saturated", lambda x: x.binary_crossentropy_logits(T([1.0, 0.0, 1.0]), "none"),
+     lambda x: F.binary_cross_entropy_with_logits(x, torch.tensor([1.0, 0.0, 1.0]), reduction="none"),
+     [0.0, 100.0, -100.0], [-0.5, 1.0, -1.0]),
+]
+
+
+@pytest.mark.parametrize("name, fn, torch_fn, values, expected", GRAD_EDGES, ids=[e[0] for e in GRAD_EDGES])
+def test_gradient_edge_cases(name: str, fn: Callable[[Any], Any], torch_fn: Any, values: list[float],
+                             expected: list[float]) -> None:
+    x = T(np.array(values, np.float32), requires_grad=True)
+    fn(x).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-5, atol=1e-6)
+    if torch is not None:
+        tx = torch.tensor(values, requires_grad=True)
+        (fn if torch_fn is SAME else torch_fn)(tx).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_bce_of_saturated_probabilities_has_finite_gradient() -> None:
+    """p exactly 0 or 1: the loss is the clamped 100; the gradient is finite (PyTorch gives +-1e12, we give 0)."""
+    p = T(np.array([0.0, 1.0, 0.5], np.float32), requires_grad=True)
+    loss = p.binary_crossentropy(T([1.0, 0.0, 1.0]), "none")
+    np.testing.assert_allclose(loss.numpy(), [100.0, 100.0, np.log(2)], rtol=1e-6)
+    loss.sum().backward()
+    assert np.all(np.isfinite(p.grad.numpy()))
+    np.testing.assert_allclose(p.grad.numpy()[2], -2.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("np_dtype, op", [(np.int8, "mul_cast"), (np.int8, "mul_compare"), (np.int8, "mul_sum"),
+                                          (np.uint8, "add_floordiv"), (np.int16, "mul_cast")],
+                         ids=lambda v: np.dtype(v).name if isinstance(v, type) else v)
+def test_narrow_int_arithmetic_wraps_inside_kernels(np_dtype: Any, op: str) -> None:
+    a = np.array([100, -100, 7], np_dtype) if np.dtype(np_dtype).kind == "i" else np.array([200, 100, 7], np_dtype)
+    if np_dtype == np.int16:
+        a = a * np.int16(3)  # 300*300 overflows int16
+    fns: dict[str, tuple[Callable[[Any], Any], Callable[[np.ndarray], np.ndarray]]] = {
+        "mul_cast": (lambda x: (x * x).cast(dtypes.int32), lambda x: (x * x).astype(np.int32)),
+        "mul_compare": (lambda x: (x * x) > 50, lambda x: (x * x) > 50),
+        "mul_sum": (lambda x: (x * x).sum(), lambda x: np.int32((x * x).astype(np.int32).sum())),
+        "add_floordiv": (lambda x: (x + x) // 2, lambda x: (x + x) // 2),
+    }
+    fn, np_fn = fns[op]
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(fn(T(a)).numpy(), np_fn(a))
+
+
+COMPOSITIONS: list[tuple[str, list[Shape], Callable[..., Any], Callable[..., Any], Any]] = [
+    # movement ops stacked on each other and on reductions: each becomes index arithmetic inside one kernel
+    ("reshape of transpose", [(4, 6)], lambda x: x.T.reshape(4, 6), lambda x: x.T.reshape(4, 6), SAME),
+    ("reshape of flip", [(4, 6)], lambda x: x.flip(1).reshape(2, 12), lambda x: np.flip(x, 1).reshape(2, 12), SAME),
+    ("reshape of pad", [(4, 6)], lambda x: x.pad(((0, 0), (1, 1))).reshape(8, 4).sum(1),
+     lambda x: np.pad(x, ((0, 0), (1, 1))).reshape(8, 4).sum(1), lambda x: F.pad(x, (1, 1)).reshape(8, 4).sum(1)),
+    ("reshape of strided", [(4, 6)], lambda x: x[:, ::2].reshape(3, 4), lambda x: x[:, ::2].reshape(3, 4), SAME),
+    ("reshape of expand", [(4, 1)], lambda x: x.expand(4, 6).reshape(3, 8),
+     lambda x: np.broadcast_to(x, (4, 6)).reshape(3, 8), SAME),
+    ("pad flip stride", [(4, 6)], lambda x: x.pad(((1, 2), (3, 0))).flip(0)[::2, 1:],
+     lambda x: np.flip(np.pad(x, ((1, 2), (3, 0))), 0)[::2, 1:], None),
+    ("permute reshape permute", [(2, 3, 4, 4)], lambda x: x.permute(0, 2, 3, 1).reshape(2, 16, 3).permute(2, 0, 1),
+     lambda x: x.transpose(0, 2, 3, 1).reshape(2, 16, 3).transpose(2, 0, 1), SAME),
+    ("avg and max pool", [(2, 3, 4, 4)],
+     lambda x: (x.reshape(2, 3, 2, 2, 2, 2).mean((3, 5)), x.reshape(2, 3, 2, 2, 2, 2).max((3, 5))),
+     lambda x: (x.reshape(2, 3, 2, 2, 2, 2).mean((3, 5)), x.reshape(2, 3, 2, 2, 2, 2).max((3, 5))),
+     lambda x: (x.reshape(2, 3, 2, 2, 2, 2).mean((3, 5)), x.reshape(2, 3, 2, 2, 2, 2).amax((3, 5)))),
+    ("conv1d by windows", [(10,), (3,)],
+     lambda x, w: Tensor.stack(*[x.pad(((1, 1),))[i:i + 10] for i in range(3)], dim=1) @ w,
+     lambda x, w: np.stack([np.pad(x, 1)[i:i + 10] for i in range(3)], 1) @ w,
+     lambda x, w: torch.stack([F.pad(x, (1, 1))[i:i + 10] for i in range(3)], 1) @ w),
+    ("normalise rows", [(4, 6)], lambda x: x / (x * x).sum(1, keepdim=True).sqrt(),
+     lambda x: x / np.sqrt((x * x).sum(1, keepdims=True)), SAME),
+    ("outer product of reductions", [(4, 6)], lambda x: x.sum(0).reshape(1, 6) * x.max(1).reshape(4, 1),
+     lambda x: x.sum(0)[None] * x.max(1)[:, None], lambda x: x.sum(0).reshape(1, 6) * x.amax(1).reshape(4, 1)),
+    ("softmax of transpose @", [(4, 6), (4, 5)], lambda x, y: x.T.softmax(0) @ y,
+     lambda x, y: _np_softmax(x.T, 0) @ y, SAME),
+    ("cat of reductions", [(4, 6)], lambda x: x.sum(0).cat(x.max(0)), lambda x: np.concatenate([x.sum(0), x.max(0)]),
+     lambda x: torch.cat([x.sum(0), x.amax(0)])),
+    ("var of padded", [(4, 6)], lambda x: x.pad(((0, 0), (2, 2)), value=1.0).var(1),
+     lambda x: np.pad(x, ((0, 0), (2, 2)), constant_values=1.0).var(1, ddof=1),
+     lambda x: F.pad(x, (2, 2), value=1.0).var(1)),
+    ("gather of softmax", [(4, 6)], lambda x: x.softmax(1).gather(1, T(np.array([[0], [5], [2], [1]]))),
+     lambda x: np.take_along_axis(_np_softmax(x, 1), np.array([[0], [5], [2], [1]]), 1),
+     lambda x: x.softmax(1).gather(1, torch.tensor([[0], [5], [2], [1]]))),
+    ("index of matmul", [(4, 6)], lambda x: (x @ x.T)[[0, 3], 1:], lambda x: (x @ x.T)[[0, 3], 1:], SAME),
+]
+
+
+@pytest.mark.parametrize("name, shapes, fn, np_fn, torch_fn", COMPOSITIONS, ids=[c[0] for c in COMPOSITIONS])
+def test_compositions(name: str, shapes: list[Shape], fn: Callable[..., Any], np_fn: Callable[..., Any],
+                      torch_fn: Any) -> None:
+    check(fn, np_fn, shapes, grad=True, torch_fn=torch_fn, atol=1e-5, rtol=1e-4)

@@ -75,17 +75,24 @@ def run_copy(dest: Buffer, src: Buffer) -> None:
 
 def run_schedule(schedule: list[ScheduleItem]) -> None:
     for item in schedule:
-        if item.ast.op is Ops.COPY:
-            run_copy(*item.bufs)
-            continue
-        device = item.bufs[0].device
-        kernel = compile_kernel(device, item.ast)
-        handles = [b.handle for b in item.bufs]
-        seconds = kernel.program(*handles, global_size=kernel.spec.global_size, local_size=kernel.spec.local_size,
-                                 work=kernel.spec.work, wait=DEBUG >= 2 or bool(TIMING))
-        nbytes = sum(b.nbytes for b in item.bufs)
-        GlobalCounters.kernel_count += 1
-        GlobalCounters.global_ops += kernel.spec.flops
-        GlobalCounters.global_mem += nbytes
-        GlobalCounters.time_sum_s += seconds or 0.0
-        _report(kernel.spec.name, seconds or 0.0, kernel.spec.flops, nbytes, f"size {kernel.spec.work}")
+        run_item(item)
+        if item.writes is not None:
+            buf, version = item.writes
+            buf.version = max(buf.version, version)
+
+
+def run_item(item: ScheduleItem) -> None:
+    if item.ast.op is Ops.COPY:
+        run_copy(*item.bufs)
+        return
+    device = item.bufs[0].device
+    kernel = compile_kernel(device, item.ast)
+    handles = [b.handle for b in item.bufs]
+    seconds = kernel.program(*handles, global_size=kernel.spec.global_size, local_size=kernel.spec.local_size,
+                             work=kernel.spec.work, wait=DEBUG >= 2 or bool(TIMING))
+    nbytes = sum(b.nbytes for b in item.bufs)
+    GlobalCounters.kernel_count += 1
+    GlobalCounters.global_ops += kernel.spec.flops
+    GlobalCounters.global_mem += nbytes
+    GlobalCounters.time_sum_s += seconds or 0.0
+    _report(kernel.spec.name, seconds or 0.0, kernel.spec.flops, nbytes, f"size {kernel.spec.work}")

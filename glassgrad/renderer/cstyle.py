@@ -19,6 +19,7 @@ from glassgrad.uop.ops import GroupOp, Ops, UOp
 from glassgrad.uop.pattern import PatternMatcher, UPat
 
 _LOW_PRECISION = (dtypes.float16, dtypes.bfloat16)
+_NARROW_INTS = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)  # C promotes these to int in arithmetic
 
 
 def _compute_in_float32(u: UOp) -> UOp | None:
@@ -232,6 +233,8 @@ class CStyleLanguage:
                     expr = self.render_bitcast(a[0], u.src[0].dtype, u.dtype)
                 else:
                     expr = self.render_alu(u, a)
+                    if u.dtype in _NARROW_INTS and u.op not in GroupOp.Comparison:
+                        expr = f"(({self.render_dtype(u.dtype)}){expr})"  # C computes in int: wrap like numpy
                 if uses[u] == 1:
                     names[u] = expr
                 else:

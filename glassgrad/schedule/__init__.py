@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import dtypes
+from glassgrad.helpers import prod
 from glassgrad.schedule.indexing import KernelBuilder
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.symbolic import simplify
@@ -123,9 +124,13 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
 
     A reshape keeps row-major order, so an output that is a reshape of some node costs no kernel of its own: the
     node under the reshapes is materialised (unless it already is) and the output becomes a view of its buffer."""
-    targets = [without_reshapes(o) for o in outs]
-    sink = UOp(Ops.SINK, dtypes.void, tuple(targets))
+    originals = [without_reshapes(o) for o in outs]
+    sink = UOp(Ops.SINK, dtypes.void, tuple(originals))
     nodes = sink.toposort(stop=_materialised)
+    if any(_should_split(n) for n in nodes):
+        sink = _split_reduces(nodes)
+        nodes = sink.toposort(stop=_materialised)
+    targets = list(sink.src)
     roots = _choose_roots(targets, nodes)
     views: dict[UOp, UOp] = {}
 
@@ -152,10 +157,56 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
         else:
             schedule.append(_kernel_item(node, out, 0, view_of))
         views[node] = buffer_view(out, node.shape)  # later kernels load it from here
+    for original, target in zip(originals, targets):
+        if original is not target and (target_view := view_of(target)) is not None:
+            views[original] = target_view  # a split reduction: the original node's value is the new graph's
     for out_node, target in zip(outs, targets):
         if out_node is not target and (target_view := view_of(target)) is not None:
             views[out_node] = target_view.reshape(out_node.shape)  # holding it keeps the target's entry alive
     return order_writes(schedule), views
+
+
+SPLIT_MIN_REDUCE = 1 << 16  # reductions at least this long ...
+SPLIT_MAX_OUTPUTS = 1024    # ... into at most this many outputs are split in two stages
+
+
+def _should_split(u: UOp) -> bool:
+    if u.op is not Ops.REDUCE_AXIS:
+        return False
+    reduced = prod(u.src[0].shape[a] for a in u.arg[1])
+    return reduced >= SPLIT_MIN_REDUCE and u.size <= SPLIT_MAX_OUTPUTS and _split_factor(reduced) is not None
+
+
+def _split_factor(n: int) -> int | None:
+    return next((k for k in range(256, 15, -1) if n % k == 0), None)
+
+
+def _split_reduce(u: UOp) -> UOp:
+    """reduce(x, axes) with few outputs -> reduce(reduce(x viewed as (..., K, n/K)) over n/K) over K: the first
+    stage has K times more outputs, so its work spreads over threads (CPU) or work-groups (GPU)."""
+    op, axes = u.arg
+    src = u.src[0]
+    keep = [i for i in range(len(src.shape)) if i not in axes]
+    reduced = prod(src.shape[a] for a in axes)
+    factor = _split_factor(reduced)
+    assert factor is not None
+    grouped = src.permute(tuple(keep + list(axes))).reshape(tuple(src.shape[i] for i in keep) +
+                                                            (factor, reduced // factor))
+    partial = grouped.reduce_axis(op, (len(keep) + 1,))
+    return partial.reduce_axis(op, (len(keep),)).reshape(u.shape)
+
+
+def _split_reduces(nodes: list[UOp]) -> UOp:
+    """Rebuild the unmaterialised graph bottom-up with long, few-output reductions split (materialised nodes and
+    everything under them stay as they are, so they are still found in REALIZED)."""
+    new: dict[UOp, UOp] = {}
+    for n in nodes:
+        if _materialised(n):
+            new[n] = n
+            continue
+        rebuilt = n.replace(src=tuple(new[s] for s in n.src)) if n.src else n
+        new[n] = _split_reduce(rebuilt) if _should_split(rebuilt) else rebuilt
+    return new[nodes[-1]]
 
 
 def _kernel_item(node: UOp, out: Buffer, version: int, view_of: Callable[[UOp], UOp | None]) -> ScheduleItem:

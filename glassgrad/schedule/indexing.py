@@ -149,6 +149,9 @@ class KernelBuilder:
         op = node.op
         if op is Ops.BUFFER:
             buf: Buffer = node.arg[0]
+            if node.arg[1] < buf.version:
+                raise RuntimeError(f"this computation reads {buf} as it was before an assign overwrote it (version "
+                                   f"{node.arg[1]}, now {buf.version}); realize it before assigning to that tensor")
             self.reads.add(node.arg)
             return UOp(Ops.LOAD, buf.dtype, (self.global_for(buf), idxs[0]) + ((gate,) if gate is not None else ()))
         if op is Ops.CONST:

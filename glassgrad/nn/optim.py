@@ -1,0 +1,334 @@
+"""Optimisers: SGD (momentum, Nesterov, weight decay), Adam, AdamW and LAMB, plus `OptimizerGroup`.
+
+In: a list of parameter tensors (float, usually `requires_grad=True`) whose `.grad` was filled by `loss.backward()`.
+Out: `step()` writes each parameter's new value into the parameter's own buffer (`Tensor.assign`), together with
+the optimiser's state (momentum buffers, Adam moments, the step count), in ONE `Tensor.realize_all` run inside
+`no_grad()`. So one step is one schedule, buffers keep their identity (the JIT relies on that), and after a step
+every parameter is a plain buffer again: a loop of 10,000 steps keeps a constant graph size and constant memory.
+
+    opt = Adam([w1, b1, w2], lr=1e-3)
+    with Tensor.train():
+        for x, y in batches:
+            opt.zero_grad()
+            loss = model(x).sparse_categorical_crossentropy(y)
+            loss.backward()
+            opt.step()
+
+Behaviour (tinygrad's, where tinygrad has one):
+- a param whose `requires_grad` is None gets `requires_grad=True`; a param with `requires_grad=False` is a *buffer*:
+  realized with each step but never updated (e.g. batch-norm running statistics);
+- a non-float param that would be trained raises `TypeError` (gradients only exist for floats);
+- `step()` needs `Tensor.training` on (`with Tensor.train():`), as in tinygrad, so a forgotten train mode
+  (dropout off) does not go unnoticed;
+- a trained param without a gradient at `step()` raises `RuntimeError` naming it (tinygrad asserts too): silently
+  skipping it would hide a param the loss does not use, or a `zero_grad()` called between `backward()` and `step()`;
+- the learning rate is a one-element tensor (`opt.lr`), a buffer read by the kernels: schedules (`glassgrad.nn.lr`)
+  write new values into it with `assign`, and no kernel is recompiled. A tensor may be passed as `lr` to share it.
+- the step count of Adam/AdamW/LAMB is an int32 tensor updated with `assign`, so bias correction does not bake the
+  step number into kernels either.
+
+SGD, Adam and AdamW follow PyTorch's update rules exactly (tests compare against `torch.optim`); LAMB follows tinygrad.
+Each param gets its own buffer: one that is still lazy (say `Tensor.zeros(8)`, which hash-conses with every other
+`Tensor.zeros(8)`) or a view of another buffer is first copied into a fresh buffer of its own; two params that
+share one buffer raise `ValueError`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from glassgrad.dtype import DType, dtypes, least_upper_dtype
+from glassgrad.tensor import Tensor, no_grad
+from glassgrad.uop.ops import Ops, UOp
+
+__all__ = ["Optimizer", "OptimizerGroup", "SGD", "Adam", "AdamW", "LAMB"]
+
+
+# ---------------------------------------------------------------------- buffers of their own
+def _own_buffer_node(u: UOp) -> UOp | None:
+    """The BUFFER node when `u` is a buffer read as-is (under reshapes only), else None."""
+    while u.op is Ops.RESHAPE:
+        u = u.src[0]
+    return u if u.op is Ops.BUFFER else None
+
+
+def _give_own_buffer(t: Tensor) -> None:
+    """Make `t` read from a fresh buffer holding its current value (must run inside `no_grad()`)."""
+    fresh = Tensor.empty(*t.shape, dtype=t.dtype, device=t.device).assign(t)
+    fresh.realize()
+    t.uop = fresh.uop
+
+
+def _ensure_own_buffers(tensors: Sequence[Tensor], what: str) -> None:
+    """Give every tensor a buffer it writes in place; refuse two tensors that share one buffer."""
+    with no_grad():
+        for t in tensors:
+            if _own_buffer_node(t.uop) is None:
+                _give_own_buffer(t)
+    owner: dict[int, int] = {}
+    for i, t in enumerate(tensors):
+        node = _own_buffer_node(t.uop)
+        assert node is not None
+        key = id(node.arg[0])
+        if key in owner:
+            raise ValueError(f"{what} {owner[key]} and {i} (shape {t.shape}) share one buffer, so an in-place "
+                             "update of one would change the other; pass the tensor once, or give each a copy")
+        owner[key] = i
+
+
+def new_state(shape: tuple[int, ...], dtype: DType, device: str, value: float = 0.0) -> Tensor:
+    """A fresh buffer filled with `value`, for optimiser state (never shared with another tensor)."""
+    with no_grad():
+        return Tensor.empty(*shape, dtype=dtype, device=device).assign(value).realize()
+
+
+def state_dtype(param_dtype: DType) -> DType:
+    """Optimiser state is kept in at least float32, so half-precision params do not lose their moments."""
+    return least_upper_dtype(param_dtype, dtypes.float32)
+
+
+def _dedup(tensors: Iterable[Tensor]) -> list[Tensor]:
+    seen: set[int] = set()
+    out = []
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+# ---------------------------------------------------------------------- the base class
+class Optimizer:
+    """Base class: keeps `params`, `buffers` and `lr`; subclasses say how a param's new value is computed."""
+
+    def __init__(self, params: Sequence[Tensor], lr: float | Tensor) -> None:
+        params = _dedup(params)
+        if not params:
+            raise ValueError("an optimizer needs at least one param")
+        _check_param_dtypes(params)
+        for p in params:
+            if p.requires_grad is None:
+                p.requires_grad_(True)
+        self.params: list[Tensor] = [p for p in params if p.requires_grad]
+        self.buffers: list[Tensor] = [p for p in params if not p.requires_grad]
+        if not self.params:
+            raise ValueError("an optimizer needs at least one param with requires_grad=True; all "
+                             f"{len(params)} given have requires_grad=False")
+        _ensure_own_buffers(self.params + self.buffers, "optimizer params")
+        self.device: str = self.params[0].device
+        self.lr: Tensor = _lr_tensor(lr, self.device)
+        # the lr as given, when a number (schedules start from it exactly, not from its float32 rounding)
+        self.initial_lr: float | None = None if isinstance(lr, Tensor) else float(lr)
+
+    def zero_grad(self) -> None:
+        """Forget the gradients (`.grad = None`), so the next `backward()` does not add to them."""
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        """Update every param in place, with the optimiser state, in one schedule."""
+        with no_grad():
+            Tensor.realize_all(*self.schedule_step())
+
+    def schedule_step(self) -> list[Tensor]:
+        """Queue the in-place updates (lazily) and return every tensor that must be realized to apply them."""
+        if not Tensor.training:
+            raise RuntimeError("Optimizer.step() needs Tensor.training=True (as in tinygrad): run the training loop "
+                               "inside `with Tensor.train():`, or set Tensor.training = True")
+        grads = self._grads()
+        new_values = self._new_values(grads)
+        for p, value in zip(self.params, new_values):
+            p.assign(value)
+        return [*self.params, *self.buffers, *self.state(), self.lr]
+
+    def state(self) -> list[Tensor]:
+        """The optimiser's own tensors that a step updates (momentum buffers, moments, step count)."""
+        return []
+
+    def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
+        raise NotImplementedError
+
+    def _grads(self) -> list[Tensor]:
+        grads = []
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                raise RuntimeError(f"optimizer param {i} (shape {p.shape}, {p.dtype}) has no gradient: call "
+                                   "loss.backward() before step(); if the loss does not use this param, leave it out "
+                                   "of the optimizer or set requires_grad=False")
+            if p.grad.shape != p.shape:
+                raise RuntimeError(f"optimizer param {i} has shape {p.shape} but its gradient has shape "
+                                   f"{p.grad.shape}")
+            grads.append(p.grad)
+        return grads
+
+
+def _check_param_dtypes(params: Sequence[Tensor]) -> None:
+    for i, p in enumerate(params):
+        if not isinstance(p, Tensor):
+            raise TypeError(f"optimizer param {i} is a {type(p).__name__}, not a Tensor")
+        if not p.dtype.is_float and p.requires_grad is not False:
+            raise TypeError(f"optimizer param {i} (shape {p.shape}) has dtype {p.dtype}: only floating-point tensors "
+                            "can be trained (set requires_grad=False to keep it as a buffer that is not updated)")
+
+
+def _lr_tensor(lr: float | Tensor, device: str) -> Tensor:
+    """The learning rate as a one-element tensor in its own buffer (a float becomes float32 or wider)."""
+    if isinstance(lr, Tensor):
+        if lr.numel() != 1 or not lr.dtype.is_float:
+            raise ValueError(f"lr tensor must be a float tensor with one element, got shape {lr.shape} {lr.dtype}")
+        if lr.device != device:
+            raise ValueError(f"lr tensor is on {lr.device}, the params are on {device}")
+        _ensure_own_buffers([lr], "lr")
+        return lr
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr >= 0:
+        raise ValueError(f"lr must be a number >= 0 or a Tensor, got {lr!r}")
+    return new_state((), least_upper_dtype(dtypes.default_float, dtypes.float32), device, float(lr))
+
+
+def _check_hyper(name: str, value: float, low: float = 0.0, high: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low or \
+            (high is not None and not value < high):
+        bounds = f"in [{low}, {high})" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be a number {bounds}, got {value!r}")
+
+
+# ---------------------------------------------------------------------- SGD
+class SGD(Optimizer):
+    """PyTorch's SGD: g += weight_decay*p; b = momentum*b + g; g = g + momentum*b (Nesterov) or b; p -= lr*g.
+
+    The momentum buffer starts at zero, so the first step gives b = momentum*0 + g = g exactly, which is PyTorch's
+    first-step initialisation (b = g) with dampening 0."""
+
+    def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, momentum: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False) -> None:
+        _check_hyper("momentum", momentum)
+        _check_hyper("weight_decay", weight_decay)
+        if nesterov and momentum == 0:
+            raise ValueError("Nesterov momentum needs momentum > 0")
+        super().__init__(params, lr)
+        self.momentum, self.weight_decay, self.nesterov = float(momentum), float(weight_decay), nesterov
+        self.b: list[Tensor] = [new_state(p.shape, state_dtype(p.dtype), p.device) for p in self.params] \
+            if self.momentum else []
+
+    def state(self) -> list[Tensor]:
+        return list(self.b)
+
+    def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
+        return [p - self.lr * self._direction(i, p, g) for i, (p, g) in enumerate(zip(self.params, grads))]
+
+    def _direction(self, i: int, p: Tensor, g: Tensor) -> Tensor:
+        if self.weight_decay:
+            g = g + self.weight_decay * p
+        if not self.momentum:
+            return g
+        b = self.b[i].assign(self.momentum * self.b[i] + g)
+        return g + self.momentum * b if self.nesterov else b
+
+
+# ---------------------------------------------------------------------- Adam family
+class _Moments(Optimizer):
+    """Shared state of Adam, AdamW and LAMB: first and second moments per param and the step count `t`."""
+
+    def __init__(self, params: Sequence[Tensor], lr: float | Tensor, b1: float, b2: float, eps: float,
+                 weight_decay: float) -> None:
+        _check_hyper("b1", b1, 0.0, 1.0)
+        _check_hyper("b2", b2, 0.0, 1.0)
+        _check_hyper("eps", eps)
+        _check_hyper("weight_decay", weight_decay)
+        super().__init__(params, lr)
+        self.b1, self.b2, self.eps, self.weight_decay = float(b1), float(b2), float(eps), float(weight_decay)
+        self.m = [new_state(p.shape, state_dtype(p.dtype), p.device) for p in self.params]
+        self.v = [new_state(p.shape, state_dtype(p.dtype), p.device) for p in self.params]
+        self.t = new_state((), dtypes.int32, self.device)
+
+    def state(self) -> list[Tensor]:
+        return [self.t, *self.m, *self.v]
+
+    def _count_step(self) -> tuple[Tensor, Tensor]:
+        """Advance `t` and return the bias corrections (1 - b1**t, 1 - b2**t) as float tensors."""
+        t = self.t.assign(self.t + 1).cast(dtypes.float32)
+        return 1.0 - self.b1 ** t, 1.0 - self.b2 ** t
+
+
+class Adam(_Moments):
+    """PyTorch's Adam (L2 weight decay added to the gradient): m = lerp(m, g, 1-b1), v = b2*v + (1-b2)*g*g,
+    p -= lr/(1-b1**t) * m / (sqrt(v)/sqrt(1-b2**t) + eps)."""
+    decoupled: bool = False
+
+    def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
+                 eps: float = 1e-8, weight_decay: float = 0.0) -> None:
+        super().__init__(params, lr, b1, b2, eps, weight_decay)
+
+    def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
+        bc1, bc2 = self._count_step()
+        step_size, bc2_sqrt = self.lr / bc1, bc2.sqrt()
+        out = []
+        for i, (p, g) in enumerate(zip(self.params, grads)):
+            if self.weight_decay and not self.decoupled:
+                g = g + self.weight_decay * p
+            m = self.m[i].assign(self.m[i] + (1.0 - self.b1) * (g - self.m[i]))
+            v = self.v[i].assign(self.v[i] * self.b2 + (1.0 - self.b2) * g * g)
+            base = p * (1.0 - self.lr * self.weight_decay) if self.weight_decay and self.decoupled else p
+            out.append(base - step_size * (m / (v.sqrt() / bc2_sqrt + self.eps)))
+        return out
+
+
+class AdamW(Adam):
+    """PyTorch's AdamW: Adam with decoupled weight decay, p *= 1 - lr*weight_decay before the Adam update."""
+    decoupled = True
+
+    def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
+                 eps: float = 1e-8, weight_decay: float = 0.01) -> None:
+        super().__init__(params, lr, b1, b2, eps, weight_decay)
+
+
+class LAMB(_Moments):
+    """tinygrad's LAMB: m = b1*m + (1-b1)*g, v = b2*v + (1-b2)*g*g, up = m_hat/(sqrt(v_hat)+eps) + wd*p with the
+    bias-corrected moments, and p -= lr * r * up, where the trust ratio r = ||p|| / ||up|| (1.0 when either norm is
+    0). With `adam=True`, r = 1 (which is tinygrad's Adam/AdamW)."""
+
+    def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
+                 eps: float = 1e-6, weight_decay: float = 0.0, adam: bool = False) -> None:
+        super().__init__(params, lr, b1, b2, eps, weight_decay)
+        self.adam = adam
+
+    def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
+        bc1, bc2 = self._count_step()
+        out = []
+        for i, (p, g) in enumerate(zip(self.params, grads)):
+            m = self.m[i].assign(self.b1 * self.m[i] + (1.0 - self.b1) * g)
+            v = self.v[i].assign(self.b2 * self.v[i] + (1.0 - self.b2) * (g * g))
+            up = (m / bc1) / ((v / bc2).sqrt() + self.eps) + self.weight_decay * p
+            out.append(p - self.lr * self._trust_ratio(p, up) * up)
+        return out
+
+    def _trust_ratio(self, p: Tensor, up: Tensor) -> Tensor | float:
+        if self.adam:
+            return 1.0
+        w_norm, up_norm = p.square().sum().sqrt(), up.square().sum().sqrt()
+        return ((w_norm > 0) & (up_norm > 0)).where(w_norm / up_norm, 1.0)
+
+
+# ---------------------------------------------------------------------- several at once
+class OptimizerGroup:
+    """Several optimisers stepped as one (one schedule): e.g. Adam for the body and SGD for the head."""
+
+    def __init__(self, *optimizers: Optimizer) -> None:
+        if not optimizers:
+            raise ValueError("OptimizerGroup needs at least one optimizer")
+        self.optimizers: tuple[Optimizer, ...] = optimizers
+        self.params: list[Tensor] = [p for o in optimizers for p in o.params]
+        self.buffers: list[Tensor] = [b for o in optimizers for b in o.buffers]
+
+    def __getitem__(self, i: int) -> Optimizer:
+        return self.optimizers[i]
+
+    def zero_grad(self) -> None:
+        for o in self.optimizers:
+            o.zero_grad()
+
+    def schedule_step(self) -> list[Tensor]:
+        return [t for o in self.optimizers for t in o.schedule_step()]
+
+    def step(self) -> None:
+        with no_grad():
+            Tensor.realize_all(*self.schedule_step())

@@ -1,0 +1,554 @@
+"""Optimisers and learning-rate schedules: numbers against PyTorch (when installed) and numpy references (always),
+a flat graph and a constant kernel count over many steps, and the errors a user can run into."""
+from __future__ import annotations
+
+import gc
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from glassgrad import GlobalCounters, Tensor, dtypes, no_grad
+from glassgrad.engine import realize as engine_realize
+from glassgrad.nn.lr import CosineAnnealingLR, OneCycleLR, StepLR
+from glassgrad.nn.optim import LAMB, SGD, Adam, AdamW, Optimizer, OptimizerGroup
+from glassgrad.uop.ops import UOp
+
+SHAPES = [(4, 8), (8,), (8, 3)]  # w1, b1, w2
+STEPS = 10
+TOL = 1e-5
+
+
+# ---------------------------------------------------------------------- the small model, three ways
+def _init(seed: int = 0) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    params = [(rng.standard_normal(s) * 0.5).astype(np.float32) for s in SHAPES]
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    y = rng.standard_normal((16, 3)).astype(np.float32)
+    return params, x, y
+
+
+def _gg_loss(ps: list[Tensor], x: Tensor, y: Tensor) -> Tensor:
+    w1, b1, w2 = ps
+    return ((x @ w1 + b1).relu() @ w2 - y).square().mean()
+
+
+def _numpy_grads(ps: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
+    """Hand-written backward of mean((relu(x @ w1 + b1) @ w2 - y)**2)."""
+    w1, b1, w2 = ps
+    h = x @ w1 + b1
+    a = np.maximum(h, 0)
+    d_out = 2 * (a @ w2 - y) / y.size
+    d_h = (d_out @ w2.T) * (h > 0)
+    return [x.T @ d_h, d_h.sum(0), a.T @ d_out]
+
+
+def _torch_grads(ps: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
+    torch = pytest.importorskip("torch")
+    tp = [torch.tensor(p, requires_grad=True) for p in ps]
+    loss = ((torch.tensor(x) @ tp[0] + tp[1]).relu() @ tp[2] - torch.tensor(y)).square().mean()
+    loss.backward()
+    return [t.grad.numpy() for t in tp]
+
+
+def _train_and_compare(make_opt: Callable[[list[Tensor]], Optimizer],
+                       reference_step: Callable[[list[np.ndarray], list[np.ndarray]], list[np.ndarray]],
+                       grads_of: Callable[..., list[np.ndarray]] = _numpy_grads) -> None:
+    """Train the glassgrad model STEPS steps; after each, its params must equal the reference's within TOL."""
+    init, x, y = _init()
+    ps = [Tensor(p.copy()) for p in init]
+    opt = make_opt(ps)
+    ref = [p.copy() for p in init]
+    with Tensor.train():
+        for step in range(STEPS):
+            opt.zero_grad()
+            _gg_loss(ps, Tensor(x), Tensor(y)).backward()
+            opt.step()
+            ref = reference_step(ref, grads_of(ref, x, y))
+            for i, (p, r) in enumerate(zip(ps, ref)):
+                np.testing.assert_allclose(p.numpy(), r, atol=TOL, rtol=TOL, err_msg=f"param {i} after step {step + 1}")
+
+
+def _torch_reference(torch_opt: Callable[..., Any]) -> Callable[[list[np.ndarray], list[np.ndarray]], list[np.ndarray]]:
+    """A reference step that runs a real torch.optim optimizer (its state persists between calls)."""
+    torch = pytest.importorskip("torch")
+    state: dict[str, Any] = {}
+
+    def step(ps: list[np.ndarray], grads: list[np.ndarray]) -> list[np.ndarray]:
+        if "params" not in state:
+            state["params"] = [torch.tensor(p, requires_grad=True) for p in ps]
+            state["opt"] = torch_opt(state["params"])
+        for tp, g in zip(state["params"], grads):
+            tp.grad = torch.tensor(g)
+        state["opt"].step()
+        return [tp.detach().numpy().copy() for tp in state["params"]]
+    return step
+
+
+# ---------------------------------------------------------------------- numpy reference optimisers
+class NumpySGD:
+    def __init__(self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False) -> None:
+        self.lr, self.momentum, self.wd, self.nesterov = lr, momentum, weight_decay, nesterov
+        self.buf: list[np.ndarray] | None = None
+
+    def __call__(self, ps: list[np.ndarray], grads: list[np.ndarray]) -> list[np.ndarray]:
+        grads = [g + self.wd * p for p, g in zip(ps, grads)]
+        if self.momentum:
+            first = self.buf is None
+            self.buf = [g.copy() if first else self.momentum * b + g for b, g in zip(self.buf or grads, grads)]
+            grads = [g + self.momentum * b for g, b in zip(grads, self.buf)] if self.nesterov else self.buf
+        return [(p - self.lr * g).astype(np.float32) for p, g in zip(ps, grads)]
+
+
+class NumpyAdam:
+    """PyTorch's Adam / AdamW formulas, in float32."""
+
+    def __init__(self, lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
+                 decoupled: bool = False) -> None:
+        self.lr, self.b1, self.b2, self.eps, self.wd, self.decoupled = lr, b1, b2, eps, weight_decay, decoupled
+        self.m: list[np.ndarray] = []
+        self.v: list[np.ndarray] = []
+        self.t = 0
+
+    def __call__(self, ps: list[np.ndarray], grads: list[np.ndarray]) -> list[np.ndarray]:
+        if not self.m:
+            self.m, self.v = [np.zeros_like(p) for p in ps], [np.zeros_like(p) for p in ps]
+        self.t += 1
+        bc1, bc2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
+        out = []
+        for i, (p, g) in enumerate(zip(ps, grads)):
+            if self.decoupled:
+                p = p * np.float32(1 - self.lr * self.wd)
+            else:
+                g = g + np.float32(self.wd) * p
+            self.m[i] = self.b1 * self.m[i] + (1 - self.b1) * g
+            self.v[i] = self.b2 * self.v[i] + (1 - self.b2) * g * g
+            denom = np.sqrt(self.v[i]) / math.sqrt(bc2) + self.eps
+            out.append((p - (self.lr / bc1) * self.m[i] / denom).astype(np.float32))
+        return out
+
+
+class NumpyLAMB:
+    """tinygrad's LAMB: trust ratio ||p|| / ||update|| (1 when either is 0); adam=True drops the ratio."""
+
+    def __init__(self, lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6, weight_decay: float = 0.0,
+                 adam: bool = False) -> None:
+        self.lr, self.b1, self.b2, self.eps, self.wd, self.adam = lr, b1, b2, eps, weight_decay, adam
+        self.m: list[np.ndarray] = []
+        self.v: list[np.ndarray] = []
+        self.t = 0
+
+    def __call__(self, ps: list[np.ndarray], grads: list[np.ndarray]) -> list[np.ndarray]:
+        if not self.m:
+            self.m, self.v = [np.zeros_like(p) for p in ps], [np.zeros_like(p) for p in ps]
+        self.t += 1
+        out = []
+        for i, (p, g) in enumerate(zip(ps, grads)):
+            self.m[i] = self.b1 * self.m[i] + (1 - self.b1) * g
+            self.v[i] = self.b2 * self.v[i] + (1 - self.b2) * g * g
+            m_hat, v_hat = self.m[i] / (1 - self.b1 ** self.t), self.v[i] / (1 - self.b2 ** self.t)
+            up = m_hat / (np.sqrt(v_hat) + self.eps) + self.wd * p
+            ratio = 1.0
+            if not self.adam:
+                w_norm, up_norm = np.linalg.norm(p), np.linalg.norm(up)
+                ratio = w_norm / up_norm if w_norm > 0 and up_norm > 0 else 1.0
+            out.append((p - self.lr * ratio * up).astype(np.float32))
+        return out
+
+
+# ---------------------------------------------------------------------- against PyTorch
+SGD_CASES: dict[str, dict[str, Any]] = {
+    "plain": {"lr": 0.1},
+    "momentum": {"lr": 0.05, "momentum": 0.9},
+    "nesterov": {"lr": 0.05, "momentum": 0.9, "nesterov": True},
+    "weight_decay": {"lr": 0.1, "weight_decay": 0.1},
+    "momentum_weight_decay": {"lr": 0.05, "momentum": 0.8, "weight_decay": 0.05, "nesterov": True},
+}
+
+
+@pytest.mark.parametrize("case", list(SGD_CASES))
+def test_sgd_matches_torch(case: str) -> None:
+    torch = pytest.importorskip("torch")
+    kw = SGD_CASES[case]
+    _train_and_compare(lambda ps: SGD(ps, **kw), _torch_reference(lambda tp: torch.optim.SGD(tp, **kw)))
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_adam_matches_torch(weight_decay: float) -> None:
+    torch = pytest.importorskip("torch")
+    _train_and_compare(lambda ps: Adam(ps, lr=0.01, weight_decay=weight_decay),
+                       _torch_reference(lambda tp: torch.optim.Adam(tp, lr=0.01, weight_decay=weight_decay)))
+
+
+@pytest.mark.parametrize("weight_decay", [0.01, 0.5])
+def test_adamw_matches_torch(weight_decay: float) -> None:
+    torch = pytest.importorskip("torch")
+    _train_and_compare(lambda ps: AdamW(ps, lr=0.01, b1=0.8, b2=0.99, weight_decay=weight_decay),
+                       _torch_reference(lambda tp: torch.optim.AdamW(tp, lr=0.01, betas=(0.8, 0.99),
+                                                                     weight_decay=weight_decay)))
+
+
+@pytest.mark.parametrize("kw", [{}, {"weight_decay": 0.1}, {"adam": True}])
+def test_lamb_matches_reference_with_torch_gradients(kw: dict[str, Any]) -> None:
+    pytest.importorskip("torch")  # torch has no LAMB: torch computes the gradients, the update is NumpyLAMB
+    _train_and_compare(lambda ps: LAMB(ps, lr=0.01, **kw), NumpyLAMB(lr=0.01, **kw), grads_of=_torch_grads)
+
+
+def test_numpy_references_agree_with_torch() -> None:
+    """The references used when torch is absent are themselves checked against torch."""
+    torch = pytest.importorskip("torch")
+    init, x, y = _init()
+    for tg, ng in zip(_torch_grads(init, x, y), _numpy_grads(init, x, y)):
+        np.testing.assert_allclose(ng, tg, atol=1e-6, rtol=1e-5)
+    Step = Callable[[list[np.ndarray], list[np.ndarray]], list[np.ndarray]]
+    refs: list[tuple[Step, Callable[..., Any]]] = [
+        (NumpySGD(0.05, 0.9, 0.05, True), lambda tp: torch.optim.SGD(tp, 0.05, 0.9, weight_decay=0.05, nesterov=True)),
+        (NumpyAdam(0.01, weight_decay=0.1), lambda tp: torch.optim.Adam(tp, 0.01, weight_decay=0.1)),
+        (NumpyAdam(0.01, weight_decay=0.1, decoupled=True), lambda tp: torch.optim.AdamW(tp, 0.01, weight_decay=0.1))]
+    for numpy_step, torch_opt in refs:
+        ours, theirs, torch_step = init, init, _torch_reference(torch_opt)
+        for _ in range(STEPS):
+            ours = numpy_step(ours, _numpy_grads(ours, x, y))
+            theirs = torch_step(theirs, _numpy_grads(theirs, x, y))
+        for a, b in zip(ours, theirs):
+            np.testing.assert_allclose(a, b, atol=TOL, rtol=TOL)
+
+
+# ---------------------------------------------------------------------- against numpy (no torch needed)
+@pytest.mark.parametrize("case", list(SGD_CASES))
+def test_sgd_matches_numpy(case: str) -> None:
+    kw = SGD_CASES[case]
+    _train_and_compare(lambda ps: SGD(ps, **kw), NumpySGD(**kw))
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_adam_matches_numpy(weight_decay: float) -> None:
+    _train_and_compare(lambda ps: Adam(ps, lr=0.01, weight_decay=weight_decay),
+                       NumpyAdam(0.01, weight_decay=weight_decay))
+
+
+def test_adamw_matches_numpy() -> None:
+    _train_and_compare(lambda ps: AdamW(ps, lr=0.01, weight_decay=0.2), NumpyAdam(0.01, weight_decay=0.2,
+                                                                                  decoupled=True))
+
+
+@pytest.mark.parametrize("kw", [{}, {"weight_decay": 0.1}, {"adam": True}])
+def test_lamb_matches_numpy(kw: dict[str, Any]) -> None:
+    _train_and_compare(lambda ps: LAMB(ps, lr=0.01, **kw), NumpyLAMB(lr=0.01, **kw))
+
+
+def test_lamb_trust_ratio_is_one_for_zero_weights() -> None:
+    w = Tensor(np.zeros(4, np.float32))
+    opt = LAMB([w], lr=0.1)
+    with Tensor.train():
+        (w * Tensor(np.array([1, 2, 3, 4], np.float32))).sum().backward()
+        opt.step()
+    expected = NumpyLAMB(0.1)([np.zeros(4, np.float32)], [np.array([1, 2, 3, 4], np.float32)])[0]
+    np.testing.assert_allclose(w.numpy(), expected, atol=TOL)
+    assert np.all(np.isfinite(w.numpy())) and np.all(w.numpy() < 0)
+
+
+# ---------------------------------------------------------------------- a flat graph, constant kernels
+def _kernel_counts(opt_factory: Callable[[list[Tensor]], Optimizer], steps: int) -> tuple[list[int], list[Tensor],
+                                                                                             Optimizer, list[int]]:
+    init, x, y = _init()
+    ps = [Tensor(p.copy()) for p in init]
+    opt = opt_factory(ps)
+    counts, compiled = [], []
+    with Tensor.train():
+        for _ in range(steps):
+            GlobalCounters.reset()
+            opt.zero_grad()
+            _gg_loss(ps, Tensor(x), Tensor(y)).backward()
+            opt.step()
+            counts.append(GlobalCounters.kernel_count)
+            compiled.append(len(engine_realize._kernel_cache))
+    return counts, ps, opt, compiled
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam", "lamb"])
+def test_graph_stays_flat_and_kernels_per_step_constant(name: str) -> None:
+    factory: dict[str, Callable[[list[Tensor]], Optimizer]] = {
+        "sgd_momentum": lambda ps: SGD(ps, lr=0.01, momentum=0.9),
+        "adam": lambda ps: Adam(ps, lr=1e-3),
+        "lamb": lambda ps: LAMB(ps, lr=1e-3, weight_decay=0.01)}
+    counts, ps, opt, compiled = _kernel_counts(factory[name], 200)
+    assert len(set(counts[1:])) == 1, f"kernels per step changed: {sorted(set(counts[1:]))}"
+    assert compiled[-1] == compiled[1], "kernels were compiled after the second step"
+    for t in [*ps, *opt.state(), opt.lr]:
+        assert len(t.uop.toposort()) <= 3, t.uop  # a buffer (and a reshape): no history
+    assert all(np.all(np.isfinite(p.numpy())) for p in ps)
+
+
+def test_memory_stays_constant_over_steps() -> None:
+    """Live graph nodes do not grow over steps (with a schedule, and the loss read every step)."""
+    init, x, y = _init()
+    ps = [Tensor(p.copy()) for p in init]
+    opt = Adam(ps, lr=0.01)
+    sched = CosineAnnealingLR(opt, T_max=50)
+    live = []
+    with Tensor.train():
+        for step in range(150):
+            opt.zero_grad()
+            loss = _gg_loss(ps, Tensor(x), Tensor(y))
+            loss.backward()
+            with no_grad():  # the loss is realized with the step: afterwards it would read the updated params
+                Tensor.realize_all(loss, *opt.schedule_step())
+            sched.step()
+            loss.item()
+            if step in (49, 149):
+                del loss
+                gc.collect()
+                live.append(sum(type(o) is UOp for o in gc.get_objects()))  # type(): no __class__ lookups
+    assert live[1] <= live[0], f"live UOps grew from {live[0]} to {live[1]}"
+
+
+def test_adam_kernels_per_step() -> None:
+    counts, _, _, _ = _kernel_counts(lambda ps: Adam(ps, lr=1e-3), 3)
+    # forward and backward (4 matmul/bias reductions, 3 grads), the step count, then per param: m, v and the param
+    assert counts[1] == counts[2] <= 16
+
+
+def test_step_writes_into_the_same_buffers() -> None:
+    init, x, y = _init()
+    ps = [Tensor(p.copy()) for p in init]
+    opt = Adam(ps)
+    before = [p.uop.base.arg[0] for p in [*ps, *opt.m, *opt.v, opt.t]]
+    with Tensor.train():
+        for _ in range(3):
+            opt.zero_grad()
+            _gg_loss(ps, Tensor(x), Tensor(y)).backward()
+            opt.step()
+    assert [p.uop.base.arg[0] for p in [*ps, *opt.m, *opt.v, opt.t]] == before
+    assert opt.t.item() == 3
+
+
+# ---------------------------------------------------------------------- lr as a tensor
+def test_changing_lr_changes_no_kernel() -> None:
+    w = Tensor(np.ones(8, np.float32))
+    opt = SGD([w], lr=0.5)
+    with Tensor.train():
+        for lr, expected in [(0.5, 0.5), (0.25, 0.25), (0.125, 0.125)]:
+            opt.lr.assign(Tensor(np.array(lr, np.float32))).realize()
+            if lr == 0.25:
+                compiled = len(engine_realize._kernel_cache)
+            before = w.numpy().copy()
+            opt.zero_grad()
+            w.sum().backward()
+            opt.step()
+            np.testing.assert_allclose(before - w.numpy(), expected)
+    assert len(engine_realize._kernel_cache) == compiled
+
+
+def test_lr_tensor_is_shared() -> None:
+    lr = Tensor(np.array([0.5], np.float32))
+    w = Tensor(np.ones(3, np.float32))
+    opt = SGD([w], lr=lr)
+    assert opt.lr is lr
+    with Tensor.train():
+        w.sum().backward()
+        opt.step()
+    np.testing.assert_allclose(w.numpy(), 0.5)
+
+
+# ---------------------------------------------------------------------- several optimisers at once
+def test_optimizer_group_steps_in_one_schedule() -> None:
+    init, x, y = _init()
+    results = []
+    for grouped in (False, True):
+        ps = [Tensor(p.copy()) for p in init]
+        a, s = Adam(ps[:2], lr=0.01), SGD(ps[2:], lr=0.1, momentum=0.9)
+        group = OptimizerGroup(a, s)
+        assert group[0] is a and group.params == ps
+        with Tensor.train():
+            for _ in range(3):
+                group.zero_grad()
+                _gg_loss(ps, Tensor(x), Tensor(y)).backward()
+                if grouped:
+                    group.step()
+                else:  # the grads read the params lazily: compute them all before the first update
+                    Tensor.realize_all(*[p.grad for p in ps if p.grad is not None])
+                    a.step()
+                    s.step()
+        results.append([p.numpy() for p in ps])
+    for p_sep, p_grp in zip(*results):
+        np.testing.assert_allclose(p_grp, p_sep, atol=1e-6)
+
+
+# ---------------------------------------------------------------------- parameter handling
+def test_zero_grad_sets_grad_to_none() -> None:
+    w = Tensor(np.ones(3, np.float32))
+    opt = SGD([w])
+    w.sum().backward()
+    assert w.grad is not None
+    opt.zero_grad()
+    assert w.grad is None
+
+
+def test_param_without_grad_raises_naming_it() -> None:
+    used, unused = Tensor(np.ones(3, np.float32)), Tensor(np.ones((2, 5), np.float32))
+    opt = SGD([used, unused], lr=0.1)
+    with Tensor.train():
+        used.sum().backward()
+        with pytest.raises(RuntimeError, match=r"param 1 \(shape \(2, 5\).*no gradient"):
+            opt.step()
+
+
+def test_non_float_param_is_rejected() -> None:
+    with pytest.raises(TypeError, match=r"param 1 .*int32.*floating-point"):
+        SGD([Tensor(np.ones(2, np.float32)), Tensor(np.ones(2, np.int32))])
+
+
+def test_requires_grad_none_becomes_true_and_false_is_a_buffer() -> None:
+    w, frozen = Tensor(np.ones(3, np.float32)), Tensor(np.ones(3, np.float32), requires_grad=False)
+    counter = Tensor(np.zeros(1, np.int32), requires_grad=False)  # a non-float buffer is fine if not trained
+    opt = SGD([w, frozen, counter], lr=0.1)
+    assert w.requires_grad is True and frozen.requires_grad is False
+    assert opt.params == [w] and opt.buffers == [frozen, counter]
+    with Tensor.train():
+        (w * frozen).sum().backward()
+        opt.step()
+    np.testing.assert_allclose(w.numpy(), 0.9)
+    np.testing.assert_allclose(frozen.numpy(), 1.0)
+
+
+def test_step_needs_training_mode() -> None:
+    w = Tensor(np.ones(3, np.float32))
+    opt = SGD([w])
+    w.sum().backward()
+    with Tensor.train(False), pytest.raises(RuntimeError, match="Tensor.training"):
+        opt.step()
+
+
+def test_lazy_params_get_buffers_of_their_own() -> None:
+    b1, b2 = Tensor.zeros(4), Tensor.zeros(4)  # the same lazy graph node until the optimizer copies them
+    opt = SGD([b1, b2], lr=1.0)
+    with Tensor.train():
+        (b1 * 1 + b2 * 2).sum().backward()
+        opt.step()
+    np.testing.assert_allclose(b1.numpy(), -1.0)
+    np.testing.assert_allclose(b2.numpy(), -2.0)
+
+
+def test_params_sharing_a_buffer_are_rejected() -> None:
+    w = Tensor(np.ones(4, np.float32))
+    view = Tensor(w.uop)  # another tensor over the very same buffer
+    with pytest.raises(ValueError, match="share one buffer"):
+        SGD([w, view])
+
+
+def test_duplicate_params_are_stepped_once() -> None:
+    w = Tensor(np.ones(3, np.float32))
+    opt = SGD([w, w], lr=0.1)
+    assert opt.params == [w]
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: SGD([]), lambda: SGD([Tensor(np.ones(2, np.float32))], lr=-1.0),
+    lambda: SGD([Tensor(np.ones(2, np.float32))], momentum=-0.1),
+    lambda: SGD([Tensor(np.ones(2, np.float32))], nesterov=True),
+    lambda: Adam([Tensor(np.ones(2, np.float32))], b1=1.0),
+    lambda: Adam([Tensor(np.ones(2, np.float32))], lr=Tensor(np.ones(3, np.float32))),
+    lambda: SGD([Tensor(np.ones(2, np.float32), requires_grad=False)])])
+def test_bad_arguments_raise_value_error(bad: Callable[[], Any]) -> None:
+    with pytest.raises(ValueError):
+        bad()
+
+
+def test_half_params_keep_float32_state() -> None:
+    w = Tensor(np.ones(4, np.float16))
+    opt = Adam([w], lr=0.01)
+    assert opt.m[0].dtype == dtypes.float32 and opt.lr.dtype == dtypes.float32
+    with Tensor.train():
+        w.sum().backward()
+        opt.step()
+    assert w.dtype == dtypes.float16
+    np.testing.assert_allclose(w.numpy(), 0.99, atol=1e-3)
+
+
+# ---------------------------------------------------------------------- learning-rate schedules
+def _onecycle_closed_form(e: int, max_lr: float = 1.0, total: int = 20, pct: float = 0.3) -> float:
+    initial, warm_end = max_lr / 25, pct * total - 1
+    final = initial / 1e4
+    if e <= warm_end:
+        frac, start, end = e / warm_end, initial, max_lr
+    else:
+        frac, start, end = (e - warm_end) / (total - 1 - warm_end), max_lr, final
+    return end + (start - end) * (1 + math.cos(math.pi * frac)) / 2
+
+
+SCHEDULES: dict[str, tuple[Callable[[Optimizer], Any], Callable[[int], float], int]] = {
+    "step": (lambda o: StepLR(o, step_size=3, gamma=0.5), lambda e: 0.1 * 0.5 ** (e // 3), 20),
+    "cosine": (lambda o: CosineAnnealingLR(o, T_max=7, eta_min=0.01),
+               lambda e: 0.01 + (0.1 - 0.01) * (1 + math.cos(math.pi * e / 7)) / 2, 25),
+    "onecycle": (lambda o: OneCycleLR(o, max_lr=1.0, total_steps=20), _onecycle_closed_form, 20),
+}
+
+
+def _schedule_values(name: str) -> list[float]:
+    make, _, epochs = SCHEDULES[name]
+    opt = SGD([Tensor(np.ones(2, np.float32))], lr=0.1)
+    sched = make(opt)
+    values = []
+    for _ in range(epochs + 1):
+        values.append(sched.get_last_lr()[0])
+        assert opt.lr.item() == pytest.approx(values[-1], rel=1e-6, abs=1e-12)  # written into the lr tensor
+        if len(values) <= epochs:
+            sched.step()
+    return values
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_schedules_match_closed_forms(name: str) -> None:
+    closed = SCHEDULES[name][1]
+    values = _schedule_values(name)
+    assert values == pytest.approx([closed(e) for e in range(len(values))], rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_schedules_match_torch(name: str) -> None:
+    torch = pytest.importorskip("torch")
+    opt = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)
+    sched = {"step": lambda: torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5),
+             "cosine": lambda: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=7, eta_min=0.01),
+             "onecycle": lambda: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=20,
+                                                                     cycle_momentum=False)}[name]()
+    expected = []
+    for _ in range(SCHEDULES[name][2] + 1):
+        expected.append(sched.get_last_lr()[0])
+        opt.step()
+        if len(expected) <= SCHEDULES[name][2]:
+            sched.step()
+    assert _schedule_values(name) == pytest.approx(expected, rel=1e-6, abs=1e-12)
+
+
+def test_schedule_step_changes_no_kernel_and_trains_with_new_lr() -> None:
+    w = Tensor(np.zeros(2, np.float32))
+    opt = SGD([w], lr=1.0)
+    sched = StepLR(opt, step_size=1, gamma=0.5)
+    with Tensor.train():
+        for epoch in range(4):
+            if epoch == 2:
+                compiled = len(engine_realize._kernel_cache)
+            opt.zero_grad()
+            w.sum().backward()
+            opt.step()
+            sched.step()
+    np.testing.assert_allclose(w.numpy(), -(1 + 0.5 + 0.25 + 0.125))
+    assert len(engine_realize._kernel_cache) == compiled
+
+
+def test_onecycle_refuses_to_step_past_total_steps() -> None:
+    sched = OneCycleLR(SGD([Tensor(np.ones(2, np.float32))]), max_lr=0.1, total_steps=3)
+    for _ in range(3):
+        sched.step()
+    with pytest.raises(ValueError, match="total_steps is 3"):
+        sched.step()
+
+
+def test_onecycle_starts_at_max_lr_over_div_factor() -> None:
+    opt = SGD([Tensor(np.ones(2, np.float32))], lr=123.0)
+    OneCycleLR(opt, max_lr=0.5, total_steps=10, div_factor=5)
+    assert opt.lr.item() == pytest.approx(0.1)
