@@ -24,6 +24,7 @@ from glassgrad.engine.realize import run_schedule
 from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import normalize_axis, prod
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
+from glassgrad.tensor_nn import NNOps
 from glassgrad.uop.ops import Ops, UOp
 
 # realized buffer view -> the graph it was computed from, so gradients flow through realized tensors
@@ -54,7 +55,7 @@ class _CastShortcuts:
     def double(self) -> Tensor: return self.cast(dtypes.float64)  # noqa: E704
 
 
-class Tensor(_CastShortcuts):
+class Tensor(_CastShortcuts, NNOps):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
     training: ClassVar[bool] = False

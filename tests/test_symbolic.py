@@ -434,8 +434,15 @@ class TestIndexExpressions:
 
     def test_common_factor(self) -> None:
         r = rng(100)
-        assert simplify((r * 6) // 4) is (r * 3) // 2
-        assert simplify((r * 6) % 4) is ((r * 3) % 2) * 2
+        assert simplify((r * 2 + 4) // 6) is (r + 2) // 3
+        assert simplify((r * 2) % 6) is (r % 3) * 2
+
+    def test_coefficient_split_into_quotient_and_remainder(self) -> None:
+        r = rng(100)
+        assert simplify((r * 6) // 4) is r + r // 2  # 6r = 4r + 2r
+        k, o = rng(5), rng(24, 1)  # a convolution window: element o of row k of a (5, 28+1) view of a repeated row
+        assert simplify((k * 29 + o) // 28) is k
+        assert simplify((k * 29 + o) % 28) is k + o
 
     def test_partial_quotient(self) -> None:
         r0, r1 = rng(8, 0), rng(8, 1)

@@ -219,10 +219,11 @@ class KernelBuilder:
     def _lower_reduce(self, node: UOp, idxs: Index, gate: UOp | None) -> LoweringStep:
         reduce_op, axes = node.arg
         src_shape = node.src[0].shape
-        ranges = [self.new_range(src_shape[a], "reduce") for a in axes]
+        ranges = [self.new_range(src_shape[a], "reduce") for a in axes if src_shape[a] != 1]
+        loops = iter(ranges)
         src_idxs = list(idxs)
-        for a, r in zip(axes, ranges):
-            src_idxs[a] = r
+        for a in axes:  # a reduced axis of size 1 is just index 0: no loop
+            src_idxs[a] = next(loops) if src_shape[a] != 1 else UOp.const(self.index_dtype, 0)
         value = yield (node.src[0], tuple(src_idxs), gate)
         return UOp(Ops.REDUCE, node.dtype, (value, *ranges), reduce_op)
 

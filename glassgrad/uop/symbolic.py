@@ -218,7 +218,9 @@ def _exact_nonneg(u: UOp) -> bool:
 
 
 def _fold_divmod(x: UOp, c: UOp, op: Ops) -> UOp | None:
-    """(a*c + b) // c -> a + b//c and (a*c + b) % c -> b % c, for non-negative values; also gcd reduction."""
+    """(a*c + b) // c -> a + b//c and (a*c + b) % c -> b % c, for non-negative values; also gcd reduction.
+    A coefficient that is not a multiple of c splits into its multiple and its remainder: (k*(c+e)) // c ->
+    k + (k*e) // c (when k >= 0), which is how sliding-window (convolution) indices fold."""
     d = c.arg
     if not isinstance(d, int) or d <= 0 or not _exact_nonneg(x):
         return None
@@ -233,6 +235,10 @@ def _fold_divmod(x: UOp, c: UOp, op: Ops) -> UOp | None:
                 rest.append((None, coef % d))
         elif coef % d == 0:
             quotient.append((base, coef // d))
+        elif abs(coef) > d and base.vmin >= 0:
+            # coef = q*d + r with 0 <= r < d: the q*d part divides evenly, r*base stays non-negative
+            quotient.append((base, coef // d))
+            rest.append((base, coef % d))
         else:
             rest.append((base, coef))
     if not any(b is not None for b, _ in quotient) and all(c_ == 0 for _, c_ in quotient):
@@ -312,6 +318,9 @@ symbolic = PatternMatcher([
     (UPat(Ops.AND, dtype=dtypes.bool, src=(UPat.var("x"), UPat.cvar("c"))),
      lambda x, c: x if c.arg else UOp.const(dtypes.bool, False)),
     (UPat(Ops.AND, dtype=dtypes.bool, src=(UPat.var("x"), UPat.var("x"))), lambda x: x),
+    # gated loads whose gate is known: always true -> a plain load, never true -> the value 0
+    (UPat(Ops.LOAD, src=(UPat.var("buf"), UPat.var("idx"), UPat.cvar("gate")), name="x"),
+     lambda buf, idx, gate, x: x.replace(src=(buf, idx)) if gate.arg else UOp.const(x.dtype, 0)),
     # value ranges
     (UPat(GroupOp.ALU | {Ops.CAST}, name="x"), _fold_by_range),
     # integer sums and division
