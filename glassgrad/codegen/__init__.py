@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from glassgrad.codegen.gpudims import gpu_dims
 from glassgrad.codegen.linearize import estimate_flops, linearize
+from glassgrad.codegen.upcast import choose_upcast
 from glassgrad.helpers import prod
 from glassgrad.renderer.cstyle import CStyleLanguage
 from glassgrad.schedule.indexing import kernel_name
@@ -50,9 +51,12 @@ def get_program(ast: UOp, renderer: CStyleLanguage) -> ProgramSpec:
     global_size: tuple[int, ...]
     if renderer.has_local:  # GPUs: loops become threads and work-groups
         ast, global_size, local_size = gpu_dims(ast)
-    else:  # CPUs: the outermost loop is split across threads by the runtime
-        global_ranges = sorted((r for r in ranges if r.arg[1] == "global"), key=lambda r: r.arg[0])
+        upcast = None
+    else:  # CPUs: the outermost loop is split across threads by the runtime; one output dim may be upcast
+        ast, upcast = choose_upcast(ast)
+        global_ranges = sorted((r for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "global"),
+                               key=lambda r: r.arg[0])
         global_size = (global_ranges[0].src[0].arg,) if global_ranges else (1,)
-    program = linearize(ast)
+    program = linearize(ast, upcast)
     source = renderer.render(name, program)
     return ProgramSpec(name, source, global_size, local_size, flops, work, tuple(program))

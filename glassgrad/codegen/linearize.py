@@ -44,42 +44,83 @@ class Scopes:
         return self._memo[u]
 
 
-def linearize(sink: UOp) -> list[UOp]:
+class _Emitter:
+    """Builds the linear program. Tracks which values exist in the current loop scope: a value computed inside a
+    loop is gone when that loop closes, so a later use outside recomputes it."""
+
+    def __init__(self, program: list[UOp], scopes: Scopes) -> None:
+        self.program = program
+        self.scopes = scopes
+        self.emitted: set[UOp] = set(program)
+        self.frames: list[list[UOp]] = [[]]
+
+    def add(self, u: UOp) -> None:
+        self.program.append(u)
+        self.emitted.add(u)
+        self.frames[-1].append(u)
+
+    def open_loop(self, r: UOp) -> None:
+        self.program.append(r)
+        self.frames.append([])
+        self.emitted.add(r)
+        self.frames[-1].append(r)
+
+    def close_loop(self, r: UOp) -> None:
+        self.program.append(UOp(Ops.ENDRANGE, dtypes.void, (r,)))
+        self.emitted.difference_update(self.frames.pop())
+
+    def emit(self, root: UOp) -> None:
+        for n in root.toposort(stop=lambda x: x in self.emitted or x.op is Ops.REDUCE):
+            if n in self.emitted:
+                continue
+            if n.op is Ops.REDUCE:
+                self.emit_reduce(n, None)
+            else:
+                self.add(n)
+
+    def emit_reduce(self, red: UOp, upcast: UOp | None) -> None:
+        """DEFINE_ACC, the reduce loops (and inside them the upcast loop, with one accumulator per iteration),
+        the value, ACCUMULATE. What the loops do not change is computed before them (hoisted)."""
+        value, loops = red.src[0], frozenset(red.src[1:])
+        inner = loops | ({upcast} if upcast is not None else set())
+        for n in value.toposort(stop=lambda x: x in self.emitted or x.op is Ops.REDUCE):
+            if n not in self.emitted and n.op is not Ops.RANGE and not self.scopes(n) & inner:
+                self.emit(n)
+        init = UOp.const(red.dtype, reduce_identity(red.arg, red.dtype))
+        acc = UOp(Ops.DEFINE_ACC, red.dtype, (init,) if upcast is None else (init, upcast), red)
+        self.add(acc)
+        for r in red.src[1:]:
+            self.open_loop(r)
+        if upcast is not None:
+            self.open_loop(upcast)
+        self.emit(value)
+        self.program.append(UOp(Ops.ACCUMULATE, red.dtype, (acc, value), red.arg))
+        for r in ([upcast] if upcast is not None else []) + list(reversed(red.src[1:])):
+            self.close_loop(r)
+        self.emitted.add(red)  # the accumulator now holds the REDUCE's value (its consumers read it)
+        self.frames[-1].append(red)
+
+
+def linearize(sink: UOp, upcast: UOp | None = None) -> list[UOp]:
+    """`upcast`: a global RANGE to place *inside* the reduce loops (an accumulator per iteration), then loop over
+    again for the rest of the kernel. Its loads being contiguous, the innermost loop then vectorises."""
     scopes = Scopes()
     nodes = sink.toposort()
     program: list[UOp] = sorted((u for u in nodes if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
     program += sorted((u for u in nodes if u.op is Ops.SPECIAL), key=lambda u: u.arg[0])  # GPU ids come first
-    global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
+    global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global" and u is not upcast),
+                           key=lambda u: u.arg[0])
     program += global_ranges
-    emitted: set[UOp] = set(program)
-
-    def emit(root: UOp) -> None:
-        for n in root.toposort(stop=lambda x: x in emitted or x.op is Ops.REDUCE):
-            if n in emitted:
-                continue
-            if n.op is Ops.REDUCE:
-                emit_reduce(n)
-            else:
-                program.append(n)
-                emitted.add(n)
-
-    def emit_reduce(red: UOp) -> None:
-        value, loops = red.src[0], frozenset(red.src[1:])
-        # hoist what the loop does not change (another REDUCE is emitted whole, never split across loops)
-        for n in value.toposort(stop=lambda x: x in emitted or x.op is Ops.REDUCE):
-            if n not in emitted and n.op is not Ops.RANGE and not scopes(n) & loops:
-                emit(n)
-        acc = UOp(Ops.DEFINE_ACC, red.dtype, (UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)),), red)
-        program.append(acc)
-        program.extend(red.src[1:])
-        emitted.update(red.src[1:])
-        emit(value)
-        program.append(UOp(Ops.ACCUMULATE, red.dtype, (acc, value), red.arg))
-        program.extend(UOp(Ops.ENDRANGE, dtypes.void, (r,)) for r in reversed(red.src[1:]))
-        emitted.add(red)
-
-    emit(sink)
+    emitter = _Emitter(program, scopes)
+    if upcast is not None:
+        for red in (u for u in nodes if u.op is Ops.REDUCE):
+            if red not in emitter.emitted:
+                emitter.emit_reduce(red, upcast if upcast in scopes(red) else None)
+        emitter.open_loop(upcast)
+    emitter.emit(sink)
     program.remove(sink)
+    if upcast is not None:
+        emitter.close_loop(upcast)
     program.extend(UOp(Ops.ENDRANGE, dtypes.void, (r,)) for r in reversed(global_ranges))
     return program
 

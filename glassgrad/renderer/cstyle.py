@@ -182,6 +182,8 @@ class CStyleLanguage:
             body.append("  " * depth + text)
 
         def ref(s: UOp) -> str:
+            if s.op is Ops.RANGE:
+                return f"ridx{s.arg[0]}"
             return self.render_const(s.arg, s.dtype) if s.op is Ops.CONST else names[s]
 
         for position, u in enumerate(program):
@@ -196,6 +198,9 @@ class CStyleLanguage:
                 if u.arg[1] == "global":
                     line(self.render_global_range(global_index, names[u], a[0], self.loop_var_type(u.dtype)))
                     global_index += 1
+                elif u.arg[1] == "upcast":
+                    line("#pragma omp simd")  # iterations are independent (one accumulator each)
+                    line(f"for ({self.loop_var_type(u.dtype)} {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
                 else:
                     pragma = self.reduce_loop_pragma(program, position, names)
                     if pragma:
@@ -205,6 +210,11 @@ class CStyleLanguage:
             elif u.op is Ops.ENDRANGE:
                 depth -= 1
                 line("}")
+            elif u.op is Ops.DEFINE_ACC and len(u.src) == 2:  # one accumulator per iteration of an upcast loop
+                acc, size = new_name("acc"), u.src[1].src[0].arg
+                line(f"{self.render_dtype(u.dtype)} {acc}[{size}];")
+                line(f"for (int i = 0; i < {size}; i++) {acc}[i] = {a[0]};")
+                names[u] = names[u.arg] = f"{acc}[ridx{u.src[1].arg[0]}]"
             elif u.op is Ops.DEFINE_ACC:
                 names[u] = names[u.arg] = new_name("acc")
                 line(f"{self.render_dtype(u.dtype)} {names[u]} = {a[0]};")
