@@ -208,6 +208,8 @@ class Tensor(_CastShortcuts, NNOps):
             except ValueError:
                 raise ValueError(f"assign: value of shape {value.shape} does not fit tensor of shape "
                                  f"{self.shape}") from None
+        if self.uop.op is Ops.ASSIGN:  # a previous assign is still pending: apply it (in place) first
+            self.realize()
         if not self._owns_buffer():
             # equal graphs realize to one shared buffer (two Tensor.zeros(8) are one node): writing into it would
             # change the other tensors too, so this tensor first gets a buffer of its own

@@ -1,4 +1,5 @@
-"""Neural-network functional ops on `Tensor` (a mixin): convolutions, pooling, normalisation, attention, ...
+"""Neural-network functional ops on `Tensor` (a mixin): convolutions (any rank, and transposed), pooling,
+batchnorm, scaled dot-product attention, embedding lookup and interpolate.
 
 In: tensors shaped as PyTorch expects (N, C, H, W for images). Out: lazy tensors built only from Tensor's movement,
 elementwise and reduction ops, so everything fuses and differentiates like the rest.
@@ -7,7 +8,8 @@ The key piece is `_windows`: every sliding window of the last spatial dims, as a
 (no copying): `x._windows((kh, kw), stride, dilation)` has shape (..., oh, ow, kh, kw) with
 `[..., i, j, a, b] = x[..., i*sh + a*dh, j*sw + b*dw]`. A convolution is then an elementwise multiply with the
 weights and a sum over (channels, kh, kw): one fused reduce kernel, whose index arithmetic the simplifier folds
-back to direct loads.
+back to direct loads. A transposed convolution is a convolution of the input spread out by its stride (zeros
+between elements, again a view); an embedding lookup and a resize are masked reductions built from arange.
 """
 from __future__ import annotations
 
@@ -15,14 +17,28 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
+import numpy as np
+
+from glassgrad.dtype import dtypes
+
 if TYPE_CHECKING:
     from glassgrad.tensor import Tensor
 
+INTERPOLATE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear")
 
-def _tuple(value: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
+
+def _tensor_class() -> type[Tensor]:
+    """The Tensor class, for its constructors (imported late: tensor.py imports this module)."""
+    from glassgrad.tensor import Tensor
+    return Tensor
+
+
+def _tuple(value: int | Sequence[int], n: int, name: str, minimum: int = 1) -> tuple[int, ...]:
+    """An int or n ints -> n ints, each at least `minimum` (ValueError naming `name` otherwise)."""
     out = (value,) * n if isinstance(value, int) else tuple(value)
-    if len(out) != n or any(not isinstance(v, int) or v < 1 for v in out):
-        raise ValueError(f"{name} must be a positive int or {n} positive ints, got {value!r}")
+    if len(out) != n or any(not isinstance(v, int) or isinstance(v, bool) or v < minimum for v in out):
+        kind = "positive" if minimum == 1 else f">= {minimum}"
+        raise ValueError(f"{name} must be an int or {n} ints, each {kind}, got {value!r}")
     return out
 
 
@@ -135,3 +151,190 @@ class NNOps:
             return windows.mean((-2, -1))
         counts = t.ones_like()._pool(2, kernel_size, stride, 1, padding, 0.0).sum((-2, -1))
         return windows.sum((-2, -1)) / counts
+
+    # ------------------------------------------------------------------ transposed convolution
+    def _dilate(self, factors: tuple[int, ...]) -> Tensor:
+        """(N, C, *spatial) -> the same with factor-1 zeros between neighbours along each spatial dim: size s becomes
+        (s-1)*factor + 1. A view (reshape, pad, reshape, shrink): no copy, and zeros are never read from memory."""
+        t = self._t
+        n = len(factors)
+        if all(f == 1 for f in factors):
+            return t
+        lead, spatial = t.shape[:-n], t.shape[-n:]
+        # (..., s, 1) padded to (..., s, f) puts f-1 zeros after each element; merged back it is (..., s*f)
+        x = t.reshape(*lead, *(d for s in spatial for d in (s, 1)))
+        x = x.pad(((0, 0),) * len(lead) + tuple(p for f in factors for p in ((0, 0), (0, f - 1))))
+        x = x.reshape(*lead, *(s * f for s, f in zip(spatial, factors)))
+        return x.shrink([*((0, s) for s in lead), *((0, (s - 1) * f + 1) for s, f in zip(spatial, factors))])
+
+    def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
+                         stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
+                         padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0) -> Tensor:
+        """PyTorch's conv_transpose2d (1-D/3-D by the weight's rank): x (N, Cin, *spatial), weight
+        (Cin, Cout/groups, *kernel), optional bias (Cout,) -> (N, Cout, *out) with
+        out = (in - 1)*stride - 2*padding + dilation*(kernel - 1) + output_padding + 1.
+
+        It is the gradient of a convolution, computed as one: spread the input out by `stride` (zeros between
+        elements), pad it by dilation*(kernel-1) - padding on each side (+ output_padding at the end; a negative pad
+        crops), and correlate with the weight flipped in space and with its two channel axes swapped per group.
+        (stride-1 of every stride taps hit a zero: simple, and still one fused kernel.)"""
+        t = self._t
+        n = weight.ndim - 2
+        if n < 1 or t.ndim != n + 2:
+            raise ValueError(f"conv_transpose: input {t.shape} and weight {weight.shape} need ranks n+2 and n+2 "
+                             "(n >= 1)")
+        cin, cout_group = weight.shape[:2]
+        if groups < 1 or t.shape[1] != cin or cin % groups:
+            raise ValueError(f"conv_transpose: input {t.shape} has {t.shape[1]} channels, weight {weight.shape} "
+                             f"expects {cin} (a multiple of groups={groups})")
+        kernel = weight.shape[2:]
+        strides, dils = _tuple(stride, n, "stride"), _tuple(dilation, n, "dilation")
+        extra = _tuple(output_padding, n, "output_padding", minimum=0)
+        if any(e >= s and e >= d for e, s, d in zip(extra, strides, dils)):
+            raise ValueError(f"conv_transpose: output_padding {extra} must be smaller than stride {strides} or "
+                             f"dilation {dils}")
+        pads = _conv_padding(padding, n)
+        edges = tuple((d * (k - 1) - before, d * (k - 1) - after + e)
+                      for d, k, (before, after), e in zip(dils, kernel, pads, extra))
+        x = t._dilate(strides).pad(((0, 0), (0, 0), *edges))
+        # (Cin, Cout/G, *k) -> (G, Cin/G, Cout/G, *k) -> (G, Cout/G, Cin/G, *k) -> (Cout, Cin/G, *k), flipped in space
+        w = weight.reshape(groups, cin // groups, cout_group, *kernel).transpose(1, 2)
+        w = w.reshape(groups * cout_group, cin // groups, *kernel).flip(tuple(range(2, 2 + n)))
+        return x.conv2d(w, bias, groups=groups, dilation=dils)
+
+    # ------------------------------------------------------------------ normalisation, attention, lookup
+    def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
+                  axis: int | Sequence[int] = 1) -> Tensor:
+        """(x - mean) * invstd * weight + bias (tinygrad's functional batch norm). mean, invstd, weight and bias
+        hold one value per position of x's dims `axis` (the channels by default) and broadcast over the rest;
+        weight and bias may be None. All elementwise: one fused kernel with whatever computed its inputs."""
+        t = self._t
+        axes = t._resolve_axes(axis)
+        shape = tuple(s if i in axes else 1 for i, s in enumerate(t.shape))
+
+        def fit(p: Tensor, name: str) -> Tensor:
+            if p.numel() != math.prod(shape):
+                raise ValueError(f"batchnorm: {name} has shape {p.shape}, expected {math.prod(shape)} values for the "
+                                 f"axes {axes} of input {t.shape}")
+            return p.reshape(shape)
+
+        scale = fit(invstd, "invstd") if weight is None else fit(invstd, "invstd") * fit(weight, "weight")
+        out = (t - fit(mean, "mean")) * scale
+        return out if bias is None else out + fit(bias, "bias")
+
+    def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                                     dropout_p: float = 0.0, is_causal: bool = False,
+                                     scale: float | None = None) -> Tensor:
+        """softmax(q @ k^T * scale + mask) @ v, with q = self (..., L, E), key (..., S, E), value (..., S, Ev) ->
+        (..., L, Ev); scale defaults to 1/sqrt(E). attn_mask: bool (True = may attend) or float (added to the
+        scores), broadcast to (..., L, S). is_causal: query i sees keys 0..i (PyTorch's top-left alignment).
+        Dropout on the attention weights follows `Tensor.training` (as tinygrad; PyTorch's functional form applies
+        it whenever dropout_p > 0)."""
+        q = self._t
+        if q.ndim < 2 or key.ndim < 2 or value.ndim < 2 or q.shape[-1] != key.shape[-1] or \
+                key.shape[-2] != value.shape[-2]:
+            raise ValueError(f"scaled_dot_product_attention: query {q.shape}, key {key.shape} and value {value.shape}"
+                             " need (..., L, E), (..., S, E) and (..., S, Ev)")
+        if is_causal and attn_mask is not None:
+            raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
+        factor = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+        scores = (q @ key.transpose(-1, -2)) * factor
+        if is_causal:
+            tensor = _tensor_class()
+            rows = tensor.arange(q.shape[-2], device=q.device).reshape(-1, 1)
+            attn_mask = rows >= tensor.arange(key.shape[-2], device=q.device).reshape(1, -1)
+        if attn_mask is not None:
+            scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask
+        return scores.softmax(-1).dropout(dropout_p) @ value
+
+    def embedding(self, weight: Tensor) -> Tensor:
+        """Row lookup: self holds int indices (any shape), weight is (vocab, dim) -> (*self.shape, dim).
+
+        Done as a one-hot gather, sum over v of (index == v) ? weight[v] : 0, which fuses into one reduce kernel
+        (the arange is the kernel's loop index, nothing is read for it) and whose gradient is the matching
+        scatter-add into weight. An index outside [0, vocab) gives a row of zeros."""
+        t = self._t
+        if t.dtype.is_float or t.dtype.is_bool:
+            raise TypeError(f"embedding: indices must be ints, got {t.dtype}")
+        if weight.ndim != 2:
+            raise ValueError(f"embedding: weight must be (vocab, dim), got {weight.shape}")
+        vocab = weight.shape[0]
+        rows = _tensor_class().arange(vocab, device=t.device).reshape(vocab, 1)
+        hit = t.reshape(*t.shape, 1, 1) == rows  # (*idx, vocab, 1)
+        return hit.where(weight, 0).sum(-2, dtype=weight.dtype)
+
+    # ------------------------------------------------------------------ resampling
+    def interpolate(self, size: int | Sequence[int], mode: str = "linear", align_corners: bool = False) -> Tensor:
+        """Resize the last len(size) dims to `size` (an int resizes every dim after the first two, as for
+        (N, C, *spatial) images), with PyTorch's `F.interpolate` index rules:
+        - "nearest": out[o] = x[floor(o * in/out)]; "nearest-exact": x[floor((o + 0.5) * in/out)];
+        - "linear" (also "bilinear"/"trilinear": each resized dim in turn): a blend of the two neighbours of
+          src = (o + 0.5) * in/out - 0.5 (clamped at 0), or src = o * (in-1)/(out-1) with align_corners=True.
+        Each resized dim is one reduce over a (out, in) weight matrix built from arange (no host data); a nearest
+        resize by an exact integer factor is a pure view (expand + reshape)."""
+        t = self._t
+        sizes = (size,) * max(t.ndim - 2, 1) if isinstance(size, int) else tuple(size)
+        if mode not in INTERPOLATE_MODES:
+            raise ValueError(f"interpolate: mode must be one of {INTERPOLATE_MODES}, got {mode!r}")
+        if not 0 < len(sizes) <= t.ndim or any(not isinstance(s, int) or s < 1 for s in sizes):
+            raise ValueError(f"interpolate: size {size!r} must be positive ints for at most the {t.ndim} dims of "
+                             f"input {t.shape}")
+        if align_corners and mode.startswith("nearest"):
+            raise ValueError("interpolate: align_corners only applies to the linear modes")
+        x = t
+        for axis in range(t.ndim - len(sizes), t.ndim):
+            out = sizes[axis - (t.ndim - len(sizes))]
+            if out != x.shape[axis]:
+                x = x.transpose(axis, -1)._resize_last(out, mode, align_corners).transpose(axis, -1)
+        return x
+
+    def _resize_last(self, out: int, mode: str, align_corners: bool) -> Tensor:
+        """(..., in) -> (..., out) along the last dim, by `interpolate`'s rules. Values are picked with `where`,
+        never multiplied by a 0 weight, so an inf or NaN only reaches the outputs that read it."""
+        t = self._t
+        size = t.shape[-1]
+        row = t.unsqueeze(-2)  # (..., 1, in) against (out, in) masks
+        if mode.startswith("nearest"):
+            k = out // size
+            if out % size == 0 and np.array_equal(_nearest_sources(size, out, mode), np.arange(out) // k):
+                return t.unsqueeze(-1).expand(*t.shape, k).reshape(*t.shape[:-1], out)
+            return _nearest_mask(size, out, mode, t.device).where(row, 0).sum(-1, dtype=t.dtype)
+        if not t.dtype.is_float:
+            row = row.cast(dtypes.default_float)
+        (hit0, lam0), (hit1, lam1) = _linear_taps(size, out, align_corners, t.device)
+        return (hit0.where(row * lam0.cast(row.dtype), 0) + hit1.where(row * lam1.cast(row.dtype), 0)).sum(-1)
+
+
+def _nearest_sources(size: int, out: int, mode: str) -> np.ndarray:
+    """The source index of each output position for nearest resizing, computed in float32 as PyTorch does."""
+    scale = np.float32(size / out)
+    pos = np.arange(out, dtype=np.float32) + (np.float32(0.5) if mode == "nearest-exact" else np.float32(0))
+    return np.minimum(np.floor(pos * scale), size - 1).astype(np.int64)
+
+
+def _nearest_mask(size: int, out: int, mode: str, device: str) -> Tensor:
+    """(out, size) bool: row o is true at the source of output o (`_nearest_sources`' float32 arithmetic, done on
+    the device from arange)."""
+    tensor = _tensor_class()
+    pos = tensor.arange(out, device=device).cast(dtypes.float32)
+    if mode == "nearest-exact":
+        pos = pos + 0.5
+    src = (pos * float(np.float32(size / out))).floor().minimum(size - 1)
+    return src.reshape(out, 1) == tensor.arange(size, device=device).cast(dtypes.float32).reshape(1, size)
+
+
+def _linear_taps(size: int, out: int, align_corners: bool, device: str) -> list[tuple[Tensor, Tensor]]:
+    """The two taps of linear interpolation, each as ((out, size) bool mask, (out, 1) float32 weight): output o
+    takes 1-lam of x[i0] and lam of x[i1], i0 and i1 the neighbours of its source position (PyTorch's
+    `area_pixel_compute_source_index` with its index and weight guards)."""
+    tensor = _tensor_class()
+    pos = tensor.arange(out, device=device).cast(dtypes.float32)
+    if align_corners:
+        src = pos * ((size - 1) / (out - 1)) if out > 1 else pos * 0.0
+    else:
+        src = ((pos + 0.5) * (size / out) - 0.5).maximum(0.0)
+    i0 = src.floor().minimum(size - 1)
+    lam = (src - i0).clip(0.0, 1.0).reshape(out, 1)
+    i1 = (i0 + 1).minimum(size - 1)
+    cols = tensor.arange(size, device=device).cast(dtypes.float32).reshape(1, size)
+    return [(cols == i0.reshape(out, 1), 1 - lam), (cols == i1.reshape(out, 1), lam)]

@@ -112,3 +112,25 @@ def test_equal_graphs_do_not_share_an_assigned_buffer() -> None:
     z1.assign(z1 + 1).realize()
     np.testing.assert_array_equal(z1.numpy(), np.ones(4, np.float32))
     np.testing.assert_array_equal(z2.numpy(), np.zeros(4, np.float32))
+
+
+def test_assigns_that_read_each_others_old_values() -> None:
+    """w's new value reads b's old one and vice versa (every optimiser step): one goes through a temporary."""
+    w, b = Tensor([1.0, 2.0]).realize(), Tensor([10.0, 20.0]).realize()
+    w_buf, b_buf = _buffer(w), _buffer(b)
+    new_w, new_b = w + b.flip(0), b - w.flip(0)
+    w.assign(new_w)
+    b.assign(new_b)
+    Tensor.realize_all(w, b)
+    np.testing.assert_array_equal(w.numpy(), [21.0, 12.0])
+    np.testing.assert_array_equal(b.numpy(), [8.0, 19.0])
+    assert _buffer(w) is w_buf and _buffer(b) is b_buf
+
+
+def test_a_second_assign_while_the_first_is_pending() -> None:
+    p = Tensor(np.zeros(3, np.float32))
+    buf = _buffer(p)
+    p.assign(p + 1)
+    p.assign(p + 1)
+    np.testing.assert_array_equal(p.numpy(), [2, 2, 2])
+    assert _buffer(p) is buf

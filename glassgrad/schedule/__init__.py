@@ -139,11 +139,15 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
 
 
     schedule: list[ScheduleItem] = []
+    via_temp: dict[int, Callable[[], list[ScheduleItem]]] = {}  # in-place assign item -> the same through a temp
     for node in nodes:
         if node not in roots:
             continue
         if node.op is Ops.ASSIGN:
-            schedule += _assign_items(node, view_of)
+            items = _assign_items(node, view_of)
+            if len(items) == 1:
+                via_temp[id(items[0])] = lambda node=node: _assign_items(node, view_of, via_temp=True)
+            schedule += items
             buf, version = without_reshapes(node.src[0]).arg
             views[node] = buffer_view(buf, node.shape, version + 1)
             continue
@@ -163,7 +167,7 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     for out_node, target in zip(outs, targets):
         if out_node is not target and (target_view := view_of(target)) is not None:
             views[out_node] = target_view.reshape(out_node.shape)  # holding it keeps the target's entry alive
-    return order_writes(schedule), views
+    return order_writes(schedule, via_temp), views
 
 
 SPLIT_MIN_REDUCE = 1 << 16  # reductions at least this long ...
@@ -215,16 +219,16 @@ def _kernel_item(node: UOp, out: Buffer, version: int, view_of: Callable[[UOp], 
     return ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), (out, version))
 
 
-def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None]) -> list[ScheduleItem]:
+def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None], via_temp: bool = False) -> list[ScheduleItem]:
     """ASSIGN(target, value): write value into target's own buffer. If the value reads that buffer at any other
     element than the one being written (x.assign(x.T)), computing in place would read overwritten data: compute
-    into a temporary buffer first, then copy it in."""
+    into a temporary buffer first, then copy it in. `via_temp` asks for that route anyway (to break a cycle)."""
     target, value = node.src
     buf, version = without_reshapes(target).arg
     if value.size == 0:
         return []
     item = _kernel_item(value, buf, version + 1, view_of)
-    if not reads_other_elements(item.ast):
+    if not via_temp and not reads_other_elements(item.ast):
         return [item]
     temp = Buffer(buf.device, buf.size, buf.dtype)
     first = _kernel_item(value, temp, 0, view_of)
@@ -239,9 +243,28 @@ def reads_other_elements(ast: UOp) -> bool:
                for u in simplified.toposort())
 
 
-def order_writes(items: list[ScheduleItem]) -> list[ScheduleItem]:
+def order_writes(items: list[ScheduleItem],
+                 via_temp: dict[int, Callable[[], list[ScheduleItem]]] | None = None) -> list[ScheduleItem]:
     """Order items so each runs after the items whose outputs it reads, and every reader of a buffer's old version
-    runs before the in-place write that replaces it. Otherwise the given (graph) order is kept."""
+    runs before the in-place write that replaces it. Otherwise the given (graph) order is kept.
+
+    In-place writes can wait on each other in a cycle (an optimiser step: w's new value reads b's old one and b's
+    new value reads w's old one). Then one of them is computed into a temporary buffer first and copied in place
+    once the old value's readers have run (`via_temp` gives that version of an item), until an order exists."""
+    alternatives = dict(via_temp or {})
+    while True:
+        ordered, stuck = _topological(items)
+        if not stuck:
+            return ordered
+        index = next((i for i in stuck if id(items[i]) in alternatives), None)
+        if index is None:
+            raise RuntimeError("in-place writes (assign) form a cycle that cannot be broken; realize the assigns "
+                               "separately")
+        items = items[:index] + alternatives.pop(id(items[index]))() + items[index + 1:]
+
+
+def _topological(items: list[ScheduleItem]) -> tuple[list[ScheduleItem], list[int]]:
+    """Kahn's algorithm over read/write dependencies, preferring the given order. Returns (order, stuck items)."""
     writer = {item.writes: i for i, item in enumerate(items) if item.writes is not None}
     after: list[set[int]] = [set() for _ in items]  # after[i]: items that must run before item i
     for i, item in enumerate(items):
@@ -255,8 +278,7 @@ def order_writes(items: list[ScheduleItem]) -> list[ScheduleItem]:
     while len(done) < len(items):
         ready = [i for i in range(len(items)) if i not in done and after[i] <= done]
         if not ready:
-            raise RuntimeError("in-place writes (assign) form a cycle: a buffer is read after being overwritten and "
-                               "written before being read; realize the assigns separately")
+            return ordered, [i for i in range(len(items)) if i not in done]
         done.add(ready[0])
         ordered.append(items[ready[0]])
-    return ordered
+    return ordered, []
