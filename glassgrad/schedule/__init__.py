@@ -15,6 +15,7 @@ of that node's buffer (and a reshape of a buffer is already realized).
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -146,7 +147,7 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
         if node.op is Ops.ASSIGN:
             items = _assign_items(node, view_of)
             if len(items) == 1:
-                via_temp[id(items[0])] = lambda node=node: _assign_items(node, view_of, via_temp=True)
+                via_temp[id(items[0])] = functools.partial(_assign_items, node, view_of, True)
             schedule += items
             buf, version = without_reshapes(node.src[0]).arg
             views[node] = buffer_view(buf, node.shape, version + 1)
