@@ -45,6 +45,59 @@ class Workload:
     torch: Callable[[], object] | None
 
 
+def mnist_step_fns(batch: int, device: str) -> tuple[Callable[[], object], Callable[[], object] | None]:
+    """One Adam training step of examples/mnist.py's CNN, in glassgrad and (when installed) in PyTorch."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "mnist.py"
+    spec = importlib.util.spec_from_file_location("mnist_example", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    from glassgrad import no_grad
+    from glassgrad.nn import optim, state
+    rng = np.random.default_rng(0)
+    images = rng.random((batch, 1, 28, 28), dtype=np.float32)
+    labels = rng.integers(0, 10, batch).astype(np.int32)
+    previous = Device.DEFAULT
+    Device.DEFAULT = Device.canonicalize(device)
+    model = example.Model()
+    opt = optim.Adam(state.get_parameters(model))
+    Device.DEFAULT = previous
+    x, y = Tensor(images, device=device).realize(), Tensor(labels, device=device).realize()
+
+    def glassgrad_step() -> object:
+        with Tensor.train():
+            opt.zero_grad()
+            loss = model(x).sparse_categorical_crossentropy(y).backward()
+            with no_grad():
+                Tensor.realize_all(loss, *opt.schedule_step())
+        if device.upper().startswith("CUDA"):
+            Device[device].synchronize()
+        return loss
+
+    if torch is None:
+        return glassgrad_step, None
+    tdev = "cuda" if device.upper().startswith("CUDA") else "cpu"
+    tmodel = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 5), torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 5), torch.nn.ReLU(),
+        torch.nn.BatchNorm2d(32), torch.nn.MaxPool2d(2), torch.nn.Conv2d(32, 64, 3), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 64, 3), torch.nn.ReLU(), torch.nn.BatchNorm2d(64), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(576, 10)).to(tdev)
+    topt = torch.optim.Adam(tmodel.parameters())
+    tx, ty = torch.from_numpy(images).to(tdev), torch.from_numpy(labels).long().to(tdev)
+
+    def torch_step() -> object:
+        topt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(tmodel(tx), ty)
+        loss.backward()
+        topt.step()
+        if tdev == "cuda":
+            torch.cuda.synchronize()
+        return loss.item()
+    return glassgrad_step, torch_step
+
+
 def make_workloads(device: str) -> list[Workload]:
     rng = np.random.default_rng(0)
 
@@ -107,6 +160,8 @@ def make_workloads(device: str) -> list[Workload]:
             t = t * 1.0001 + 0.0001
         return t
     work.append(Workload("100-op chain on 16 floats", "op", 200, chain_gg, chain_np, chain_torch if torch else None))
+    gg_step, torch_step = mnist_step_fns(128, device)
+    work.append(Workload("MNIST CNN train step b128", "step", 1, gg_step, lambda: None, torch_step))
     return work
 
 
@@ -170,6 +225,9 @@ def gpu_rows(device: str, repeat: int) -> list[tuple[str, str, float, float, flo
     rows.append(("softmax 8192^2", "GB/s", 2 * 8192 * 8192 * 4 / 1e9,
                  gpu_kernel_time(lambda: gs.softmax(-1).realize(), repeat),
                  torch_gpu_time(lambda: torch.softmax(ts, dim=-1), repeat)))
+    gg_step, torch_step = mnist_step_fns(512, device)
+    assert torch_step is not None
+    rows.append(("MNIST train step b512", "steps/s", 1.0, timeit(gg_step, repeat), timeit(torch_step, repeat)))
     return rows
 
 
@@ -200,11 +258,13 @@ def main() -> None:
     print("-" * len(header))
     for w in make_workloads(args.device):
         t_gg = timeit(w.glassgrad, args.repeat)
-        t_np = timeit(w.numpy, args.repeat)
+        t_np = timeit(w.numpy, args.repeat) if not w.name.startswith("MNIST") else float("nan")
         t_torch = timeit(w.torch, args.repeat) if w.torch is not None else None
         torch_col = f"{t_torch * 1e3:9.3f}ms" if t_torch else f"{'-':>11}"
         torch_ratio = f"{t_torch / t_gg:8.2f}x" if t_torch else f"{'-':>9}"
-        print(f"{w.name:<28} {t_gg * 1e3:9.3f}ms {t_np * 1e3:9.3f}ms {torch_col} {t_np / t_gg:8.2f}x {torch_ratio}")
+        np_col = f"{t_np * 1e3:9.3f}ms" if t_np == t_np else f"{'-':>11}"
+        np_ratio = f"{t_np / t_gg:8.2f}x" if t_np == t_np else f"{'-':>9}"
+        print(f"{w.name:<28} {t_gg * 1e3:9.3f}ms {np_col} {torch_col} {np_ratio} {torch_ratio}")
     print("ratios are other-library time / glassgrad time: above 1.00x glassgrad is faster")
 
 
