@@ -78,18 +78,24 @@ def _conv_padding_arg(padding: IntOrInts | str, kernel: tuple[int, ...], dilatio
     return flat
 
 
+def _conv_geometry(in_channels: int, out_channels: int, groups: int, kernel_size: IntOrInts, stride: IntOrInts,
+                   dilation: IntOrInts, dims: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Check the channel/group arithmetic of a convolution layer; (kernel_size, stride, dilation) as tuples."""
+    if groups < 1 or in_channels % groups or out_channels % groups:
+        raise ValueError(f"in_channels {in_channels} and out_channels {out_channels} must be multiples of "
+                         f"groups {groups}")
+    return (_tuple(kernel_size, dims, "kernel_size"), _tuple(stride, dims, "stride"),
+            _tuple(dilation, dims, "dilation"))
+
+
 class _ConvNd:
     """A convolution over the last `dims` dims: weight (out, in/groups, *kernel), bias (out,)."""
     dims = 2
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOrInts, stride: IntOrInts = 1,
                  padding: IntOrInts | str = 0, dilation: IntOrInts = 1, groups: int = 1, bias: bool = True) -> None:
-        if groups < 1 or in_channels % groups or out_channels % groups:
-            raise ValueError(f"in_channels {in_channels} and out_channels {out_channels} must be multiples of "
-                             f"groups {groups}")
-        self.kernel_size = _tuple(kernel_size, self.dims, "kernel_size")
-        self.stride = _tuple(stride, self.dims, "stride")
-        self.dilation = _tuple(dilation, self.dims, "dilation")
+        self.kernel_size, self.stride, self.dilation = _conv_geometry(in_channels, out_channels, groups, kernel_size,
+                                                                      stride, dilation, self.dims)
         self.padding = _conv_padding_arg(padding, self.kernel_size, self.dilation, self.stride)
         self.groups = groups
         fan_in = in_channels // groups * math.prod(self.kernel_size)
@@ -118,12 +124,8 @@ class _ConvTransposeNd:
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOrInts, stride: IntOrInts = 1,
                  padding: IntOrInts = 0, output_padding: IntOrInts = 0, dilation: IntOrInts = 1, groups: int = 1,
                  bias: bool = True) -> None:
-        if groups < 1 or in_channels % groups or out_channels % groups:
-            raise ValueError(f"in_channels {in_channels} and out_channels {out_channels} must be multiples of "
-                             f"groups {groups}")
-        self.kernel_size = _tuple(kernel_size, self.dims, "kernel_size")
-        self.stride = _tuple(stride, self.dims, "stride")
-        self.dilation = _tuple(dilation, self.dims, "dilation")
+        self.kernel_size, self.stride, self.dilation = _conv_geometry(in_channels, out_channels, groups, kernel_size,
+                                                                      stride, dilation, self.dims)
         self.output_padding = _tuple(output_padding, self.dims, "output_padding", minimum=0)
         self.padding, self.groups = padding, groups
         fan_in = out_channels // groups * math.prod(self.kernel_size)  # PyTorch takes fan_in from weight dim 1
