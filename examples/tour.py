@@ -73,9 +73,8 @@ def train(images: np.ndarray, labels: np.ndarray, steps: int, batch: int) -> flo
         x, y = Tensor(x_train[idx]), Tensor(y_train[idx])
         loss = (x @ w1 + b1).relu().matmul(w2).add(b2).cross_entropy(y)
         grads = loss.gradient(*params)
-        with glassgrad.no_grad():
-            for p, g in zip(params, grads):
-                p.uop = (p.detach() - 0.1 * g).realize().uop
+        with glassgrad.no_grad():  # SGD, written in place; the loss is realized in the same schedule
+            Tensor.realize_all(loss, *(p.assign(p.detach() - 0.1 * g) for p, g in zip(params, grads)))
         if step % 50 == 0 or step == steps:
             print(f"step {step:4d}  loss {loss.item():.4f}  ({time.perf_counter() - start:.1f}s)")
     logits = (x_test @ w1 + b1).relu() @ w2 + b2
