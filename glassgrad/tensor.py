@@ -208,19 +208,20 @@ class Tensor(_CastShortcuts, NNOps):
             except ValueError:
                 raise ValueError(f"assign: value of shape {value.shape} does not fit tensor of shape "
                                  f"{self.shape}") from None
-        if self.uop.op is Ops.ASSIGN:  # a previous assign is still pending: apply it (in place) first
-            self.realize()
-        if not self._owns_buffer():
-            # equal graphs realize to one shared buffer (two Tensor.zeros(8) are one node): writing into it would
-            # change the other tensors too, so this tensor first gets a buffer of its own
-            own = buffer_view(Buffer(self.device, self.numel(), self.dtype, owned=True), self.shape)
-            self.uop = UOp(Ops.ASSIGN, self.dtype, (own, self.uop))
-            self.realize()
+        self._take_own_buffer()
         self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, value.cast(self.dtype).uop))
         return self
 
-    def _owns_buffer(self) -> bool:
-        return is_buffer_view(self.uop) and self.uop.base.arg[0].owned
+    def _take_own_buffer(self) -> None:
+        """Make this tensor's value live in a buffer that belongs to it alone (an in-place write target).
+        A pending assign is applied first, in place. Equal graphs realize to one shared buffer (two Tensor.zeros(8)
+        are one node), so a tensor without a buffer of its own is copied into a fresh one."""
+        if self.uop.op is Ops.ASSIGN:
+            self.realize()
+        if not (is_buffer_view(self.uop) and self.uop.base.arg[0].owned):
+            own = buffer_view(Buffer(self.device, self.numel(), self.dtype, owned=True), self.shape)
+            self.uop = UOp(Ops.ASSIGN, self.dtype, (own, self.uop))
+            self.realize()
 
     def to(self, device: str | None) -> Tensor:
         target = Device.canonicalize(device or Device.DEFAULT)

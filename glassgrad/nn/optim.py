@@ -38,37 +38,19 @@ from collections.abc import Iterable, Sequence
 
 from glassgrad.dtype import DType, dtypes, least_upper_dtype
 from glassgrad.tensor import Tensor, no_grad
-from glassgrad.uop.ops import Ops, UOp
 
 __all__ = ["Optimizer", "OptimizerGroup", "SGD", "Adam", "AdamW", "LAMB"]
 
 
 # ---------------------------------------------------------------------- buffers of their own
-def _own_buffer_node(u: UOp) -> UOp | None:
-    """The BUFFER node when `u` is a buffer read as-is (under reshapes only), else None."""
-    while u.op is Ops.RESHAPE:
-        u = u.src[0]
-    return u if u.op is Ops.BUFFER else None
-
-
-def _give_own_buffer(t: Tensor) -> None:
-    """Make `t` read from a fresh buffer holding its current value (must run inside `no_grad()`)."""
-    fresh = Tensor.empty(*t.shape, dtype=t.dtype, device=t.device).assign(t)
-    fresh.realize()
-    t.uop = fresh.uop
-
-
 def _ensure_own_buffers(tensors: Sequence[Tensor], what: str) -> None:
-    """Give every tensor a buffer it writes in place; refuse two tensors that share one buffer."""
+    """Give every tensor a buffer it writes in place; refuse two tensors that share one buffer (views of one)."""
     with no_grad():
         for t in tensors:
-            if _own_buffer_node(t.uop) is None:
-                _give_own_buffer(t)
+            t._take_own_buffer()
     owner: dict[int, int] = {}
     for i, t in enumerate(tensors):
-        node = _own_buffer_node(t.uop)
-        assert node is not None
-        key = id(node.arg[0])
+        key = id(t.uop.base.arg[0])
         if key in owner:
             raise ValueError(f"{what} {owner[key]} and {i} (shape {t.shape}) share one buffer, so an in-place "
                              "update of one would change the other; pass the tensor once, or give each a copy")

@@ -236,6 +236,7 @@ def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None], via_temp: boo
     return [first, _kernel_item(buffer_view(temp, node.shape), buf, version + 1, view_of)]
 
 
+@functools.lru_cache(maxsize=4096)  # the same update kernel recurs every training step (ASTs are hash-consed)
 def reads_other_elements(ast: UOp) -> bool:
     """True if the kernel loads from its output buffer (DEFINE_GLOBAL 0) at an index other than the one it stores."""
     simplified = simplify(ast)
