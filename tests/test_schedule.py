@@ -57,16 +57,21 @@ _INDEX_ALU: dict[Ops, Callable[..., np.ndarray]] = {
 }
 
 
+def _loop_size(u: UOp) -> int:
+    """A loop index runs over 0..size-1; so does a GPU id (SPECIAL): the kernel returns early past the end."""
+    return u.src[0].arg if u.op is Ops.RANGE else u.arg[1]
+
+
 def eval_index(u: UOp, axis_of: dict[UOp, int], ndim: int, memo: dict[UOp, np.ndarray]) -> np.ndarray:
     """The value of integer/bool expression `u` for every value of the loops in `axis_of` (one numpy axis each)."""
     if u in memo:
         return memo[u]
     if u.op is Ops.CONST:
         out = np.asarray(u.arg, dtype=np.bool_ if u.dtype.is_bool else np.int64)
-    elif u.op is Ops.RANGE:
+    elif u.op in (Ops.RANGE, Ops.SPECIAL):
         shape = [1] * ndim
-        shape[axis_of[u]] = u.src[0].arg
-        out = np.arange(u.src[0].arg, dtype=np.int64).reshape(shape)
+        shape[axis_of[u]] = _loop_size(u)
+        out = np.arange(_loop_size(u), dtype=np.int64).reshape(shape)
     elif u.op is Ops.CAST:
         inner = eval_index(u.src[0], axis_of, ndim, memo)
         out = inner.astype(np.bool_ if u.dtype.is_bool else np.int64)
@@ -81,10 +86,11 @@ def eval_index(u: UOp, axis_of: dict[UOp, int], ndim: int, memo: dict[UOp, np.nd
 def check_access(access: UOp, size: int, what: str) -> None:
     """Every index `access` (a LOAD or STORE) uses where its gate holds lies in [0, size)."""
     parts = access.src[1:3] if access.op is Ops.LOAD else access.src[1:2]
-    ranges = sorted({n for p in parts for n in p.toposort() if n.op is Ops.RANGE}, key=lambda r: r.arg[0])
+    ranges = sorted({n for p in parts for n in p.toposort() if n.op in (Ops.RANGE, Ops.SPECIAL)},
+                    key=lambda r: (r.op is Ops.SPECIAL, str(r.arg)))
     axis_of = {r: i for i, r in enumerate(ranges)}
     memo: dict[UOp, np.ndarray] = {}
-    full = tuple(r.src[0].arg for r in ranges)
+    full = tuple(_loop_size(r) for r in ranges)
     index = np.broadcast_to(eval_index(access.src[1], axis_of, len(ranges), memo), full)
     gate = np.ones(full, dtype=np.bool_)
     if access.op is Ops.LOAD and len(access.src) == 3:
