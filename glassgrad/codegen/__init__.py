@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from glassgrad.codegen.gpudims import gpu_dims
 from glassgrad.codegen.linearize import estimate_flops, linearize
 from glassgrad.codegen.upcast import choose_upcast
-from glassgrad.helpers import prod
+from glassgrad.helpers import NOOPT, prod
 from glassgrad.renderer.cstyle import CStyleLanguage
 from glassgrad.schedule.indexing import kernel_name
 from glassgrad.uop.ops import Ops, UOp
@@ -53,7 +53,7 @@ def get_program(ast: UOp, renderer: CStyleLanguage) -> ProgramSpec:
         ast, global_size, local_size = gpu_dims(ast)
         upcast = None
     else:  # CPUs: the outermost loop is split across threads by the runtime; one output dim may be upcast
-        ast, upcast = choose_upcast(ast)
+        ast, upcast = choose_upcast(ast) if not NOOPT else (ast, None)
         global_ranges = sorted((r for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "global"),
                                key=lambda r: r.arg[0])
         global_size = (global_ranges[0].src[0].arg,) if global_ranges else (1,)
