@@ -813,11 +813,8 @@ class Tensor(_CastShortcuts, NNOps):
         padded = self._wrap(self.uop.pad(pads))
         if value == 0:
             return padded
-        inside = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device)._wrap_pad(pads)
+        inside = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device).pad(pads)
         return inside.where(padded, value)
-
-    def _wrap_pad(self, pads: tuple[tuple[int, int], ...]) -> Tensor:
-        return self._wrap(self.uop.pad(pads))
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         if self.ndim == 0:

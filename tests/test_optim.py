@@ -102,60 +102,66 @@ class NumpySGD:
         return [(p - self.lr * g).astype(np.float32) for p, g in zip(ps, grads)]
 
 
-class NumpyAdam:
+class _NumpyMoments:
+    """Shared state of the Adam-family references: first/second moments and the step count, in float32."""
+
+    def __init__(self, lr: float, b1: float, b2: float, eps: float, weight_decay: float) -> None:
+        self.lr, self.b1, self.b2, self.eps, self.wd = lr, b1, b2, eps, weight_decay
+        self.m: list[np.ndarray] = []
+        self.v: list[np.ndarray] = []
+        self.t = 0
+
+    def __call__(self, ps: list[np.ndarray], grads: list[np.ndarray]) -> list[np.ndarray]:
+        if not self.m:
+            self.m, self.v = [np.zeros_like(p) for p in ps], [np.zeros_like(p) for p in ps]
+        self.t += 1
+        return [self.update(i, p, g).astype(np.float32) for i, (p, g) in enumerate(zip(ps, grads))]
+
+    def moments(self, i: int, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.m[i] = self.b1 * self.m[i] + (1 - self.b1) * g
+        self.v[i] = self.b2 * self.v[i] + (1 - self.b2) * g * g
+        return self.m[i], self.v[i]
+
+    def update(self, i: int, p: np.ndarray, g: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class NumpyAdam(_NumpyMoments):
     """PyTorch's Adam / AdamW formulas, in float32."""
 
     def __init__(self, lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
                  decoupled: bool = False) -> None:
-        self.lr, self.b1, self.b2, self.eps, self.wd, self.decoupled = lr, b1, b2, eps, weight_decay, decoupled
-        self.m: list[np.ndarray] = []
-        self.v: list[np.ndarray] = []
-        self.t = 0
+        super().__init__(lr, b1, b2, eps, weight_decay)
+        self.decoupled = decoupled
 
-    def __call__(self, ps: list[np.ndarray], grads: list[np.ndarray]) -> list[np.ndarray]:
-        if not self.m:
-            self.m, self.v = [np.zeros_like(p) for p in ps], [np.zeros_like(p) for p in ps]
-        self.t += 1
+    def update(self, i: int, p: np.ndarray, g: np.ndarray) -> np.ndarray:
+        if self.decoupled:
+            p = p * np.float32(1 - self.lr * self.wd)
+        else:
+            g = g + np.float32(self.wd) * p
+        m, v = self.moments(i, g)
         bc1, bc2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
-        out = []
-        for i, (p, g) in enumerate(zip(ps, grads)):
-            if self.decoupled:
-                p = p * np.float32(1 - self.lr * self.wd)
-            else:
-                g = g + np.float32(self.wd) * p
-            self.m[i] = self.b1 * self.m[i] + (1 - self.b1) * g
-            self.v[i] = self.b2 * self.v[i] + (1 - self.b2) * g * g
-            denom = np.sqrt(self.v[i]) / math.sqrt(bc2) + self.eps
-            out.append((p - (self.lr / bc1) * self.m[i] / denom).astype(np.float32))
-        return out
+        denom = np.sqrt(v) / math.sqrt(bc2) + self.eps
+        return p - (self.lr / bc1) * m / denom
 
 
-class NumpyLAMB:
+class NumpyLAMB(_NumpyMoments):
     """tinygrad's LAMB: trust ratio ||p|| / ||update|| (1 when either is 0); adam=True drops the ratio."""
 
     def __init__(self, lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6, weight_decay: float = 0.0,
                  adam: bool = False) -> None:
-        self.lr, self.b1, self.b2, self.eps, self.wd, self.adam = lr, b1, b2, eps, weight_decay, adam
-        self.m: list[np.ndarray] = []
-        self.v: list[np.ndarray] = []
-        self.t = 0
+        super().__init__(lr, b1, b2, eps, weight_decay)
+        self.adam = adam
 
-    def __call__(self, ps: list[np.ndarray], grads: list[np.ndarray]) -> list[np.ndarray]:
-        if not self.m:
-            self.m, self.v = [np.zeros_like(p) for p in ps], [np.zeros_like(p) for p in ps]
-        self.t += 1
-        out = []
-        for i, (p, g) in enumerate(zip(ps, grads)):
-            self.m[i] = self.b1 * self.m[i] + (1 - self.b1) * g
-            self.v[i] = self.b2 * self.v[i] + (1 - self.b2) * g * g
-            m_hat, v_hat = self.m[i] / (1 - self.b1 ** self.t), self.v[i] / (1 - self.b2 ** self.t)
-            up = m_hat / (np.sqrt(v_hat) + self.eps) + self.wd * p
-            ratio = 1.0
-            if not self.adam:
-                w_norm, up_norm = np.linalg.norm(p), np.linalg.norm(up)
-                ratio = w_norm / up_norm if w_norm > 0 and up_norm > 0 else 1.0
-            out.append((p - self.lr * ratio * up).astype(np.float32))
-        return out
+    def update(self, i: int, p: np.ndarray, g: np.ndarray) -> np.ndarray:
+        m, v = self.moments(i, g)
+        m_hat, v_hat = m / (1 - self.b1 ** self.t), v / (1 - self.b2 ** self.t)
+        up = m_hat / (np.sqrt(v_hat) + self.eps) + self.wd * p
+        ratio = 1.0
+        if not self.adam:
+            w_norm, up_norm = np.linalg.norm(p), np.linalg.norm(up)
+            ratio = w_norm / up_norm if w_norm > 0 and up_norm > 0 else 1.0
+        return p - self.lr * ratio * up
 
 
 # ---------------------------------------------------------------------- against PyTorch

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
 
 from glassgrad.dtype import DType, dtypes
 from glassgrad.uop.ops import GroupOp, Ops, UOp
@@ -344,5 +343,3 @@ class ClangRenderer(CStyleLanguage):
         return "\n".join(["#include <math.h>", "#include <stdbool.h>", *helpers, "",
                           f"void {name}({signature}) {{", *body, "}", ""])
 
-
-RendererFactory = Callable[[], CStyleLanguage]

@@ -234,6 +234,3 @@ def kernel_name(ast: UOp) -> str:
     prefix = "r" if any(r.arg[1] == "reduce" for r in ranges) else "E"
     return prefix + "".join(f"_{r.src[0].arg}" for r in ranges) if ranges else prefix + "_1"
 
-
-def ast_size(ast: UOp) -> int:
-    return prod(r.src[0].arg for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "global")

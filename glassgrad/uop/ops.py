@@ -62,7 +62,6 @@ class GroupOp:
     Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR})
     Movement = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP})
     Elementwise = ALU | frozenset({Ops.CAST, Ops.BITCAST})
-    ReduceOps = frozenset({Ops.ADD, Ops.MUL, Ops.MAX})
 
 
 ConstType = int | float | bool
@@ -150,15 +149,6 @@ class UOp:
         src = (UOp(Ops.DEVICE, dtypes.void, (), device),) if device is not None else ()
         return UOp(Ops.CONST, dtype, src, as_dtype(value, dtype))
 
-    def const_like(self, value: ConstType) -> UOp:
-        return UOp.const(self.dtype, value, self.device if self.op is not Ops.DEVICE and self._has_device() else None)
-
-    def _has_device(self) -> bool:
-        try:
-            return self.device is not None
-        except (AttributeError, IndexError):
-            return False
-
     def alu(self, op: Ops, *others: UOp) -> UOp:
         srcs = (self, *others)
         out_dtype = dtypes.bool if op in GroupOp.Comparison else srcs[-1].dtype
@@ -207,7 +197,6 @@ class UOp:
     def __mod__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.MOD, self._wrap(x))  # noqa: E704
     def __neg__(self) -> UOp: return self.alu(Ops.NEG)  # noqa: E704
     def __lt__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.CMPLT, self._wrap(x))  # noqa: E704
-    def __and__(self, x: UOp) -> UOp: return self.alu(Ops.AND, x)  # noqa: E704
     def ne(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.CMPNE, self._wrap(x))  # noqa: E704
     def eq(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.CMPEQ, self._wrap(x))  # noqa: E704
     def maximum(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.MAX, self._wrap(x))  # noqa: E704
