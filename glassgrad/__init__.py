@@ -8,9 +8,11 @@ See docs/ARCHITECTURE.md for the walk from `a + b` to the generated kernel.
 """
 from glassgrad.device import Device
 from glassgrad.dtype import DType, dtypes
+from glassgrad.engine.jit import TinyJit
 from glassgrad.engine.realize import GlobalCounters
 from glassgrad.helpers import Context, getenv
 from glassgrad.kernels import kernels
 from glassgrad.tensor import Tensor, no_grad
 
-__all__ = ["Tensor", "dtypes", "DType", "Device", "GlobalCounters", "Context", "getenv", "no_grad", "kernels"]
+__all__ = ["Tensor", "dtypes", "DType", "Device", "GlobalCounters", "Context", "getenv", "no_grad", "kernels",
+           "TinyJit"]

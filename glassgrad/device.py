@@ -22,12 +22,19 @@ from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir
 
 
 class Allocator:
-    """Device memory: alloc/free plus host copies. Freed blocks are kept and reused by size (an LRU cache)."""
+    """Device memory: alloc/free plus host copies. Freed blocks are kept and reused by size (an LRU cache).
+
+    Accounting: `live_bytes` is the memory held by buffers now (blocks in the reuse cache do not count),
+    `peak_bytes` the most it has been since the last `reset_peak()`."""
 
     def __init__(self) -> None:
         self._free: defaultdict[int, list[Any]] = defaultdict(list)
+        self.live_bytes = 0
+        self.peak_bytes = 0
 
     def alloc(self, nbytes: int) -> Any:
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         if self._free[nbytes]:
             return self._free[nbytes].pop()
         try:
@@ -37,7 +44,12 @@ class Allocator:
             return self._alloc(nbytes)
 
     def free(self, handle: Any, nbytes: int) -> None:
+        self.live_bytes -= nbytes
         self._free[nbytes].append(handle)
+
+    def reset_peak(self) -> None:
+        """Start measuring the peak again from what is live now."""
+        self.peak_bytes = self.live_bytes
 
     def clear_cache(self) -> None:
         for nbytes, handles in self._free.items():

@@ -53,6 +53,7 @@ class ContextVar:
 DEBUG = ContextVar("DEBUG", 0)
 NOOPT = ContextVar("NOOPT", 0)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
+JIT = ContextVar("JIT", 1)  # JIT=0: TinyJit functions run eagerly on every call
 TIMING = ContextVar("TIMING", 0)  # time every kernel on the device (adds a sync per kernel); DEBUG>=2 implies it
 
 

@@ -30,6 +30,8 @@ from glassgrad.uop.ops import Ops, UOp
 # realized buffer view -> the graph it was computed from, so gradients flow through realized tensors
 LINEAGE: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
 _REQUIRES_GRAD: weakref.WeakSet[Tensor] = weakref.WeakSet()
+# tensors that own a buffer written in place (assign targets): a TinyJit replay moves them to the new version
+ASSIGN_TARGETS: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()  # id(tensor) -> tensor
 
 Scalar = int | float | bool
 AxisArg = int | Sequence[int] | None
@@ -222,6 +224,7 @@ class Tensor(_CastShortcuts, NNOps):
             own = buffer_view(Buffer(self.device, self.numel(), self.dtype, owned=True), self.shape)
             self.uop = UOp(Ops.ASSIGN, self.dtype, (own, self.uop))
             self.realize()
+        ASSIGN_TARGETS[id(self)] = self
 
     def to(self, device: str | None) -> Tensor:
         target = Device.canonicalize(device or Device.DEFAULT)

@@ -6,6 +6,7 @@ time; `DEBUG=2` prints a line per kernel (name, size, time, GFLOP/s, GB/s), `DEB
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -73,12 +74,18 @@ def run_copy(dest: Buffer, src: Buffer) -> None:
     _report(f"copy {src.device}->{dest.device}", seconds, 0, dest.nbytes, f"{dest.nbytes} bytes")
 
 
+# While a TinyJit captures a step, it listens here: every item run is passed to each hook (glassgrad/engine/jit.py).
+capture_hooks: list[Callable[[ScheduleItem], None]] = []
+
+
 def run_schedule(schedule: list[ScheduleItem]) -> None:
     for item in schedule:
         run_item(item)
         if item.writes is not None:
             buf, version = item.writes
             buf.version = max(buf.version, version)
+        for hook in capture_hooks:
+            hook(item)
 
 
 def run_item(item: ScheduleItem) -> None:

@@ -15,9 +15,10 @@ of that node's buffer (and a reshape of a buffer is already realized).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from glassgrad.device import Buffer
@@ -44,6 +45,17 @@ class RealizedMap:
 
     def __contains__(self, node: UOp) -> bool:
         return self.get(node) is not None
+
+    @contextlib.contextmanager
+    def isolated(self) -> Iterator[None]:
+        """Inside the block, results realized before it are not reused (everything is computed from buffers), and
+        afterwards the results realized inside it are forgotten. The JIT captures a step this way: the capture then
+        holds every kernel the step needs, and no later graph reuses a buffer that the JIT's replays overwrite."""
+        outer, self._map = self._map, weakref.WeakKeyDictionary()
+        try:
+            yield
+        finally:
+            self._map = outer
 
 
 REALIZED = RealizedMap()

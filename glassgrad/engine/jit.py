@@ -1,0 +1,363 @@
+"""TinyJit: run a function's kernels again without Python building, scheduling or compiling anything.
+
+In: a function of tensors (and hashable Python values) that realizes its work, typically one training step.
+Out: a callable with the same arguments. Per *signature* (every tensor argument's shape, dtype and device, and the
+value of every other argument):
+
+  * call 1 runs the function normally (it compiles the kernels and lets lazy state, such as optimiser buffers,
+    come into being);
+  * call 2 runs it again while listening to `run_schedule` (the capture hook in engine/realize.py): every kernel
+    run is recorded with its compiled program, launch size and buffers;
+  * calls 3+ replay the recorded kernels with the new call's input buffers: no graph, no schedule, no codegen.
+
+A new signature (another batch size, a changed Python scalar) starts at call 1 for that signature, so a replay
+never computes with stale shapes or constants; each signature keeps its own capture.
+
+What a capture holds (tinygrad's rule): tensors passed as arguments, also inside a list/tuple/dict argument, are
+*inputs*, swapped for the new call's tensors on each replay. Every other buffer the kernels touch is *state*,
+used by identity: parameters, optimiser moments, BatchNorm running statistics. State written in place (`assign`)
+stays in place on replay, and the tensors owning it move to the new buffer version as they would eagerly.
+Intermediates that nothing outside the capture holds share memory (engine/memory.py).
+
+Returned tensors are realized. Their buffers belong to the capture: every replay returns the same tensor objects
+with new values, so a result must be read (`.numpy()`, `.item()`) or copied before the next call.
+
+Limits: Python values and host data inside the function (`Tensor(np_array)` made there, closure scalars) are
+constants of the capture; random numbers drawn on the host inside the function (`Tensor.rand`, dropout) raise
+`JitError` at capture, as a replay would repeat them. `JIT=0` runs the function eagerly on every call.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import weakref
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from glassgrad.device import Buffer
+from glassgrad.dtype import dtypes
+from glassgrad.engine import realize
+from glassgrad.engine.memory import plan_memory
+from glassgrad.engine.realize import GlobalCounters, _report, compile_kernel, run_copy
+from glassgrad.helpers import DEBUG, JIT, TIMING
+from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
+from glassgrad.tensor import _RNG, ASSIGN_TARGETS, Tensor, no_grad
+from glassgrad.uop.ops import Ops
+
+ReturnType = TypeVar("ReturnType")
+
+
+class JitError(RuntimeError):
+    """A function TinyJit cannot capture or replay faithfully, or arguments it cannot take."""
+
+
+# ---------------------------------------------------------------------- arguments
+def _describe(value: Any, where: str, tensors: list[Tensor], names: list[str]) -> Hashable:
+    """The part of the signature an argument gives; its tensors are appended to `tensors` (and their names)."""
+    if isinstance(value, Tensor):
+        tensors.append(value)
+        names.append(where)
+        return ("Tensor", value.shape, value.dtype, value.device)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_describe(v, f"{where}[{i}]", tensors, names) for i, v in enumerate(value)))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _describe(value[k], f"{where}[{k!r}]", tensors, names))
+                              for k in sorted(value, key=repr)))
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"TinyJit argument {where} is a {type(value).__name__}: arguments must be tensors, hashable "
+                        "values, or lists/tuples/dicts of them") from None
+    return (type(value).__name__, repr(value) if isinstance(value, float) else value)  # repr: -0.0 and nan
+
+
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Hashable, list[Tensor], list[str]]:
+    tensors: list[Tensor] = []
+    names: list[str] = []
+    key = tuple((name, _describe(value, f"{name!r}" if isinstance(name, str) else f"#{name}", tensors, names))
+                for name, value in [*enumerate(args), *sorted(kwargs.items())])
+    return key, tensors, names
+
+
+def _input_buffers(tensors: list[Tensor], names: list[str]) -> list[Buffer]:
+    """Realize the input tensors and return their buffers; two inputs sharing one buffer are refused."""
+    Tensor.realize_all(*tensors)
+    buffers: list[Buffer] = []
+    for t, name in zip(tensors, names):
+        buf = t.uop.base.arg[0]
+        if any(buf is b for b in buffers):
+            other = names[next(i for i, b in enumerate(buffers) if b is buf)]
+            raise JitError(f"TinyJit inputs {other} and {name} share one buffer; pass it once, or pass a .clone()")
+        buffers.append(buf)
+    return buffers
+
+
+def _returned_tensors(ret: Any) -> list[Tensor]:
+    if ret is None:
+        return []
+    if isinstance(ret, Tensor):
+        return [ret]
+    if isinstance(ret, (list, tuple)):
+        return [t for r in ret for t in _returned_tensors(r)]
+    if isinstance(ret, dict):
+        return [t for r in ret.values() for t in _returned_tensors(r)]
+    raise JitError(f"a TinyJit function must return tensors (or None, or lists/tuples/dicts of them), not a "
+                   f"{type(ret).__name__}: a replay runs kernels only and could not recompute it")
+
+
+# ---------------------------------------------------------------------- a capture
+@dataclass(eq=False)
+class _Slot:
+    """An intermediate buffer of a capture while it is planned: its size, and a weak reference to the buffer."""
+    device: str
+    nbytes: int
+    ref: weakref.ref[Buffer]
+
+
+Ref = Buffer | int | _Slot  # a kernel argument: a state buffer, the index of an input, an intermediate
+
+
+@dataclass
+class _Kernel:
+    """One recorded launch. `args` holds the handles; the positions listed in `inputs` take each call's inputs."""
+    program: Any
+    name: str
+    global_size: tuple[int, ...]
+    local_size: tuple[int, ...] | None
+    work: int
+    flops: int
+    nbytes: int
+    args: list[Any]
+    inputs: list[tuple[int, int]]  # (argument position, input index)
+
+
+@dataclass
+class _Copy:
+    dest: Buffer | int
+    src: Buffer | int
+
+
+@dataclass
+class _Step:
+    """A captured item before planning: its AST (or COPY) and its buffers as references."""
+    item_ast: Any
+    device: str
+    refs: list[Ref]
+    nbytes: int
+
+
+def _steps_of(items: list[ScheduleItem], inputs: list[Buffer]) -> tuple[list[_Step], dict[Buffer, int]]:
+    """Turn the recorded items into steps, intermediates as weak `_Slot`s, and count in-place writes per buffer.
+    An intermediate is a buffer a kernel creates in the capture (its first use writes version 0), that is not copied
+    between devices or written in place later. The items are cleared: afterwards only the intermediates that
+    something outside the capture holds (a returned tensor, a realized `.grad`) are still alive."""
+    input_index = {id(b): i for i, b in enumerate(inputs)}
+    inplace: dict[Buffer, int] = {}
+    for item in items:
+        if item.writes is not None and item.writes[1] >= 1:
+            inplace[item.writes[0]] = inplace.get(item.writes[0], 0) + 1
+    copied = {id(b) for item in items if item.ast.op is Ops.COPY for b in item.bufs}
+    refs: dict[int, Ref] = {}
+    steps = []
+    for item in items:
+        for pos, buf in enumerate(item.bufs):
+            if id(buf) in refs:
+                continue
+            if id(buf) in input_index:
+                refs[id(buf)] = input_index[id(buf)]
+            elif pos == 0 and item.writes == (buf, 0) and id(buf) not in copied and buf not in inplace:
+                refs[id(buf)] = _Slot(buf.device, max(buf.nbytes, 1), weakref.ref(buf))
+            else:
+                refs[id(buf)] = buf
+        steps.append(_Step(item.ast, item.bufs[0].device, [refs[id(b)] for b in item.bufs],
+                           sum(b.nbytes for b in item.bufs)))
+    items.clear()
+    return steps, inplace
+
+
+class _Capture:
+    """The kernels of one signature, ready to replay."""
+
+    def __init__(self, items: list[ScheduleItem], inputs: list[Buffer], ret: Any, plan: bool) -> None:
+        steps, inplace = _steps_of(items, inputs)
+        gc.collect()  # intermediates only the recorded items held are gone now
+        self.ret = ret
+        self.intermediate_bytes = 0  # bytes of the intermediates nothing else holds, each in its own buffer
+        self.pool: list[Buffer] = []  # the memory they share when planned
+        slot_buffers = self._place(steps, plan)
+        self.steps: list[_Kernel | _Copy] = [self._launch(s, slot_buffers) for s in steps]
+        self.kernel_count = sum(isinstance(s, _Kernel) for s in self.steps)
+        index = {id(b): i for i, b in enumerate(inputs)}
+        self.written_inputs = [(index[id(b)], n) for b, n in inplace.items() if id(b) in index]
+        self.written_state = [(b, n) for b, n in inplace.items() if id(b) not in index]
+        held = {id(r) for s in steps for r in s.refs if isinstance(r, Buffer)}
+        self.owners = [(weakref.ref(t), t.uop.base.arg[0]) for t in list(ASSIGN_TARGETS.values())
+                       if is_buffer_view(t.uop) and id(t.uop.base.arg[0]) in held]
+        if DEBUG >= 1:
+            print(f"TinyJit: captured {self.kernel_count} kernels, {len(self.steps) - self.kernel_count} copies, "
+                  f"{len(inputs)} inputs; intermediates {self.intermediate_bytes / 1e6:.2f} MB in "
+                  f"{sum(b.nbytes for b in self.pool) / 1e6:.2f} MB")
+
+    def _place(self, steps: list[_Step], plan: bool) -> dict[_Slot, Buffer]:
+        """A buffer for every intermediate still alive is itself (state, from now on); the others get a block of
+        the memory plan (or, unplanned, a buffer each)."""
+        dead: dict[_Slot, tuple[str, int]] = {}
+        for step in steps:
+            for i, r in enumerate(step.refs):
+                if isinstance(r, _Slot):
+                    alive = r.ref()
+                    if alive is not None:
+                        step.refs[i] = alive
+                    else:
+                        dead[r] = (r.device, r.nbytes)
+        self.intermediate_bytes = sum(nbytes for _, nbytes in dead.values())
+        if not plan:
+            return {slot: self._new_block(device, nbytes) for slot, (device, nbytes) in dead.items()}
+        placed, blocks = plan_memory([[r for r in s.refs if isinstance(r, _Slot)] for s in steps], dead)
+        pool = [self._new_block(b.device, b.nbytes) for b in blocks]
+        return {slot: pool[placed[slot]] for slot in dead}
+
+    def _new_block(self, device: str, nbytes: int) -> Buffer:
+        self.pool.append(Buffer(device, nbytes, dtypes.uint8))
+        return self.pool[-1]
+
+    @staticmethod
+    def _launch(step: _Step, slot_buffers: dict[_Slot, Buffer]) -> _Kernel | _Copy:
+        bufs = [slot_buffers[r] if isinstance(r, _Slot) else r for r in step.refs]
+        if step.item_ast.op is Ops.COPY:
+            dest, src = bufs
+            return _Copy(dest, src)
+        kernel = compile_kernel(step.device, step.item_ast)
+        args = [None if isinstance(b, int) else b.handle for b in bufs]
+        inputs = [(pos, b) for pos, b in enumerate(bufs) if isinstance(b, int)]
+        spec = kernel.spec
+        return _Kernel(kernel.program, spec.name, spec.global_size, spec.local_size, spec.work, spec.flops,
+                       step.nbytes, args, inputs)
+
+    def replay(self, tensors: list[Tensor], inputs: list[Buffer]) -> Any:
+        self._apply_pending_state()
+        handles = [b.handle for b in inputs]
+        wait = DEBUG >= 2 or bool(TIMING)
+        for step in self.steps:
+            if isinstance(step, _Copy):
+                run_copy(*(inputs[b] if isinstance(b, int) else b for b in (step.dest, step.src)))
+                continue
+            args = step.args
+            for pos, i in step.inputs:
+                args[pos] = handles[i]
+            seconds = step.program(*args, global_size=step.global_size, local_size=step.local_size, work=step.work,
+                                   wait=wait) or 0.0
+            GlobalCounters.kernel_count += 1
+            GlobalCounters.global_ops += step.flops
+            GlobalCounters.global_mem += step.nbytes
+            GlobalCounters.time_sum_s += seconds
+            if DEBUG >= 2:
+                _report(step.name, seconds, step.flops, step.nbytes, "(jit)")
+        self._advance_versions(tensors, inputs)
+        return self.ret
+
+    def _apply_pending_state(self) -> None:
+        """Assigns to state queued since the last call (say a new learning rate) are applied before the replay
+        reads it; a state tensor that now lives in another buffer cannot be replayed."""
+        pending = []
+        for ref, buf in self.owners:
+            t = ref()
+            if t is None:
+                continue
+            if not is_buffer_view(t.uop):
+                pending.append(t)
+            elif t.uop.base.arg[0] is not buf:
+                raise JitError(f"a state tensor (shape {t.shape}) the TinyJit captured moved to another buffer; "
+                               "write into it with assign(), or call reset() on the jitted function")
+        if pending:
+            with no_grad():
+                Tensor.realize_all(*pending)
+
+    def _advance_versions(self, tensors: list[Tensor], inputs: list[Buffer]) -> None:
+        """Buffers written in place are at a new version now, as after an eager step: their owners read it."""
+        for i, writes in self.written_inputs:
+            inputs[i].version += writes
+            tensors[i].uop = buffer_view(inputs[i], tensors[i].shape, inputs[i].version)
+        for buf, writes in self.written_state:
+            buf.version += writes
+        for ref, buf in self.owners:
+            t = ref()
+            if t is not None and is_buffer_view(t.uop) and t.uop.base.arg[1] != buf.version:
+                t.uop = buffer_view(buf, t.shape, buf.version)
+
+
+# ---------------------------------------------------------------------- the decorator
+class TinyJit(Generic[ReturnType]):
+    """`@TinyJit` on a function of tensors: call 1 runs it, call 2 captures its kernels, later calls replay them
+    (per signature: shapes, dtypes and devices of the tensor arguments, values of the others). Returned tensors are
+    realized, and their buffers are reused by the next call: read or copy a result before calling again.
+    `plan_memory=False` gives every intermediate its own buffer (to measure what the planner saves)."""
+
+    def __init__(self, fn: Callable[..., ReturnType], plan_memory: bool = True) -> None:
+        self.fn = fn
+        self.plan_memory = plan_memory
+        self._seen: set[Hashable] = set()
+        self._captures: dict[Hashable, _Capture] = {}
+        functools.update_wrapper(self, fn)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Callable[..., ReturnType]:
+        return functools.partial(self.__call__, obj)  # a jitted method
+
+    def reset(self) -> None:
+        """Forget every capture: the next call runs eagerly again."""
+        self._seen.clear()
+        self._captures.clear()
+
+    @property
+    def captures(self) -> int:
+        return len(self._captures)
+
+    def capture_of(self, *args: Any, **kwargs: Any) -> _Capture | None:
+        """The capture that a call with these arguments would replay (None if there is none yet)."""
+        return self._captures.get(_signature(args, kwargs)[0])
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
+        if not JIT:
+            return self._run_eagerly(args, kwargs)
+        if realize.capture_hooks:
+            raise JitError(f"{self.fn.__name__}: a TinyJit cannot run inside another TinyJit's capture")
+        key, tensors, names = _signature(args, kwargs)
+        inputs = _input_buffers(tensors, names)
+        captured = self._captures.get(key)
+        if captured is not None:
+            return captured.replay(tensors, inputs)
+        if key not in self._seen:
+            self._seen.add(key)
+            return self._run_eagerly(args, kwargs)
+        captured = self._capture(args, kwargs, inputs)
+        self._captures[key] = captured
+        return captured.ret
+
+    def _run_eagerly(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ReturnType:
+        ret = self.fn(*args, **kwargs)
+        with no_grad():
+            Tensor.realize_all(*_returned_tensors(ret))
+        return ret
+
+    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: list[Buffer]) -> _Capture:
+        items: list[ScheduleItem] = []
+        hook = items.append
+        generator, rng_state = _RNG.generator, _RNG.generator.bit_generator.state
+        realize.capture_hooks.append(hook)
+        try:
+            with REALIZED.isolated():
+                ret = self._run_eagerly(args, kwargs)
+        finally:
+            realize.capture_hooks.remove(hook)
+        if _RNG.generator is not generator or _RNG.generator.bit_generator.state != rng_state:
+            raise JitError(f"{self.fn.__name__} draws random numbers on the host (Tensor.rand/randn/dropout): a "
+                           "replay would repeat the same numbers. Draw them outside and pass them as inputs")
+        if not items:
+            raise JitError(f"{self.fn.__name__} ran no kernels while being captured: nothing to replay")
+        input_ids = {id(b) for b in inputs}
+        for t in _returned_tensors(ret):
+            if id(t.uop.base.arg[0]) in input_ids:
+                raise JitError(f"{self.fn.__name__} returns (a view of) one of its inputs; return a copy "
+                               "(x.contiguous()), since a replay does not recompute it")
+        return _Capture(items, inputs, ret, self.plan_memory)
