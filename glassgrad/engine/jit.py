@@ -353,11 +353,11 @@ class TinyJit(Generic[ReturnType]):
         if _RNG.generator is not generator or _RNG.generator.bit_generator.state != rng_state:
             raise JitError(f"{self.fn.__name__} draws random numbers on the host (Tensor.rand/randn/dropout): a "
                            "replay would repeat the same numbers. Draw them outside and pass them as inputs")
-        if not items:
-            raise JitError(f"{self.fn.__name__} ran no kernels while being captured: nothing to replay")
         input_ids = {id(b) for b in inputs}
         for t in _returned_tensors(ret):
             if id(t.uop.base.arg[0]) in input_ids:
                 raise JitError(f"{self.fn.__name__} returns (a view of) one of its inputs; return a copy "
                                "(x.contiguous()), since a replay does not recompute it")
+        if not items:
+            raise JitError(f"{self.fn.__name__} ran no kernels while being captured: nothing to replay")
         return _Capture(items, inputs, ret, self.plan_memory)
