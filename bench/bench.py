@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,8 +46,8 @@ class Workload:
     torch: Callable[[], object] | None
 
 
-def mnist_step_fns(batch: int, device: str) -> tuple[Callable[[], object], Callable[[], object] | None]:
-    """One Adam training step of examples/mnist.py's CNN, in glassgrad and (when installed) in PyTorch."""
+def mnist_example() -> Any:
+    """examples/mnist.py as a module."""
     import importlib.util
     import pathlib
     path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "mnist.py"
@@ -54,8 +55,14 @@ def mnist_step_fns(batch: int, device: str) -> tuple[Callable[[], object], Calla
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
+    return example
+
+
+def mnist_glassgrad_step(batch: int, device: str, jit: bool = False) -> Callable[[], Tensor]:
+    """One Adam training step of examples/mnist.py's CNN on a fixed random batch; `jit`: the example's TinyJit step."""
     from glassgrad import no_grad
     from glassgrad.nn import optim, state
+    example = mnist_example()
     rng = np.random.default_rng(0)
     images = rng.random((batch, 1, 28, 28), dtype=np.float32)
     labels = rng.integers(0, 10, batch).astype(np.int32)
@@ -65,17 +72,29 @@ def mnist_step_fns(batch: int, device: str) -> tuple[Callable[[], object], Calla
     opt = optim.Adam(state.get_parameters(model))
     Device.DEFAULT = previous
     x, y = Tensor(images, device=device).realize(), Tensor(labels, device=device).realize()
+    jitted = example.train_step_fn(model, opt)
 
-    def glassgrad_step() -> object:
+    def eager_step() -> Tensor:
         with Tensor.train():
             opt.zero_grad()
             loss = model(x).sparse_categorical_crossentropy(y).backward()
             with no_grad():
                 Tensor.realize_all(loss, *opt.schedule_step())
-        if device.upper().startswith("CUDA"):
-            Device[device].synchronize()
         return loss
 
+    def step() -> Tensor:
+        loss = jitted(x, y) if jit else eager_step()
+        Device[device].synchronize()
+        return loss
+    return step
+
+
+def mnist_step_fns(batch: int, device: str) -> tuple[Callable[[], object], Callable[[], object] | None]:
+    """One Adam training step of examples/mnist.py's CNN, in glassgrad and (when installed) in PyTorch."""
+    rng = np.random.default_rng(0)
+    images = rng.random((batch, 1, 28, 28), dtype=np.float32)
+    labels = rng.integers(0, 10, batch).astype(np.int32)
+    glassgrad_step = mnist_glassgrad_step(batch, device)
     if torch is None:
         return glassgrad_step, None
     tdev = "cuda" if device.upper().startswith("CUDA") else "cpu"
@@ -162,6 +181,8 @@ def make_workloads(device: str) -> list[Workload]:
     work.append(Workload("100-op chain on 16 floats", "op", 200, chain_gg, chain_np, chain_torch if torch else None))
     gg_step, torch_step = mnist_step_fns(128, device)
     work.append(Workload("MNIST CNN train step b128", "step", 1, gg_step, lambda: None, torch_step))
+    work.append(Workload("MNIST train step b128 (TinyJit)", "step", 1, mnist_glassgrad_step(128, device, jit=True),
+                         lambda: None, torch_step))
     return work
 
 
@@ -253,7 +274,7 @@ def main() -> None:
         print_gpu(args.device, args.repeat)
         return
     print(f"device {args.device}; numpy {np.__version__}; torch {torch.__version__ if torch else 'not installed'}")
-    header = f"{'workload':<28} {'glassgrad':>11} {'numpy':>11} {'torch':>11} {'vs numpy':>9} {'vs torch':>9}"
+    header = f"{'workload':<32} {'glassgrad':>11} {'numpy':>11} {'torch':>11} {'vs numpy':>9} {'vs torch':>9}"
     print(header)
     print("-" * len(header))
     for w in make_workloads(args.device):
@@ -264,7 +285,7 @@ def main() -> None:
         torch_ratio = f"{t_torch / t_gg:8.2f}x" if t_torch else f"{'-':>9}"
         np_col = f"{t_np * 1e3:9.3f}ms" if t_np == t_np else f"{'-':>11}"
         np_ratio = f"{t_np / t_gg:8.2f}x" if t_np == t_np else f"{'-':>9}"
-        print(f"{w.name:<28} {t_gg * 1e3:9.3f}ms {np_col} {torch_col} {np_ratio} {torch_ratio}")
+        print(f"{w.name:<32} {t_gg * 1e3:9.3f}ms {np_col} {torch_col} {np_ratio} {torch_ratio}")
     print("ratios are other-library time / glassgrad time: above 1.00x glassgrad is faster")
 
 

@@ -4,6 +4,7 @@ In: MNIST from `--data DIR` / $MNIST_DIR / the cache / a download (glassgrad.nn.
 test images are found (as in this repo's CI, under ../shared/data/mnist), they are split 8,000 train / 2,000 test;
 with no MNIST at all, scikit-learn's bundled 8x8 digits (upscaled to 28x28) stand in, and it says so.
 Out: a progress bar with the loss and the test accuracy, and optionally the weights (`--save model.safetensors`).
+The train step is a `TinyJit` (JIT=0 runs it eagerly).
 
     python examples/mnist.py                      # 70 steps of batch 512, Adam
     python examples/mnist.py --device CUDA --save mnist.safetensors
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from glassgrad import Device, Tensor, nn, no_grad
+from glassgrad import Device, Tensor, TinyJit, nn, no_grad
 from glassgrad.nn import datasets, optim, state
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -99,21 +100,31 @@ def progress(steps: int) -> Iterable[int]:
         return range(steps)
 
 
+def train_step_fn(model: Model, opt: optim.Optimizer) -> Callable[[Tensor, Tensor], Tensor]:
+    """One Adam step on a batch, as a TinyJit (tinygrad's beautiful_mnist): from the third call on, its kernels are
+    replayed without Python building or scheduling the graph. The returned loss is overwritten by the next call."""
+    @TinyJit
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        with Tensor.train():
+            opt.zero_grad()
+            loss = model(x).sparse_categorical_crossentropy(y).backward()
+            with no_grad():
+                Tensor.realize_all(loss, *opt.schedule_step())
+        return loss
+    return step
+
+
 def train(model: Model, data: Data, steps: int, batch: int, lr: float, eval_every: int = 10) -> float:
     x_train, y_train, x_test, y_test = data
     opt = optim.Adam(state.get_parameters(model), lr=lr)
+    train_step = train_step_fn(model, opt)
     rng = np.random.default_rng(1337)
     test_acc = float("nan")
     bar = progress(steps)
     start = time.perf_counter()
     for step in bar:
         idx = rng.integers(0, len(x_train), batch)
-        x, y = to_input(x_train[idx]), Tensor(y_train[idx].astype(np.int32))
-        with Tensor.train():
-            opt.zero_grad()
-            loss = model(x).sparse_categorical_crossentropy(y).backward()
-            with no_grad():
-                Tensor.realize_all(loss, *opt.schedule_step())
+        loss = train_step(to_input(x_train[idx]), Tensor(y_train[idx].astype(np.int32)))
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             test_acc = accuracy(model, x_test, y_test)
         message = f"loss {loss.item():6.3f} test accuracy {test_acc * 100:5.2f}%"
