@@ -168,6 +168,16 @@ def test_scalar_arguments_are_part_of_the_signature() -> None:
     assert f.captures == 4 and calls[0] == 8
 
 
+def test_train_and_eval_modes_are_separate_signatures() -> None:
+    f, calls = _counting(lambda a: a.dropout(0.5) if Tensor.training else (a * 3).contiguous())
+    x = Tensor(np.ones(4, np.float32)).realize()
+    for _ in range(3):
+        np.testing.assert_allclose(f(x).numpy(), 3.0)
+    with Tensor.train(), pytest.raises(JitError, match="random numbers"):  # dropout draws its mask on the host
+        _run3(f, x)
+    assert calls[0] == 4
+
+
 def test_jit_0_runs_eagerly_every_call() -> None:
     f, calls = _counting(lambda a: (a + 1).contiguous())
     with Context(JIT=0):

@@ -10,8 +10,9 @@ value of every other argument):
     run is recorded with its compiled program, launch size and buffers;
   * calls 3+ replay the recorded kernels with the new call's input buffers: no graph, no schedule, no codegen.
 
-A new signature (another batch size, a changed Python scalar) starts at call 1 for that signature, so a replay
-never computes with stale shapes or constants; each signature keeps its own capture.
+A new signature (another batch size, a changed Python scalar, `Tensor.training` or `no_grad` switched) starts at
+call 1 for that signature, so a replay never computes with stale shapes or constants; each signature keeps its own
+capture.
 
 What a capture holds (tinygrad's rule): tensors passed as arguments, also inside a list/tuple/dict argument, are
 *inputs*, swapped for the new call's tensors on each replay. Every other buffer the kernels touch is *state*,
@@ -77,7 +78,7 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Hashable,
     names: list[str] = []
     key = tuple((name, _describe(value, f"{name!r}" if isinstance(name, str) else f"#{name}", tensors, names))
                 for name, value in [*enumerate(args), *sorted(kwargs.items())])
-    return key, tensors, names
+    return (key, Tensor.training, Tensor.no_grad), tensors, names  # the modes change what the function builds
 
 
 def _input_buffers(tensors: list[Tensor], names: list[str]) -> list[Buffer]:
