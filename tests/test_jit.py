@@ -260,6 +260,16 @@ def test_errors() -> None:
         _run3(TinyJit(lambda a: inner(a) * 2), x)
 
 
+def test_state_moved_to_another_buffer_is_refused() -> None:
+    w = Tensor(np.ones(3, np.float32)).realize()
+    w.assign(w).realize()
+    f = TinyJit(lambda x: w.assign(w + x).realize() * 1)
+    _run3(f, Tensor(np.ones(3, np.float32)))
+    w.uop = Tensor(np.zeros(3, np.float32)).realize().uop  # not an assign: w now reads another buffer
+    with pytest.raises(JitError, match="moved to another buffer"):
+        f(Tensor(np.ones(3, np.float32)))
+
+
 def test_reset_starts_over() -> None:
     f, calls = _counting(lambda a: (a + 1).contiguous())
     _run3(f, Tensor(_arr(3)))
