@@ -13,6 +13,7 @@ from glassgrad.engine.realize import GlobalCounters
 from glassgrad.helpers import Context, getenv
 from glassgrad.kernels import kernels
 from glassgrad.tensor import Tensor, no_grad
+from glassgrad.uop.sint import Variable
 
 __all__ = ["Tensor", "dtypes", "DType", "Device", "GlobalCounters", "Context", "getenv", "no_grad", "kernels",
-           "TinyJit"]
+           "TinyJit", "Variable"]

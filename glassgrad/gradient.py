@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from glassgrad.dtype import dtypes
 from glassgrad.uop.ops import GroupOp, Ops, UOp
+from glassgrad.uop.sint import sint_add, sint_sub
 
 Grads = tuple[UOp | None, ...]
 
@@ -71,11 +72,11 @@ def _max_grad(g: UOp, node: UOp) -> Grads:
 
 
 def _pad_grad(g: UOp, node: UOp) -> Grads:
-    return (g.shrink(tuple((b, b + s) for (b, _), s in zip(node.arg, node.src[0].shape))),)
+    return (g.shrink(tuple((b, sint_add(b, s)) for (b, _), s in zip(node.arg, node.src[0].shape))),)
 
 
-def _shrink_grad(g: UOp, node: UOp) -> Grads:
-    return (g.pad(tuple((b, s - e) for (b, e), s in zip(node.arg, node.src[0].shape))),)
+def _shrink_grad(g: UOp, node: UOp) -> Grads:  # bounds and sizes may be symbolic (a shrink to a bound Variable)
+    return (g.pad(tuple((b, sint_sub(s, e)) for (b, e), s in zip(node.arg, node.src[0].shape))),)
 
 
 def _permute_grad(g: UOp, node: UOp) -> Grads:

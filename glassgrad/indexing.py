@@ -17,6 +17,9 @@ once any array index is present) sit next to each other, else they go in front. 
 raise IndexError naming the dim and its size; entries of a lazy index Tensor cannot be checked without computing
 them, so an out-of-range entry there selects nothing and yields 0 (documented difference from numpy).
 Boolean masks are not supported (a TypeError says so).
+Symbolic slices: a bound Variable (or an int expression of one) as a slice's start or stop, `t[:v]`, `t[v:v+2]`,
+is a shrink with symbolic bounds (step 1, no negative bounds); a dimension that is already symbolic takes such
+slices and in-range ints.
 """
 from __future__ import annotations
 
@@ -25,6 +28,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from glassgrad.uop.ops import UOp
+from glassgrad.uop.sint import render_sint, sint, sint_min
 
 if TYPE_CHECKING:
     from glassgrad.tensor import Tensor
@@ -76,6 +82,8 @@ def _classify(t: Tensor, entry: Any) -> _Item:
     if isinstance(entry, (int, np.integer)):
         return _Item("int", int(entry))
     if isinstance(entry, slice):
+        if isinstance(entry.start, UOp) or isinstance(entry.stop, UOp):
+            return _Item("slice", entry)  # a symbolic slice: checked by _symbolic_span and shrink
         for part in (entry.start, entry.stop, entry.step):
             if part is not None and (not isinstance(part, (int, np.integer)) or isinstance(part, bool)):
                 raise TypeError(f"slice bounds must be ints or None, got {entry}")
@@ -117,7 +125,7 @@ def _host_index(entry: Any, device: str) -> _HostIndex:
 # ---------------------------------------------------------------------- basic indexing
 def _basic(t: Tensor, items: list[_Item]) -> tuple[Tensor, list[int]]:
     """Apply ints, slices and None. Returns the view and, for each tensor item, the dim it now occupies."""
-    bounds: list[tuple[int, int]] = []
+    bounds: list[tuple[sint, sint]] = []
     flips: list[bool] = []
     steps: list[int] = []
     dim = 0
@@ -146,14 +154,21 @@ def _basic(t: Tensor, items: list[_Item]) -> tuple[Tensor, list[int]]:
     return _final_reshape(x, items)
 
 
-def _check_int(i: int, dim: int, size: int) -> int:
+def _check_int(i: int, dim: int, size: sint) -> int:
+    if isinstance(size, UOp):  # a symbolic dimension: only indices below its smallest size are always valid
+        if not 0 <= i < sint_min(size):
+            raise IndexError(f"index {i} into symbolic dimension {dim} of size {render_sint(size)} must be in "
+                             f"[0, {sint_min(size)}) (the smallest size its Variables allow)")
+        return i
     if not -size <= i < size:
         raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
     return i + size if i < 0 else i
 
 
-def _slice_span(s: slice, size: int) -> tuple[int, int, int]:
+def _slice_span(s: slice, size: sint) -> tuple[sint, sint, int]:
     """The contiguous span [lo, hi) that a slice touches, and its step (count = ceil((hi-lo)/|step|))."""
+    if isinstance(size, UOp) or isinstance(s.start, UOp) or isinstance(s.stop, UOp):
+        return _symbolic_span(s, size)
     if s.step == 0:
         raise ValueError("slice step cannot be zero")
     start, stop, step = s.indices(size)
@@ -162,6 +177,19 @@ def _slice_span(s: slice, size: int) -> tuple[int, int, int]:
         return 0, 0, 1
     last = start + (count - 1) * step
     return (start, last + 1, step) if step > 0 else (last, start + 1, step)
+
+
+def _symbolic_span(s: slice, size: sint) -> tuple[sint, sint, int]:
+    """A slice with a Variable bound, or of a symbolic dimension: step 1 and non-negative bounds only (a negative
+    bound would count from a symbolic end); shrink checks the bounds fit for every value of the Variables."""
+    if s.step not in (None, 1):
+        raise IndexError(f"symbolic slices take step 1, got {s.step}")
+    for part in (s.start, s.stop):
+        if isinstance(part, (int, np.integer)) and not isinstance(part, bool) and part < 0:
+            raise IndexError(f"symbolic slices take non-negative bounds, got {s}")
+        if part is not None and not isinstance(part, (int, np.integer, UOp)):
+            raise TypeError(f"slice bounds must be ints, bound Variables or None, got {s}")
+    return (0 if s.start is None else s.start), (size if s.stop is None else s.stop), 1
 
 
 def _take_every(x: Tensor, steps: list[int]) -> Tensor:
@@ -195,6 +223,9 @@ def _advanced(x: Tensor, items: list[_Item], tensor_items: list[_Item], tensor_d
     """Gather along the tensor-indexed dims of x with a one-hot mask; place the broadcast dims as numpy does."""
     from glassgrad.tensor import Tensor, _broadcast_shape
     sizes = [x.shape[d] for d in tensor_dims]
+    if any(isinstance(n, UOp) for n in sizes):
+        raise NotImplementedError("indexing a symbolic (Variable) dimension with a list or tensor is not supported; "
+                                  "use a slice, or gather before shrinking to the Variable")
     idxs = [_index_tensor(it.value, d, n) for it, d, n in zip(tensor_items, _source_dims(items), sizes, strict=True)]
     bshape: tuple[int, ...] = ()
     for i in idxs:

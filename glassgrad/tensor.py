@@ -25,7 +25,8 @@ from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import normalize_axis, prod
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
 from glassgrad.tensor_nn import NNOps
-from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.ops import Ops, UOp, sint
+from glassgrad.uop.sint import as_sint, render_sint, sint_eval, sint_min, sint_prod, sint_sub, unbound_variables
 
 # realized buffer view -> the graph it was computed from, so gradients flow through realized tensors
 LINEAGE: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
@@ -104,7 +105,9 @@ class Tensor(_CastShortcuts, NNOps):
         return len(self.shape)
 
     def numel(self) -> int:
-        return prod(self.shape)
+        """The element count; for a symbolic shape, a symbolic size (see glassgrad/uop/sint.py)."""
+        count = prod(self.shape)
+        return count if isinstance(count, int) else sint_prod(self.shape)  # type: ignore[return-value]
 
     def size(self, dim: int | None = None) -> int | tuple[int, ...]:
         return self.shape if dim is None else self.shape[normalize_axis(dim, self.ndim, "dim")]
@@ -122,7 +125,8 @@ class Tensor(_CastShortcuts, NNOps):
         return self.shape[0]
 
     def __repr__(self) -> str:
-        return f"<Tensor shape={self.shape} dtype={self.dtype} device={self.device}" \
+        shape = "(" + ", ".join(render_sint(d) for d in self.shape) + ("," if self.ndim == 1 else "") + ")"
+        return f"<Tensor shape={shape} dtype={self.dtype} device={self.device}" \
                f"{' realized' if is_buffer_view(self.uop) else ''}>"
 
     def __hash__(self) -> int:
@@ -171,13 +175,15 @@ class Tensor(_CastShortcuts, NNOps):
         return base.arg[0]
 
     def numpy(self) -> np.ndarray:
-        """A new numpy array with this tensor's values (bfloat16 comes back as float32)."""
-        if self.numel() == 0:
-            return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else self.dtype.np)
-        flat = self._buffer().numpy()
+        """A new numpy array with this tensor's values (bfloat16 comes back as float32). A symbolic shape gives
+        the array of its bound size (its buffer holds the largest size; the first elements are this one's)."""
+        shape = tuple(sint_eval(d) for d in self.shape)
+        if prod(shape) == 0:
+            return np.zeros(shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else self.dtype.np)
+        flat = self._buffer().numpy()[:prod(shape)]
         if self.dtype == dtypes.bfloat16:
             flat = bf16_to_f32(flat)
-        return flat.reshape(self.shape)
+        return flat.reshape(shape)
 
     def tolist(self) -> Any:
         return self.numpy().tolist()
@@ -202,6 +208,7 @@ class Tensor(_CastShortcuts, NNOps):
         tensor sees the new values after the next realize, and the buffer keeps its identity, which optimisers and
         the JIT rely on. A tensor with no buffer yet gets one first. Returns self."""
         value = x if isinstance(x, Tensor) else Tensor.full(self.shape, x, self.dtype, self.device)
+        _no_symbolic("assign", self.shape, value.shape)
         if value.device != self.device:
             raise RuntimeError(f"assign: value is on {value.device}, tensor is on {self.device}")
         if value.shape != self.shape:
@@ -287,17 +294,23 @@ class Tensor(_CastShortcuts, NNOps):
         _RNG.generator = np.random.default_rng(seed)
 
     @staticmethod
-    def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    def _shape_arg(shape: tuple[Any, ...], symbolic: bool = False) -> tuple[int, ...]:
+        """Validated dims; with `symbolic`, bound Variable sizes are allowed too (full, zeros, ones)."""
         dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
         for d in dims:
-            if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
+            if isinstance(d, UOp) and symbolic:
+                _check_bound(d, "shape")
+            elif isinstance(d, UOp):
+                raise NotImplementedError("a Variable size is only supported by full/zeros/ones; make the tensor at "
+                                          "its largest size and shrink it with the Variable")
+            elif not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
                 raise ValueError(f"shape must be non-negative ints, got {dims}")
-        return tuple(int(d) for d in dims)
+        return tuple(d if isinstance(d, UOp) else int(d) for d in dims)  # type: ignore[misc]  # UOp: symbolic
 
     @staticmethod
     def full(shape: tuple[int, ...] | int, fill_value: Scalar, dtype: DType | str | None = None,
              device: str | None = None, requires_grad: bool | None = None) -> Tensor:
-        dims = Tensor._shape_arg((shape,) if isinstance(shape, int) else (tuple(shape),))
+        dims = Tensor._shape_arg((shape,) if isinstance(shape, (int, UOp)) else (tuple(shape),), symbolic=True)
         t = Tensor(fill_value, device=device, dtype=dtype)
         out = Tensor(t.uop.reshape((1,) * len(dims)).expand(dims))
         return out.requires_grad_(True) if requires_grad else out
@@ -305,12 +318,12 @@ class Tensor(_CastShortcuts, NNOps):
     @staticmethod
     def zeros(*shape: Any, dtype: DType | str | None = None, device: str | None = None,
               requires_grad: bool | None = None) -> Tensor:
-        return Tensor.full(Tensor._shape_arg(shape), 0.0, dtype or dtypes.default_float, device, requires_grad)
+        return Tensor.full(Tensor._shape_arg(shape, True), 0.0, dtype or dtypes.default_float, device, requires_grad)
 
     @staticmethod
     def ones(*shape: Any, dtype: DType | str | None = None, device: str | None = None,
              requires_grad: bool | None = None) -> Tensor:
-        return Tensor.full(Tensor._shape_arg(shape), 1.0, dtype or dtypes.default_float, device, requires_grad)
+        return Tensor.full(Tensor._shape_arg(shape, True), 1.0, dtype or dtypes.default_float, device, requires_grad)
 
     @staticmethod
     def empty(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
@@ -324,6 +337,7 @@ class Tensor(_CastShortcuts, NNOps):
                device: str | None = None) -> Tensor:
         if stop is None:
             start, stop = 0, start
+        _no_symbolic("arange (and ops built on it: argmax, one_hot, eye, cumsum, gather)", (start, stop, step))
         if step == 0:
             raise ValueError("arange step must not be zero")
         count = max(0, math.ceil((stop - start) / step))
@@ -412,6 +426,11 @@ class Tensor(_CastShortcuts, NNOps):
     # ------------------------------------------------------------------ elementwise primitives
     def _const_for(self, x: Scalar) -> Tensor:
         """A Python scalar as a tensor of this tensor's shape, with PyTorch's scalar promotion rules."""
+        if isinstance(x, UOp):  # a symbolic int (a bound Variable expression), e.g. the count in a symbolic mean
+            _check_bound(x, "scalar")
+            dt = self.dtype if self.dtype.is_float else dtypes.int32
+            node = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, dtypes.void, (), self.device),), as_sint(x))
+            return Tensor(node.reshape((1,) * self.ndim).expand(self.shape))
         if isinstance(x, bool):
             dt = self.dtype
         elif isinstance(x, int):
@@ -749,7 +768,12 @@ class Tensor(_CastShortcuts, NNOps):
     def reshape(self, *shape: Any) -> Tensor:
         dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
         dims = tuple(self.shape[i] if d is None else d for i, d in enumerate(dims))
+        numel = self.numel()
+        if isinstance(numel, UOp):
+            return self._symbolic_reshape(dims)
         if any(not isinstance(d, (int, np.integer)) or isinstance(d, bool) for d in dims):
+            if any(isinstance(d, UOp) for d in dims):
+                return self._symbolic_reshape(dims)
             raise TypeError(f"reshape needs int dimensions, got {dims}")
         if sum(1 for d in dims if d == -1) > 1:
             raise ValueError(f"reshape: only one dimension can be -1, got {dims}")
@@ -757,15 +781,30 @@ class Tensor(_CastShortcuts, NNOps):
             raise ValueError(f"reshape: negative dimension in {dims}")
         if -1 in dims:
             known = prod(d for d in dims if d != -1)
-            if known == 0 or self.numel() % known:
+            if known == 0 or numel % known:
                 raise ValueError(f"cannot reshape tensor of shape {self.shape} into {dims}")
-            dims = tuple(self.numel() // known if d == -1 else d for d in dims)
+            dims = tuple(numel // known if d == -1 else d for d in dims)
         dims = tuple(int(d) for d in dims)
-        if prod(dims) != self.numel():
-            raise ValueError(f"cannot reshape tensor of shape {self.shape} ({self.numel()} elements) into {dims}")
+        if prod(dims) != numel:
+            raise ValueError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) into {dims}")
         return self if dims == self.shape else self._wrap(self.uop.reshape(dims))
 
     view = reshape
+
+    def _symbolic_reshape(self, dims: tuple[Any, ...]) -> Tensor:
+        """reshape where a dimension is a bound Variable expression: the sizes must be equal for every value."""
+        for d in dims:
+            if isinstance(d, UOp):
+                _check_bound(d, "reshape")
+            elif not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
+                raise ValueError(f"reshape of a symbolic shape needs non-negative int or Variable dimensions (no -1), "
+                                 f"got {tuple(render_sint(x) if isinstance(x, UOp) else x for x in dims)}")
+        dims = tuple(as_sint(d) if isinstance(d, UOp) else int(d) for d in dims)
+        if sint_min(sint_sub(sint_prod(dims), self.numel())) != 0 or sint_min(sint_sub(self.numel(),
+                                                                                      sint_prod(dims))) != 0:
+            raise ValueError(f"cannot reshape symbolic shape ({', '.join(render_sint(d) for d in self.shape)}) into "
+                             f"({', '.join(render_sint(d) for d in dims)}): the sizes differ for some variable values")
+        return self if dims == self.shape else self._wrap(self.uop.reshape(dims))
 
     def expand(self, *shape: Any) -> Tensor:
         dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
@@ -796,20 +835,31 @@ class Tensor(_CastShortcuts, NNOps):
         axes = self._resolve_axes(axis)
         return self._wrap(self.uop.flip(tuple(i in axes for i in range(self.ndim))))
 
-    def shrink(self, bounds: Sequence[tuple[int, int] | None]) -> Tensor:
+    def shrink(self, bounds: Sequence[tuple[sint, sint] | None]) -> Tensor:
+        """Keep [start, end) of each dimension (None keeps it all). Bounds may be bound Variables (`(0, v)`)."""
         if len(bounds) != self.ndim:
             raise ValueError(f"shrink needs one (start, end) per dimension ({self.ndim}), got {bounds}")
-        full = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for b, s in zip(bounds, self.shape))
+        full = tuple((0, s) if b is None else (_shrink_bound(b[0]), _shrink_bound(b[1])) for b, s in
+                     zip(bounds, self.shape))
         for (b, e), s in zip(full, self.shape):
-            if not 0 <= b <= e <= s:
-                raise ValueError(f"shrink bounds {full} do not fit shape {self.shape}")
+            if isinstance(b, int) and isinstance(e, int) and isinstance(s, int):
+                if not 0 <= b <= e <= s:
+                    raise ValueError(f"shrink bounds {full} do not fit shape {self.shape}")
+            elif sint_min(b) < 0 or sint_min(sint_sub(e, b)) < 0 or sint_min(sint_sub(s, e)) < 0:
+                # symbolic bounds: one kernel serves every value, so they must fit for all of them
+                raise ValueError(f"shrink bounds ({render_sint(b)}, {render_sint(e)}) do not fit dimension "
+                                 f"{render_sint(s)} for every value of their Variables (their [min, max] ranges)")
         return self._wrap(self.uop.shrink(full))
 
     def pad(self, padding: Sequence[Any], value: Scalar = 0.0, mode: str = "constant") -> Tensor:
         """Pad with `value`. `padding` is ((before, after), ...) per dim, or PyTorch's flat (left, right, top, ...)."""
         if mode != "constant":
             raise NotImplementedError(f"pad mode {mode!r}: only 'constant' is implemented")
-        pads = _normalize_padding(padding, self.ndim)
+        try:
+            pads = _normalize_padding(padding, self.ndim)
+        except TypeError:
+            _no_symbolic("pad", tuple(x for p in padding for x in (p if isinstance(p, (tuple, list)) else [p])))
+            raise
         if any(b < 0 or a < 0 for b, a in pads):
             cropped = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pads, self.shape)))
             return cropped.pad(tuple((max(b, 0), max(a, 0)) for b, a in pads), value)
@@ -1001,14 +1051,17 @@ class Tensor(_CastShortcuts, NNOps):
         return -((-self).max(axis, keepdim))
 
     def mean(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
-        count = prod(self.shape[a] for a in self._resolve_axes(axis))
+        count = sint_prod([self.shape[a] for a in self._resolve_axes(axis)])
         total = self._float().sum(axis, keepdim)
+        if isinstance(count, UOp):  # a symbolic count divides as a kernel argument
+            return total / count  # type: ignore[operator]
         return total / count if count else total * math.nan
 
     def var(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
-        count = prod(self.shape[a] for a in self._resolve_axes(axis))
+        dof = sint_sub(sint_prod([self.shape[a] for a in self._resolve_axes(axis)]), correction)
         centered = self._float() - self._float().mean(axis, keepdim=True)
-        return (centered * centered).sum(axis, keepdim) / max(0, count - correction)
+        squares = (centered * centered).sum(axis, keepdim)
+        return squares / (dof.maximum(0) if isinstance(dof, UOp) else max(0, dof))  # type: ignore[operator]
 
     def std(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
         """sqrt(var), with gradient 0 (as in PyTorch), not NaN, where the variance is 0."""
@@ -1332,3 +1385,26 @@ def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:
     if array.size:
         buf.copyin(array)
     return buffer_view(buf, array.shape)
+
+
+def _check_bound(x: UOp, where: str) -> None:
+    """A symbolic size used by a tensor must have values for all its variables (`Variable(...).bind(n)`)."""
+    if x.dtype != dtypes.int32 or not all(u.op in (Ops.DEFINE_VAR, Ops.BIND, Ops.CONST, Ops.ADD, Ops.MUL, Ops.NEG,
+                                                   Ops.IDIV, Ops.MOD, Ops.MAX) for u in x.toposort()):
+        raise TypeError(f"{where}: a UOp used as a size must be an int expression of Variables, got {x.op}")
+    if unbound_variables(x):
+        names = ", ".join(sorted(v.arg[0] for v in unbound_variables(x)))
+        raise ValueError(f"{where}: Variable {names} is not bound to a value; use Variable(...).bind(n)")
+
+
+def _shrink_bound(x: Any) -> int | UOp:
+    if isinstance(x, UOp):
+        _check_bound(x, "shrink")
+        return as_sint(x)
+    return int(x)
+
+
+def _no_symbolic(op: str, *shapes: tuple[Any, ...]) -> None:
+    if any(isinstance(d, UOp) for shape in shapes for d in shape):
+        raise NotImplementedError(f"{op} with a symbolic (Variable) size is not supported; use int sizes here, or "
+                                  "shrink with the Variable after this op")

@@ -6,32 +6,47 @@ simplification again -> linearisation into loops -> rendering.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from glassgrad.codegen.gpudims import gpu_dims
-from glassgrad.codegen.linearize import estimate_flops, linearize
+from glassgrad.codegen.linearize import estimate_flops, linearize, range_size
 from glassgrad.codegen.upcast import choose_upcast
 from glassgrad.helpers import NOOPT, prod
 from glassgrad.renderer.cstyle import CStyleLanguage
 from glassgrad.schedule.indexing import kernel_name
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.pattern import graph_rewrite
+from glassgrad.uop.sint import render_sint, sint, sint_eval, sint_prod
 from glassgrad.uop.symbolic import simplify
 
 
 @dataclass(frozen=True)
 class ProgramSpec:
-    """A rendered kernel: what `glassgrad.kernels()` returns and what a runtime compiles and launches."""
+    """A rendered kernel: what `glassgrad.kernels()` returns and what a runtime compiles and launches.
+
+    With symbolic sizes, `vars` names the kernel's int parameters (after the buffers, in this order), and
+    `global_size`, `flops` and `work` may be expressions of them: `at(var_vals)` gives the spec for one launch."""
     name: str
     source: str
-    global_size: tuple[int, ...]
+    global_size: tuple[sint, ...]
     local_size: tuple[int, ...] | None
-    flops: int
-    work: int  # loop iterations in all, used to decide how many CPU threads to use
+    flops: sint
+    work: sint  # loop iterations in all, used to decide how many CPU threads to use
     uops: tuple[UOp, ...]
+    vars: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
-        return f"<Kernel {self.name} global={self.global_size} local={self.local_size}>"
+        sizes = [render_sint(g) for g in self.global_size]
+        grid = "(" + ", ".join(sizes) + ("," if len(sizes) == 1 else "") + ")"
+        return f"<Kernel {self.name} global={grid} local={self.local_size}>"
+
+    def at(self, var_vals: dict[str, int]) -> ProgramSpec:
+        """This spec with its symbolic sizes evaluated for the given Variable values."""
+        missing = [v for v in self.vars if v not in var_vals]
+        if missing:
+            raise RuntimeError(f"kernel {self.name} needs values for the Variables {missing}; got {sorted(var_vals)}")
+        return replace(self, global_size=tuple(sint_eval(g, var_vals) for g in self.global_size),
+                       flops=sint_eval(self.flops, var_vals), work=sint_eval(self.work, var_vals))
 
 
 def optimize_ast(ast: UOp, renderer: CStyleLanguage) -> UOp:
@@ -45,10 +60,10 @@ def get_program(ast: UOp, renderer: CStyleLanguage) -> ProgramSpec:
     ast = optimize_ast(ast, renderer)
     name = kernel_name(ast)
     flops = estimate_flops(ast)
-    ranges = [u for u in ast.toposort() if u.op is Ops.RANGE]
-    work = prod(r.src[0].arg for r in ranges)
+    ranges = [range_size(u) for u in ast.toposort() if u.op is Ops.RANGE]
+    work = prod(ranges) if all(isinstance(r, int) for r in ranges) else sint_prod(ranges)  # type: ignore[arg-type]
     local_size: tuple[int, ...] | None = None
-    global_size: tuple[int, ...]
+    global_size: tuple[sint, ...]
     if renderer.has_local:  # GPUs: loops become threads and work-groups
         ast, global_size, local_size = gpu_dims(ast)
         upcast = None
@@ -56,7 +71,8 @@ def get_program(ast: UOp, renderer: CStyleLanguage) -> ProgramSpec:
         ast, upcast = choose_upcast(ast) if not NOOPT else (ast, None)
         global_ranges = sorted((r for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "global"),
                                key=lambda r: r.arg[0])
-        global_size = (global_ranges[0].src[0].arg,) if global_ranges else (1,)
+        global_size = (range_size(global_ranges[0]),) if global_ranges else (1,)
     program = linearize(ast, upcast)
     source = renderer.render(name, program)
-    return ProgramSpec(name, source, global_size, local_size, flops, work, tuple(program))
+    variables = tuple(u.arg[0] for u in program if u.op is Ops.DEFINE_VAR)
+    return ProgramSpec(name, source, global_size, local_size, flops, work, tuple(program), variables)

@@ -14,6 +14,12 @@ from __future__ import annotations
 from glassgrad.dtype import DType, dtypes
 from glassgrad.helpers import prod
 from glassgrad.uop.ops import GroupOp, Ops, UOp
+from glassgrad.uop.sint import sint, sint_add, sint_prod
+
+
+def range_size(r: UOp) -> sint:
+    """A loop's trip count: an int, or a symbolic size (an expression of DEFINE_VARs, the kernel's int arguments)."""
+    return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0]
 
 
 def reduce_identity(op: Ops, dtype: DType) -> int | float | bool:
@@ -90,6 +96,7 @@ class _Emitter:
         acc = UOp(Ops.DEFINE_ACC, red.dtype, (init,) if upcast is None else (init, upcast), red)
         self.add(acc)
         for r in red.src[1:]:
+            self.emit(r.src[0])  # a symbolic trip count is computed before its loop
             self.open_loop(r)
         if upcast is not None:
             self.open_loop(upcast)
@@ -107,11 +114,16 @@ def linearize(sink: UOp, upcast: UOp | None = None) -> list[UOp]:
     scopes = Scopes()
     nodes = sink.toposort()
     program: list[UOp] = sorted((u for u in nodes if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
-    program += sorted((u for u in nodes if u.op is Ops.SPECIAL), key=lambda u: u.arg[0])  # GPU ids come first
+    program += sorted((u for u in nodes if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0])  # int parameters
+    emitter = _Emitter(program, scopes)
+    for special in sorted((u for u in nodes if u.op is Ops.SPECIAL), key=lambda u: u.arg[0]):  # GPU ids come first
+        emitter.emit(special)  # with its symbolic limit, if it has one
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global" and u is not upcast),
                            key=lambda u: u.arg[0])
-    program += global_ranges
-    emitter = _Emitter(program, scopes)
+    for r in global_ranges:
+        if r.src[0].op is not Ops.CONST:
+            emitter.emit(r.src[0])  # a symbolic trip count
+        emitter.add(r)
     if upcast is not None:
         for red in (u for u in nodes if u.op is Ops.REDUCE):
             if red not in emitter.emitted:
@@ -125,11 +137,13 @@ def linearize(sink: UOp, upcast: UOp | None = None) -> list[UOp]:
     return program
 
 
-def estimate_flops(sink: UOp) -> int:
-    """ALU operations executed, counting each node once per iteration of the loops it sits in."""
+def estimate_flops(sink: UOp) -> sint:
+    """ALU operations executed, counting each node once per iteration of the loops it sits in (symbolic when a
+    loop's trip count is)."""
     scopes = Scopes()
-    total = 0
+    total: sint = 0
     for n in sink.toposort():
         if (n.op in GroupOp.ALU and n.dtype.is_float) or n.op is Ops.REDUCE:
-            total += prod(r.src[0].arg for r in scopes(n.src[0] if n.op is Ops.REDUCE else n))
+            sizes = [range_size(r) for r in scopes(n.src[0] if n.op is Ops.REDUCE else n)]
+            total = sint_add(total, prod(sizes) if all(isinstance(x, int) for x in sizes) else sint_prod(sizes))  # type: ignore[arg-type]
     return total

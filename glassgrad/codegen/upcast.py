@@ -25,6 +25,8 @@ def choose_upcast(ast: UOp) -> tuple[UOp, UOp | None]:
     loads = [u for u in nodes if u.op is Ops.LOAD]
     next_id = max((u.arg[0] for u in nodes if u.op is Ops.RANGE), default=-1) + 1
     for rng in reversed(global_ranges):  # innermost first
+        if rng.src[0].op is not Ops.CONST:
+            continue  # a symbolic trip count cannot be split into constant-size SIMD lanes
         strides = [index_stride(load.src[1], rng) for load in loads]
         if any(s not in (0, 1) for s in strides) or 1 not in strides:
             continue

@@ -45,6 +45,7 @@ from glassgrad.helpers import DEBUG, JIT, TIMING
 from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
 from glassgrad.tensor import _RNG, ASSIGN_TARGETS, Tensor, no_grad
 from glassgrad.uop.ops import Ops
+from glassgrad.uop.sint import sint_eval
 
 ReturnType = TypeVar("ReturnType")
 
@@ -131,6 +132,7 @@ class _Kernel:
     nbytes: int
     args: list[Any]
     inputs: list[tuple[int, int]]  # (argument position, input index)
+    vals: tuple[int, ...] = ()  # the kernel's Variable values (symbolic shapes), fixed by the signature
 
 
 @dataclass
@@ -146,6 +148,7 @@ class _Step:
     device: str
     refs: list[Ref]
     nbytes: int
+    var_vals: dict[str, int]
 
 
 def _steps_of(items: list[ScheduleItem], inputs: list[Buffer]) -> tuple[list[_Step], dict[Buffer, int]]:
@@ -172,7 +175,7 @@ def _steps_of(items: list[ScheduleItem], inputs: list[Buffer]) -> tuple[list[_St
             else:
                 refs[id(buf)] = buf
         steps.append(_Step(item.ast, item.bufs[0].device, [refs[id(b)] for b in item.bufs],
-                           sum(b.nbytes for b in item.bufs)))
+                           sum(b.nbytes for b in item.bufs), item.var_vals))
     items.clear()
     return steps, inplace
 
@@ -232,9 +235,12 @@ class _Capture:
         kernel = compile_kernel(step.device, step.item_ast)
         args = [None if isinstance(b, int) else b.handle for b in bufs]
         inputs = [(pos, b) for pos, b in enumerate(bufs) if isinstance(b, int)]
-        spec = kernel.spec
-        return _Kernel(kernel.program, spec.name, spec.global_size, spec.local_size, spec.work, spec.flops,
-                       step.nbytes, args, inputs)
+        # symbolic shapes: a bound Variable is part of its tensor's shape, so of the signature; a capture always
+        # replays with the values it was captured with
+        spec = kernel.spec.at(step.var_vals) if kernel.spec.vars else kernel.spec
+        return _Kernel(kernel.program, spec.name, tuple(sint_eval(g) for g in spec.global_size), spec.local_size,
+                       sint_eval(spec.work), sint_eval(spec.flops), step.nbytes, args, inputs,
+                       tuple(step.var_vals[name] for name in spec.vars))
 
     def replay(self, tensors: list[Tensor], inputs: list[Buffer]) -> Any:
         self._apply_pending_state()
@@ -247,8 +253,8 @@ class _Capture:
             args = step.args
             for pos, i in step.inputs:
                 args[pos] = handles[i]
-            seconds = step.program(*args, global_size=step.global_size, local_size=step.local_size, work=step.work,
-                                   wait=wait) or 0.0
+            seconds = step.program(*args, global_size=step.global_size, local_size=step.local_size, vals=step.vals,
+                                   work=step.work, wait=wait) or 0.0
             GlobalCounters.kernel_count += 1
             GlobalCounters.global_ops += step.flops
             GlobalCounters.global_mem += step.nbytes

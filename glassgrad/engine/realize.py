@@ -15,6 +15,7 @@ from glassgrad.device import Buffer, Device
 from glassgrad.helpers import DEBUG, TIMING
 from glassgrad.schedule import ScheduleItem
 from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.sint import sint_eval
 
 
 class GlobalCounters:
@@ -95,11 +96,14 @@ def run_item(item: ScheduleItem) -> None:
     device = item.bufs[0].device
     kernel = compile_kernel(device, item.ast)
     handles = [b.handle for b in item.bufs]
-    seconds = kernel.program(*handles, global_size=kernel.spec.global_size, local_size=kernel.spec.local_size,
-                             work=kernel.spec.work, wait=DEBUG >= 2 or bool(TIMING))
+    spec = kernel.spec.at(item.var_vals) if kernel.spec.vars else kernel.spec  # symbolic sizes: this launch's
+    vals = tuple(item.var_vals[name] for name in spec.vars)
+    flops, work = sint_eval(spec.flops), sint_eval(spec.work)
+    seconds = kernel.program(*handles, global_size=spec.global_size, local_size=spec.local_size, vals=vals,
+                             work=work, wait=DEBUG >= 2 or bool(TIMING))
     nbytes = sum(b.nbytes for b in item.bufs)
     GlobalCounters.kernel_count += 1
-    GlobalCounters.global_ops += kernel.spec.flops
+    GlobalCounters.global_ops += flops
     GlobalCounters.global_mem += nbytes
     GlobalCounters.time_sum_s += seconds or 0.0
-    _report(kernel.spec.name, seconds or 0.0, kernel.spec.flops, nbytes, f"size {kernel.spec.work}")
+    _report(spec.name, seconds or 0.0, flops, nbytes, f"size {work}")

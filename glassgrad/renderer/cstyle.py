@@ -147,12 +147,15 @@ class CStyleLanguage:
     def render_local_array(self, dtype: DType, name: str, size: int) -> str:
         raise NotImplementedError
 
-    def render_special(self, u: UOp, name: str) -> list[str]:
-        """Declare a GPU id: `gidx` (global thread index, with an early return past the end), `bidx`, `lidx`."""
+    def render_special(self, u: UOp, name: str, limit: str | None = None) -> list[str]:
+        """Declare a GPU id: `gidx` (global thread index, with an early return past the end), `bidx`, `lidx`.
+        `limit`: a symbolic thread count (the arg's size is then its largest value), always checked."""
         kind, size, local = u.arg
         dt = self.render_dtype(u.dtype)
         if kind == "gidx":
             lines = [f"{dt} {name} = ({dt}){self.group_id()} * {local} + {self.local_id()};"]
+            if limit is not None:
+                return lines + [f"if ({name} >= {limit}) return;"]
             return lines + ([f"if ({name} >= {size}) return;"] if size % local else [])
         return [f"{dt} {name} = {self.group_id() if kind == 'bidx' else self.local_id()};"]
 
@@ -190,6 +193,9 @@ class CStyleLanguage:
             if u.op is Ops.DEFINE_GLOBAL:
                 names[u] = f"data{u.arg}"
                 params.append(self.render_param(u, writes=u.arg == 0))
+            elif u.op is Ops.DEFINE_VAR:  # a symbolic size's Variable: an int parameter after the buffers
+                names[u] = u.arg[0]
+                params.append(self.render_var_param(u, len(params)))
             elif u.op is Ops.CONST:
                 pass  # constants are written where they are used
             elif u.op is Ops.RANGE:
@@ -229,7 +235,7 @@ class CStyleLanguage:
                 line(f"{'if (' + a[3] + ') ' if len(a) == 4 else ''}{a[0]}[{a[1]}] = {a[2]};")
             elif u.op is Ops.SPECIAL:
                 names[u] = new_name(u.arg[0])
-                for text in self.render_special(u, names[u]):
+                for text in self.render_special(u, names[u], a[0] if a else None):
                     line(text)
             elif u.op is Ops.GROUP_REDUCE:
                 names[u] = new_name("red")
@@ -256,6 +262,10 @@ class CStyleLanguage:
 
     def render_param(self, u: UOp, writes: bool) -> str:
         return f"{'' if writes else 'const '}{self.render_dtype(u.dtype)}* restrict data{u.arg}"
+
+    def render_var_param(self, u: UOp, slot: int) -> str:
+        """A Variable's parameter (`slot`: its position in the parameter list)."""
+        return f"const int {u.arg[0]}"
 
 
 def index_stride(index: UOp, loop: UOp) -> int | None:

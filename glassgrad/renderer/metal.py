@@ -16,7 +16,8 @@ What differs from C and CUDA:
   allow (the runtime also turns fast math off, which keeps `x != x` NaN checks and division exact);
 * half/bfloat math runs in float32 (`float32_compute`, as on the other backends); conversions go through float;
 * bitcasts are `as_type<T>(x)`;
-* a kernel takes at most 31 buffers (Metal's argument table); more raise a clear error when rendering.
+* a kernel takes at most 31 buffers (Metal's argument table); more raise a clear error when rendering;
+* a Variable (symbolic size) is `constant int& name [[buffer(n)]]` after the buffers, set with `setBytes`.
 """
 from __future__ import annotations
 
@@ -91,6 +92,9 @@ class MetalRenderer(CStyleLanguage):
     # ---------- the kernel ----------
     def render_param(self, u: UOp, writes: bool) -> str:
         return f"{'' if writes else 'const '}device {self.render_dtype(u.dtype)}* data{u.arg} [[buffer({u.arg})]]"
+
+    def render_var_param(self, u: UOp, slot: int) -> str:
+        return f"constant int& {u.arg[0]} [[buffer({slot})]]"  # the runtime sets it with setBytes
 
     def render_kernel(self, name: str, params: list[str], body: list[str], local_size: int = 1) -> str:
         if len(params) > MAX_BUFFERS:

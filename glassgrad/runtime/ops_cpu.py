@@ -111,7 +111,8 @@ def _load_library(binary: bytes) -> ctypes.CDLL:
 
 
 class CPUProgram:
-    """One compiled kernel. Calling it runs the outer loop's range split evenly across threads."""
+    """One compiled kernel. Calling it runs the outer loop's range split evenly across threads. The C function takes
+    the buffers, then `vals` (Variable values, symbolic sizes) as ints, then the [start, end) of its outer loop."""
 
     def __init__(self, name: str, binary: bytes) -> None:
         self.name = name
@@ -121,7 +122,7 @@ class CPUProgram:
 
     def __call__(self, *bufs: np.ndarray, global_size: tuple[int, ...] = (1,), local_size: Any = None,
                  vals: tuple[int, ...] = (), work: int = 0, wait: bool = False) -> float:
-        args: list[Any] = [ctypes.c_void_p(b.ctypes.data) for b in bufs] + [ctypes.c_int64(v) for v in vals]
+        args: list[Any] = [ctypes.c_void_p(b.ctypes.data) for b in bufs] + [ctypes.c_int32(v) for v in vals]
         outer = global_size[0] if global_size else 1
         threads = max(1, min(THREADS, outer, work // MIN_WORK_PER_THREAD))
         start = time.perf_counter()

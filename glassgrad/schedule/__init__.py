@@ -12,6 +12,9 @@ the loads), and a reduction together with its elementwise inputs and the element
 Nodes realized before (`REALIZED`) are loaded from their buffers, never recomputed. A reshape keeps row-major
 order, so a requested output that is only reshapes of another node costs no kernel of its own: it becomes a view
 of that node's buffer (and a reshape of a buffer is already realized).
+
+Symbolic shapes: a node whose shape holds bound Variables gets a buffer for its largest size, and its view is
+`BUFFER.shrink((0, n)).reshape(shape)` (the first n elements). Each item's `var_vals` holds the Variables' values.
 """
 from __future__ import annotations
 
@@ -19,13 +22,14 @@ import contextlib
 import functools
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import dtypes
 from glassgrad.helpers import prod
 from glassgrad.schedule.indexing import KernelBuilder
 from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.sint import max_size, sint_prod
 from glassgrad.uop.symbolic import simplify
 
 
@@ -67,16 +71,22 @@ BufferVersion = tuple[Buffer, int]  # a buffer's contents after its n-th in-plac
 @dataclass(frozen=True)
 class ScheduleItem:
     """One unit of work: a kernel AST (SINK) with its buffers (output first), or a COPY between buffers.
-    `reads`/`writes` name buffer versions, so the order of in-place writes can be checked and fixed."""
+    `reads`/`writes` name buffer versions, so the order of in-place writes can be checked and fixed.
+    `var_vals`: the value of each Variable (by name) in the kernel's symbolic sizes, its int arguments at launch."""
     ast: UOp
     bufs: tuple[Buffer, ...]
     reads: frozenset[BufferVersion] = frozenset()
     writes: BufferVersion | None = None
+    var_vals: dict[str, int] = field(default_factory=dict, hash=False)
 
 
 def buffer_view(buf: Buffer, shape: tuple[int, ...], version: int = 0) -> UOp:
-    """The tensor-graph node that reads `buf` (after its `version`-th in-place write) as a tensor of `shape`."""
-    return UOp(Ops.BUFFER, buf.dtype, (), (buf, version)).reshape(shape)
+    """The tensor-graph node that reads `buf` (after its `version`-th in-place write) as a tensor of `shape`.
+    A symbolic shape reads the first n (its bound size) elements of a buffer sized for the largest value."""
+    node = UOp(Ops.BUFFER, buf.dtype, (), (buf, version))
+    if not all(isinstance(d, int) for d in shape):
+        node = node.shrink(((0, sint_prod(shape)),))
+    return node.reshape(shape)
 
 
 def without_reshapes(u: UOp) -> UOp:
@@ -87,8 +97,10 @@ def without_reshapes(u: UOp) -> UOp:
 
 
 def is_buffer_view(u: UOp) -> bool:
-    """True for a buffer, or reshapes of one: already contiguous in memory, nothing to compute."""
-    return without_reshapes(u).op is Ops.BUFFER
+    """True for a buffer, or reshapes of one, or of a symbolic prefix of one: contiguous, nothing to compute."""
+    base = without_reshapes(u)
+    return base.op is Ops.BUFFER or (base.op is Ops.SHRINK and base.src[0].op is Ops.BUFFER and
+                                     isinstance(base.arg[0][1], UOp) and base.arg[0][0] == 0)
 
 
 def _materialised(u: UOp) -> bool:
@@ -164,7 +176,7 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
             buf, version = without_reshapes(node.src[0]).arg
             views[node] = buffer_view(buf, node.shape, version + 1)
             continue
-        out = Buffer(node.device, node.size, node.dtype)
+        out = Buffer(node.device, _buffer_size(node), node.dtype)
         if node.size == 0:
             pass
         elif node.op is Ops.COPY:
@@ -183,6 +195,11 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     return order_writes(schedule, via_temp), views
 
 
+def _buffer_size(node: UOp) -> int:
+    """Elements a buffer for `node` needs: its size, or for a symbolic shape its largest size."""
+    return max_size(node.shape)
+
+
 SPLIT_MIN_REDUCE = 1 << 16  # reductions at least this long ...
 SPLIT_MAX_OUTPUTS = 1024    # ... into at most this many outputs are split in two stages
 
@@ -191,6 +208,8 @@ def _should_split(u: UOp) -> bool:
     if u.op is not Ops.REDUCE_AXIS:
         return False
     reduced = prod(u.src[0].shape[a] for a in u.arg[1])
+    if not isinstance(reduced, int) or not isinstance(u.size, int):
+        return False  # symbolic reductions stay one stage
     return reduced >= SPLIT_MIN_REDUCE and u.size <= SPLIT_MAX_OUTPUTS and _split_factor(reduced) is not None
 
 
@@ -229,7 +248,7 @@ def _split_reduces(nodes: list[UOp]) -> UOp:
 def _kernel_item(node: UOp, out: Buffer, version: int, view_of: Callable[[UOp], UOp | None]) -> ScheduleItem:
     builder = KernelBuilder(view_of)
     ast = builder.build(node, out)
-    return ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), (out, version))
+    return ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), (out, version), builder.var_vals)
 
 
 def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None], via_temp: bool = False) -> list[ScheduleItem]:

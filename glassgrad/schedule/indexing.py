@@ -11,25 +11,38 @@ a node's output element, a movement op tells which element of its source that is
   pad     -> subtract the left pad, and the element is valid only inside the source (a gate on the loads);
   reshape -> flatten the indices of a group of dimensions and split them again in the source's shape.
 The symbolic simplifier then folds the resulting divisions and modulos away where it can.
+
+Symbolic shapes (glassgrad/uop/sint.py): tensor shapes may hold bound Variables (`BIND`). Every size that enters the
+kernel goes through `KernelBuilder.size`, which replaces each BIND by its unbound DEFINE_VAR and records the bound
+value in `var_vals`. So the AST (and the compiled kernel) is the same for every value, and the values travel with the
+schedule item, to be passed as the kernel's int arguments.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from itertools import count
+from typing import cast
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import DType, dtypes
 from glassgrad.helpers import prod
 from glassgrad.uop.ops import GroupOp, Ops, UOp
+from glassgrad.uop.sint import max_size, sint, unbind
 
 Index = tuple[UOp, ...]
 Request = tuple[UOp, Index, "UOp | None"]  # (node, index, gate): "the value of node at index"
 LoweringStep = Generator[Request, UOp, UOp]  # yields what it needs, receives it, returns the value
 
 
-def reshape_groups(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+def reshape_groups(old: tuple[sint, ...], new: tuple[sint, ...]) -> list[tuple[list[int], list[int]]]:
     """Split two shapes of equal size into runs of dimensions with equal products: [(old dims, new dims)]."""
+    if not all(isinstance(d, int) for d in old + new):
+        return _symbolic_reshape_groups(old, new)
+    return _int_reshape_groups(cast(tuple[int, ...], old), cast(tuple[int, ...], new))
+
+
+def _int_reshape_groups(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
     if prod(old) == 0:
         return [(list(range(len(old))), list(range(len(new))))]
     groups: list[tuple[list[int], list[int]]] = []
@@ -51,15 +64,40 @@ def reshape_groups(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[lis
     return groups
 
 
-def flat_index(idxs: Index, shape: tuple[int, ...], dtype: DType) -> UOp:
-    """Row-major linear index of `idxs` in `shape`."""
+def _symbolic_reshape_groups(old: tuple[sint, ...], new: tuple[sint, ...]) -> list[tuple[list[int], list[int]]]:
+    """Symbolic sizes cannot be compared by size: equal leading and trailing dimensions keep their own groups,
+    everything between is one group (flattened and split again)."""
+    lead = 0
+    while lead < min(len(old), len(new)) and _same(old[lead], new[lead]):
+        lead += 1
+    trail = 0
+    while trail < min(len(old), len(new)) - lead and _same(old[-1 - trail], new[-1 - trail]):
+        trail += 1
+    groups = [([i], [i]) for i in range(lead)]
+    middle = (list(range(lead, len(old) - trail)), list(range(lead, len(new) - trail)))
+    if middle[0] or middle[1]:
+        groups.append(middle)
+    return groups + [([len(old) - 1 - t], [len(new) - 1 - t]) for t in reversed(range(trail))]
+
+
+def _same(a: sint, b: sint) -> bool:
+    return a is b if isinstance(a, UOp) or isinstance(b, UOp) else a == b
+
+
+def size_node(s: sint, dtype: DType) -> UOp:
+    """A size in a kernel: a constant, or a (kernel-form, unbound) symbolic expression in the index dtype."""
+    return s.cast(dtype) if isinstance(s, UOp) else UOp.const(dtype, s)
+
+
+def flat_index(idxs: Index, shape: tuple[sint, ...], dtype: DType) -> UOp:
+    """Row-major linear index of `idxs` in `shape` (symbolic sizes in kernel form)."""
     total = UOp.const(dtype, 0)
     for i, s in zip(idxs, shape):
-        total = total * UOp.const(dtype, s) + i if s != 1 else total
+        total = total * size_node(s, dtype) + i if s != 1 else total
     return total
 
 
-def unflatten_index(flat: UOp, shape: tuple[int, ...], dtype: DType) -> list[UOp]:
+def unflatten_index(flat: UOp, shape: tuple[sint, ...], dtype: DType) -> list[UOp]:
     """The per-dimension indices of row-major linear index `flat` in `shape`.
 
     The outermost dimension takes no modulo: for a `flat` inside the shape, `flat // stride` is already in range.
@@ -67,15 +105,15 @@ def unflatten_index(flat: UOp, shape: tuple[int, ...], dtype: DType) -> list[UOp
     a modulo there would only hide the range from the simplifier (and cost a division per element)."""
     outermost = next((d for d, s in enumerate(shape) if s != 1), 0)
     out: list[UOp] = []
-    stride = 1
+    stride: sint = 1
     for d in reversed(range(len(shape))):
         s = shape[d]
         if s == 1:
             out.append(UOp.const(dtype, 0))
         else:
-            part = flat // UOp.const(dtype, stride) if stride != 1 else flat
-            out.append(part if d == outermost else part % UOp.const(dtype, s))
-        stride *= s
+            part = flat // size_node(stride, dtype) if stride != 1 else flat
+            out.append(part if d == outermost else part % size_node(s, dtype))
+        stride = stride * s
     return out[::-1]
 
 
@@ -86,12 +124,35 @@ class KernelBuilder:
     index_dtype: DType = dtypes.int32
     buffers: list[Buffer] = field(default_factory=list)
     reads: set[tuple[Buffer, int]] = field(default_factory=set)  # (buffer, version) of every load
+    var_vals: dict[str, int] = field(default_factory=dict)  # the bound value of every Variable in a size
     _globals: dict[int, UOp] = field(default_factory=dict)
+    _variables: dict[str, UOp] = field(default_factory=dict)  # name -> DEFINE_VAR
     _memo: dict[tuple[UOp, Index, UOp | None], UOp] = field(default_factory=dict)
     _range_ids: count = field(default_factory=count)
 
-    def new_range(self, size: int, kind: str) -> UOp:
-        return UOp(Ops.RANGE, self.index_dtype, (UOp.const(self.index_dtype, size),), (next(self._range_ids), kind))
+    def new_range(self, size: sint, kind: str) -> UOp:
+        return UOp(Ops.RANGE, self.index_dtype, (self.size(size),), (next(self._range_ids), kind))
+
+    def size(self, s: sint) -> UOp:
+        """A tensor-graph size as a kernel value: a constant, or the expression with its Variables unbound (their
+        values go to `var_vals`, so the kernel is the same for every value)."""
+        if isinstance(s, int):
+            return UOp.const(self.index_dtype, s)
+        kernel_form, values = unbind(s)
+        for u in kernel_form.toposort():
+            if u.op is Ops.DEFINE_VAR and self._variables.setdefault(u.arg[0], u) is not u:
+                other = self._variables[u.arg[0]]
+                raise ValueError(f"two different Variables are named {u.arg[0]!r} (ranges {other.arg[1:]} and "
+                                 f"{u.arg[1:]}) in one kernel; give them different names")
+        for name, value in values.items():
+            if self.var_vals.setdefault(name, value) != value:
+                raise ValueError(f"Variable {name!r} is bound to two values ({self.var_vals[name]} and {value}) in "
+                                 "one kernel")
+        return size_node(kernel_form, self.index_dtype)
+
+    def shape(self, shape: tuple[sint, ...]) -> tuple[sint, ...]:
+        """A tensor-graph shape in kernel form: ints stay ints, symbolic sizes become unbound expressions."""
+        return tuple(s if isinstance(s, int) else self.size(s) for s in shape)
 
     def global_for(self, buf: Buffer) -> UOp:
         for i, b in enumerate(self.buffers):
@@ -108,15 +169,19 @@ class KernelBuilder:
         out_global = self.global_for(out)
         idxs = tuple(UOp.const(self.index_dtype, 0) if s == 1 else self.new_range(s, "global") for s in node.shape)
         value = self.lower(node, idxs, None)
-        store = UOp(Ops.STORE, dtypes.void, (out_global, flat_index(idxs, node.shape, self.index_dtype), value))
-        # every buffer stays a kernel parameter, even one whose loads all simplify away (e.g. all padding)
-        return UOp(Ops.SINK, dtypes.void, (store, *self._globals.values()))
+        store = UOp(Ops.STORE, dtypes.void, (out_global, flat_index(idxs, self.shape(node.shape), self.index_dtype),
+                                             value))
+        # every buffer stays a kernel parameter, even one whose loads all simplify away (e.g. all padding); so does
+        # every Variable, even one left only in the launch size (a GPU grid), so the parameters are always the same
+        variables = (self._variables[name] for name in sorted(self._variables))
+        return UOp(Ops.SINK, dtypes.void, (store, *self._globals.values(), *variables))
 
     def _largest(self, node: UOp) -> int:
         """The largest element count any index in this kernel can reach."""
         nodes = node.toposort(stop=lambda n: self.view_of(n) is not None)
         views = [v for n in nodes if (v := self.view_of(n)) is not None]
-        return max([n.size for n in nodes + views if n.op is not Ops.DEVICE] + [v.base.size for v in views] + [1])
+        return max([max_size(n.shape) for n in nodes + views if n.op is not Ops.DEVICE] +
+                   [v.base.size for v in views] + [1])
 
     def lower(self, node: UOp, idxs: Index, gate: UOp | None) -> UOp:
         """`node`'s value at `idxs` (loads gated by `gate`), as a kernel expression.
@@ -154,8 +219,9 @@ class KernelBuilder:
                                    f"{node.arg[1]}, now {buf.version}); realize it before assigning to that tensor")
             self.reads.add(node.arg)
             return UOp(Ops.LOAD, buf.dtype, (self.global_for(buf), idxs[0]) + ((gate,) if gate is not None else ()))
-        if op is Ops.CONST:
-            return UOp.const(node.dtype, node.arg)
+        if op is Ops.CONST:  # a symbolic scalar (e.g. a symbolic mean's count) holds its size as the arg
+            return self.size(node.arg).cast(node.dtype) if isinstance(node.arg, UOp) else \
+                UOp.const(node.dtype, node.arg)
         if op is Ops.ARANGE:
             return idxs[0].cast(node.dtype)
         if op in GroupOp.Elementwise:
@@ -175,7 +241,7 @@ class KernelBuilder:
 
     def source_index(self, node: UOp, idxs: Index) -> Index:
         """For a movement op (not PAD): the source's index of the element at `idxs` of `node`."""
-        src_shape, dt = node.src[0].shape, self.index_dtype
+        src_shape, dt = self.shape(node.src[0].shape), self.index_dtype
         if node.op is Ops.PERMUTE:
             out: list[UOp] = [idxs[0]] * len(idxs)
             for i, axis in enumerate(node.arg):
@@ -184,16 +250,18 @@ class KernelBuilder:
         if node.op is Ops.EXPAND:
             return tuple(UOp.const(dt, 0) if s == 1 else i for i, s in zip(idxs, src_shape))
         if node.op is Ops.SHRINK:
-            return tuple(i + UOp.const(dt, b) if b else i for i, (b, _) in zip(idxs, node.arg))
+            return tuple(i + self.size(b) if isinstance(b, UOp) or b else i for i, (b, _) in zip(idxs, node.arg))
         if node.op is Ops.FLIP:
-            return tuple(UOp.const(dt, s - 1) - i if f else i for i, s, f in zip(idxs, src_shape, node.arg))
+            return tuple(size_node(s, dt) - UOp.const(dt, 1) - i if f else i for i, s, f in
+                         zip(idxs, src_shape, node.arg))
         assert node.op is Ops.RESHAPE
         result: list[UOp] = [UOp.const(dt, 0)] * len(src_shape)
-        for old_dims, new_dims in reshape_groups(src_shape, node.shape):
+        shape = self.shape(node.shape)
+        for old_dims, new_dims in reshape_groups(src_shape, shape):
             if len(old_dims) == 1 and len(new_dims) == 1:
                 result[old_dims[0]] = idxs[new_dims[0]]
                 continue
-            flat = flat_index(tuple(idxs[j] for j in new_dims), tuple(node.shape[j] for j in new_dims), dt)
+            flat = flat_index(tuple(idxs[j] for j in new_dims), tuple(shape[j] for j in new_dims), dt)
             parts = unflatten_index(flat, tuple(src_shape[j] for j in old_dims), dt)
             for d, part in zip(old_dims, parts):
                 result[d] = part
@@ -203,12 +271,17 @@ class KernelBuilder:
         dt = self.index_dtype
         valid: UOp | None = None
         src_idxs: list[UOp] = []
-        for i, s, (before, _) in zip(idxs, node.src[0].shape, node.arg):
-            shifted = i - UOp.const(dt, before) if before else i
-            src_idxs.append(shifted)
-            if node.shape[len(src_idxs) - 1] != s:
+        for i, s, (before, after) in zip(idxs, self.shape(node.src[0].shape), node.arg):
+            if isinstance(before, int) and isinstance(after, int) and isinstance(s, int):
+                first, end = UOp.const(dt, before - 1), UOp.const(dt, before + s)
+                start = UOp.const(dt, before) if before else None
+            else:  # symbolic: the gradient of a shrink to a Variable pads by a symbolic amount
+                start = self.size(before)
+                first, end = start - UOp.const(dt, 1), start + size_node(s, dt)
+            src_idxs.append(i - start if start is not None else i)
+            if isinstance(before, UOp) or isinstance(after, UOp) or before or after:
                 # before <= i < before + s, as two comparisons whose value ranges the simplifier can fold
-                inside = (UOp.const(dt, before - 1) < i).alu(Ops.AND, i < UOp.const(dt, before + s))
+                inside = (first < i).alu(Ops.AND, i < end)
                 valid = inside if valid is None else valid.alu(Ops.AND, inside)
         if valid is None:
             return (yield (node.src[0], tuple(src_idxs), gate))
@@ -229,8 +302,15 @@ class KernelBuilder:
 
 
 def kernel_name(ast: UOp) -> str:
-    """'E_4_4' for elementwise kernels, 'r_64_256' for kernels with a reduction (sizes of their loops)."""
+    """'E_4_4' for elementwise kernels, 'r_64_256' for kernels with a reduction (sizes of their loops); a symbolic
+    loop size shows its Variables' names ('r_i_4')."""
     ranges = sorted((u for u in ast.toposort() if u.op is Ops.RANGE), key=lambda r: r.arg[0])
     prefix = "r" if any(r.arg[1] == "reduce" for r in ranges) else "E"
-    return prefix + "".join(f"_{r.src[0].arg}" for r in ranges) if ranges else prefix + "_1"
+    return prefix + "".join(f"_{_size_name(r.src[0])}" for r in ranges) if ranges else prefix + "_1"
+
+
+def _size_name(size: UOp) -> str:
+    if size.op is Ops.CONST:
+        return str(size.arg)
+    return "_".join(sorted({u.arg[0] for u in size.toposort() if u.op is Ops.DEFINE_VAR})) or "n"
 

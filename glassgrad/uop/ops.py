@@ -44,6 +44,8 @@ class Ops(Enum):
     DEFINE_ACC = auto(); ACCUMULATE = auto(); ENDRANGE = auto()  # noqa: E702
     # GPU kernels: thread/block ids, and a reduction finished across a work-group through shared memory
     SPECIAL = auto(); GROUP_REDUCE = auto()  # noqa: E702
+    # symbolic sizes: a named int in [min, max] (a kernel parameter), and a variable bound to its value
+    DEFINE_VAR = auto(); BIND = auto()  # noqa: E702
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
@@ -149,6 +151,17 @@ class UOp:
         src = (UOp(Ops.DEVICE, dtypes.void, (), device),) if device is not None else ()
         return UOp(Ops.CONST, dtype, src, as_dtype(value, dtype))
 
+    def bind(self, value: int) -> UOp:
+        """This DEFINE_VAR with a value: `Variable('i', 1, 10).bind(3)`. Checks the value is in the variable's range."""
+        if self.op is not Ops.DEFINE_VAR:
+            raise TypeError(f"bind() is for Variables (DEFINE_VAR), not {self.op}")
+        name, lo, hi = self.arg
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"Variable {name!r} can only be bound to an int, got {type(value).__name__} {value!r}")
+        if not lo <= value <= hi:
+            raise ValueError(f"Variable {name!r} takes values in [{lo}, {hi}]; cannot bind it to {value}")
+        return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, value)))
+
     def alu(self, op: Ops, *others: UOp) -> UOp:
         srcs = (self, *others)
         out_dtype = dtypes.bool if op in GroupOp.Comparison else srcs[-1].dtype
@@ -160,19 +173,19 @@ class UOp:
     def bitcast(self, dtype: DType) -> UOp:
         return UOp(Ops.BITCAST, dtype, (self,))
 
-    def reshape(self, shape: tuple[int, ...]) -> UOp:
+    def reshape(self, shape: tuple[sint, ...]) -> UOp:
         return self if self.shape == shape else UOp(Ops.RESHAPE, self.dtype, (self,), tuple(shape))
 
-    def expand(self, shape: tuple[int, ...]) -> UOp:
+    def expand(self, shape: tuple[sint, ...]) -> UOp:
         return self if self.shape == shape else UOp(Ops.EXPAND, self.dtype, (self,), tuple(shape))
 
     def permute(self, order: tuple[int, ...]) -> UOp:
         return self if order == tuple(range(len(order))) else UOp(Ops.PERMUTE, self.dtype, (self,), tuple(order))
 
-    def pad(self, padding: tuple[tuple[int, int], ...]) -> UOp:
+    def pad(self, padding: tuple[tuple[sint, sint], ...]) -> UOp:
         return self if all(p == (0, 0) for p in padding) else UOp(Ops.PAD, self.dtype, (self,), tuple(padding))
 
-    def shrink(self, bounds: tuple[tuple[int, int], ...]) -> UOp:
+    def shrink(self, bounds: tuple[tuple[sint, sint], ...]) -> UOp:
         if all(b == (0, s) for b, s in zip(bounds, self.shape)):
             return self
         return UOp(Ops.SHRINK, self.dtype, (self,), tuple(bounds))
@@ -299,9 +312,17 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
     if op is Ops.PERMUTE:
         return tuple(src[i] for i in arg)
     if op is Ops.PAD:
-        return tuple(s + b + a for s, (b, a) in zip(src, arg))
+        padded = tuple(s + b + a for s, (b, a) in zip(src, arg))
+        if any(isinstance(x, UOp) for x in padded):  # a symbolic size (glassgrad/uop/sint.py): keep it simplified
+            from glassgrad.uop.sint import as_sint
+            padded = tuple(as_sint(x) for x in padded)
+        return padded
     if op is Ops.SHRINK:
-        return tuple(e - b for b, e in arg)
+        sizes = tuple(e - b for b, e in arg)
+        if any(isinstance(x, UOp) for x in sizes):  # symbolic bounds (glassgrad/uop/sint.py): keep sizes simplified
+            from glassgrad.uop.sint import as_sint
+            sizes = tuple(as_sint(x) for x in sizes)
+        return sizes
     if op is Ops.REDUCE_AXIS:
         return tuple(1 if i in arg[1] else s for i, s in enumerate(src))
     if op is Ops.BITCAST and u.dtype.itemsize != u.src[0].dtype.itemsize:
@@ -313,6 +334,8 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
 _SHAPED = GroupOp.Movement | GroupOp.Elementwise | {Ops.BUFFER, Ops.ARANGE, Ops.REDUCE_AXIS, Ops.COPY, Ops.CONTIGUOUS,
                                                    Ops.DETACH, Ops.ASSIGN}
 
+
+sint = int | UOp  # a size: an int, or an int expression of Variables (see uop/sint.py)
 
 Range = tuple[ConstType, ConstType]
 
@@ -333,7 +356,7 @@ def dtype_bounds(dt: DType) -> Range:
 
 def _range_uses_src(u: UOp) -> bool:
     dt = u.dtype
-    return u.op is Ops.RANGE or ((dt.is_int or dt.is_bool) and u.op in (_BOOL_RANGE_RULES if dt.is_bool
+    return u.op in (Ops.RANGE, Ops.BIND) or ((dt.is_int or dt.is_bool) and u.op in (_BOOL_RANGE_RULES if dt.is_bool
                                                                          else _INT_RANGE_RULES))
 
 
@@ -347,8 +370,12 @@ def _value_range(u: UOp) -> Range:
         return (u.arg, u.arg)
     if u.op is Ops.RANGE:
         return (0, max(0, u.src[0].vmax - 1))
+    if u.op is Ops.BIND:  # the variable's whole range: code built from a bound size must serve every value
+        return u.src[0]._minmax()
     if u.op is Ops.SPECIAL:  # arg = (name, size): a GPU id in 0..size-1 (the kernel returns early outside it)
         return (0, max(0, u.arg[1] - 1))
+    if u.op is Ops.DEFINE_VAR:  # arg = (name, min, max)
+        return (u.arg[1], u.arg[2])
     if not (dt.is_int or dt.is_bool):
         return (-math.inf, math.inf)
     default = dtype_bounds(dt)

@@ -44,6 +44,7 @@ SHIM = HERE / "shim.h"
 LAUNCHER = HERE / "launcher.cpp"
 KERNEL_NAME = re.compile(r"^kernel void (\w+)\(", re.MULTILINE)
 BUFFER_SLOT = re.compile(r"\[\[buffer\((\d+)\)\]\]")
+INT_SLOT = re.compile(r"constant int& \w+ \[\[buffer\((\d+)\)\]\]")  # a Variable (symbolic size) argument
 SYNCHRONISES = re.compile(r"\bthreadgroup\b|\bthreadgroup_barrier\(")  # threadgroup memory or a barrier
 
 
@@ -126,15 +127,17 @@ class EmulatedMetalCompiler(Compiler):
 
 
 def entry_point(src: str) -> str:
-    """C++ appended to a kernel: `gg_entry(buffers, ids, barrier, context)` calls it with buffer i in slot i;
-    `gg_lockstep` tells the launcher whether the kernel's threads synchronise."""
+    """C++ appended to a kernel: `gg_entry(buffers, ids, barrier, context)` calls it with buffer i in slot i (an int
+    argument's slot points at the int); `gg_lockstep` tells the launcher whether the kernel's threads synchronise."""
     names = KERNEL_NAME.findall(src)
     if len(names) != 1:
         raise RuntimeError(f"expected one `kernel void name(` in the MSL source, found {names}")
     slots = [int(n) for n in BUFFER_SLOT.findall(src)]
     if slots != list(range(len(slots))):
         raise RuntimeError(f"{names[0]}: buffer slots must be 0, 1, 2, ... in order, got {slots}")
-    args = ", ".join([*(f"gg::Buffer{{buffers[{i}]}}" for i in slots), "gid", "lid"])
+    ints = {int(n) for n in INT_SLOT.findall(src)}
+    args = ", ".join([*(f"*(int*)buffers[{i}]" if i in ints else f"gg::Buffer{{buffers[{i}]}}" for i in slots),
+                      "gid", "lid"])
     return (f"\nextern \"C\" void gg_entry(void** buffers, const unsigned* ids, void (*barrier)(void*), "
             f"void* context) {{\n  uint3 gid, lid;\n  gg::enter(ids, barrier, context, gid, lid);\n"
             f"  {names[0]}({args});\n}}\n"
@@ -210,13 +213,13 @@ class EmulatedMetalProgram:
     def __call__(self, *bufs: np.ndarray, global_size: tuple[int, ...] = (1,),
                  local_size: tuple[int, ...] | None = None, vals: tuple[int, ...] = (), work: int = 0,
                  wait: bool = False) -> float:
-        if vals:
-            raise NotImplementedError("the emulated Metal device takes no integer arguments")
         threads = int(np.prod(local_size or (1,)))
         if threads > self.MAX_THREADS_PER_GROUP:
             raise RuntimeError(f"{self.name}: {threads} threads per threadgroup, Metal allows "
                                f"{self.MAX_THREADS_PER_GROUP}")
-        pointers = (ctypes.c_void_p * max(len(bufs), 1))(*[b.ctypes.data for b in bufs])
+        ints = [ctypes.c_int32(v) for v in vals]  # after the buffers, as Metal's setBytes would bind them
+        pointers = (ctypes.c_void_p * max(len(bufs) + len(ints), 1))(*[b.ctypes.data for b in bufs],
+                                                                      *[ctypes.addressof(i) for i in ints])
         error = ctypes.create_string_buffer(512)
         start = time.perf_counter()
         status = launcher()(self.entry, pointers, _dims(global_size), _dims(local_size), self.lockstep, error,

@@ -11,7 +11,7 @@ import metal_emulator
 import numpy as np
 import pytest
 
-from glassgrad import Tensor, dtypes
+from glassgrad import Tensor, Variable, dtypes
 from glassgrad.device import Compiled, Device
 
 pytestmark = metal_emulator.needs_cxx
@@ -145,3 +145,16 @@ def test_tensors_on_the_emulated_device(emulated: Compiled) -> None:
     assert np.isnan(n.max().numpy())
     i = Tensor(np.array([2 ** 40, -7], np.int64), device="METAL")
     np.testing.assert_array_equal((i * 3 // 2).numpy(), np.array([2 ** 40, -7]) * 3 // 2)
+
+
+def test_symbolic_shapes_on_the_emulated_device(emulated: Compiled) -> None:
+    """A Variable is a `constant int&` argument after the buffers: one kernel serves every bound value."""
+    a = np.random.default_rng(1).uniform(-2, 2, (700, 300)).astype(np.float32)
+    x = Tensor(a, device="METAL").realize()
+    v = Variable("i", 1, 700)
+    for n in (1, 300, 700):  # flat kernel, per-thread loops, threadgroup reductions over and into symbolic sizes
+        rows = x[:v.bind(n)]
+        np.testing.assert_allclose((rows * 2).numpy(), a[:n] * 2)
+        np.testing.assert_allclose(rows.sum(axis=0).numpy(), a[:n].sum(axis=0), rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(rows.sum(axis=1).numpy(), a[:n].sum(axis=1), rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(rows.sum().numpy(), a[:n].sum(), rtol=1e-5, atol=1e-2)
