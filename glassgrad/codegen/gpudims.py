@@ -15,6 +15,7 @@ for a GPU, the grid size (in blocks) and the block size (in threads). Two shapes
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from glassgrad.codegen.linearize import reduce_identity
 from glassgrad.dtype import DType, dtypes
@@ -45,6 +46,8 @@ def gpu_dims(ast: UOp, local_size: int = LOCAL_SIZE) -> tuple[UOp, Dims, Dims]:
     nodes = ast.toposort()
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
     reduces = [u for u in nodes if u.op is Ops.REDUCE]
+    if (plan := matmul_plan(ast, nodes, global_ranges, reduces)) is not None:
+        return _tiled(ast, plan)
     if reduces and _should_group(nodes, global_ranges, reduces):
         return _grouped(ast, nodes, global_ranges, reduces, local_size)
     return _flat(ast, global_ranges, local_size)
@@ -135,3 +138,153 @@ def _gate_loads(value: UOp, valid: UOp) -> UOp:
         return x.replace(src=(x.src[0], x.src[1], valid if old is None else old.alu(Ops.AND, valid)))
     loads = {u: gate(u) for u in value.toposort() if u.op is Ops.LOAD}
     return substitute(value, loads)
+
+
+# ---------------------------------------------------------------- tiled: matmul-shaped reductions
+TILE = 128            # outputs per block along each of the two tile axes
+THREADS = 16          # threads per block along each tile axis (16 x 16 = 256)
+TILE_K = 8            # reduction elements per shared-memory tile
+PAD = 4               # floats added to each shared-memory row: the transposing stores hit distinct banks
+MIN_SIDE = 64         # both tile axes at least this long, and the reduction at least TILE_K
+PER_THREAD = TILE // THREADS  # outputs per thread along each axis: two groups of 4, half a tile apart
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One factor of a matmul-shaped product, and the output loops it varies with (its tile axis)."""
+    value: UOp
+    ranges: tuple[UOp, ...]
+
+    @property
+    def size(self) -> int:
+        return prod(r.src[0].arg for r in self.ranges)
+
+
+@dataclass(frozen=True)
+class MatmulPlan:
+    store: UOp
+    reduce: UOp
+    rows: Operand        # tile axis of threadIdx / 16 (the factor that does not vary with `cols`)
+    cols: Operand        # tile axis of threadIdx % 16: holds the output's contiguous loop when there is one
+    batch: tuple[UOp, ...]  # output loops both factors vary with: one block per combination
+
+    @property
+    def k_ranges(self) -> tuple[UOp, ...]:
+        return self.reduce.src[1:]
+
+
+def matmul_plan(ast: UOp, nodes: list[UOp], global_ranges: list[UOp], reduces: list[UOp]) -> MatmulPlan | None:
+    """A kernel whose one REDUCE sums `x * y`, where `x` does not vary with some output loops and `y` does not vary
+    with the others (a matmul, a convolution, a batched matmul): each factor is then reused across a whole axis of
+    outputs, which a block of threads can share through shared memory. None for any other kernel."""
+    stores = [s for s in ast.src if s.op is Ops.STORE]
+    if len(reduces) != 1 or len(stores) != 1:
+        return None
+    red = reduces[0]
+    value = red.src[0]
+    if red.arg is not Ops.ADD or not red.dtype.is_float or value.op is not Ops.MUL or red.dtype.itemsize > 4:
+        return None
+    x, y = value.src
+    x_ranges, y_ranges = set(x.toposort()), set(y.toposort())
+    only_x = tuple(r for r in global_ranges if r in x_ranges and r not in y_ranges)
+    only_y = tuple(r for r in global_ranges if r in y_ranges and r not in x_ranges)
+    batch = tuple(r for r in global_ranges if r not in only_x and r not in only_y)
+    if not only_x or not only_y:
+        return None
+    rows, cols = Operand(x, only_x), Operand(y, only_y)
+    if rows.size < MIN_SIDE or cols.size < MIN_SIDE or _reduce_size(red) < TILE_K:
+        return None
+    contiguous = global_ranges[-1] if index_stride(stores[0].src[1], global_ranges[-1]) == 1 else None
+    if contiguous in rows.ranges:
+        rows, cols = cols, rows
+    return MatmulPlan(stores[0], red, rows, cols, batch)
+
+
+def _tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
+    """Each block computes a TILE x TILE tile of outputs, each thread an 8 x 8 register tile of it (one REDUCE per
+    output: the linearizer gives them one loop). Per TILE_K step of the reduction the block copies both factors'
+    tiles into shared memory (double-buffered: one barrier per step), then every thread reads its 8 + 8 factors per
+    k from there. Tiles past the end of an axis read zeros and store nothing."""
+    dt = plan.store.src[1].dtype
+    tiles = (math.ceil(plan.rows.size / TILE), math.ceil(plan.cols.size / TILE))
+    batch_sizes = tuple(r.src[0].arg for r in plan.batch)
+    blocks = prod(batch_sizes) * tiles[0] * tiles[1]
+    bidx = UOp(Ops.SPECIAL, dt, (), ("bidx", blocks, 1))
+    lidx = UOp(Ops.SPECIAL, dt, (), ("lidx", THREADS * THREADS, THREADS * THREADS))
+    *batch_ids, row_tile, col_tile = unflatten_index(bidx, (*batch_sizes, *tiles), dt)
+    batch_map = dict(zip(plan.batch, batch_ids))
+    next_id = max((r.arg[0] for r in plan.store.toposort() if r.op is Ops.RANGE), default=-1) + 1
+    k_size = _reduce_size(plan.reduce)
+    k_outer = UOp(Ops.RANGE, dt, (UOp.const(dt, math.ceil(k_size / TILE_K)),), (next_id, "reduce"))
+    k_inner = UOp(Ops.RANGE, dt, (UOp.const(dt, TILE_K),), (next_id + 1, "reduce"))
+    row_stride = TILE + PAD
+    half = TILE_K * row_stride   # one factor's tile
+    smem = UOp(Ops.DEFINE_LOCAL, plan.reduce.dtype, (), (0, 4 * half))
+    buffer = (k_outer % UOp.const(dt, 2)) * UOp.const(dt, 2 * half)  # double buffering: even/odd k steps
+    stores = []
+    for side, (operand, tile) in enumerate(((plan.rows, row_tile), (plan.cols, col_tile))):
+        for copy in _tile_copy(operand, tile, k_outer, lidx, batch_map, plan.k_ranges, k_size):
+            position, element = copy
+            stores.append(UOp(Ops.STORE, dtypes.void, (smem, buffer + UOp.const(dt, side * half) + position, element)))
+    barrier = UOp(Ops.BARRIER, smem.dtype, (smem, *stores))
+    ty, tx = lidx // UOp.const(dt, THREADS), lidx % UOp.const(dt, THREADS)
+    k_row = buffer + k_inner * UOp.const(dt, row_stride)
+
+    def own(thread: UOp, i: int) -> UOp:  # the i-th of a thread's 8 positions along a tile axis
+        return UOp.const(dt, (i // 4) * (TILE // 2) + i % 4) + thread * UOp.const(dt, 4)
+
+    row_factors = [UOp(Ops.LOAD, smem.dtype, (barrier, k_row + own(ty, i))) for i in range(PER_THREAD)]
+    col_factors = [UOp(Ops.LOAD, smem.dtype, (barrier, k_row + UOp.const(dt, half) + own(tx, j)))
+                   for j in range(PER_THREAD)]
+    outputs = []
+    for i in range(PER_THREAD):
+        row = row_tile * UOp.const(dt, TILE) + own(ty, i)
+        for j in range(PER_THREAD):
+            col = col_tile * UOp.const(dt, TILE) + own(tx, j)
+            red = UOp(Ops.REDUCE, plan.reduce.dtype, (row_factors[i] * col_factors[j], k_outer, k_inner), Ops.ADD)
+            store = substitute(plan.store, {plan.reduce: red})  # first the REDUCE (while it matches), then the loops
+            store = substitute(store, {**batch_map, **_positions(plan.rows, row), **_positions(plan.cols, col)})
+            valid = _both(_inside(plan.rows, row), _inside(plan.cols, col))
+            outputs.append(store if valid is None else store.replace(src=(*store.src[:3], valid)))
+    sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
+    return simplify(sink), (blocks, 1, 1), (THREADS * THREADS, 1, 1)
+
+
+def _positions(operand: Operand, flat: UOp) -> dict[UOp, UOp]:
+    return dict(zip(operand.ranges, unflatten_index(flat, tuple(r.src[0].arg for r in operand.ranges), flat.dtype)))
+
+
+def _inside(operand: Operand, flat: UOp) -> UOp | None:
+    """`flat < size` where the last tile of the axis runs past its end, else None (always inside)."""
+    return None if operand.size % TILE == 0 else flat < UOp.const(flat.dtype, operand.size)
+
+
+def _both(a: UOp | None, b: UOp | None) -> UOp | None:
+    return b if a is None else a if b is None else a.alu(Ops.AND, b)
+
+
+def _tile_copy(operand: Operand, tile: UOp, k_outer: UOp, lidx: UOp, batch_map: dict[UOp, UOp],
+               k_ranges: tuple[UOp, ...], k_size: int) -> list[tuple[UOp, UOp]]:
+    """(shared-memory position, value) pairs: this thread's share of the operand's TILE x TILE_K tile. Neighbouring
+    threads take neighbouring elements along the axis the operand's loads are contiguous in (coalesced reads)."""
+    dt = lidx.dtype
+    threads = THREADS * THREADS
+    loads = [u for u in operand.value.toposort() if u.op is Ops.LOAD]
+    along_tile = any(index_stride(u.src[1], operand.ranges[-1]) == 1 for u in loads)
+    k_sizes = tuple(r.src[0].arg for r in k_ranges)
+    out = []
+    for part in range(TILE * TILE_K // threads):
+        element = lidx + UOp.const(dt, part * threads)
+        if along_tile:
+            pos, kk = element % UOp.const(dt, TILE), element // UOp.const(dt, TILE)
+        else:
+            pos, kk = element // UOp.const(dt, TILE_K), element % UOp.const(dt, TILE_K)
+        flat = tile * UOp.const(dt, TILE) + pos
+        k = k_outer * UOp.const(dt, TILE_K) + kk
+        mapping = {**batch_map, **_positions(operand, flat), **dict(zip(k_ranges, unflatten_index(k, k_sizes, dt)))}
+        value = substitute(operand.value, mapping)
+        valid = _both(_inside(operand, flat), k < UOp.const(dt, k_size) if k_size % TILE_K else None)
+        if valid is not None:
+            value = valid.where(_gate_loads(value, valid), UOp.const(value.dtype, 0))
+        out.append((kk * UOp.const(dt, TILE + PAD) + pos, value))
+    return out

@@ -48,9 +48,10 @@ class _Emitter:
     """Builds the linear program. Tracks which values exist in the current loop scope: a value computed inside a
     loop is gone when that loop closes, so a later use outside recomputes it."""
 
-    def __init__(self, program: list[UOp], scopes: Scopes) -> None:
+    def __init__(self, program: list[UOp], scopes: Scopes, reduces: list[UOp]) -> None:
         self.program = program
         self.scopes = scopes
+        self.reduces = reduces
         self.emitted: set[UOp] = set(program)
         self.frames: list[list[UOp]] = [[]]
 
@@ -74,31 +75,53 @@ class _Emitter:
             if n in self.emitted:
                 continue
             if n.op is Ops.REDUCE:
-                self.emit_reduce(n, None)
+                self.emit_reduce(self.siblings(n), None)
             else:
                 self.add(n)
 
-    def emit_reduce(self, red: UOp, upcast: UOp | None) -> None:
-        """DEFINE_ACC, the reduce loops (and inside them the upcast loop, with one accumulator per iteration),
-        the value, ACCUMULATE. What the loops do not change is computed before them (hoisted)."""
-        value, loops = red.src[0], frozenset(red.src[1:])
-        inner = loops | ({upcast} if upcast is not None else set())
-        for n in value.toposort(stop=lambda x: x in self.emitted or x.op is Ops.REDUCE):
-            if n not in self.emitted and n.op is not Ops.RANGE and not self.scopes(n) & inner:
-                self.emit(n)
-        init = UOp.const(red.dtype, reduce_identity(red.arg, red.dtype))
-        acc = UOp(Ops.DEFINE_ACC, red.dtype, (init,) if upcast is None else (init, upcast), red)
-        self.add(acc)
-        for r in red.src[1:]:
+    def siblings(self, red: UOp) -> list[UOp]:
+        """`red` and the other REDUCEs of the kernel over the same loops that can share its loop: a register tile
+        of outputs is one loop with an accumulator per output, not a loop per output."""
+        def independent(r: UOp) -> bool:
+            return not any(n.op is Ops.REDUCE for n in r.src[0].toposort(stop=lambda x: x.op is Ops.REDUCE))
+        if not independent(red):
+            return [red]
+        return [r for r in self.reduces if r.src[1:] == red.src[1:] and r not in self.emitted
+                and self.scopes(r) == self.scopes(red) and independent(r)]
+
+    def emit_scoped(self, values: list[UOp], opened: frozenset[UOp], loops: frozenset[UOp]) -> None:
+        """Emit what `values` need that depends on no loop of `loops` outside `opened` (each node goes in the
+        innermost loop it depends on: e.g. a tile copied to shared memory once per outer iteration)."""
+        for value in values:
+            for n in value.toposort(stop=lambda x: x in self.emitted or x.op is Ops.REDUCE):
+                if n not in self.emitted and n.op is not Ops.RANGE and self.scopes(n) & loops <= opened:
+                    self.emit(n)
+
+    def emit_reduce(self, reds: list[UOp], upcast: UOp | None) -> None:
+        """DEFINE_ACC for each of `reds` (REDUCEs over the same loops), the reduce loops (and inside them the upcast
+        loop, with one accumulator per iteration), the values, ACCUMULATE. What the loops do not change is computed
+        before them (hoisted)."""
+        loops = reds[0].src[1:]
+        inner = frozenset(loops) | ({upcast} if upcast is not None else set())
+        values = [red.src[0] for red in reds]
+        self.emit_scoped(values, frozenset(), inner)
+        accs = []
+        for red in reds:
+            init = UOp.const(red.dtype, reduce_identity(red.arg, red.dtype))
+            accs.append(UOp(Ops.DEFINE_ACC, red.dtype, (init,) if upcast is None else (init, upcast), red))
+            self.add(accs[-1])
+        opened: frozenset[UOp] = frozenset()
+        for r in [*loops, *([upcast] if upcast is not None else [])]:
             self.open_loop(r)
-        if upcast is not None:
-            self.open_loop(upcast)
-        self.emit(value)
-        self.program.append(UOp(Ops.ACCUMULATE, red.dtype, (acc, value), red.arg))
-        for r in ([upcast] if upcast is not None else []) + list(reversed(red.src[1:])):
+            opened |= {r}
+            self.emit_scoped(values, opened, inner)
+        for red, acc in zip(reds, accs):
+            self.program.append(UOp(Ops.ACCUMULATE, red.dtype, (acc, red.src[0]), red.arg))
+        for r in ([upcast] if upcast is not None else []) + list(reversed(loops)):
             self.close_loop(r)
-        self.emitted.add(red)  # the accumulator now holds the REDUCE's value (its consumers read it)
-        self.frames[-1].append(red)
+        for red in reds:
+            self.emitted.add(red)  # the accumulator now holds the REDUCE's value (its consumers read it)
+            self.frames[-1].append(red)
 
 
 def linearize(sink: UOp, upcast: UOp | None = None) -> list[UOp]:
@@ -108,14 +131,16 @@ def linearize(sink: UOp, upcast: UOp | None = None) -> list[UOp]:
     nodes = sink.toposort()
     program: list[UOp] = sorted((u for u in nodes if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
     program += sorted((u for u in nodes if u.op is Ops.SPECIAL), key=lambda u: u.arg[0])  # GPU ids come first
+    program += [u for u in nodes if u.op is Ops.DEFINE_LOCAL]
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global" and u is not upcast),
                            key=lambda u: u.arg[0])
     program += global_ranges
-    emitter = _Emitter(program, scopes)
+    reduces = [u for u in nodes if u.op is Ops.REDUCE]
+    emitter = _Emitter(program, scopes, reduces)
     if upcast is not None:
-        for red in (u for u in nodes if u.op is Ops.REDUCE):
+        for red in reduces:
             if red not in emitter.emitted:
-                emitter.emit_reduce(red, upcast if upcast in scopes(red) else None)
+                emitter.emit_reduce([red], upcast if upcast in scopes(red) else None)
         emitter.open_loop(upcast)
     emitter.emit(sink)
     program.remove(sink)

@@ -186,7 +186,7 @@ class CStyleLanguage:
             return self.render_const(s.arg, s.dtype) if s.op is Ops.CONST else names[s]
 
         for position, u in enumerate(program):
-            a = [ref(s) for s in u.src]
+            a = [ref(s) for s in (u.src if u.op is not Ops.BARRIER else u.src[:1])]  # a barrier's STOREs: no value
             if u.op is Ops.DEFINE_GLOBAL:
                 names[u] = f"data{u.arg}"
                 params.append(self.render_param(u, writes=u.arg == 0))
@@ -231,6 +231,12 @@ class CStyleLanguage:
                 names[u] = new_name(u.arg[0])
                 for text in self.render_special(u, names[u]):
                     line(text)
+            elif u.op is Ops.DEFINE_LOCAL:
+                names[u] = new_name("smem")
+                line(self.render_local_array(u.dtype, names[u], u.arg[1]))
+            elif u.op is Ops.BARRIER:  # the shared buffer, readable once every thread has written its part
+                names[u] = a[0]
+                line(self.barrier)
             elif u.op is Ops.GROUP_REDUCE:
                 names[u] = new_name("red")
                 for text in self.render_group_reduce(u, a[0], a[1], new_name("smem"), names[u]):

@@ -44,6 +44,9 @@ class Ops(Enum):
     DEFINE_ACC = auto(); ACCUMULATE = auto(); ENDRANGE = auto()  # noqa: E702
     # GPU kernels: thread/block ids, and a reduction finished across a work-group through shared memory
     SPECIAL = auto(); GROUP_REDUCE = auto()  # noqa: E702
+    # GPU kernels: a work-group's shared buffer (arg = (id, size)) and a barrier after the STOREs into it (its
+    # sources); LOADs from the buffer name the BARRIER as their buffer, so they are ordered after it
+    DEFINE_LOCAL = auto(); BARRIER = auto()  # noqa: E702
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
