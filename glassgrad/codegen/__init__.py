@@ -51,9 +51,9 @@ def get_program(ast: UOp, renderer: CStyleLanguage) -> ProgramSpec:
     global_size: tuple[int, ...]
     if renderer.has_local:  # GPUs: loops become threads and work-groups
         ast, global_size, local_size = gpu_dims(ast)
-        upcast = None
+        upcast: tuple[UOp, ...] = ()
     else:  # CPUs: the outermost loop is split across threads by the runtime; one output dim may be upcast
-        ast, upcast = choose_upcast(ast) if not NOOPT else (ast, None)
+        ast, upcast = choose_upcast(ast) if not NOOPT else (ast, ())
         global_ranges = sorted((r for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "global"),
                                key=lambda r: r.arg[0])
         global_size = (global_ranges[0].src[0].arg,) if global_ranges else (1,)

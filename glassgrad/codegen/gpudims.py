@@ -248,7 +248,7 @@ def _tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
     next_id = max((r.arg[0] for r in plan.store.toposort() if r.op is Ops.RANGE), default=-1) + 1
     k_size = _reduce_size(plan.reduce)
     k_outer = UOp(Ops.RANGE, dt, (UOp.const(dt, math.ceil(k_size / TILE_K)),), (next_id, "reduce"))
-    k_inner = UOp(Ops.RANGE, dt, (UOp.const(dt, TILE_K),), (next_id + 1, "reduce"))
+    k_inner = UOp(Ops.RANGE, dt, (UOp.const(dt, TILE_K),), (next_id + 1, "unroll"))
     row_stride = TILE + PAD
     half = TILE_K * row_stride   # one factor's tile
     smem = UOp(Ops.DEFINE_LOCAL, plan.reduce.dtype, (), (0, 4 * half))

@@ -81,6 +81,11 @@ class CStyleLanguage:
         """A line to put before the reduce loop opened at program[position] (e.g. a vectorisation hint)."""
         return ""
 
+    def upcast_loop_pragma(self, loop: UOp, innermost: bool) -> str:
+        """A line before an upcast or unrolled loop: these are short, with a constant trip count, and are meant to be
+        unrolled into registers."""
+        return "#pragma unroll"
+
     def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
         return f"(((union {{ {self.render_dtype(src)} a; {self.render_dtype(dst)} b; }}){{.a = {x}}}).b)"
 
@@ -197,8 +202,10 @@ class CStyleLanguage:
                 if u.arg[1] == "global":
                     line(self.render_global_range(global_index, names[u], a[0], self.loop_var_type(u.dtype)))
                     global_index += 1
-                elif u.arg[1] == "upcast":
-                    line("#pragma omp simd")  # iterations are independent (one accumulator each)
+                elif u.arg[1] in ("upcast", "unroll"):
+                    pragma = self.upcast_loop_pragma(u, innermost=_is_innermost(program, position))
+                    if pragma:
+                        line(pragma)
                     line(f"for ({self.loop_var_type(u.dtype)} {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
                 else:
                     pragma = self.reduce_loop_pragma(program, position, names)
@@ -209,11 +216,11 @@ class CStyleLanguage:
             elif u.op is Ops.ENDRANGE:
                 depth -= 1
                 line("}")
-            elif u.op is Ops.DEFINE_ACC and len(u.src) == 2:  # one accumulator per iteration of an upcast loop
-                acc, size = new_name("acc"), u.src[1].src[0].arg
+            elif u.op is Ops.DEFINE_ACC and len(u.src) > 1:  # an accumulator per combination of the upcast loops
+                acc, size = new_name("acc"), math.prod(r.src[0].arg for r in u.src[1:])
                 line(f"{self.render_dtype(u.dtype)} {acc}[{size}];")
                 line(f"for (int i = 0; i < {size}; i++) {acc}[i] = {a[0]};")
-                names[u] = names[u.arg] = f"{acc}[ridx{u.src[1].arg[0]}]"
+                names[u] = names[u.arg] = f"{acc}[{_flat_index(u.src[1:])}]"
             elif u.op is Ops.DEFINE_ACC:
                 names[u] = names[u.arg] = new_name("acc")
                 line(f"{self.render_dtype(u.dtype)} {names[u]} = {a[0]};")
@@ -281,6 +288,24 @@ def index_stride(index: UOp, loop: UOp) -> int | None:
     return None
 
 
+def _is_innermost(program: list[UOp], position: int) -> bool:
+    """Whether the loop opened at program[position] has no loop inside it."""
+    for u in program[position + 1:]:
+        if u.op is Ops.RANGE:
+            return False
+        if u.op is Ops.ENDRANGE and u.src[0] is program[position]:
+            return True
+    return True
+
+
+def _flat_index(loops: tuple[UOp, ...]) -> str:
+    """C text for the row-major position of a combination of loop indices: ((r0*s1)+r1)*s2+r2."""
+    text = f"ridx{loops[0].arg[0]}"
+    for r in loops[1:]:
+        text = f"({text}*{r.src[0].arg}+ridx{r.arg[0]})"
+    return text
+
+
 def _safe_divisor(d: UOp) -> bool:
     return d.op is Ops.CONST and d.arg not in (0, -1)
 
@@ -325,6 +350,14 @@ class ClangRenderer(CStyleLanguage):
                     return ""
                 return f"#pragma omp simd reduction({'+' if u.arg is Ops.ADD else '*'}:{names[u.src[0]]})"
         return ""
+
+    def upcast_loop_pragma(self, loop: UOp, innermost: bool) -> str:
+        """The innermost upcast loop becomes SIMD lanes (its iterations are independent: an accumulator or an output
+        each); the loops around it, and unrolled reduce loops, are unrolled whole so the accumulators live in
+        registers instead of memory."""
+        if innermost and loop.arg[1] == "upcast":
+            return "#pragma omp simd"
+        return f"#pragma GCC unroll {loop.src[0].arg}"
 
     def render_global_range(self, index: int, var: str, size: str, dtype: str) -> str:
         if index == 0:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from glassgrad.dtype import DType, dtypes
 from glassgrad.renderer.cstyle import CStyleLanguage, float32_compute
-from glassgrad.uop.ops import Ops, UOp
-
-UNROLL_MAX = 16  # reduce loops up to this many iterations are unrolled
+from glassgrad.uop.ops import UOp
 
 _BITCAST_HELPER = ("template <class T, class F> __device__ __forceinline__ T gg_bitcast(F x) "
                    "{ union { F f; T t; } u; u.f = x; return u.t; }")
@@ -37,12 +35,6 @@ class CUDARenderer(CStyleLanguage):
     def render_local_array(self, dtype: DType, name: str, size: int) -> str:
         # 16-byte aligned: four neighbouring floats at a multiple of 4 then load as one 128-bit access
         return f"__shared__ __align__(16) {self.render_dtype(dtype)} {name}[{size}];"
-
-    def reduce_loop_pragma(self, program: list[UOp], position: int, names: dict[UOp, str]) -> str:
-        """Short reduce loops (a shared-memory tile's steps) unroll fully: their loads from shared memory merge
-        into 128-bit accesses and the loop counter disappears."""
-        size = program[position].src[0]
-        return "#pragma unroll" if size.op is Ops.CONST and size.arg <= UNROLL_MAX else ""
 
     def render_param(self, u: UOp, writes: bool) -> str:
         return f"{'' if writes else 'const '}{self.render_dtype(u.dtype)}* __restrict__ data{u.arg}"
