@@ -102,6 +102,33 @@ def test_one_loop_per_level_and_the_barrier_between_copy_and_use() -> None:
     assert all(u.op is not Ops.LOAD or u.src[0].op is not Ops.DEFINE_LOCAL for u in spec.uops)  # reads follow it
 
 
+def test_half_matmuls_with_whole_tiles_use_tensor_cores() -> None:
+    """mma.sync on sm_80+, fed by ldmatrix from shared memory; remainders or an older GPU: the float32 tiles."""
+    from glassgrad.codegen import get_program
+    from glassgrad.renderer.cuda import CUDARenderer
+    ast = create_schedule([matmul(256, 64, 384, F16)().uop])[0][-1].ast
+    spec = get_program(ast, CUDARenderer("sm_90"))
+    ops = [u.op for u in spec.uops]
+    assert ops.count(Ops.WMMA) == 16 and ops.count(Ops.FRAGMENT) == 6 and ops.count(Ops.GEP) == 64
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in spec.source and "ldmatrix" in spec.source
+    assert Ops.WMMA not in [u.op for u in get_program(ast, CUDARenderer("sm_75")).uops]
+    for odd in (matmul(200, 64, 384, F16), matmul(256, 40, 384, F16)):
+        assert Ops.WMMA not in [u.op for u in cuda_kernels(odd)[-1].uops]
+    bf16 = cuda_kernels(matmul(128, 32, 128, dtypes.bfloat16))[-1].source
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in bf16
+
+
+def test_tensor_core_fragments_stay_in_shared_memory() -> None:
+    """Each lane's ldmatrix row (8 halves from its address) lies inside the shared buffer, 16-byte aligned."""
+    spec = cuda_kernels(lambda: Tensor.empty(2, 128, 64, dtype=F16) @ Tensor.empty(2, 64, 256, dtype=F16))[-1]
+    frags = [u for u in spec.uops if u.op is Ops.FRAGMENT]
+    assert frags
+    for u in frags:
+        size = u.src[0].src[0].arg[1]
+        check_access(UOp(Ops.LOAD, F16, (u.src[0], u.src[1] + 7)), size, "ldmatrix row end")
+        check_access(UOp(Ops.LOAD, F16, (u.src[0], u.src[1] % 8 + 1_000_000)), 1_000_001, "ldmatrix alignment")
+
+
 def test_narrow_indices() -> None:
     i = UOp(Ops.RANGE, dtypes.int64, (UOp.const(dtypes.int64, 1000),), (0, "global"))
     buf = UOp(Ops.DEFINE_GLOBAL, F32, (), 0)
@@ -140,11 +167,23 @@ def test_matmul_on_gpu(cuda: str, m: int, k: int, n: int) -> None:
     assert relative_error(out, a.astype(np.float64) @ b) < 1e-5
 
 
-def test_half_matmul_on_gpu(cuda: str) -> None:
+@pytest.mark.parametrize("shape_a,shape_b", [((200, 96), (96, 136)), ((256, 64), (64, 384)), ((512, 1024), (1024, 128)),
+                                             ((2, 128, 32), (2, 32, 256))])
+def test_half_matmul_on_gpu(cuda: str, shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> None:
+    """Both tiled variants: float32 tiles (remainders) and tensor cores (whole tiles)."""
     rng = np.random.default_rng(1)
-    a, b = (rng.standard_normal(s, dtype=np.float32).astype(np.float16) for s in ((200, 96), (96, 136)))
+    a, b = (rng.standard_normal(s, dtype=np.float32).astype(np.float16) for s in (shape_a, shape_b))
     out = (Tensor(a, device=cuda) @ Tensor(b, device=cuda)).numpy()
     assert out.dtype == np.float16 and relative_error(out, a.astype(np.float64) @ b.astype(np.float64)) < 2e-3
+
+
+def test_bfloat16_matmul_on_gpu(cuda: str) -> None:
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((256, 96), dtype=np.float32), rng.standard_normal((96, 128), dtype=np.float32)
+    out = (Tensor(a, device=cuda).cast(dtypes.bfloat16) @ Tensor(b, device=cuda).cast(dtypes.bfloat16)).float()
+    ref = Tensor(a).cast(dtypes.bfloat16).float().numpy().astype(np.float64) @ \
+        Tensor(b).cast(dtypes.bfloat16).float().numpy().astype(np.float64)
+    assert relative_error(out.numpy(), ref) < 1e-2
 
 
 @pytest.mark.parametrize("make", [

@@ -50,7 +50,7 @@ def get_program(ast: UOp, renderer: CStyleLanguage) -> ProgramSpec:
     local_size: tuple[int, ...] | None = None
     global_size: tuple[int, ...]
     if renderer.has_local:  # GPUs: loops become threads and work-groups
-        ast, global_size, local_size = gpu_dims(ast)
+        ast, global_size, local_size = gpu_dims(ast, tensor_cores=renderer.tensor_cores)
         upcast: tuple[UOp, ...] = ()
     else:  # CPUs: the outermost loop is split across threads by the runtime; one output dim may be upcast
         ast, upcast = choose_upcast(ast) if not NOOPT else (ast, ())

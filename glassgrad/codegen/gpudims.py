@@ -15,6 +15,7 @@ for a GPU, the grid size (in blocks) and the block size (in threads). Two shapes
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from glassgrad.codegen.linearize import reduce_identity
@@ -43,17 +44,18 @@ def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
     return graph_rewrite(root, PatternMatcher([(UPat(name="x"), lambda x: mapping.get(x))]))
 
 
-def gpu_dims(ast: UOp, local_size: int = LOCAL_SIZE) -> tuple[UOp, Dims, Dims]:
-    ast, global_size, local = _launch_shape(ast, local_size)
+def gpu_dims(ast: UOp, local_size: int = LOCAL_SIZE, tensor_cores: bool = False) -> tuple[UOp, Dims, Dims]:
+    """`tensor_cores`: the target has mma.sync (half/bfloat16 matmuls with whole tiles use them)."""
+    ast, global_size, local = _launch_shape(ast, local_size, tensor_cores)
     return narrow_indices(ast), global_size, local
 
 
-def _launch_shape(ast: UOp, local_size: int) -> tuple[UOp, Dims, Dims]:
+def _launch_shape(ast: UOp, local_size: int, tensor_cores: bool) -> tuple[UOp, Dims, Dims]:
     nodes = ast.toposort()
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
     reduces = [u for u in nodes if u.op is Ops.REDUCE]
     if (plan := matmul_plan(ast, nodes, global_ranges, reduces)) is not None:
-        return _tiled(ast, plan)
+        return _tiled(ast, plan, tensor_cores)
     if reduces and _should_group(nodes, global_ranges, reduces):
         return _grouped(ast, nodes, global_ranges, reduces, local_size)
     return _flat(ast, global_ranges, local_size)
@@ -232,11 +234,21 @@ def _exact_product(value: UOp) -> UOp:
     return value
 
 
-def _tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
-    """Each block computes a TILE x TILE tile of outputs, each thread an 8 x 8 register tile of it (one REDUCE per
-    output: the linearizer gives them one loop). Per TILE_K step of the reduction the block copies both factors'
-    tiles into shared memory (double-buffered: one barrier per step), then every thread reads its 8 + 8 factors per
-    k from there. Tiles past the end of an axis read zeros and store nothing."""
+@dataclass(frozen=True)
+class _Block:
+    """What both tiled variants share: the ids, the block's tile coordinates and the reduction's loops."""
+    dt: DType
+    blocks: int
+    lidx: UOp
+    row_tile: UOp
+    col_tile: UOp
+    batch_map: dict[UOp, UOp]
+    k_outer: UOp
+    k_inner: UOp
+    k_size: int
+
+
+def _block(plan: MatmulPlan, tile_k: int, k_inner_size: int) -> _Block:
     dt = plan.store.src[1].dtype
     tiles = (math.ceil(plan.rows.size / TILE), math.ceil(plan.cols.size / TILE))
     batch_sizes = tuple(r.src[0].arg for r in plan.batch)
@@ -244,23 +256,50 @@ def _tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
     bidx = UOp(Ops.SPECIAL, dt, (), ("bidx", blocks, 1))
     lidx = UOp(Ops.SPECIAL, dt, (), ("lidx", THREADS * THREADS, THREADS * THREADS))
     *batch_ids, row_tile, col_tile = unflatten_index(bidx, (*batch_sizes, *tiles), dt)
-    batch_map = dict(zip(plan.batch, batch_ids))
     next_id = max((r.arg[0] for r in plan.store.toposort() if r.op is Ops.RANGE), default=-1) + 1
     k_size = _reduce_size(plan.reduce)
-    k_outer = UOp(Ops.RANGE, dt, (UOp.const(dt, math.ceil(k_size / TILE_K)),), (next_id, "reduce"))
-    k_inner = UOp(Ops.RANGE, dt, (UOp.const(dt, TILE_K),), (next_id + 1, "unroll"))
+    k_outer = UOp(Ops.RANGE, dt, (UOp.const(dt, math.ceil(k_size / tile_k)),), (next_id, "reduce"))
+    k_inner = UOp(Ops.RANGE, dt, (UOp.const(dt, k_inner_size),), (next_id + 1, "unroll"))
+    return _Block(dt, blocks, lidx, row_tile, col_tile, dict(zip(plan.batch, batch_ids)), k_outer, k_inner, k_size)
+
+
+def _copy_tiles(plan: MatmulPlan, b: _Block, smem: UOp, tile_k: int, values: tuple[UOp, UOp],
+                layouts: tuple[Callable[[UOp, UOp], UOp], Callable[[UOp, UOp], UOp]]) -> UOp:
+    """Both factors' tiles of this k step into shared memory; the BARRIER after the copies (reads go through it)."""
+    stores = []
+    for operand, tile, value, layout in zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), values, layouts):
+        for position, element in _tile_copy(operand, value, tile, b, plan.k_ranges, tile_k):
+            stores.append(UOp(Ops.STORE, dtypes.void, (smem, layout(*position), element)))
+    return UOp(Ops.BARRIER, smem.dtype, (smem, *stores))
+
+
+def _output(plan: MatmulPlan, b: _Block, result: UOp, row: UOp, col: UOp) -> UOp:
+    """The kernel's STORE (and whatever it computes from the reduction) for output (row, col) of the tile."""
+    store = substitute(plan.store, {plan.reduce: result})  # first the REDUCE (while it matches), then the loops
+    store = substitute(store, {**b.batch_map, **_positions(plan.rows, row), **_positions(plan.cols, col)})
+    valid = _both(_inside(plan.rows, row), _inside(plan.cols, col))
+    return store if valid is None else store.replace(src=(*store.src[:3], valid))
+
+
+def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool) -> tuple[UOp, Dims, Dims]:
+    """Each block computes a TILE x TILE tile of outputs, each thread an 8 x 8 register tile of it (one REDUCE per
+    output: the linearizer gives them one loop). Per TILE_K step of the reduction the block copies both factors'
+    tiles into shared memory (double-buffered: one barrier per step), then every thread reads its 8 + 8 factors per
+    k from there. Tiles past the end of an axis read zeros and store nothing."""
+    if tensor_cores and _tensor_core_operands(plan) is not None:
+        return _tensor_core_tiled(ast, plan)
+    b = _block(plan, TILE_K, TILE_K)
+    dt = b.dt
     row_stride = TILE + PAD
     half = TILE_K * row_stride   # one factor's tile
     smem = UOp(Ops.DEFINE_LOCAL, plan.reduce.dtype, (), (0, 4 * half))
-    buffer = (k_outer % UOp.const(dt, 2)) * UOp.const(dt, 2 * half)  # double buffering: even/odd k steps
-    stores = []
-    for side, (operand, tile) in enumerate(((plan.rows, row_tile), (plan.cols, col_tile))):
-        for copy in _tile_copy(operand, tile, k_outer, lidx, batch_map, plan.k_ranges, k_size):
-            position, element = copy
-            stores.append(UOp(Ops.STORE, dtypes.void, (smem, buffer + UOp.const(dt, side * half) + position, element)))
-    barrier = UOp(Ops.BARRIER, smem.dtype, (smem, *stores))
-    ty, tx = lidx // UOp.const(dt, THREADS), lidx % UOp.const(dt, THREADS)
-    k_row = buffer + k_inner * UOp.const(dt, row_stride)
+    buffer = (b.k_outer % UOp.const(dt, 2)) * UOp.const(dt, 2 * half)  # double buffering: even/odd k steps
+
+    def layout(side: int) -> Callable[[UOp, UOp], UOp]:  # both stored k-major: [k][position]
+        return lambda pos, kk: buffer + UOp.const(dt, side * half) + kk * UOp.const(dt, row_stride) + pos
+    barrier = _copy_tiles(plan, b, smem, TILE_K, (plan.rows.value, plan.cols.value), (layout(0), layout(1)))
+    ty, tx = b.lidx // UOp.const(dt, THREADS), b.lidx % UOp.const(dt, THREADS)
+    k_row = buffer + b.k_inner * UOp.const(dt, row_stride)
 
     def own(thread: UOp, i: int) -> UOp:  # the i-th of a thread's 8 positions along a tile axis
         return UOp.const(dt, (i // 4) * (TILE // 2) + i % 4) + thread * UOp.const(dt, 4)
@@ -270,16 +309,77 @@ def _tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
                    for j in range(PER_THREAD)]
     outputs = []
     for i in range(PER_THREAD):
-        row = row_tile * UOp.const(dt, TILE) + own(ty, i)
         for j in range(PER_THREAD):
-            col = col_tile * UOp.const(dt, TILE) + own(tx, j)
-            red = UOp(Ops.REDUCE, plan.reduce.dtype, (row_factors[i] * col_factors[j], k_outer, k_inner), Ops.ADD)
-            store = substitute(plan.store, {plan.reduce: red})  # first the REDUCE (while it matches), then the loops
-            store = substitute(store, {**batch_map, **_positions(plan.rows, row), **_positions(plan.cols, col)})
-            valid = _both(_inside(plan.rows, row), _inside(plan.cols, col))
-            outputs.append(store if valid is None else store.replace(src=(*store.src[:3], valid)))
+            red = UOp(Ops.REDUCE, plan.reduce.dtype, (row_factors[i] * col_factors[j], b.k_outer, b.k_inner), Ops.ADD)
+            outputs.append(_output(plan, b, red, b.row_tile * UOp.const(dt, TILE) + own(ty, i),
+                                   b.col_tile * UOp.const(dt, TILE) + own(tx, j)))
     sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
-    return simplify(sink), (blocks, 1, 1), (THREADS * THREADS, 1, 1)
+    return simplify(sink), (b.blocks, 1, 1), (THREADS * THREADS, 1, 1)
+
+
+# tensor cores: mma.sync m16n8k16 (float16/bfloat16 in, float32 accumulators)
+TC_TILE_K = 32          # reduction elements per shared-memory tile (two mma k-steps of 16)
+TC_PAD = 8              # halves added to each shared-memory row (16 bytes): ldmatrix rows hit distinct banks
+WARPS = (2, 4)          # warps of a block along rows and columns; each computes a 64 x 32 part of the tile
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+
+
+def _tensor_core_operands(plan: MatmulPlan) -> tuple[UOp, UOp] | None:
+    """The float16/bfloat16 values a tensor-core tile multiplies, when the product is `float(x) * float(y)` of one
+    such dtype and every tile is whole (no remainders: the fragments have no gates)."""
+    x, y = plan.rows.value, plan.cols.value
+    if x.op is not Ops.CAST or y.op is not Ops.CAST or x.src[0].dtype != y.src[0].dtype:
+        return None
+    if x.src[0].dtype not in (dtypes.float16, dtypes.bfloat16) or plan.reduce.dtype != dtypes.float32:
+        return None
+    if plan.rows.size % TILE or plan.cols.size % TILE or _reduce_size(plan.reduce) % TC_TILE_K:
+        return None
+    return x.src[0], y.src[0]
+
+
+def _tensor_core_tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
+    """Like `_tiled`, but the 8 warps of a block each multiply a 64 x 32 part of the tile on the tensor cores:
+    per k-step of 16 a warp loads 4 row fragments and 2 column-fragment pairs from shared memory (ldmatrix) and
+    issues 4 x 4 mma.sync, each adding a 16 x 8 product into 4 float32 accumulators per thread (one REDUCE per
+    mma tile, whose value is a WMMA; GEP picks an accumulator for the output it holds)."""
+    x, y = _tensor_core_operands(plan)  # type: ignore[misc]
+    b = _block(plan, TC_TILE_K, TC_TILE_K // MMA_K)
+    dt = b.dt
+    a_stride, b_stride = TC_TILE_K + TC_PAD, TILE + TC_PAD
+    a_size, b_size = TILE * a_stride, TC_TILE_K * b_stride
+    smem = UOp(Ops.DEFINE_LOCAL, x.dtype, (), (0, 2 * (a_size + b_size)))
+    step = b.k_outer % UOp.const(dt, 2)  # double buffering: even/odd k steps
+    a_base, b_base = step * UOp.const(dt, a_size), UOp.const(dt, 2 * a_size) + step * UOp.const(dt, b_size)
+    barrier = _copy_tiles(plan, b, smem, TC_TILE_K, (x, y), (
+        lambda pos, kk: a_base + pos * UOp.const(dt, a_stride) + kk,     # rows operand: [row][k]
+        lambda pos, kk: b_base + kk * UOp.const(dt, b_stride) + pos))    # cols operand: [k][col]
+    warp, lane = b.lidx // UOp.const(dt, 32), b.lidx % UOp.const(dt, 32)
+    warp_row = (warp // UOp.const(dt, WARPS[1])) * UOp.const(dt, TILE // WARPS[0])
+    warp_col = (warp % UOp.const(dt, WARPS[1])) * UOp.const(dt, TILE // WARPS[1])
+    k0 = b.k_inner * UOp.const(dt, MMA_K)
+    lane16, lane_half = lane % UOp.const(dt, 16), lane // UOp.const(dt, 16)
+    m_tiles, n_tiles = TILE // WARPS[0] // MMA_M, TILE // WARPS[1] // MMA_N
+    # ldmatrix.x4: lane l gives the address of row l%16 (and k half l/16) of a 16 x 16 row fragment, or of k row
+    # l%16 (and column half l/16) of a 16 x 16 block of the [k][col] tile: two 16 x 8 column fragments
+    row_frags = [UOp(Ops.FRAGMENT, x.dtype, (barrier, a_base + (warp_row + UOp.const(dt, i * MMA_M) + lane16) *
+                                             UOp.const(dt, a_stride) + k0 + lane_half * UOp.const(dt, 8)), "row")
+                 for i in range(m_tiles)]
+    col_frags = [UOp(Ops.FRAGMENT, x.dtype, (barrier, b_base + (k0 + lane16) * UOp.const(dt, b_stride) + warp_col +
+                                             UOp.const(dt, p * 2 * MMA_N) + lane_half * UOp.const(dt, 8)), "col")
+                 for p in range(n_tiles // 2)]
+    outputs = []
+    for i in range(m_tiles):
+        for j in range(n_tiles):
+            mma = UOp(Ops.WMMA, dtypes.float32, (row_frags[i], col_frags[j // 2]), j % 2)
+            red = UOp(Ops.REDUCE, dtypes.float32, (mma, b.k_outer, b.k_inner), Ops.ADD)
+            for e in range(4):  # accumulator e holds row lane/4 (+8 for e >= 2), column 2*(lane%4) + e%2
+                row = b.row_tile * UOp.const(dt, TILE) + warp_row + UOp.const(dt, i * MMA_M + 8 * (e // 2)) + \
+                    lane // UOp.const(dt, 4)
+                col = b.col_tile * UOp.const(dt, TILE) + warp_col + UOp.const(dt, j * MMA_N + e % 2) + \
+                    (lane % UOp.const(dt, 4)) * UOp.const(dt, 2)
+                outputs.append(_output(plan, b, UOp(Ops.GEP, dtypes.float32, (red,), e), row, col))
+    sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
+    return simplify(sink), (b.blocks, 1, 1), (THREADS * THREADS, 1, 1)
 
 
 def _positions(operand: Operand, flat: UOp) -> dict[UOp, UOp]:
@@ -295,28 +395,32 @@ def _both(a: UOp | None, b: UOp | None) -> UOp | None:
     return b if a is None else a if b is None else a.alu(Ops.AND, b)
 
 
-def _tile_copy(operand: Operand, tile: UOp, k_outer: UOp, lidx: UOp, batch_map: dict[UOp, UOp],
-               k_ranges: tuple[UOp, ...], k_size: int) -> list[tuple[UOp, UOp]]:
-    """(shared-memory position, value) pairs: this thread's share of the operand's TILE x TILE_K tile. Neighbouring
-    threads take neighbouring elements along the axis the operand's loads are contiguous in (coalesced reads)."""
-    dt = lidx.dtype
+def _tile_copy(operand: Operand, value: UOp, tile: UOp, b: _Block, k_ranges: tuple[UOp, ...],
+               tile_k: int) -> list[tuple[tuple[UOp, UOp], UOp]]:
+    """((position in the tile, k in the tile), value) pairs: this thread's share of the operand's TILE x tile_k tile.
+    Neighbouring threads take neighbouring elements along the axis the operand's loads are contiguous in
+    (coalesced reads). Elements past the end of an axis are zeros."""
+    dt = b.dt
     threads = THREADS * THREADS
-    loads = [u for u in operand.value.toposort() if u.op is Ops.LOAD]
+    loads = [u for u in value.toposort() if u.op is Ops.LOAD]
     along_tile = any(index_stride(u.src[1], operand.ranges[-1]) == 1 for u in loads)
     k_sizes = tuple(r.src[0].arg for r in k_ranges)
+    # each thread copies runs of `vector` neighbouring elements (16 bytes: the compiler can make one access of them)
+    vector = max(1, min(16 // value.dtype.itemsize, TILE * tile_k // threads, tile_k))
     out = []
-    for part in range(TILE * TILE_K // threads):
-        element = lidx + UOp.const(dt, part * threads)
+    for part in range(TILE * tile_k // threads):
+        run = b.lidx * UOp.const(dt, vector) + UOp.const(dt, (part // vector) * threads * vector)
+        step = UOp.const(dt, part % vector)
         if along_tile:
-            pos, kk = element % UOp.const(dt, TILE), element // UOp.const(dt, TILE)
+            pos, kk = run % UOp.const(dt, TILE) + step, run // UOp.const(dt, TILE)
         else:
-            pos, kk = element // UOp.const(dt, TILE_K), element % UOp.const(dt, TILE_K)
+            pos, kk = run // UOp.const(dt, tile_k), run % UOp.const(dt, tile_k) + step
         flat = tile * UOp.const(dt, TILE) + pos
-        k = k_outer * UOp.const(dt, TILE_K) + kk
-        mapping = {**batch_map, **_positions(operand, flat), **dict(zip(k_ranges, unflatten_index(k, k_sizes, dt)))}
-        value = substitute(operand.value, mapping)
-        valid = _both(_inside(operand, flat), k < UOp.const(dt, k_size) if k_size % TILE_K else None)
+        k = b.k_outer * UOp.const(dt, tile_k) + kk
+        mapping = {**b.batch_map, **_positions(operand, flat), **dict(zip(k_ranges, unflatten_index(k, k_sizes, dt)))}
+        element_value = substitute(value, mapping)
+        valid = _both(_inside(operand, flat), k < UOp.const(dt, b.k_size) if b.k_size % tile_k else None)
         if valid is not None:
-            value = valid.where(_gate_loads(value, valid), UOp.const(value.dtype, 0))
-        out.append((kk * UOp.const(dt, TILE + PAD) + pos, value))
+            element_value = valid.where(_gate_loads(element_value, valid), UOp.const(value.dtype, 0))
+        out.append(((pos, kk), element_value))
     return out

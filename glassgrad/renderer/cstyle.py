@@ -48,6 +48,7 @@ class CStyleLanguage:
     """The shared part of the C, CUDA and Metal renderers."""
     device = ""
     has_local = False
+    tensor_cores = False  # matrix-multiply-accumulate units a tiled matmul can use (FRAGMENT/WMMA ops)
     extra_matcher: PatternMatcher | None = None
     type_names: dict[DType, str] = {
         dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
@@ -161,6 +162,15 @@ class CStyleLanguage:
             return lines + ([f"if ({name} >= {size}) return;"] if size % local else [])
         return [f"{dt} {name} = {self.group_id() if kind == 'bidx' else self.local_id()};"]
 
+    def render_fragment_acc(self, name: str) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
+
+    def render_fragment(self, name: str, buf: str, index: str, kind: str) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
+
+    def render_mma(self, acc: str, row_frag: str, col_frag: str, col_half: int, dtype: DType) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
+
     def render_group_reduce(self, u: UOp, partial: str, lidx: str, smem: str, result: str) -> list[str]:
         """Combine the group's partial results in shared memory (a tree: L/2, L/4, ... 1), leave it in `result`."""
         op, size = u.arg
@@ -216,6 +226,19 @@ class CStyleLanguage:
             elif u.op is Ops.ENDRANGE:
                 depth -= 1
                 line("}")
+            elif u.op is Ops.DEFINE_ACC and u.arg.src[0].op is Ops.WMMA:  # a warp's fragment of accumulators
+                names[u] = names[u.arg] = new_name("acc")
+                line(self.render_fragment_acc(names[u]))
+            elif u.op is Ops.ACCUMULATE and u.src[1].op is Ops.WMMA:
+                mma = u.src[1]
+                line(self.render_mma(a[0], names[mma.src[0]], names[mma.src[1]], mma.arg, mma.src[0].dtype))
+            elif u.op is Ops.WMMA:
+                names[u] = ""  # rendered by its ACCUMULATE
+            elif u.op is Ops.FRAGMENT:
+                names[u] = new_name("frag")
+                line(self.render_fragment(names[u], a[0], a[1], u.arg))
+            elif u.op is Ops.GEP:
+                names[u] = f"{a[0]}[{u.arg}]"
             elif u.op is Ops.DEFINE_ACC and len(u.src) > 1:  # an accumulator per combination of the upcast loops
                 acc, size = new_name("acc"), math.prod(r.src[0].arg for r in u.src[1:])
                 line(f"{self.render_dtype(u.dtype)} {acc}[{size}];")

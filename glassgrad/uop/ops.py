@@ -47,6 +47,10 @@ class Ops(Enum):
     # GPU kernels: a work-group's shared buffer (arg = (id, size)) and a barrier after the STOREs into it (its
     # sources); LOADs from the buffer name the BARRIER as their buffer, so they are ordered after it
     DEFINE_LOCAL = auto(); BARRIER = auto()  # noqa: E702
+    # tensor cores: a warp's matrix fragment loaded from shared memory (src: the BARRIER, this lane's row address;
+    # arg "row"/"col"), a matrix multiply-accumulate of two fragments (the value of a REDUCE whose accumulator is
+    # the warp's 4-float fragment; arg: which column half of the col fragment), and one element of such a REDUCE
+    FRAGMENT = auto(); WMMA = auto(); GEP = auto()  # noqa: E702
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
