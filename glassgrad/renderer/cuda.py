@@ -32,7 +32,8 @@ __device__ __forceinline__ void gg_ldmatrix_trans(unsigned* r, const void* p) {
 _MMA = """\
 __device__ __forceinline__ void gg_mma_{name}(float* c, const unsigned* a, const unsigned* b) {{
   asm("mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }}"""
 _MMA_TYPES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
 
