@@ -38,6 +38,7 @@ TILED: dict[str, Callable[[], Tensor]] = {
     "batched matmul": lambda: Tensor.empty(3, 70, 20) @ Tensor.empty(3, 20, 90),
     "conv2d padded": lambda: Tensor.empty(2, 5, 12, 12).conv2d(Tensor.empty(70, 5, 3, 3), padding=1),
     "linear with bias and relu": lambda: (Tensor.empty(96, 40) @ Tensor.empty(40, 80) + Tensor.empty(80)).relu(),
+    "half matmul on tensor cores": matmul(128, 96, 256, F16),
 }
 NOT_TILED: dict[str, Callable[[], Tensor]] = {
     "small matmul": matmul(32, 64, 32),
@@ -50,6 +51,13 @@ NOT_TILED: dict[str, Callable[[], Tensor]] = {
 
 def cuda_kernels(make: Callable[[], Tensor]) -> list[ProgramSpec]:
     return kernels(make(), device="CUDA")
+
+
+def shared_buffer(u: UOp) -> UOp:
+    """The DEFINE_LOCAL behind what a shared-memory access names (a BARRIER, an async commit or wait)."""
+    while u.op is not Ops.DEFINE_LOCAL:
+        u = u.src[0]
+    return u
 
 
 def is_tiled(spec: ProgramSpec) -> bool:
@@ -68,7 +76,8 @@ def test_other_kernels_are_not_tiled(name: str) -> None:
     assert not any(is_tiled(s) for s in cuda_kernels(NOT_TILED[name]))
 
 
-@pytest.mark.parametrize("name", ["matmul remainders", "half matmul", "batched matmul", "conv2d padded"])
+@pytest.mark.parametrize("name", ["matmul remainders", "half matmul", "batched matmul", "conv2d padded",
+                                  "half matmul on tensor cores"])
 def test_every_access_is_in_bounds(name: str) -> None:
     """Every block, thread and iteration: global loads/stores inside their buffers, shared ones inside the tile."""
     t = TILED[name]()
@@ -77,11 +86,17 @@ def test_every_access_is_in_bounds(name: str) -> None:
     spec = kernels(t, device="CUDA")[-1]
     checked = 0
     for u in spec.uops:
+        if u.op is Ops.ASYNC_COPY:  # 16 bytes from global to shared memory: both ends of both
+            gate = u.src[4:]
+            accesses = [UOp(Ops.LOAD, u.src[2].dtype, (u.src[2], u.src[3] + end, *gate)) for end in (0, 7)] + \
+                [UOp(Ops.LOAD, u.src[2].dtype, (shared_buffer(u), u.src[1] + end, *gate)) for end in (0, 7)]
+            for access in accesses:
+                buf = access.src[0]
+                check_access(access, buf.arg[1] if buf.op is Ops.DEFINE_LOCAL else item.bufs[buf.arg].size, "copy")
+            checked += 1
         if u.op not in (Ops.LOAD, Ops.STORE):
             continue
-        buf = u.src[0]
-        if buf.op is Ops.BARRIER:
-            buf = buf.src[0]
+        buf = u.src[0] if u.src[0].op is Ops.DEFINE_GLOBAL else shared_buffer(u)
         size = buf.arg[1] if buf.op is Ops.DEFINE_LOCAL else item.bufs[buf.arg].size
         if u.op is Ops.STORE and len(u.src) == 4:  # a gated store: checked like a load under the same gate
             u = UOp(Ops.LOAD, u.src[2].dtype, (buf, u.src[1], u.src[3]))
@@ -111,11 +126,15 @@ def test_half_matmuls_with_whole_tiles_use_tensor_cores() -> None:
     ops = [u.op for u in spec.uops]
     assert ops.count(Ops.WMMA) == 16 and ops.count(Ops.FRAGMENT) == 6 and ops.count(Ops.GEP) == 64
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in spec.source and "ldmatrix" in spec.source
+    assert spec.source.count("gg_cp_async(&") == 8  # 4 + 4 16-byte copies: before the loop and for the next tile
     assert Ops.WMMA not in [u.op for u in get_program(ast, CUDARenderer("sm_75")).uops]
     for odd in (matmul(200, 64, 384, F16), matmul(256, 40, 384, F16)):
         assert Ops.WMMA not in [u.op for u in cuda_kernels(odd)[-1].uops]
     bf16 = cuda_kernels(matmul(128, 32, 128, dtypes.bfloat16))[-1].source
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in bf16
+    bf16_from_float = Tensor.empty(128, 32).cast(dtypes.bfloat16)
+    cast = cuda_kernels(lambda: bf16_from_float @ Tensor.empty(32, 128, dtype=dtypes.bfloat16))
+    assert "mma.sync" in cast[-1].source and "cp.async" not in cast[-1].source  # a cast is no plain copy
 
 
 def test_tensor_core_fragments_stay_in_shared_memory() -> None:
@@ -124,7 +143,7 @@ def test_tensor_core_fragments_stay_in_shared_memory() -> None:
     frags = [u for u in spec.uops if u.op is Ops.FRAGMENT]
     assert frags
     for u in frags:
-        size = u.src[0].src[0].arg[1]
+        size = shared_buffer(u).arg[1]
         check_access(UOp(Ops.LOAD, F16, (u.src[0], u.src[1] + 7)), size, "ldmatrix row end")
         check_access(UOp(Ops.LOAD, F16, (u.src[0], u.src[1] % 8 + 1_000_000)), 1_000_001, "ldmatrix alignment")
 

@@ -268,7 +268,7 @@ def _copy_tiles(plan: MatmulPlan, b: _Block, smem: UOp, tile_k: int, values: tup
     """Both factors' tiles of this k step into shared memory; the BARRIER after the copies (reads go through it)."""
     stores = []
     for operand, tile, value, layout in zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), values, layouts):
-        for position, element in _tile_copy(operand, value, tile, b, plan.k_ranges, tile_k):
+        for position, element in _tile_copy(operand, value, tile, b, plan.k_ranges, tile_k, b.k_outer):
             stores.append(UOp(Ops.STORE, dtypes.void, (smem, layout(*position), element)))
     return UOp(Ops.BARRIER, smem.dtype, (smem, *stores))
 
@@ -348,11 +348,29 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
     a_stride, b_stride = TC_TILE_K + TC_PAD, TILE + TC_PAD
     a_size, b_size = TILE * a_stride, TC_TILE_K * b_stride
     smem = UOp(Ops.DEFINE_LOCAL, x.dtype, (), (0, 2 * (a_size + b_size)))
-    step = b.k_outer % UOp.const(dt, 2)  # double buffering: even/odd k steps
+
+    def copies(k_tile: UOp) -> list[tuple[UOp, UOp]]:  # (shared index, value): this thread's part of tile k_tile
+        stage = k_tile % UOp.const(dt, 2)  # double buffering: even/odd k steps
+        layouts = (lambda pos, kk: stage * UOp.const(dt, a_size) + pos * UOp.const(dt, a_stride) + kk,  # [row][k]
+                   lambda pos, kk: UOp.const(dt, 2 * a_size) + stage * UOp.const(dt, b_size) +
+                   kk * UOp.const(dt, b_stride) + pos)                                                 # [k][col]
+        return [(layout(*position), value) for operand, tile, value, layout in
+                zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), (x, y), layouts)
+                for position, value in _tile_copy(operand, value, tile, b, plan.k_ranges, TC_TILE_K, k_tile)]
+    runs = _copy_runs(copies(b.k_outer), 16 // x.dtype.itemsize)
+    if runs is None:  # the factors are not plain contiguous loads: copy through registers
+        reader = UOp(Ops.BARRIER, smem.dtype, (smem, *(UOp(Ops.STORE, dtypes.void, (smem, i, v))
+                                                       for i, v in copies(b.k_outer))))
+    else:  # cp.async: tile k+1 flies while tile k is multiplied (first tile before the loop)
+        first = _async_copies(smem, copies(UOp.const(dt, 0)), None)
+        wait = UOp(Ops.ASYNC_WAIT, smem.dtype, (UOp(Ops.ASYNC_COMMIT, smem.dtype, (smem, *first)), b.k_outer))
+        barrier = UOp(Ops.BARRIER, smem.dtype, (wait,))  # tile k landed for all; all are done with tile k-1
+        following = b.k_outer + UOp.const(dt, 1)
+        gate = following < UOp.const(dt, math.ceil(b.k_size / TC_TILE_K))
+        reader = UOp(Ops.ASYNC_COMMIT, smem.dtype, (barrier, *_async_copies(barrier, copies(following), gate)))
+    step = b.k_outer % UOp.const(dt, 2)
     a_base, b_base = step * UOp.const(dt, a_size), UOp.const(dt, 2 * a_size) + step * UOp.const(dt, b_size)
-    barrier = _copy_tiles(plan, b, smem, TC_TILE_K, (x, y), (
-        lambda pos, kk: a_base + pos * UOp.const(dt, a_stride) + kk,     # rows operand: [row][k]
-        lambda pos, kk: b_base + kk * UOp.const(dt, b_stride) + pos))    # cols operand: [k][col]
+    barrier = reader
     warp, lane = b.lidx // UOp.const(dt, 32), b.lidx % UOp.const(dt, 32)
     warp_row = (warp // UOp.const(dt, WARPS[1])) * UOp.const(dt, TILE // WARPS[0])
     warp_col = (warp % UOp.const(dt, WARPS[1])) * UOp.const(dt, TILE // WARPS[1])
@@ -382,6 +400,33 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
     return simplify(sink), (b.blocks, 1, 1), (THREADS * THREADS, 1, 1)
 
 
+def _copy_runs(copies: list[tuple[UOp, UOp]], run: int) -> list[tuple[UOp, UOp]] | None:
+    """(shared index, LOAD) of the first element of each run of `run` copies, when every run copies `run`
+    neighbouring elements of one buffer, ungated, to neighbouring shared positions (one 16-byte async copy each);
+    None otherwise."""
+    out = []
+    for start in range(0, len(copies), run):
+        index0, load0 = copies[start]
+        if load0.op is not Ops.LOAD or len(load0.src) != 2:
+            return None
+        for step, (index, load) in enumerate(copies[start:start + run]):
+            offset = UOp.const(index.dtype, step)
+            if load.op is not Ops.LOAD or len(load.src) != 2 or load.src[0] is not load0.src[0] or \
+                    simplify(load.src[1]) is not simplify(load0.src[1] + offset) or \
+                    simplify(index) is not simplify(index0 + offset):
+                return None
+        out.append((index0, load0))
+    return out
+
+
+def _async_copies(order: UOp, copies: list[tuple[UOp, UOp]], gate: UOp | None) -> list[UOp]:
+    """ASYNC_COPY nodes (issued after `order`, only where `gate` holds) for the runs of `copies`."""
+    runs = _copy_runs(copies, 16 // copies[0][1].dtype.itemsize)
+    assert runs is not None
+    return [UOp(Ops.ASYNC_COPY, dtypes.void, (order, index, *load.src, *((gate,) if gate is not None else ())))
+            for index, load in runs]
+
+
 def _positions(operand: Operand, flat: UOp) -> dict[UOp, UOp]:
     return dict(zip(operand.ranges, unflatten_index(flat, tuple(r.src[0].arg for r in operand.ranges), flat.dtype)))
 
@@ -396,7 +441,7 @@ def _both(a: UOp | None, b: UOp | None) -> UOp | None:
 
 
 def _tile_copy(operand: Operand, value: UOp, tile: UOp, b: _Block, k_ranges: tuple[UOp, ...],
-               tile_k: int) -> list[tuple[tuple[UOp, UOp], UOp]]:
+               tile_k: int, k_tile: UOp) -> list[tuple[tuple[UOp, UOp], UOp]]:
     """((position in the tile, k in the tile), value) pairs: this thread's share of the operand's TILE x tile_k tile.
     Neighbouring threads take neighbouring elements along the axis the operand's loads are contiguous in
     (coalesced reads). Elements past the end of an axis are zeros."""
@@ -416,7 +461,7 @@ def _tile_copy(operand: Operand, value: UOp, tile: UOp, b: _Block, k_ranges: tup
         else:
             pos, kk = run // UOp.const(dt, tile_k), run % UOp.const(dt, tile_k) + step
         flat = tile * UOp.const(dt, TILE) + pos
-        k = b.k_outer * UOp.const(dt, tile_k) + kk
+        k = k_tile * UOp.const(dt, tile_k) + kk
         mapping = {**b.batch_map, **_positions(operand, flat), **dict(zip(k_ranges, unflatten_index(k, k_sizes, dt)))}
         element_value = substitute(value, mapping)
         valid = _both(_inside(operand, flat), k < UOp.const(dt, b.k_size) if b.k_size % tile_k else None)

@@ -171,6 +171,15 @@ class CStyleLanguage:
     def render_mma(self, acc: str, row_frag: str, col_frag: str, col_half: int, dtype: DType) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
 
+    def render_async_copy(self, smem: str, index: str, buf: str, buf_index: str) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
+
+    def render_async_commit(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
+
+    def render_async_wait(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
+
     def render_group_reduce(self, u: UOp, partial: str, lidx: str, smem: str, result: str) -> list[str]:
         """Combine the group's partial results in shared memory (a tree: L/2, L/4, ... 1), leave it in `result`."""
         op, size = u.arg
@@ -201,7 +210,8 @@ class CStyleLanguage:
             return self.render_const(s.arg, s.dtype) if s.op is Ops.CONST else names[s]
 
         for position, u in enumerate(program):
-            a = [ref(s) for s in (u.src if u.op is not Ops.BARRIER else u.src[:1])]  # a barrier's STOREs: no value
+            # what a barrier or a commit orders (STOREs, copies) has no value; a wait's loop index is only its scope
+            a = [ref(s) for s in (u.src if u.op not in _ORDERING else u.src[:1])]
             if u.op is Ops.DEFINE_GLOBAL:
                 names[u] = f"data{u.arg}"
                 params.append(self.render_param(u, writes=u.arg == 0))
@@ -239,6 +249,11 @@ class CStyleLanguage:
                 line(self.render_fragment(names[u], a[0], a[1], u.arg))
             elif u.op is Ops.GEP:
                 names[u] = f"{a[0]}[{u.arg}]"
+            elif u.op is Ops.ASYNC_COPY:
+                line(f"{'if (' + a[4] + ') ' if len(a) == 5 else ''}{self.render_async_copy(a[0], a[1], a[2], a[3])}")
+            elif u.op in (Ops.ASYNC_COMMIT, Ops.ASYNC_WAIT):  # they yield the shared buffer
+                names[u] = a[0]
+                line(self.render_async_commit() if u.op is Ops.ASYNC_COMMIT else self.render_async_wait())
             elif u.op is Ops.DEFINE_ACC and len(u.src) > 1:  # an accumulator per combination of the upcast loops
                 acc, size = new_name("acc"), math.prod(r.src[0].arg for r in u.src[1:])
                 line(f"{self.render_dtype(u.dtype)} {acc}[{size}];")
@@ -309,6 +324,9 @@ def index_stride(index: UOp, loop: UOp) -> int | None:
     if index.op is Ops.CAST:
         return index_stride(index.src[0], loop)
     return None
+
+
+_ORDERING = (Ops.BARRIER, Ops.ASYNC_COMMIT, Ops.ASYNC_WAIT)
 
 
 def _is_innermost(program: list[UOp], position: int) -> bool:

@@ -29,6 +29,11 @@ __device__ __forceinline__ void gg_ldmatrix_trans(unsigned* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }"""
+_ASYNC_HELPERS = """\
+__device__ __forceinline__ void gg_cp_async(void* dst, const void* src) {
+  unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src) : "memory");
+}"""
 _MMA = """\
 __device__ __forceinline__ void gg_mma_{name}(float* c, const unsigned* a, const unsigned* b) {{
   asm("mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
@@ -93,6 +98,15 @@ class CUDARenderer(CStyleLanguage):
     def render_mma(self, acc: str, row_frag: str, col_frag: str, col_half: int, dtype: DType) -> str:
         return f"gg_mma_{_MMA_TYPES[dtype]}({acc}, {row_frag}, {col_frag} + {2 * col_half});"
 
+    def render_async_copy(self, smem: str, index: str, buf: str, buf_index: str) -> str:
+        return f"gg_cp_async(&{smem}[{index}], &{buf}[{buf_index}]);"
+
+    def render_async_commit(self) -> str:
+        return 'asm volatile("cp.async.commit_group;" ::: "memory");'
+
+    def render_async_wait(self) -> str:
+        return 'asm volatile("cp.async.wait_group 0;" ::: "memory");'
+
     def render_kernel(self, name: str, params: list[str], body: list[str], local_size: int = 1) -> str:
         text = "\n".join(body)
         headers = []
@@ -102,12 +116,10 @@ class CUDARenderer(CStyleLanguage):
             headers.append("#include <cuda_bf16.h>")
         if "gg_bitcast" in text:
             headers.append(_BITCAST_HELPER)
+        if "gg_cp_async" in text:
+            headers.append(_ASYNC_HELPERS)
         if "gg_ldmatrix" in text:
             headers.append(_MMA_HELPERS)
         headers += [_MMA.format(name=t, t=t) for t in _MMA_TYPES.values() if f"gg_mma_{t}(" in text]
-        # every parameter is a whole allocation (cuMemAlloc: 256-byte aligned): saying so lets the compiler merge
-        # neighbouring loads and stores into 16-byte accesses
-        aligned = [f"  {p.split()[-1]} = ({p.rsplit(' ', 2)[0].removesuffix(' __restrict__')})"
-                   f"__builtin_assume_aligned({p.split()[-1]}, 16);" for p in params]
         return "\n".join([*headers, f'extern "C" __global__ void __launch_bounds__({local_size}) {name}('
-                          f'{", ".join(params)}) {{', *aligned, *body, "}", ""])
+                          f'{", ".join(params)}) {{', *body, "}", ""])
