@@ -126,7 +126,8 @@ def test_half_matmuls_with_whole_tiles_use_tensor_cores() -> None:
     ops = [u.op for u in spec.uops]
     assert ops.count(Ops.WMMA) == 16 and ops.count(Ops.FRAGMENT) == 6 and ops.count(Ops.GEP) == 64
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in spec.source and "ldmatrix" in spec.source
-    assert spec.source.count("gg_cp_async(&") == 8  # 4 + 4 16-byte copies: before the loop and for the next tile
+    assert spec.source.count("gg_cp_async(&") == 12  # 4 16-byte copies for each of tiles 0 and 1, then tile k+2
+    assert "cp.async.wait_group 1;" in spec.source
     assert Ops.WMMA not in [u.op for u in get_program(ast, CUDARenderer("sm_75")).uops]
     for odd in (matmul(200, 64, 384, F16), matmul(256, 40, 384, F16)):
         assert Ops.WMMA not in [u.op for u in cuda_kernels(odd)[-1].uops]

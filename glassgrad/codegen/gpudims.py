@@ -319,9 +319,10 @@ def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool) -> tuple[UOp, Dims, D
 
 # tensor cores: mma.sync m16n8k16 (float16/bfloat16 in, float32 accumulators)
 TC_TILE_K = 32          # reduction elements per shared-memory tile (two mma k-steps of 16)
-TC_PAD = 8              # halves added to each shared-memory row (16 bytes): ldmatrix rows hit distinct banks
+ASYNC_STAGES = 3        # tiles in shared memory with cp.async: two in flight while one is multiplied (48 KB)
 WARPS = (2, 4)          # warps of a block along rows and columns; each computes a 64 x 32 part of the tile
 MMA_M, MMA_N, MMA_K = 16, 8, 16
+CHUNK = 8               # halves in 16 bytes: the unit of cp.async, of an ldmatrix row, and of the swizzle
 
 
 def _tensor_core_operands(plan: MatmulPlan) -> tuple[UOp, UOp] | None:
@@ -341,49 +342,42 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
     """Like `_tiled`, but the 8 warps of a block each multiply a 64 x 32 part of the tile on the tensor cores:
     per k-step of 16 a warp loads 4 row fragments and 2 column-fragment pairs from shared memory (ldmatrix) and
     issues 4 x 4 mma.sync, each adding a 16 x 8 product into 4 float32 accumulators per thread (one REDUCE per
-    mma tile, whose value is a WMMA; GEP picks an accumulator for the output it holds)."""
+    mma tile, whose value is a WMMA; GEP picks an accumulator for the output it holds). Plain contiguous factors
+    are copied with cp.async, ASYNC_STAGES tiles deep; others through registers, double-buffered."""
     x, y = _tensor_core_operands(plan)  # type: ignore[misc]
     b = _block(plan, TC_TILE_K, TC_TILE_K // MMA_K)
     dt = b.dt
-    a_stride, b_stride = TC_TILE_K + TC_PAD, TILE + TC_PAD
-    a_size, b_size = TILE * a_stride, TC_TILE_K * b_stride
-    smem = UOp(Ops.DEFINE_LOCAL, x.dtype, (), (0, 2 * (a_size + b_size)))
-
-    def copies(k_tile: UOp) -> list[tuple[UOp, UOp]]:  # (shared index, value): this thread's part of tile k_tile
-        stage = k_tile % UOp.const(dt, 2)  # double buffering: even/odd k steps
-        layouts = (lambda pos, kk: stage * UOp.const(dt, a_size) + pos * UOp.const(dt, a_stride) + kk,  # [row][k]
-                   lambda pos, kk: UOp.const(dt, 2 * a_size) + stage * UOp.const(dt, b_size) +
-                   kk * UOp.const(dt, b_stride) + pos)                                                 # [k][col]
-        return [(layout(*position), value) for operand, tile, value, layout in
-                zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), (x, y), layouts)
-                for position, value in _tile_copy(operand, value, tile, b, plan.k_ranges, TC_TILE_K, k_tile)]
-    runs = _copy_runs(copies(b.k_outer), 16 // x.dtype.itemsize)
-    if runs is None:  # the factors are not plain contiguous loads: copy through registers
+    tile_size = TILE * TC_TILE_K  # halves of one factor's tile
+    asynchronous = _copy_runs(_tc_copies(plan, b, (x, y), b.k_outer, 2), CHUNK) is not None
+    stages = ASYNC_STAGES if asynchronous else 2
+    smem = UOp(Ops.DEFINE_LOCAL, x.dtype, (), (0, 2 * stages * tile_size))
+    tiles = math.ceil(b.k_size / TC_TILE_K)
+    if not asynchronous:
         reader = UOp(Ops.BARRIER, smem.dtype, (smem, *(UOp(Ops.STORE, dtypes.void, (smem, i, v))
-                                                       for i, v in copies(b.k_outer))))
-    else:  # cp.async: tile k+1 flies while tile k is multiplied (first tile before the loop)
-        first = _async_copies(smem, copies(UOp.const(dt, 0)), None)
-        wait = UOp(Ops.ASYNC_WAIT, smem.dtype, (UOp(Ops.ASYNC_COMMIT, smem.dtype, (smem, *first)), b.k_outer))
+                                                       for i, v in _tc_copies(plan, b, (x, y), b.k_outer, stages))))
+    else:  # tiles 0..S-2 before the loop; in step k: wait for tile k, barrier, start tile k+S-1, multiply tile k
+        committed = smem
+        for t in range(min(stages - 1, tiles)):
+            copies = _async_copies(committed, _tc_copies(plan, b, (x, y), UOp.const(dt, t), stages), None)
+            committed = UOp(Ops.ASYNC_COMMIT, smem.dtype, (committed, *copies))
+        wait = UOp(Ops.ASYNC_WAIT, smem.dtype, (committed, b.k_outer), stages - 2)
         barrier = UOp(Ops.BARRIER, smem.dtype, (wait,))  # tile k landed for all; all are done with tile k-1
-        following = b.k_outer + UOp.const(dt, 1)
-        gate = following < UOp.const(dt, math.ceil(b.k_size / TC_TILE_K))
-        reader = UOp(Ops.ASYNC_COMMIT, smem.dtype, (barrier, *_async_copies(barrier, copies(following), gate)))
-    step = b.k_outer % UOp.const(dt, 2)
-    a_base, b_base = step * UOp.const(dt, a_size), UOp.const(dt, 2 * a_size) + step * UOp.const(dt, b_size)
-    barrier = reader
+        ahead = b.k_outer + UOp.const(dt, stages - 1)
+        copies = _async_copies(barrier, _tc_copies(plan, b, (x, y), ahead, stages), ahead < UOp.const(dt, tiles))
+        reader = UOp(Ops.ASYNC_COMMIT, smem.dtype, (barrier, *copies))
+    stage = b.k_outer % UOp.const(dt, stages)
     warp, lane = b.lidx // UOp.const(dt, 32), b.lidx % UOp.const(dt, 32)
     warp_row = (warp // UOp.const(dt, WARPS[1])) * UOp.const(dt, TILE // WARPS[0])
     warp_col = (warp % UOp.const(dt, WARPS[1])) * UOp.const(dt, TILE // WARPS[1])
     k0 = b.k_inner * UOp.const(dt, MMA_K)
-    lane16, lane_half = lane % UOp.const(dt, 16), lane // UOp.const(dt, 16)
+    lane16, lane_half = lane % UOp.const(dt, 16), (lane // UOp.const(dt, 16)) * UOp.const(dt, CHUNK)
     m_tiles, n_tiles = TILE // WARPS[0] // MMA_M, TILE // WARPS[1] // MMA_N
     # ldmatrix.x4: lane l gives the address of row l%16 (and k half l/16) of a 16 x 16 row fragment, or of k row
     # l%16 (and column half l/16) of a 16 x 16 block of the [k][col] tile: two 16 x 8 column fragments
-    row_frags = [UOp(Ops.FRAGMENT, x.dtype, (barrier, a_base + (warp_row + UOp.const(dt, i * MMA_M) + lane16) *
-                                             UOp.const(dt, a_stride) + k0 + lane_half * UOp.const(dt, 8)), "row")
-                 for i in range(m_tiles)]
-    col_frags = [UOp(Ops.FRAGMENT, x.dtype, (barrier, b_base + (k0 + lane16) * UOp.const(dt, b_stride) + warp_col +
-                                             UOp.const(dt, p * 2 * MMA_N) + lane_half * UOp.const(dt, 8)), "col")
+    row_frags = [UOp(Ops.FRAGMENT, x.dtype, (reader, _tc_at(0, stages, stage, warp_row + UOp.const(dt, i * MMA_M) +
+                                                            lane16, k0 + lane_half)), "row") for i in range(m_tiles)]
+    col_frags = [UOp(Ops.FRAGMENT, x.dtype, (reader, _tc_at(1, stages, stage, warp_col + UOp.const(dt, p * 2 * MMA_N)
+                                                            + lane_half, k0 + lane16)), "col")
                  for p in range(n_tiles // 2)]
     outputs = []
     for i in range(m_tiles):
@@ -398,6 +392,27 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
                 outputs.append(_output(plan, b, UOp(Ops.GEP, dtypes.float32, (red,), e), row, col))
     sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
     return simplify(sink), (b.blocks, 1, 1), (THREADS * THREADS, 1, 1)
+
+
+def _tc_at(side: int, stages: int, stage: UOp, pos: UOp, k: UOp) -> UOp:
+    """Shared-memory index of element (pos, k) of a tensor-core tile: the rows factor as [row][k] (64-byte rows),
+    the cols factor as [k][col] (256-byte rows). 16-byte chunks are swizzled (chunk ^ a few row bits) so the 8 rows
+    an ldmatrix reads, and the chunks cp.async writes, fall in distinct banks without padding."""
+    dt = pos.dtype
+    row, col, width = (pos, k, TC_TILE_K) if side == 0 else (k, pos, TILE)
+    swizzle = (row // UOp.const(dt, 2)) % UOp.const(dt, 4) if side == 0 else row % UOp.const(dt, CHUNK)
+    chunk = (col // UOp.const(dt, CHUNK)).alu(Ops.XOR, swizzle)
+    base = UOp.const(dt, side * stages * TILE * TC_TILE_K) + stage * UOp.const(dt, TILE * TC_TILE_K)
+    return base + row * UOp.const(dt, width) + chunk * UOp.const(dt, CHUNK) + col % UOp.const(dt, CHUNK)
+
+
+def _tc_copies(plan: MatmulPlan, b: _Block, values: tuple[UOp, UOp], k_tile: UOp,
+               stages: int) -> list[tuple[UOp, UOp]]:
+    """(shared index, value): this thread's part of k tile `k_tile` of both factors, in stage k_tile % stages."""
+    stage = k_tile % UOp.const(b.dt, stages)
+    sides = zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), values)
+    return [(_tc_at(side, stages, stage, *position), value) for side, (operand, tile, factor) in enumerate(sides)
+            for position, value in _tile_copy(operand, factor, tile, b, plan.k_ranges, TC_TILE_K, k_tile)]
 
 
 def _copy_runs(copies: list[tuple[UOp, UOp]], run: int) -> list[tuple[UOp, UOp]] | None:

@@ -177,7 +177,7 @@ class CStyleLanguage:
     def render_async_commit(self) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
 
-    def render_async_wait(self) -> str:
+    def render_async_wait(self, pending: int) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
 
     def render_group_reduce(self, u: UOp, partial: str, lidx: str, smem: str, result: str) -> list[str]:
@@ -253,7 +253,7 @@ class CStyleLanguage:
                 line(f"{'if (' + a[4] + ') ' if len(a) == 5 else ''}{self.render_async_copy(a[0], a[1], a[2], a[3])}")
             elif u.op in (Ops.ASYNC_COMMIT, Ops.ASYNC_WAIT):  # they yield the shared buffer
                 names[u] = a[0]
-                line(self.render_async_commit() if u.op is Ops.ASYNC_COMMIT else self.render_async_wait())
+                line(self.render_async_commit() if u.op is Ops.ASYNC_COMMIT else self.render_async_wait(u.arg))
             elif u.op is Ops.DEFINE_ACC and len(u.src) > 1:  # an accumulator per combination of the upcast loops
                 acc, size = new_name("acc"), math.prod(r.src[0].arg for r in u.src[1:])
                 line(f"{self.render_dtype(u.dtype)} {acc}[{size}];")

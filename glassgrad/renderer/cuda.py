@@ -104,8 +104,8 @@ class CUDARenderer(CStyleLanguage):
     def render_async_commit(self) -> str:
         return 'asm volatile("cp.async.commit_group;" ::: "memory");'
 
-    def render_async_wait(self) -> str:
-        return 'asm volatile("cp.async.wait_group 0;" ::: "memory");'
+    def render_async_wait(self, pending: int) -> str:
+        return f'asm volatile("cp.async.wait_group {pending};" ::: "memory");'
 
     def render_kernel(self, name: str, params: list[str], body: list[str], local_size: int = 1) -> str:
         text = "\n".join(body)

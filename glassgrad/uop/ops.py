@@ -52,8 +52,8 @@ class Ops(Enum):
     # the warp's 4-float fragment; arg: which column half of the col fragment), and one element of such a REDUCE
     FRAGMENT = auto(); WMMA = auto(); GEP = auto()  # noqa: E702
     # asynchronous copies into shared memory: ASYNC_COPY (src: what it comes after, shared index, global buffer,
-    # global index[, gate]) moves 16 bytes; ASYNC_COMMIT closes a group of them and ASYNC_WAIT waits for the
-    # groups committed (both yield the shared buffer, like BARRIER, so what reads it is ordered after them)
+    # global index[, gate]) moves 16 bytes; ASYNC_COMMIT closes a group of them; ASYNC_WAIT waits until at most
+    # `arg` groups are pending. Both yield the shared buffer, like BARRIER, so what reads it is ordered after them
     ASYNC_COPY = auto(); ASYNC_COMMIT = auto(); ASYNC_WAIT = auto()  # noqa: E702
 
     def __repr__(self) -> str:
