@@ -128,6 +128,8 @@ def test_half_matmuls_with_whole_tiles_use_tensor_cores() -> None:
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in spec.source and "ldmatrix" in spec.source
     assert spec.source.count("gg_cp_async(&") == 12  # 4 16-byte copies for each of tiles 0 and 1, then tile k+2
     assert "cp.async.wait_group 1;" in spec.source
+    one_tile = cuda_kernels(lambda: Tensor.empty(2, 128, 32, dtype=F16) @ Tensor.empty(2, 32, 256, dtype=F16))[-1]
+    assert one_tile.source.count("cp.async.commit_group") == 3  # an empty group keeps the wait's count right
     assert Ops.WMMA not in [u.op for u in get_program(ast, CUDARenderer("sm_75")).uops]
     for odd in (matmul(200, 64, 384, F16), matmul(256, 40, 384, F16)):
         assert Ops.WMMA not in [u.op for u in cuda_kernels(odd)[-1].uops]

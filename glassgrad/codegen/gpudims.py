@@ -357,8 +357,9 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
                                                        for i, v in _tc_copies(plan, b, (x, y), b.k_outer, stages))))
     else:  # tiles 0..S-2 before the loop; in step k: wait for tile k, barrier, start tile k+S-1, multiply tile k
         committed = smem
-        for t in range(min(stages - 1, tiles)):
-            copies = _async_copies(committed, _tc_copies(plan, b, (x, y), UOp.const(dt, t), stages), None)
+        for t in range(stages - 1):  # S-1 groups (empty past the last tile): the wait below counts on them
+            copies = _async_copies(committed, _tc_copies(plan, b, (x, y), UOp.const(dt, t), stages), None) \
+                if t < tiles else []
             committed = UOp(Ops.ASYNC_COMMIT, smem.dtype, (committed, *copies))
         wait = UOp(Ops.ASYNC_WAIT, smem.dtype, (committed, b.k_outer), stages - 2)
         barrier = UOp(Ops.BARRIER, smem.dtype, (wait,))  # tile k landed for all; all are done with tile k-1
