@@ -239,6 +239,7 @@ class _Block:
     """What both tiled variants share: the ids, the block's tile coordinates and the reduction's loops."""
     dt: DType
     blocks: int
+    threads: int
     lidx: UOp
     row_tile: UOp
     col_tile: UOp
@@ -248,19 +249,20 @@ class _Block:
     k_size: int
 
 
-def _block(plan: MatmulPlan, tile_k: int, k_inner_size: int) -> _Block:
+def _block(plan: MatmulPlan, tile_k: int, k_inner_size: int, threads: int) -> _Block:
     dt = plan.store.src[1].dtype
     tiles = (math.ceil(plan.rows.size / TILE), math.ceil(plan.cols.size / TILE))
     batch_sizes = tuple(r.src[0].arg for r in plan.batch)
     blocks = prod(batch_sizes) * tiles[0] * tiles[1]
     bidx = UOp(Ops.SPECIAL, dt, (), ("bidx", blocks, 1))
-    lidx = UOp(Ops.SPECIAL, dt, (), ("lidx", THREADS * THREADS, THREADS * THREADS))
+    lidx = UOp(Ops.SPECIAL, dt, (), ("lidx", threads, threads))
     *batch_ids, row_tile, col_tile = unflatten_index(bidx, (*batch_sizes, *tiles), dt)
     next_id = max((r.arg[0] for r in plan.store.toposort() if r.op is Ops.RANGE), default=-1) + 1
     k_size = _reduce_size(plan.reduce)
     k_outer = UOp(Ops.RANGE, dt, (UOp.const(dt, math.ceil(k_size / tile_k)),), (next_id, "reduce"))
     k_inner = UOp(Ops.RANGE, dt, (UOp.const(dt, k_inner_size),), (next_id + 1, "unroll"))
-    return _Block(dt, blocks, lidx, row_tile, col_tile, dict(zip(plan.batch, batch_ids)), k_outer, k_inner, k_size)
+    return _Block(dt, blocks, threads, lidx, row_tile, col_tile, dict(zip(plan.batch, batch_ids)), k_outer, k_inner,
+                  k_size)
 
 
 def _copy_tiles(plan: MatmulPlan, b: _Block, smem: UOp, tile_k: int, values: tuple[UOp, UOp],
@@ -288,7 +290,7 @@ def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool) -> tuple[UOp, Dims, D
     k from there. Tiles past the end of an axis read zeros and store nothing."""
     if tensor_cores and _tensor_core_operands(plan) is not None:
         return _tensor_core_tiled(ast, plan)
-    b = _block(plan, TILE_K, TILE_K)
+    b = _block(plan, TILE_K, TILE_K, THREADS * THREADS)
     dt = b.dt
     row_stride = TILE + PAD
     half = TILE_K * row_stride   # one factor's tile
@@ -314,13 +316,13 @@ def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool) -> tuple[UOp, Dims, D
             outputs.append(_output(plan, b, red, b.row_tile * UOp.const(dt, TILE) + own(ty, i),
                                    b.col_tile * UOp.const(dt, TILE) + own(tx, j)))
     sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
-    return simplify(sink), (b.blocks, 1, 1), (THREADS * THREADS, 1, 1)
+    return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
 
 
 # tensor cores: mma.sync m16n8k16 (float16/bfloat16 in, float32 accumulators)
 TC_TILE_K = 32          # reduction elements per shared-memory tile (two mma k-steps of 16)
 ASYNC_STAGES = 3        # tiles in shared memory with cp.async: two in flight while one is multiplied (48 KB)
-WARPS = (2, 4)          # warps of a block along rows and columns; each computes a 64 x 32 part of the tile
+WARPS = (2, 2)          # warps of a block along rows and columns; each computes a 64 x 64 part of the tile
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 CHUNK = 8               # halves in 16 bytes: the unit of cp.async, of an ldmatrix row, and of the swizzle
 
@@ -339,13 +341,13 @@ def _tensor_core_operands(plan: MatmulPlan) -> tuple[UOp, UOp] | None:
 
 
 def _tensor_core_tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
-    """Like `_tiled`, but the 8 warps of a block each multiply a 64 x 32 part of the tile on the tensor cores:
-    per k-step of 16 a warp loads 4 row fragments and 2 column-fragment pairs from shared memory (ldmatrix) and
-    issues 4 x 4 mma.sync, each adding a 16 x 8 product into 4 float32 accumulators per thread (one REDUCE per
+    """Like `_tiled`, but the 4 warps of a block each multiply a 64 x 64 part of the tile on the tensor cores:
+    per k-step of 16 a warp loads 4 row fragments and 4 column-fragment pairs from shared memory (ldmatrix) and
+    issues 4 x 8 mma.sync, each adding a 16 x 8 product into 4 float32 accumulators per thread (one REDUCE per
     mma tile, whose value is a WMMA; GEP picks an accumulator for the output it holds). Plain contiguous factors
     are copied with cp.async, ASYNC_STAGES tiles deep; others through registers, double-buffered."""
     x, y = _tensor_core_operands(plan)  # type: ignore[misc]
-    b = _block(plan, TC_TILE_K, TC_TILE_K // MMA_K)
+    b = _block(plan, TC_TILE_K, TC_TILE_K // MMA_K, 32 * WARPS[0] * WARPS[1])
     dt = b.dt
     tile_size = TILE * TC_TILE_K  # halves of one factor's tile
     asynchronous = _copy_runs(_tc_copies(plan, b, (x, y), b.k_outer, 2), CHUNK) is not None
@@ -392,7 +394,7 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
                     (lane % UOp.const(dt, 4)) * UOp.const(dt, 2)
                 outputs.append(_output(plan, b, UOp(Ops.GEP, dtypes.float32, (red,), e), row, col))
     sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
-    return simplify(sink), (b.blocks, 1, 1), (THREADS * THREADS, 1, 1)
+    return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
 
 
 def _tc_at(side: int, stages: int, stage: UOp, pos: UOp, k: UOp) -> UOp:
@@ -462,7 +464,7 @@ def _tile_copy(operand: Operand, value: UOp, tile: UOp, b: _Block, k_ranges: tup
     Neighbouring threads take neighbouring elements along the axis the operand's loads are contiguous in
     (coalesced reads). Elements past the end of an axis are zeros."""
     dt = b.dt
-    threads = THREADS * THREADS
+    threads = b.threads
     loads = [u for u in value.toposort() if u.op is Ops.LOAD]
     along_tile = any(index_stride(u.src[1], operand.ranges[-1]) == 1 for u in loads)
     k_sizes = tuple(r.src[0].arg for r in k_ranges)
