@@ -1,7 +1,7 @@
 """GPU launch dimensions: a kernel's loops become threads and work-groups.
 
 In: a simplified kernel AST (global RANGEs over the output, REDUCEs over reduce RANGEs). Out: the AST rewritten
-for a GPU, the grid size (in blocks) and the block size (in threads). Two shapes of kernel:
+for a GPU, the grid size (in blocks) and the block size (in threads). Three shapes of kernel:
 
 * **flat**: one thread per output element. The global loops are flattened into one id
   `gidx = blockIdx.x * L + threadIdx.x` (a SPECIAL node whose value range is 0..total-1: the kernel returns early
@@ -11,6 +11,13 @@ for a GPU, the grid size (in blocks) and the block size (in threads). Two shapes
   would read with a stride (e.g. `sum(axis=1)`, a full `sum()`). Thread `l` accumulates elements `l, l+L, l+2L, ...`
   (neighbouring threads read neighbouring elements), then the group combines its L partial results through shared
   memory (`GROUP_REDUCE`), and thread 0 stores the result.
+* **tiled**: for matmul-shaped reductions (`matmul_plan`: the one REDUCE sums `x * y`, `x` independent of some output
+  loops, `y` of the others). A block computes a 128 x 128 tile of outputs from tiles of both factors copied into
+  shared memory (`DEFINE_LOCAL`, `BARRIER`): in float32 each of 256 threads an 8 x 8 register tile; for
+  float16/bfloat16 with whole tiles on a target with tensor cores, 4 warps of 64 x 64 with ldmatrix + mma.sync
+  (`FRAGMENT`, `WMMA`, `GEP`) fed by cp.async (`ASYNC_COPY`, `ASYNC_COMMIT`, `ASYNC_WAIT`).
+
+Every shape's 64-bit index arithmetic becomes 32-bit where it provably fits (`narrow_indices`).
 """
 from __future__ import annotations
 
