@@ -151,6 +151,18 @@ def test_tensor_core_fragments_stay_in_shared_memory() -> None:
         check_access(UOp(Ops.LOAD, F16, (u.src[0], u.src[1] % 8 + 1_000_000)), 1_000_001, "ldmatrix alignment")
 
 
+@pytest.mark.parametrize("name", TILED)
+def test_tiled_kernels_compile_for_sm_90(name: str) -> None:
+    """NVRTC (no GPU needed) accepts every tiled kernel, ldmatrix/mma.sync/cp.async included."""
+    pytest.importorskip("cuda.bindings", reason="cuda-bindings is not installed")
+    from glassgrad.runtime.ops_cuda import CUDACompiler
+    try:
+        compiler = CUDACompiler("sm_90")
+    except RuntimeError as e:
+        pytest.skip(f"NVRTC is not available: {e}")
+    assert compiler.compile(cuda_kernels(TILED[name])[-1].source)[:4] == b"\x7fELF"
+
+
 def test_narrow_indices() -> None:
     i = UOp(Ops.RANGE, dtypes.int64, (UOp.const(dtypes.int64, 1000),), (0, "global"))
     buf = UOp(Ops.DEFINE_GLOBAL, F32, (), 0)
