@@ -228,9 +228,14 @@ def gpu_rows(device: str, repeat: int) -> list[tuple[str, str, float, float, flo
     for dt in ("float32", "float16"):
         (ga, ta), (gb, tb) = pair(n, n, dtype=dt), pair(n, n, dtype=dt)
         torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False  # the conv row too: float32 against float32
         t_gg = gpu_kernel_time(lambda ga=ga, gb=gb: (ga @ gb).realize(), repeat)
         t_torch = torch_gpu_time(lambda ta=ta, tb=tb: ta @ tb, repeat)
         rows.append((f"matmul {n} {dt}", "TFLOP/s", 2 * n**3 / 1e12, t_gg, t_torch))
+    (gi, ti), (gw, tw) = pair(64, 64, 56, 56), pair(128, 64, 3, 3)
+    rows.append(("conv2d 64x64x56^2->128 3x3", "TFLOP/s", 2 * 64 * 128 * 56 * 56 * 64 * 9 / 1e12,
+                 gpu_kernel_time(lambda: gi.conv2d(gw, padding=1).realize(), repeat),
+                 torch_gpu_time(lambda: torch.nn.functional.conv2d(ti, tw, padding=1), repeat)))
     m = 64 * 1024 * 1024
     (gx, tx), (gy, ty), (gz, tz) = pair(m), pair(m), pair(m)
     rows.append(("(a*b+c).relu() 64M", "GB/s", 4 * m * 4 / 1e9,
@@ -254,12 +259,12 @@ def gpu_rows(device: str, repeat: int) -> list[tuple[str, str, float, float, flo
 
 def print_gpu(device: str, repeat: int) -> None:
     print(f"device {device}; torch {torch.__version__ if torch else '-'}; kernel times from device events")
-    header = f"{'workload':<24} {'glassgrad':>12} {'torch':>12} {'unit':>8} {'glassgrad/torch':>16}"
+    header = f"{'workload':<28} {'glassgrad':>12} {'torch':>12} {'unit':>8} {'glassgrad/torch':>16}"
     print(header)
     print("-" * len(header))
     for name, unit, amount, t_gg, t_torch in gpu_rows(device, repeat):
         rate_gg, rate_torch = amount / t_gg if t_gg == t_gg else float("nan"), amount / t_torch
-        print(f"{name:<24} {rate_gg:12.2f} {rate_torch:12.2f} {unit:>8} {rate_gg / rate_torch:15.2f}x")
+        print(f"{name:<28} {rate_gg:12.2f} {rate_torch:12.2f} {unit:>8} {rate_gg / rate_torch:15.2f}x")
     print("throughput (higher is better); the last column is glassgrad's share of PyTorch's throughput")
 
 

@@ -65,10 +65,10 @@ def get_program(ast: UOp, renderer: CStyleLanguage) -> ProgramSpec:
     local_size: tuple[int, ...] | None = None
     global_size: tuple[sint, ...]
     if renderer.has_local:  # GPUs: loops become threads and work-groups
-        ast, global_size, local_size = gpu_dims(ast)
-        upcast = None
+        ast, global_size, local_size = gpu_dims(ast, tensor_cores=renderer.tensor_cores)
+        upcast: tuple[UOp, ...] = ()
     else:  # CPUs: the outermost loop is split across threads by the runtime; one output dim may be upcast
-        ast, upcast = choose_upcast(ast) if not NOOPT else (ast, None)
+        ast, upcast = choose_upcast(ast) if not NOOPT else (ast, ())
         global_ranges = sorted((r for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "global"),
                                key=lambda r: r.arg[0])
         global_size = (range_size(global_ranges[0]),) if global_ranges else (1,)

@@ -1,7 +1,7 @@
 """GPU launch dimensions: a kernel's loops become threads and work-groups.
 
 In: a simplified kernel AST (global RANGEs over the output, REDUCEs over reduce RANGEs). Out: the AST rewritten
-for a GPU, the grid size (in blocks) and the block size (in threads). Two shapes of kernel:
+for a GPU, the grid size (in blocks) and the block size (in threads). Three shapes of kernel:
 
 * **flat**: one thread per output element. The global loops are flattened into one id
   `gidx = blockIdx.x * L + threadIdx.x` (a SPECIAL node whose value range is 0..total-1: the kernel returns early
@@ -16,10 +16,19 @@ Symbolic trip counts (Variables): the grid size becomes an expression the launch
 values; a flat kernel's `gidx` takes its largest value as its range and gets the symbolic count as a source, which
 the renderer checks (`if (gidx >= count) return;`); a grouped reduction's strided loop runs ceil(n / L) times and
 gates every load with `l + step*L < n`.
+* **tiled**: for matmul-shaped reductions (`matmul_plan`: the one REDUCE sums `x * y`, `x` independent of some output
+  loops, `y` of the others). A block computes a 128 x 128 tile of outputs from tiles of both factors copied into
+  shared memory (`DEFINE_LOCAL`, `BARRIER`): in float32 each of 256 threads an 8 x 8 register tile; for
+  float16/bfloat16 with whole tiles on a target with tensor cores, 4 warps of 64 x 64 with ldmatrix + mma.sync
+  (`FRAGMENT`, `WMMA`, `GEP`) fed by cp.async (`ASYNC_COPY`, `ASYNC_COMMIT`, `ASYNC_WAIT`).
+
+Every shape's 64-bit index arithmetic becomes 32-bit where it provably fits (`narrow_indices`).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from glassgrad.codegen.linearize import range_size, reduce_identity
 from glassgrad.dtype import DType, dtypes
@@ -39,6 +48,7 @@ MANY_ELEMENTS = 1 << 20   # from this size on
 
 Dims = tuple[int, int, int]
 Grid = tuple[sint, int, int]  # blocks: a symbolic count is evaluated at launch
+_INDEX_OPS = frozenset({Ops.RANGE, Ops.CONST, Ops.SPECIAL, Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.NEG})
 
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
@@ -48,13 +58,40 @@ def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
     return graph_rewrite(root, PatternMatcher([(UPat(name="x"), lambda x: mapping.get(x))]))
 
 
-def gpu_dims(ast: UOp, local_size: int = LOCAL_SIZE) -> tuple[UOp, Grid, Dims]:
+def gpu_dims(ast: UOp, local_size: int = LOCAL_SIZE, tensor_cores: bool = False) -> tuple[UOp, Grid, Dims]:
+    """`tensor_cores`: the target has mma.sync (half/bfloat16 matmuls with whole tiles use them)."""
+    ast, global_size, local = _launch_shape(ast, local_size, tensor_cores)
+    return narrow_indices(ast), global_size, local
+
+
+def _launch_shape(ast: UOp, local_size: int, tensor_cores: bool) -> tuple[UOp, Grid, Dims]:
     nodes = ast.toposort()
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
     reduces = [u for u in nodes if u.op is Ops.REDUCE]
+    if (plan := matmul_plan(ast, nodes, global_ranges, reduces)) is not None:
+        return _tiled(ast, plan, tensor_cores)
     if reduces and _should_group(nodes, global_ranges, reduces):
         return _grouped(ast, nodes, global_ranges, reduces, local_size)
     return _flat(ast, global_ranges, local_size)
+
+
+def narrow_indices(ast: UOp) -> UOp:
+    """64-bit index arithmetic -> 32-bit where every 64-bit value of the kernel is index arithmetic (loop and thread
+    ids, constants, ALU ops on them) that provably stays inside int32. The scheduler picks int64 when any tensor
+    of the kernel is large, e.g. the n^3 product a matmul reduces, though no index reaches that far; 32-bit
+    indices take half the registers and a single instruction per multiply-add on a GPU."""
+    wide = [u for u in ast.toposort() if u.dtype == dtypes.int64]
+    lo, hi = dtypes.int32.min(), dtypes.int32.max()
+    if not wide or any(u.op not in _INDEX_OPS or not lo <= u.vmin <= u.vmax <= hi for u in wide):
+        return ast
+    new: dict[UOp, UOp] = {}
+    for u in ast.toposort():
+        src = tuple(new[s] for s in u.src)
+        new[u] = u.replace(dtype=dtypes.int32 if u.dtype == dtypes.int64 else u.dtype, src=src) \
+            if src != u.src or u.dtype == dtypes.int64 else u
+    return new[ast]
+
+
 
 
 def _sizes(ranges: list[UOp] | tuple[UOp, ...]) -> tuple[sint, ...]:
@@ -63,6 +100,11 @@ def _sizes(ranges: list[UOp] | tuple[UOp, ...]) -> tuple[sint, ...]:
 
 def _total(sizes: tuple[sint, ...]) -> sint:
     return prod(sizes) if all(isinstance(s, int) for s in sizes) else sint_prod(sizes)  # type: ignore[arg-type]
+
+
+def _reduce_size(red: UOp) -> int:
+    """The trip count of a REDUCE's loops together (constant: tiled kernels take no symbolic sizes)."""
+    return prod(r.src[0].arg for r in red.src[1:])
 
 
 def _should_group(nodes: list[UOp], global_ranges: list[UOp], reduces: list[UOp]) -> bool:
@@ -150,3 +192,327 @@ def _gate_loads(value: UOp, valid: UOp) -> UOp:
         return x.replace(src=(x.src[0], x.src[1], valid if old is None else old.alu(Ops.AND, valid)))
     loads = {u: gate(u) for u in value.toposort() if u.op is Ops.LOAD}
     return substitute(value, loads)
+
+
+# ---------------------------------------------------------------- tiled: matmul-shaped reductions
+TILE = 128            # outputs per block along each of the two tile axes
+THREADS = 16          # threads per block along each tile axis (16 x 16 = 256)
+TILE_K = 8            # reduction elements per shared-memory tile
+PAD = 4               # floats added to each shared-memory row: the transposing stores hit distinct banks
+MIN_SIDE = 64         # both tile axes at least this long, and the reduction at least TILE_K
+PER_THREAD = TILE // THREADS  # outputs per thread along each axis: two groups of 4, half a tile apart
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One factor of a matmul-shaped product, and the output loops it varies with (its tile axis)."""
+    value: UOp
+    ranges: tuple[UOp, ...]
+
+    @property
+    def size(self) -> int:
+        return prod(r.src[0].arg for r in self.ranges)
+
+
+@dataclass(frozen=True)
+class MatmulPlan:
+    store: UOp
+    reduce: UOp
+    rows: Operand        # tile axis of threadIdx / 16 (the factor that does not vary with `cols`)
+    cols: Operand        # tile axis of threadIdx % 16: holds the output's contiguous loop when there is one
+    batch: tuple[UOp, ...]  # output loops both factors vary with: one block per combination
+
+    @property
+    def k_ranges(self) -> tuple[UOp, ...]:
+        return self.reduce.src[1:]
+
+
+def matmul_plan(ast: UOp, nodes: list[UOp], global_ranges: list[UOp], reduces: list[UOp]) -> MatmulPlan | None:
+    """A kernel whose one REDUCE sums `x * y`, where `x` does not vary with some output loops and `y` does not vary
+    with the others (a matmul, a convolution, a batched matmul): each factor is then reused across a whole axis of
+    outputs, which a block of threads can share through shared memory. None for any other kernel."""
+    stores = [s for s in ast.src if s.op is Ops.STORE]
+    if len(reduces) != 1 or len(stores) != 1 or any(isinstance(range_size(r), UOp) for r in nodes if r.op is Ops.RANGE):
+        return None  # (tiles need constant trip counts)
+    red = reduces[0]
+    value = _exact_product(red.src[0])
+    if red.arg is not Ops.ADD or not red.dtype.is_float or value.op is not Ops.MUL or red.dtype.itemsize > 4:
+        return None
+    x, y = value.src
+    x_ranges, y_ranges = set(x.toposort()), set(y.toposort())
+    only_x = tuple(r for r in global_ranges if r in x_ranges and r not in y_ranges)
+    only_y = tuple(r for r in global_ranges if r in y_ranges and r not in x_ranges)
+    batch = tuple(r for r in global_ranges if r not in only_x and r not in only_y)
+    if not only_x or not only_y:
+        return None
+    rows, cols = Operand(x, only_x), Operand(y, only_y)
+    if rows.size < MIN_SIDE or cols.size < MIN_SIDE or _reduce_size(red) < TILE_K:
+        return None
+    contiguous = global_ranges[-1] if index_stride(stores[0].src[1], global_ranges[-1]) == 1 else None
+    if contiguous in rows.ranges:
+        rows, cols = cols, rows
+    return MatmulPlan(stores[0], red, rows, cols, batch)
+
+
+def _exact_product(value: UOp) -> UOp:
+    """float16/bfloat16 products are computed in float32 and rounded back (`float(half(x * y))`): a tiled kernel
+    accumulates the exact float32 product instead, as cuBLAS and the tensor cores do."""
+    if value.op is Ops.CAST and value.src[0].op is Ops.CAST and value.src[0].src[0].op is Ops.MUL \
+            and value.dtype == value.src[0].src[0].dtype and value.src[0].dtype.itemsize < value.dtype.itemsize:
+        return value.src[0].src[0]
+    return value
+
+
+@dataclass(frozen=True)
+class _Block:
+    """What both tiled variants share: the ids, the block's tile coordinates and the reduction's loops."""
+    dt: DType
+    blocks: int
+    threads: int
+    lidx: UOp
+    row_tile: UOp
+    col_tile: UOp
+    batch_map: dict[UOp, UOp]
+    k_outer: UOp
+    k_inner: UOp
+    k_size: int
+
+
+def _block(plan: MatmulPlan, tile_k: int, k_inner_size: int, threads: int) -> _Block:
+    dt = plan.store.src[1].dtype
+    tiles = (math.ceil(plan.rows.size / TILE), math.ceil(plan.cols.size / TILE))
+    batch_sizes = tuple(r.src[0].arg for r in plan.batch)
+    blocks = prod(batch_sizes) * tiles[0] * tiles[1]
+    bidx = UOp(Ops.SPECIAL, dt, (), ("bidx", blocks, 1))
+    lidx = UOp(Ops.SPECIAL, dt, (), ("lidx", threads, threads))
+    *batch_ids, row_tile, col_tile = unflatten_index(bidx, (*batch_sizes, *tiles), dt)
+    next_id = max((r.arg[0] for r in plan.store.toposort() if r.op is Ops.RANGE), default=-1) + 1
+    k_size = _reduce_size(plan.reduce)
+    k_outer = UOp(Ops.RANGE, dt, (UOp.const(dt, math.ceil(k_size / tile_k)),), (next_id, "reduce"))
+    k_inner = UOp(Ops.RANGE, dt, (UOp.const(dt, k_inner_size),), (next_id + 1, "unroll"))
+    return _Block(dt, blocks, threads, lidx, row_tile, col_tile, dict(zip(plan.batch, batch_ids)), k_outer, k_inner,
+                  k_size)
+
+
+def _copy_tiles(plan: MatmulPlan, b: _Block, smem: UOp, tile_k: int, values: tuple[UOp, UOp],
+                layouts: tuple[Callable[[UOp, UOp], UOp], Callable[[UOp, UOp], UOp]]) -> UOp:
+    """Both factors' tiles of this k step into shared memory; the BARRIER after the copies (reads go through it)."""
+    stores = []
+    for operand, tile, value, layout in zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), values, layouts):
+        for position, element in _tile_copy(operand, value, tile, b, plan.k_ranges, tile_k, b.k_outer):
+            stores.append(UOp(Ops.STORE, dtypes.void, (smem, layout(*position), element)))
+    return UOp(Ops.BARRIER, smem.dtype, (smem, *stores))
+
+
+def _output(plan: MatmulPlan, b: _Block, result: UOp, row: UOp, col: UOp) -> UOp:
+    """The kernel's STORE (and whatever it computes from the reduction) for output (row, col) of the tile."""
+    store = substitute(plan.store, {plan.reduce: result})  # first the REDUCE (while it matches), then the loops
+    store = substitute(store, {**b.batch_map, **_positions(plan.rows, row), **_positions(plan.cols, col)})
+    valid = _both(_inside(plan.rows, row), _inside(plan.cols, col))
+    return store if valid is None else store.replace(src=(*store.src[:3], valid))
+
+
+def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool) -> tuple[UOp, Dims, Dims]:
+    """Each block computes a TILE x TILE tile of outputs, each thread an 8 x 8 register tile of it (one REDUCE per
+    output: the linearizer gives them one loop). Per TILE_K step of the reduction the block copies both factors'
+    tiles into shared memory (double-buffered: one barrier per step), then every thread reads its 8 + 8 factors per
+    k from there. Tiles past the end of an axis read zeros and store nothing."""
+    if tensor_cores and _tensor_core_operands(plan) is not None:
+        return _tensor_core_tiled(ast, plan)
+    b = _block(plan, TILE_K, TILE_K, THREADS * THREADS)
+    dt = b.dt
+    row_stride = TILE + PAD
+    half = TILE_K * row_stride   # one factor's tile
+    smem = UOp(Ops.DEFINE_LOCAL, plan.reduce.dtype, (), (0, 4 * half))
+    buffer = (b.k_outer % UOp.const(dt, 2)) * UOp.const(dt, 2 * half)  # double buffering: even/odd k steps
+
+    def layout(side: int) -> Callable[[UOp, UOp], UOp]:  # both stored k-major: [k][position]
+        return lambda pos, kk: buffer + UOp.const(dt, side * half) + kk * UOp.const(dt, row_stride) + pos
+    barrier = _copy_tiles(plan, b, smem, TILE_K, (plan.rows.value, plan.cols.value), (layout(0), layout(1)))
+    ty, tx = b.lidx // UOp.const(dt, THREADS), b.lidx % UOp.const(dt, THREADS)
+    k_row = buffer + b.k_inner * UOp.const(dt, row_stride)
+
+    def own(thread: UOp, i: int) -> UOp:  # the i-th of a thread's 8 positions along a tile axis
+        return UOp.const(dt, (i // 4) * (TILE // 2) + i % 4) + thread * UOp.const(dt, 4)
+
+    row_factors = [UOp(Ops.LOAD, smem.dtype, (barrier, k_row + own(ty, i))) for i in range(PER_THREAD)]
+    col_factors = [UOp(Ops.LOAD, smem.dtype, (barrier, k_row + UOp.const(dt, half) + own(tx, j)))
+                   for j in range(PER_THREAD)]
+    outputs = []
+    for i in range(PER_THREAD):
+        for j in range(PER_THREAD):
+            red = UOp(Ops.REDUCE, plan.reduce.dtype, (row_factors[i] * col_factors[j], b.k_outer, b.k_inner), Ops.ADD)
+            outputs.append(_output(plan, b, red, b.row_tile * UOp.const(dt, TILE) + own(ty, i),
+                                   b.col_tile * UOp.const(dt, TILE) + own(tx, j)))
+    sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
+    return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
+
+
+# tensor cores: mma.sync m16n8k16 (float16/bfloat16 in, float32 accumulators)
+TC_TILE_K = 32          # reduction elements per shared-memory tile (two mma k-steps of 16)
+ASYNC_STAGES = 3        # tiles in shared memory with cp.async: two in flight while one is multiplied (48 KB)
+WARPS = (2, 2)          # warps of a block along rows and columns; each computes a 64 x 64 part of the tile
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+CHUNK = 8               # halves in 16 bytes: the unit of cp.async, of an ldmatrix row, and of the swizzle
+
+
+def _tensor_core_operands(plan: MatmulPlan) -> tuple[UOp, UOp] | None:
+    """The float16/bfloat16 values a tensor-core tile multiplies, when the product is `float(x) * float(y)` of one
+    such dtype and every tile is whole (no remainders: the fragments have no gates)."""
+    x, y = plan.rows.value, plan.cols.value
+    if x.op is not Ops.CAST or y.op is not Ops.CAST or x.src[0].dtype != y.src[0].dtype:
+        return None
+    if x.src[0].dtype not in (dtypes.float16, dtypes.bfloat16) or plan.reduce.dtype != dtypes.float32:
+        return None
+    if plan.rows.size % TILE or plan.cols.size % TILE or _reduce_size(plan.reduce) % TC_TILE_K:
+        return None
+    return x.src[0], y.src[0]
+
+
+def _tensor_core_tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
+    """Like `_tiled`, but the 4 warps of a block each multiply a 64 x 64 part of the tile on the tensor cores:
+    per k-step of 16 a warp loads 4 row fragments and 4 column-fragment pairs from shared memory (ldmatrix) and
+    issues 4 x 8 mma.sync, each adding a 16 x 8 product into 4 float32 accumulators per thread (one REDUCE per
+    mma tile, whose value is a WMMA; GEP picks an accumulator for the output it holds). Plain contiguous factors
+    are copied with cp.async, ASYNC_STAGES tiles deep; others through registers, double-buffered."""
+    x, y = _tensor_core_operands(plan)  # type: ignore[misc]
+    b = _block(plan, TC_TILE_K, TC_TILE_K // MMA_K, 32 * WARPS[0] * WARPS[1])
+    dt = b.dt
+    tile_size = TILE * TC_TILE_K  # halves of one factor's tile
+    asynchronous = _copy_runs(_tc_copies(plan, b, (x, y), b.k_outer, 2), CHUNK) is not None
+    stages = ASYNC_STAGES if asynchronous else 2
+    smem = UOp(Ops.DEFINE_LOCAL, x.dtype, (), (0, 2 * stages * tile_size))
+    tiles = math.ceil(b.k_size / TC_TILE_K)
+    if not asynchronous:
+        reader = UOp(Ops.BARRIER, smem.dtype, (smem, *(UOp(Ops.STORE, dtypes.void, (smem, i, v))
+                                                       for i, v in _tc_copies(plan, b, (x, y), b.k_outer, stages))))
+    else:  # tiles 0..S-2 before the loop; in step k: wait for tile k, barrier, start tile k+S-1, multiply tile k
+        committed = smem
+        for t in range(stages - 1):  # S-1 groups (empty past the last tile): the wait below counts on them
+            copies = _async_copies(committed, _tc_copies(plan, b, (x, y), UOp.const(dt, t), stages), None) \
+                if t < tiles else []
+            committed = UOp(Ops.ASYNC_COMMIT, smem.dtype, (committed, *copies))
+        wait = UOp(Ops.ASYNC_WAIT, smem.dtype, (committed, b.k_outer), stages - 2)
+        barrier = UOp(Ops.BARRIER, smem.dtype, (wait,))  # tile k landed for all; all are done with tile k-1
+        ahead = b.k_outer + UOp.const(dt, stages - 1)
+        copies = _async_copies(barrier, _tc_copies(plan, b, (x, y), ahead, stages), ahead < UOp.const(dt, tiles))
+        reader = UOp(Ops.ASYNC_COMMIT, smem.dtype, (barrier, *copies))
+    stage = b.k_outer % UOp.const(dt, stages)
+    warp, lane = b.lidx // UOp.const(dt, 32), b.lidx % UOp.const(dt, 32)
+    warp_row = (warp // UOp.const(dt, WARPS[1])) * UOp.const(dt, TILE // WARPS[0])
+    warp_col = (warp % UOp.const(dt, WARPS[1])) * UOp.const(dt, TILE // WARPS[1])
+    k0 = b.k_inner * UOp.const(dt, MMA_K)
+    lane16, lane_half = lane % UOp.const(dt, 16), (lane // UOp.const(dt, 16)) * UOp.const(dt, CHUNK)
+    m_tiles, n_tiles = TILE // WARPS[0] // MMA_M, TILE // WARPS[1] // MMA_N
+    # ldmatrix.x4: lane l gives the address of row l%16 (and k half l/16) of a 16 x 16 row fragment, or of k row
+    # l%16 (and column half l/16) of a 16 x 16 block of the [k][col] tile: two 16 x 8 column fragments
+    row_frags = [UOp(Ops.FRAGMENT, x.dtype, (reader, _tc_at(0, stages, stage, warp_row + UOp.const(dt, i * MMA_M) +
+                                                            lane16, k0 + lane_half)), "row") for i in range(m_tiles)]
+    col_frags = [UOp(Ops.FRAGMENT, x.dtype, (reader, _tc_at(1, stages, stage, warp_col + UOp.const(dt, p * 2 * MMA_N)
+                                                            + lane_half, k0 + lane16)), "col")
+                 for p in range(n_tiles // 2)]
+    outputs = []
+    for i in range(m_tiles):
+        for j in range(n_tiles):
+            mma = UOp(Ops.WMMA, dtypes.float32, (row_frags[i], col_frags[j // 2]), j % 2)
+            red = UOp(Ops.REDUCE, dtypes.float32, (mma, b.k_outer, b.k_inner), Ops.ADD)
+            for e in range(4):  # accumulator e holds row lane/4 (+8 for e >= 2), column 2*(lane%4) + e%2
+                row = b.row_tile * UOp.const(dt, TILE) + warp_row + UOp.const(dt, i * MMA_M + 8 * (e // 2)) + \
+                    lane // UOp.const(dt, 4)
+                col = b.col_tile * UOp.const(dt, TILE) + warp_col + UOp.const(dt, j * MMA_N + e % 2) + \
+                    (lane % UOp.const(dt, 4)) * UOp.const(dt, 2)
+                outputs.append(_output(plan, b, UOp(Ops.GEP, dtypes.float32, (red,), e), row, col))
+    sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
+    return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
+
+
+def _tc_at(side: int, stages: int, stage: UOp, pos: UOp, k: UOp) -> UOp:
+    """Shared-memory index of element (pos, k) of a tensor-core tile: the rows factor as [row][k] (64-byte rows),
+    the cols factor as [k][col] (256-byte rows). 16-byte chunks are swizzled (chunk ^ a few row bits) so the 8 rows
+    an ldmatrix reads, and the chunks cp.async writes, fall in distinct banks without padding."""
+    dt = pos.dtype
+    row, col, width = (pos, k, TC_TILE_K) if side == 0 else (k, pos, TILE)
+    swizzle = (row // UOp.const(dt, 2)) % UOp.const(dt, 4) if side == 0 else row % UOp.const(dt, CHUNK)
+    chunk = (col // UOp.const(dt, CHUNK)).alu(Ops.XOR, swizzle)
+    base = UOp.const(dt, side * stages * TILE * TC_TILE_K) + stage * UOp.const(dt, TILE * TC_TILE_K)
+    return base + row * UOp.const(dt, width) + chunk * UOp.const(dt, CHUNK) + col % UOp.const(dt, CHUNK)
+
+
+def _tc_copies(plan: MatmulPlan, b: _Block, values: tuple[UOp, UOp], k_tile: UOp,
+               stages: int) -> list[tuple[UOp, UOp]]:
+    """(shared index, value): this thread's part of k tile `k_tile` of both factors, in stage k_tile % stages."""
+    stage = k_tile % UOp.const(b.dt, stages)
+    sides = zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), values)
+    return [(_tc_at(side, stages, stage, *position), value) for side, (operand, tile, factor) in enumerate(sides)
+            for position, value in _tile_copy(operand, factor, tile, b, plan.k_ranges, TC_TILE_K, k_tile)]
+
+
+def _copy_runs(copies: list[tuple[UOp, UOp]], run: int) -> list[tuple[UOp, UOp]] | None:
+    """(shared index, LOAD) of the first element of each run of `run` copies, when every run copies `run`
+    neighbouring elements of one buffer, ungated, to neighbouring shared positions (one 16-byte async copy each);
+    None otherwise."""
+    out = []
+    for start in range(0, len(copies), run):
+        index0, load0 = copies[start]
+        if load0.op is not Ops.LOAD or len(load0.src) != 2:
+            return None
+        for step, (index, load) in enumerate(copies[start:start + run]):
+            offset = UOp.const(index.dtype, step)
+            if load.op is not Ops.LOAD or len(load.src) != 2 or load.src[0] is not load0.src[0] or \
+                    simplify(load.src[1]) is not simplify(load0.src[1] + offset) or \
+                    simplify(index) is not simplify(index0 + offset):
+                return None
+        out.append((index0, load0))
+    return out
+
+
+def _async_copies(order: UOp, copies: list[tuple[UOp, UOp]], gate: UOp | None) -> list[UOp]:
+    """ASYNC_COPY nodes (issued after `order`, only where `gate` holds) for the runs of `copies`."""
+    runs = _copy_runs(copies, 16 // copies[0][1].dtype.itemsize)
+    assert runs is not None
+    return [UOp(Ops.ASYNC_COPY, dtypes.void, (order, index, *load.src, *((gate,) if gate is not None else ())))
+            for index, load in runs]
+
+
+def _positions(operand: Operand, flat: UOp) -> dict[UOp, UOp]:
+    return dict(zip(operand.ranges, unflatten_index(flat, tuple(r.src[0].arg for r in operand.ranges), flat.dtype)))
+
+
+def _inside(operand: Operand, flat: UOp) -> UOp | None:
+    """`flat < size` where the last tile of the axis runs past its end, else None (always inside)."""
+    return None if operand.size % TILE == 0 else flat < UOp.const(flat.dtype, operand.size)
+
+
+def _both(a: UOp | None, b: UOp | None) -> UOp | None:
+    return b if a is None else a if b is None else a.alu(Ops.AND, b)
+
+
+def _tile_copy(operand: Operand, value: UOp, tile: UOp, b: _Block, k_ranges: tuple[UOp, ...],
+               tile_k: int, k_tile: UOp) -> list[tuple[tuple[UOp, UOp], UOp]]:
+    """((position in the tile, k in the tile), value) pairs: this thread's share of the operand's TILE x tile_k tile.
+    Neighbouring threads take neighbouring elements along the axis the operand's loads are contiguous in
+    (coalesced reads). Elements past the end of an axis are zeros."""
+    dt = b.dt
+    threads = b.threads
+    loads = [u for u in value.toposort() if u.op is Ops.LOAD]
+    along_tile = any(index_stride(u.src[1], operand.ranges[-1]) == 1 for u in loads)
+    k_sizes = tuple(r.src[0].arg for r in k_ranges)
+    # each thread copies runs of `vector` neighbouring elements (16 bytes: the compiler can make one access of them)
+    vector = max(1, min(16 // value.dtype.itemsize, TILE * tile_k // threads, tile_k))
+    out = []
+    for part in range(TILE * tile_k // threads):
+        run = b.lidx * UOp.const(dt, vector) + UOp.const(dt, (part // vector) * threads * vector)
+        step = UOp.const(dt, part % vector)
+        if along_tile:
+            pos, kk = run % UOp.const(dt, TILE) + step, run // UOp.const(dt, TILE)
+        else:
+            pos, kk = run // UOp.const(dt, tile_k), run % UOp.const(dt, tile_k) + step
+        flat = tile * UOp.const(dt, TILE) + pos
+        k = k_tile * UOp.const(dt, tile_k) + kk
+        mapping = {**b.batch_map, **_positions(operand, flat), **dict(zip(k_ranges, unflatten_index(k, k_sizes, dt)))}
+        element_value = substitute(value, mapping)
+        valid = _both(_inside(operand, flat), k < UOp.const(dt, b.k_size) if b.k_size % tile_k else None)
+        if valid is not None:
+            element_value = valid.where(_gate_loads(element_value, valid), UOp.const(value.dtype, 0))
+        out.append(((pos, kk), element_value))
+    return out

@@ -14,7 +14,9 @@ from __future__ import annotations
 from glassgrad.dtype import DType, dtypes
 from glassgrad.helpers import prod
 from glassgrad.uop.ops import GroupOp, Ops, UOp
+from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.sint import sint, sint_add, sint_prod
+from glassgrad.uop.symbolic import simplify
 
 
 def range_size(r: UOp) -> sint:
@@ -54,9 +56,10 @@ class _Emitter:
     """Builds the linear program. Tracks which values exist in the current loop scope: a value computed inside a
     loop is gone when that loop closes, so a later use outside recomputes it."""
 
-    def __init__(self, program: list[UOp], scopes: Scopes) -> None:
+    def __init__(self, program: list[UOp], scopes: Scopes, reduces: list[UOp]) -> None:
         self.program = program
         self.scopes = scopes
+        self.reduces = reduces
         self.emitted: set[UOp] = set(program)
         self.frames: list[list[UOp]] = [[]]
 
@@ -66,6 +69,8 @@ class _Emitter:
         self.frames[-1].append(u)
 
     def open_loop(self, r: UOp) -> None:
+        if r.src[0].op is not Ops.CONST:
+            self.emit(r.src[0])  # a symbolic trip count is computed before its loop
         self.program.append(r)
         self.frames.append([])
         self.emitted.add(r)
@@ -80,59 +85,111 @@ class _Emitter:
             if n in self.emitted:
                 continue
             if n.op is Ops.REDUCE:
-                self.emit_reduce(n, None)
+                self.emit_reduce(self.siblings(n), ())
             else:
                 self.add(n)
 
-    def emit_reduce(self, red: UOp, upcast: UOp | None) -> None:
-        """DEFINE_ACC, the reduce loops (and inside them the upcast loop, with one accumulator per iteration),
-        the value, ACCUMULATE. What the loops do not change is computed before them (hoisted)."""
-        value, loops = red.src[0], frozenset(red.src[1:])
-        inner = loops | ({upcast} if upcast is not None else set())
-        for n in value.toposort(stop=lambda x: x in self.emitted or x.op is Ops.REDUCE):
-            if n not in self.emitted and n.op is not Ops.RANGE and not self.scopes(n) & inner:
-                self.emit(n)
-        init = UOp.const(red.dtype, reduce_identity(red.arg, red.dtype))
-        acc = UOp(Ops.DEFINE_ACC, red.dtype, (init,) if upcast is None else (init, upcast), red)
-        self.add(acc)
-        for r in red.src[1:]:
-            self.emit(r.src[0])  # a symbolic trip count is computed before its loop
-            self.open_loop(r)
-        if upcast is not None:
-            self.open_loop(upcast)
-        self.emit(value)
-        self.program.append(UOp(Ops.ACCUMULATE, red.dtype, (acc, value), red.arg))
-        for r in ([upcast] if upcast is not None else []) + list(reversed(red.src[1:])):
+    def siblings(self, red: UOp) -> list[UOp]:
+        """`red` and the kernel's other REDUCEs over the same loops that can share its loops (none reads another's
+        result): a register tile of outputs becomes one loop with an accumulator per output, not a loop each."""
+        def independent(r: UOp) -> bool:
+            return not any(n.op is Ops.REDUCE for n in r.src[0].toposort(stop=lambda x: x.op is Ops.REDUCE))
+        if not independent(red):
+            return [red]
+        return [r for r in self.reduces if r.src[1:] == red.src[1:] and r not in self.emitted
+                and self.scopes(r) == self.scopes(red) and independent(r)]
+
+    def emit_hoisted(self, roots: list[UOp], inner: frozenset[UOp]) -> None:
+        """Emit what `roots` need that depends on none of the loops in `inner` (not yet open): it is computed once
+        here instead of on every iteration of those loops."""
+        for root in roots:
+            for n in root.toposort(stop=lambda x: x in self.emitted or x.op is Ops.REDUCE):
+                if n not in self.emitted and n.op is not Ops.RANGE and not self.scopes(n) & inner:
+                    self.emit(n)
+
+    def open_nest(self, roots: list[UOp], loops: list[UOp]) -> None:
+        """Open `loops` outermost first; before each, emit the part of `roots` that it and the loops inside it do
+        not change (so a load that depends on the reduce loop but not on the upcast loops sits between them, and a
+        shared-memory tile is copied once per outer step of a tiled reduction, not once per inner step)."""
+        self.emit_hoisted(roots, frozenset(loops))
+        for i, loop in enumerate(loops):
+            self.open_loop(loop)
+            self.emit_hoisted(roots, frozenset(loops[i + 1:]))
+
+    def emit_reduce(self, reds: list[UOp], upcast: tuple[UOp, ...]) -> None:
+        """For REDUCEs over the same loops: a DEFINE_ACC each, the reduce loops, then its unrolled loops, then the
+        upcast loops (one accumulator per upcast iteration: an array indexed by their flattened combination), the
+        values, an ACCUMULATE each."""
+        values = [red.src[0] for red in reds]
+        loops = sorted(reds[0].src[1:], key=lambda r: r.arg[1] == "unroll") + list(upcast)
+        accs = []
+        for red in reds:
+            init = UOp.const(red.dtype, reduce_identity(red.arg, red.dtype))
+            accs.append(UOp(Ops.DEFINE_ACC, red.dtype, (init, *upcast), red))
+            self.add(accs[-1])
+        self.open_nest(values, loops)
+        for value in values:
+            self.emit(value)
+        for red, acc in zip(reds, accs):
+            self.program.append(UOp(Ops.ACCUMULATE, red.dtype, (acc, red.src[0]), red.arg))
+        for r in reversed(loops):
             self.close_loop(r)
-        self.emitted.add(red)  # the accumulator now holds the REDUCE's value (its consumers read it)
-        self.frames[-1].append(red)
+        for red in reds:
+            self.emitted.add(red)  # the accumulator now holds the REDUCE's value (its consumers read it)
+            self.frames[-1].append(red)
 
 
-def linearize(sink: UOp, upcast: UOp | None = None) -> list[UOp]:
-    """`upcast`: a global RANGE to place *inside* the reduce loops (an accumulator per iteration), then loop over
-    again for the rest of the kernel. Its loads being contiguous, the innermost loop then vectorises."""
+def split_range(ast: UOp, rng: UOp, amount: int, kind: str, inner_first: bool = False) -> tuple[UOp, UOp, UOp]:
+    """Split loop `rng` (size N) into an outer loop of N/amount (keeping `rng`'s id and kind) and a new inner loop of
+    `amount` iterations of `kind` ("upcast", "unroll", ...): `rng` becomes `outer*amount + inner` everywhere, and a
+    REDUCE over `rng` now reduces over both. `inner_first`: the new loop takes the high part (`inner*(N/amount) +
+    outer`) instead. Returns (new ast, outer, inner). Raises ValueError if `amount` does not divide N."""
+    if rng.src[0].op is not Ops.CONST:
+        raise ValueError(f"cannot split a loop of symbolic size {rng.src[0]}")
+    size = rng.src[0].arg
+    if amount < 1 or size % amount:
+        raise ValueError(f"cannot split a loop of {size} iterations by {amount}")
+    next_id = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
+    inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(rng.dtype, amount),), (next_id, kind))
+    outer = UOp(Ops.RANGE, rng.dtype, (UOp.const(rng.dtype, size // amount),), rng.arg)
+    index = inner * UOp.const(rng.dtype, size // amount) + outer if inner_first else \
+        outer * UOp.const(rng.dtype, amount) + inner
+    reduces = {u: u.replace(src=tuple(x for r in u.src for x in ((outer, inner) if r is rng else (r,))))
+               for u in ast.toposort() if u.op is Ops.REDUCE and rng in u.src[1:]}
+    ast = graph_rewrite(ast, PatternMatcher([(UPat(name="x"), lambda x: reduces.get(x))])) if reduces else ast
+    return simplify(graph_rewrite(ast, PatternMatcher([(UPat(Ops.RANGE, name="x"),
+                                                        lambda x: index if x is rng else None)]))), outer, inner
+
+
+def linearize(sink: UOp, upcast: tuple[UOp, ...] = ()) -> list[UOp]:
+    """`upcast`: RANGEs (outermost first) to place *inside* the reduce loops, each reduction keeping an accumulator
+    per combination of their values (a register tile), then looped over again for the rest of the kernel. The
+    innermost one is usually contiguous in memory, so that loop vectorises; the renderer unrolls the others."""
     scopes = Scopes()
     nodes = sink.toposort()
     program: list[UOp] = sorted((u for u in nodes if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
     program += sorted((u for u in nodes if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0])  # int parameters
-    emitter = _Emitter(program, scopes)
+    reduces = [u for u in nodes if u.op is Ops.REDUCE]
+    emitter = _Emitter(program, scopes, reduces)
     for special in sorted((u for u in nodes if u.op is Ops.SPECIAL), key=lambda u: u.arg[0]):  # GPU ids come first
         emitter.emit(special)  # with its symbolic limit, if it has one
-    global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global" and u is not upcast),
+    for local in (u for u in nodes if u.op is Ops.DEFINE_LOCAL):
+        emitter.add(local)
+    global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global" and u not in upcast),
                            key=lambda u: u.arg[0])
     for r in global_ranges:
         if r.src[0].op is not Ops.CONST:
             emitter.emit(r.src[0])  # a symbolic trip count
         emitter.add(r)
-    if upcast is not None:
-        for red in (u for u in nodes if u.op is Ops.REDUCE):
-            if red not in emitter.emitted:
-                emitter.emit_reduce(red, upcast if upcast in scopes(red) else None)
-        emitter.open_loop(upcast)
+    if upcast:
+        for red in reduces:  # the outermost reductions, before the upcast loops
+            if red not in emitter.emitted and not any(r.arg[1] in ("reduce", "unroll") for r in scopes(red)):
+                emitter.emit_reduce([red], tuple(u for u in upcast if u in scopes(red)))
+    emitter.open_nest([sink], list(upcast))
     emitter.emit(sink)
     program.remove(sink)
-    if upcast is not None:
-        emitter.close_loop(upcast)
+    for r in reversed(upcast):
+        emitter.close_loop(r)
     program.extend(UOp(Ops.ENDRANGE, dtypes.void, (r,)) for r in reversed(global_ranges))
     return program
 

@@ -17,10 +17,10 @@ UPCAST_MAX = 32                  # a dimension up to this long is upcast whole
 SPLIT_FACTORS = (16, 8, 4)       # a longer one is split, and its inner part of this size upcast
 
 
-def choose_upcast(ast: UOp) -> tuple[UOp, UOp | None]:
+def choose_upcast(ast: UOp) -> tuple[UOp, tuple[UOp, ...]]:
     nodes = ast.toposort()
     if not any(u.op is Ops.REDUCE for u in nodes):
-        return ast, None  # elementwise loops vectorise as they are
+        return ast, ()  # elementwise loops vectorise as they are
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
     loads = [u for u in nodes if u.op is Ops.LOAD]
     next_id = max((u.arg[0] for u in nodes if u.op is Ops.RANGE), default=-1) + 1
@@ -38,7 +38,7 @@ def choose_upcast(ast: UOp) -> tuple[UOp, UOp | None]:
             continue
         inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(rng.dtype, factor),), (next_id, "upcast"))
         if whole:
-            return simplify(substitute(ast, {rng: inner})), inner
+            return simplify(substitute(ast, {rng: inner})), (inner,)
         outer = UOp(Ops.RANGE, rng.dtype, (UOp.const(rng.dtype, size // factor),), rng.arg)
-        return simplify(substitute(ast, {rng: outer * UOp.const(rng.dtype, factor) + inner})), inner
-    return ast, None
+        return simplify(substitute(ast, {rng: outer * UOp.const(rng.dtype, factor) + inner})), (inner,)
+    return ast, ()

@@ -48,6 +48,7 @@ class CStyleLanguage:
     """The shared part of the C, CUDA and Metal renderers."""
     device = ""
     has_local = False
+    tensor_cores = False  # matrix-multiply-accumulate units a tiled matmul can use (FRAGMENT/WMMA ops)
     extra_matcher: PatternMatcher | None = None
     type_names: dict[DType, str] = {
         dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
@@ -80,6 +81,11 @@ class CStyleLanguage:
     def reduce_loop_pragma(self, program: list[UOp], position: int, names: dict[UOp, str]) -> str:
         """A line to put before the reduce loop opened at program[position] (e.g. a vectorisation hint)."""
         return ""
+
+    def upcast_loop_pragma(self, loop: UOp, innermost: bool) -> str:
+        """A line before an upcast or unrolled loop: these are short, with a constant trip count, and are meant to be
+        unrolled into registers."""
+        return "#pragma unroll"
 
     def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
         return f"(((union {{ {self.render_dtype(src)} a; {self.render_dtype(dst)} b; }}){{.a = {x}}}).b)"
@@ -159,6 +165,24 @@ class CStyleLanguage:
             return lines + ([f"if ({name} >= {size}) return;"] if size % local else [])
         return [f"{dt} {name} = {self.group_id() if kind == 'bidx' else self.local_id()};"]
 
+    def render_fragment_acc(self, name: str) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
+
+    def render_fragment(self, name: str, buf: str, index: str, kind: str) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
+
+    def render_mma(self, acc: str, row_frag: str, col_frag: str, col_half: int, dtype: DType) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
+
+    def render_async_copy(self, smem: str, index: str, buf: str, buf_index: str) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
+
+    def render_async_commit(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
+
+    def render_async_wait(self, pending: int) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
+
     def render_group_reduce(self, u: UOp, partial: str, lidx: str, smem: str, result: str) -> list[str]:
         """Combine the group's partial results in shared memory (a tree: L/2, L/4, ... 1), leave it in `result`."""
         op, size = u.arg
@@ -189,7 +213,8 @@ class CStyleLanguage:
             return self.render_const(s.arg, s.dtype) if s.op is Ops.CONST else names[s]
 
         for position, u in enumerate(program):
-            a = [ref(s) for s in u.src]
+            # what a barrier or a commit orders (STOREs, copies) has no value; a wait's loop index is only its scope
+            a = [ref(s) for s in (u.src if u.op not in _ORDERING else u.src[:1])]
             if u.op is Ops.DEFINE_GLOBAL:
                 names[u] = f"data{u.arg}"
                 params.append(self.render_param(u, writes=u.arg == 0))
@@ -203,8 +228,10 @@ class CStyleLanguage:
                 if u.arg[1] == "global":
                     line(self.render_global_range(global_index, names[u], a[0], self.loop_var_type(u.dtype)))
                     global_index += 1
-                elif u.arg[1] == "upcast":
-                    line("#pragma omp simd")  # iterations are independent (one accumulator each)
+                elif u.arg[1] in ("upcast", "unroll"):
+                    pragma = self.upcast_loop_pragma(u, innermost=_is_innermost(program, position))
+                    if pragma:
+                        line(pragma)
                     line(f"for ({self.loop_var_type(u.dtype)} {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
                 else:
                     pragma = self.reduce_loop_pragma(program, position, names)
@@ -215,11 +242,29 @@ class CStyleLanguage:
             elif u.op is Ops.ENDRANGE:
                 depth -= 1
                 line("}")
-            elif u.op is Ops.DEFINE_ACC and len(u.src) == 2:  # one accumulator per iteration of an upcast loop
-                acc, size = new_name("acc"), u.src[1].src[0].arg
+            elif u.op is Ops.DEFINE_ACC and u.arg.src[0].op is Ops.WMMA:  # a warp's fragment of accumulators
+                names[u] = names[u.arg] = new_name("acc")
+                line(self.render_fragment_acc(names[u]))
+            elif u.op is Ops.ACCUMULATE and u.src[1].op is Ops.WMMA:
+                mma = u.src[1]
+                line(self.render_mma(a[0], names[mma.src[0]], names[mma.src[1]], mma.arg, mma.src[0].dtype))
+            elif u.op is Ops.WMMA:
+                names[u] = ""  # rendered by its ACCUMULATE
+            elif u.op is Ops.FRAGMENT:
+                names[u] = new_name("frag")
+                line(self.render_fragment(names[u], a[0], a[1], u.arg))
+            elif u.op is Ops.GEP:
+                names[u] = f"{a[0]}[{u.arg}]"
+            elif u.op is Ops.ASYNC_COPY:
+                line(f"{'if (' + a[4] + ') ' if len(a) == 5 else ''}{self.render_async_copy(a[0], a[1], a[2], a[3])}")
+            elif u.op in (Ops.ASYNC_COMMIT, Ops.ASYNC_WAIT):  # they yield the shared buffer
+                names[u] = a[0]
+                line(self.render_async_commit() if u.op is Ops.ASYNC_COMMIT else self.render_async_wait(u.arg))
+            elif u.op is Ops.DEFINE_ACC and len(u.src) > 1:  # an accumulator per combination of the upcast loops
+                acc, size = new_name("acc"), math.prod(r.src[0].arg for r in u.src[1:])
                 line(f"{self.render_dtype(u.dtype)} {acc}[{size}];")
                 line(f"for (int i = 0; i < {size}; i++) {acc}[i] = {a[0]};")
-                names[u] = names[u.arg] = f"{acc}[ridx{u.src[1].arg[0]}]"
+                names[u] = names[u.arg] = f"{acc}[{_flat_index(u.src[1:])}]"
             elif u.op is Ops.DEFINE_ACC:
                 names[u] = names[u.arg] = new_name("acc")
                 line(f"{self.render_dtype(u.dtype)} {names[u]} = {a[0]};")
@@ -237,6 +282,12 @@ class CStyleLanguage:
                 names[u] = new_name(u.arg[0])
                 for text in self.render_special(u, names[u], a[0] if a else None):
                     line(text)
+            elif u.op is Ops.DEFINE_LOCAL:
+                names[u] = new_name("smem")
+                line(self.render_local_array(u.dtype, names[u], u.arg[1]))
+            elif u.op is Ops.BARRIER:  # the shared buffer, readable once every thread has written its part
+                names[u] = a[0]
+                line(self.barrier)
             elif u.op is Ops.GROUP_REDUCE:
                 names[u] = new_name("red")
                 for text in self.render_group_reduce(u, a[0], a[1], new_name("smem"), names[u]):
@@ -285,6 +336,27 @@ def index_stride(index: UOp, loop: UOp) -> int | None:
     return None
 
 
+_ORDERING = (Ops.BARRIER, Ops.ASYNC_COMMIT, Ops.ASYNC_WAIT)
+
+
+def _is_innermost(program: list[UOp], position: int) -> bool:
+    """Whether the loop opened at program[position] has no loop inside it."""
+    for u in program[position + 1:]:
+        if u.op is Ops.RANGE:
+            return False
+        if u.op is Ops.ENDRANGE and u.src[0] is program[position]:
+            return True
+    return True
+
+
+def _flat_index(loops: tuple[UOp, ...]) -> str:
+    """C text for the row-major position of a combination of loop indices: ((r0*s1)+r1)*s2+r2."""
+    text = f"ridx{loops[0].arg[0]}"
+    for r in loops[1:]:
+        text = f"({text}*{r.src[0].arg}+ridx{r.arg[0]})"
+    return text
+
+
 def _safe_divisor(d: UOp) -> bool:
     return d.op is Ops.CONST and d.arg not in (0, -1)
 
@@ -329,6 +401,14 @@ class ClangRenderer(CStyleLanguage):
                     return ""
                 return f"#pragma omp simd reduction({'+' if u.arg is Ops.ADD else '*'}:{names[u.src[0]]})"
         return ""
+
+    def upcast_loop_pragma(self, loop: UOp, innermost: bool) -> str:
+        """The innermost upcast loop becomes SIMD lanes (its iterations are independent: an accumulator or an output
+        each); the loops around it, and unrolled reduce loops, are unrolled whole so the accumulators live in
+        registers instead of memory."""
+        if innermost and loop.arg[1] == "upcast":
+            return "#pragma omp simd"
+        return f"#pragma GCC unroll {loop.src[0].arg}"
 
     def render_global_range(self, index: int, var: str, size: str, dtype: str) -> str:
         if index == 0:

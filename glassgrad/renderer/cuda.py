@@ -16,11 +16,42 @@ _BITCAST_HELPER = ("template <class T, class F> __device__ __forceinline__ T gg_
                    "{ union { F f; T t; } u; u.f = x; return u.t; }")
 
 
+# tensor cores (sm_80+): ldmatrix loads a warp's 16 x 16 fragment from shared memory (each lane names one row); mma.sync
+# multiplies a 16 x 16 row fragment by a 16 x 8 column fragment into 4 float32 accumulators per lane
+_MMA_HELPERS = """\
+__device__ __forceinline__ void gg_ldmatrix(unsigned* r, const void* p) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void gg_ldmatrix_trans(unsigned* r, const void* p) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}"""
+_ASYNC_HELPERS = """\
+__device__ __forceinline__ void gg_cp_async(void* dst, const void* src) {
+  unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src) : "memory");
+}"""
+_MMA = """\
+__device__ __forceinline__ void gg_mma_{name}(float* c, const unsigned* a, const unsigned* b) {{
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}}"""
+_MMA_TYPES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
+
+
 class CUDARenderer(CStyleLanguage):
     device = "CUDA"
     has_local = True
     extra_matcher = float32_compute
     barrier = "__syncthreads();"
+
+    def __init__(self, arch: str = "sm_90") -> None:
+        self.arch = arch
+        self.tensor_cores = int(arch.removeprefix("sm_").rstrip("a")) >= 80  # mma.sync m16n8k16 and ldmatrix
     type_names = {**CStyleLanguage.type_names, dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
 
     def group_id(self) -> str:
@@ -33,7 +64,8 @@ class CUDARenderer(CStyleLanguage):
         return "#pragma unroll\n  " + super().render_global_range(index, var, size, dtype)
 
     def render_local_array(self, dtype: DType, name: str, size: int) -> str:
-        return f"__shared__ {self.render_dtype(dtype)} {name}[{size}];"
+        # 16-byte aligned: four neighbouring floats at a multiple of 4 then load as one 128-bit access
+        return f"__shared__ __align__(16) {self.render_dtype(dtype)} {name}[{size}];"
 
     def render_param(self, u: UOp, writes: bool) -> str:
         return f"{'' if writes else 'const '}{self.render_dtype(u.dtype)}* __restrict__ data{u.arg}"
@@ -57,6 +89,24 @@ class CUDARenderer(CStyleLanguage):
     def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
         return f"gg_bitcast<{self.render_dtype(dst)}>({x})"
 
+    def render_fragment_acc(self, name: str) -> str:
+        return f"float {name}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};"
+
+    def render_fragment(self, name: str, buf: str, index: str, kind: str) -> str:
+        return f"unsigned {name}[4]; gg_ldmatrix{'_trans' if kind == 'col' else ''}({name}, &{buf}[{index}]);"
+
+    def render_mma(self, acc: str, row_frag: str, col_frag: str, col_half: int, dtype: DType) -> str:
+        return f"gg_mma_{_MMA_TYPES[dtype]}({acc}, {row_frag}, {col_frag} + {2 * col_half});"
+
+    def render_async_copy(self, smem: str, index: str, buf: str, buf_index: str) -> str:
+        return f"gg_cp_async(&{smem}[{index}], &{buf}[{buf_index}]);"
+
+    def render_async_commit(self) -> str:
+        return 'asm volatile("cp.async.commit_group;" ::: "memory");'
+
+    def render_async_wait(self, pending: int) -> str:
+        return f'asm volatile("cp.async.wait_group {pending};" ::: "memory");'
+
     def render_kernel(self, name: str, params: list[str], body: list[str], local_size: int = 1) -> str:
         text = "\n".join(body)
         headers = []
@@ -66,5 +116,10 @@ class CUDARenderer(CStyleLanguage):
             headers.append("#include <cuda_bf16.h>")
         if "gg_bitcast" in text:
             headers.append(_BITCAST_HELPER)
+        if "gg_cp_async" in text:
+            headers.append(_ASYNC_HELPERS)
+        if "gg_ldmatrix" in text:
+            headers.append(_MMA_HELPERS)
+        headers += [_MMA.format(name=t, t=t) for t in _MMA_TYPES.values() if f"gg_mma_{t}(" in text]
         return "\n".join([*headers, f'extern "C" __global__ void __launch_bounds__({local_size}) {name}('
                           f'{", ".join(params)}) {{', *body, "}", ""])

@@ -273,10 +273,10 @@ class CUDAProgram:
 
 # ---------- the backend ----------
 
-def create_renderer() -> Any:
-    """The CUDA C renderer; needs neither a GPU nor a driver."""
+def create_renderer(arch: str = "sm_90") -> Any:
+    """The CUDA C renderer for GPUs of `arch`; needs neither a GPU nor a driver."""
     from glassgrad.renderer.cuda import CUDARenderer
-    return CUDARenderer()
+    return CUDARenderer(arch)
 
 
 def create_device(name: str) -> Compiled:
@@ -286,4 +286,5 @@ def create_device(name: str) -> Compiled:
         raise ValueError(f"the CUDA backend's devices are 'CUDA', 'CUDA:1', ...; got {name!r}")
     ctx = open_context(int(index or 0))
     program = functools.partial(CUDAProgram, ctx=ctx)
-    return Compiled(name, CUDAAllocator(ctx), create_renderer(), CUDACompiler(ctx.arch), program, ctx.synchronize)
+    return Compiled(name, CUDAAllocator(ctx), create_renderer(ctx.arch), CUDACompiler(ctx.arch), program,
+                    ctx.synchronize)

@@ -46,6 +46,17 @@ class Ops(Enum):
     SPECIAL = auto(); GROUP_REDUCE = auto()  # noqa: E702
     # symbolic sizes: a named int in [min, max] (a kernel parameter), and a variable bound to its value
     DEFINE_VAR = auto(); BIND = auto()  # noqa: E702
+    # GPU kernels: a work-group's shared buffer (arg = (id, size)) and a barrier after the STOREs into it (its
+    # sources); LOADs from the buffer name the BARRIER as their buffer, so they are ordered after it
+    DEFINE_LOCAL = auto(); BARRIER = auto()  # noqa: E702
+    # tensor cores: a warp's matrix fragment loaded from shared memory (src: the BARRIER, this lane's row address;
+    # arg "row"/"col"), a matrix multiply-accumulate of two fragments (the value of a REDUCE whose accumulator is
+    # the warp's 4-float fragment; arg: which column half of the col fragment), and one element of such a REDUCE
+    FRAGMENT = auto(); WMMA = auto(); GEP = auto()  # noqa: E702
+    # asynchronous copies into shared memory: ASYNC_COPY (src: what it comes after, shared index, global buffer,
+    # global index[, gate]) moves 16 bytes; ASYNC_COMMIT closes a group of them; ASYNC_WAIT waits until at most
+    # `arg` groups are pending. Both yield the shared buffer, like BARRIER, so what reads it is ordered after them
+    ASYNC_COPY = auto(); ASYNC_COMMIT = auto(); ASYNC_WAIT = auto()  # noqa: E702
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"

@@ -1,0 +1,233 @@
+"""The tiled GPU launch shape for matmul-shaped reductions (glassgrad/codegen/gpudims.py: `matmul_plan`, `_tiled`).
+
+Without a GPU: which kernels take the shape (matmuls, batched matmuls, convolutions, half matmuls; not sums,
+softmax, max-reductions or small products), that every global and shared-memory access of the rendered kernel stays
+in bounds for every block, thread and loop iteration, the linear program's structure (one loop per level, the
+barrier between the tile copy and its use), and 32-bit index narrowing. With a GPU (skipped otherwise): the numbers,
+against numpy in float64 and against the CPU backend. (The same kernels run on the emulated Metal device in
+tests/metal/test_metal_tiled.py, with real barriers between real threads.)
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from test_schedule import check_access
+
+from glassgrad import Tensor, dtypes
+from glassgrad.codegen import ProgramSpec
+from glassgrad.codegen.gpudims import narrow_indices
+from glassgrad.device import Device
+from glassgrad.kernels import kernels
+from glassgrad.schedule import create_schedule
+from glassgrad.uop.ops import Ops, UOp
+
+F32, F16 = dtypes.float32, dtypes.float16
+
+
+def matmul(m: int, k: int, n: int, dtype=F32) -> Callable[[], Tensor]:  # type: ignore[no-untyped-def]
+    return lambda: Tensor.empty(m, k, dtype=dtype) @ Tensor.empty(k, n, dtype=dtype)
+
+
+TILED: dict[str, Callable[[], Tensor]] = {
+    "matmul remainders": matmul(130, 70, 129),
+    "matmul exact tiles": matmul(128, 16, 256),
+    "matmul short k": matmul(64, 8, 64),
+    "half matmul": matmul(128, 24, 72, F16),
+    "batched matmul": lambda: Tensor.empty(3, 70, 20) @ Tensor.empty(3, 20, 90),
+    "conv2d padded": lambda: Tensor.empty(2, 5, 12, 12).conv2d(Tensor.empty(70, 5, 3, 3), padding=1),
+    "linear with bias and relu": lambda: (Tensor.empty(96, 40) @ Tensor.empty(40, 80) + Tensor.empty(80)).relu(),
+    "half matmul on tensor cores": matmul(128, 96, 256, F16),
+}
+NOT_TILED: dict[str, Callable[[], Tensor]] = {
+    "small matmul": matmul(32, 64, 32),
+    "elementwise product summed": lambda: (Tensor.empty(128, 128) * Tensor.empty(128, 128)).sum(axis=1),
+    "max of products": lambda: (Tensor.empty(96, 40, 1) * Tensor.empty(1, 40, 80)).max(axis=1),
+    "row sums": lambda: Tensor.empty(512, 512).sum(axis=1),
+    "softmax": lambda: Tensor.empty(256, 256).softmax(-1),
+}
+
+
+def cuda_kernels(make: Callable[[], Tensor]) -> list[ProgramSpec]:
+    return kernels(make(), device="CUDA")
+
+
+def shared_buffer(u: UOp) -> UOp:
+    """The DEFINE_LOCAL behind what a shared-memory access names (a BARRIER, an async commit or wait)."""
+    while u.op is not Ops.DEFINE_LOCAL:
+        u = u.src[0]
+    return u
+
+
+def is_tiled(spec: ProgramSpec) -> bool:
+    return any(u.op is Ops.BARRIER for u in spec.uops) and spec.local_size in ((256, 1, 1), (128, 1, 1))
+
+
+@pytest.mark.parametrize("name", TILED)
+def test_matmul_shaped_kernels_are_tiled(name: str) -> None:
+    specs = cuda_kernels(TILED[name])
+    assert is_tiled(specs[-1]), specs[-1].source
+    assert "__syncthreads();" in specs[-1].source and "__shared__ __align__(16)" in specs[-1].source
+
+
+@pytest.mark.parametrize("name", NOT_TILED)
+def test_other_kernels_are_not_tiled(name: str) -> None:
+    assert not any(is_tiled(s) for s in cuda_kernels(NOT_TILED[name]))
+
+
+@pytest.mark.parametrize("name", ["matmul remainders", "half matmul", "batched matmul", "conv2d padded",
+                                  "half matmul on tensor cores"])
+def test_every_access_is_in_bounds(name: str) -> None:
+    """Every block, thread and iteration: global loads/stores inside their buffers, shared ones inside the tile."""
+    t = TILED[name]()
+    schedule, _ = create_schedule([t.uop])
+    item = schedule[-1]
+    spec = kernels(t, device="CUDA")[-1]
+    checked = 0
+    for u in spec.uops:
+        if u.op is Ops.ASYNC_COPY:  # 16 bytes from global to shared memory: both ends of both
+            gate = u.src[4:]
+            accesses = [UOp(Ops.LOAD, u.src[2].dtype, (u.src[2], u.src[3] + end, *gate)) for end in (0, 7)] + \
+                [UOp(Ops.LOAD, u.src[2].dtype, (shared_buffer(u), u.src[1] + end, *gate)) for end in (0, 7)]
+            for access in accesses:
+                buf = access.src[0]
+                check_access(access, buf.arg[1] if buf.op is Ops.DEFINE_LOCAL else item.bufs[buf.arg].size, "copy")
+            checked += 1
+        if u.op not in (Ops.LOAD, Ops.STORE):
+            continue
+        buf = u.src[0] if u.src[0].op is Ops.DEFINE_GLOBAL else shared_buffer(u)
+        size = buf.arg[1] if buf.op is Ops.DEFINE_LOCAL else item.bufs[buf.arg].size
+        if u.op is Ops.STORE and len(u.src) == 4:  # a gated store: checked like a load under the same gate
+            u = UOp(Ops.LOAD, u.src[2].dtype, (buf, u.src[1], u.src[3]))
+        check_access(u, size, f"{spec.name}: {u.op} of {buf.op}")
+        checked += 1
+    assert checked > 16
+
+
+def test_one_loop_per_level_and_the_barrier_between_copy_and_use() -> None:
+    """64 accumulators share one k loop; the tile copy and its barrier sit in the outer k loop, before the inner."""
+    spec = cuda_kernels(matmul(256, 64, 256))[-1]
+    ops = [u.op for u in spec.uops]
+    assert ops.count(Ops.RANGE) == 2 and ops.count(Ops.DEFINE_ACC) == 64 and ops.count(Ops.ACCUMULATE) == 64
+    outer, inner = (i for i, op in enumerate(ops) if op is Ops.RANGE)
+    barrier = ops.index(Ops.BARRIER)
+    local_stores = [i for i, u in enumerate(spec.uops) if u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_LOCAL]
+    assert outer < min(local_stores) and max(local_stores) < barrier < inner
+    assert all(u.op is not Ops.LOAD or u.src[0].op is not Ops.DEFINE_LOCAL for u in spec.uops)  # reads follow it
+
+
+def test_half_matmuls_with_whole_tiles_use_tensor_cores() -> None:
+    """mma.sync on sm_80+, fed by ldmatrix from shared memory; remainders or an older GPU: the float32 tiles."""
+    from glassgrad.codegen import get_program
+    from glassgrad.renderer.cuda import CUDARenderer
+    ast = create_schedule([matmul(256, 64, 384, F16)().uop])[0][-1].ast
+    spec = get_program(ast, CUDARenderer("sm_90"))
+    ops = [u.op for u in spec.uops]
+    assert ops.count(Ops.WMMA) == 32 and ops.count(Ops.FRAGMENT) == 8 and ops.count(Ops.GEP) == 128
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in spec.source and "ldmatrix" in spec.source
+    assert spec.source.count("gg_cp_async(&") == 24  # 8 16-byte copies for each of tiles 0 and 1, then tile k+2
+    assert "cp.async.wait_group 1;" in spec.source
+    one_tile = cuda_kernels(lambda: Tensor.empty(2, 128, 32, dtype=F16) @ Tensor.empty(2, 32, 256, dtype=F16))[-1]
+    assert one_tile.source.count("cp.async.commit_group") == 3  # an empty group keeps the wait's count right
+    assert Ops.WMMA not in [u.op for u in get_program(ast, CUDARenderer("sm_75")).uops]
+    for odd in (matmul(200, 64, 384, F16), matmul(256, 40, 384, F16)):
+        assert Ops.WMMA not in [u.op for u in cuda_kernels(odd)[-1].uops]
+    bf16 = cuda_kernels(matmul(128, 32, 128, dtypes.bfloat16))[-1].source
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in bf16
+    bf16_from_float = Tensor.empty(128, 32).cast(dtypes.bfloat16)
+    cast = cuda_kernels(lambda: bf16_from_float @ Tensor.empty(32, 128, dtype=dtypes.bfloat16))
+    assert "mma.sync" in cast[-1].source and "cp.async" not in cast[-1].source  # a cast is no plain copy
+
+
+def test_tensor_core_fragments_stay_in_shared_memory() -> None:
+    """Each lane's ldmatrix row (8 halves from its address) lies inside the shared buffer, 16-byte aligned."""
+    spec = cuda_kernels(lambda: Tensor.empty(2, 128, 64, dtype=F16) @ Tensor.empty(2, 64, 256, dtype=F16))[-1]
+    frags = [u for u in spec.uops if u.op is Ops.FRAGMENT]
+    assert frags
+    for u in frags:
+        size = shared_buffer(u).arg[1]
+        check_access(UOp(Ops.LOAD, F16, (u.src[0], u.src[1] + 7)), size, "ldmatrix row end")
+        check_access(UOp(Ops.LOAD, F16, (u.src[0], u.src[1] % 8 + 1_000_000)), 1_000_001, "ldmatrix alignment")
+
+
+@pytest.mark.parametrize("name", TILED)
+def test_tiled_kernels_compile_for_sm_90(name: str) -> None:
+    """NVRTC (no GPU needed) accepts every tiled kernel, ldmatrix/mma.sync/cp.async included."""
+    pytest.importorskip("cuda.bindings", reason="cuda-bindings is not installed")
+    from glassgrad.runtime.ops_cuda import CUDACompiler
+    try:
+        compiler = CUDACompiler("sm_90")
+    except RuntimeError as e:
+        pytest.skip(f"NVRTC is not available: {e}")
+    assert compiler.compile(cuda_kernels(TILED[name])[-1].source)[:4] == b"\x7fELF"
+
+
+def test_narrow_indices() -> None:
+    i = UOp(Ops.RANGE, dtypes.int64, (UOp.const(dtypes.int64, 1000),), (0, "global"))
+    buf = UOp(Ops.DEFINE_GLOBAL, F32, (), 0)
+    small = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (buf, i * 3, UOp.const(F32, 1.0))),))
+    assert all(u.dtype != dtypes.int64 for u in narrow_indices(small).toposort())
+    big = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (buf, i * 3_000_000, UOp.const(F32, 1.0))),))
+    assert narrow_indices(big) is big  # 3e9 does not fit in int32
+
+
+def test_a_4096_matmul_indexes_in_32_bits() -> None:
+    """The scheduler chose int64 (the n^3 broadcast product is large); no index of the kernel reaches 2^31."""
+    source = cuda_kernels(matmul(4096, 4096, 4096))[-1].source
+    assert "long long" not in source
+
+
+# ---------------------------------------------------------------- on a GPU
+@pytest.fixture(scope="module")
+def cuda() -> str:
+    try:
+        Device["CUDA"]
+    except (RuntimeError, ImportError) as e:
+        pytest.skip(f"no usable CUDA GPU: {e}")
+    return "CUDA"
+
+
+def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(out.astype(np.float64) - ref) / np.linalg.norm(ref))
+
+
+@pytest.mark.parametrize("m,k,n", [(130, 70, 129), (64, 8, 64), (128, 128, 128), (257, 33, 1000), (1024, 1, 64),
+                                   (300, 4096, 200)])
+def test_matmul_on_gpu(cuda: str, m: int, k: int, n: int) -> None:
+    rng = np.random.default_rng(m * k + n)
+    a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    out = (Tensor(a, device=cuda) @ Tensor(b, device=cuda)).numpy()
+    assert relative_error(out, a.astype(np.float64) @ b) < 1e-5
+
+
+@pytest.mark.parametrize("shape_a,shape_b", [((200, 96), (96, 136)), ((256, 64), (64, 384)), ((512, 1024), (1024, 128)),
+                                             ((2, 128, 32), (2, 32, 256))])
+def test_half_matmul_on_gpu(cuda: str, shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> None:
+    """Both tiled variants: float32 tiles (remainders) and tensor cores (whole tiles)."""
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(s, dtype=np.float32).astype(np.float16) for s in (shape_a, shape_b))
+    out = (Tensor(a, device=cuda) @ Tensor(b, device=cuda)).numpy()
+    assert out.dtype == np.float16 and relative_error(out, a.astype(np.float64) @ b.astype(np.float64)) < 2e-3
+
+
+def test_bfloat16_matmul_on_gpu(cuda: str) -> None:
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((256, 96), dtype=np.float32), rng.standard_normal((96, 128), dtype=np.float32)
+    out = (Tensor(a, device=cuda).cast(dtypes.bfloat16) @ Tensor(b, device=cuda).cast(dtypes.bfloat16)).float()
+    ref = Tensor(a).cast(dtypes.bfloat16).float().numpy().astype(np.float64) @ \
+        Tensor(b).cast(dtypes.bfloat16).float().numpy().astype(np.float64)
+    assert relative_error(out.numpy(), ref) < 1e-2
+
+
+@pytest.mark.parametrize("make", [
+    lambda d, x, w: x.conv2d(w, padding=1),
+    lambda d, x, w: x.conv2d(w, stride=2),
+    lambda d, x, w: (x.reshape(2, 5 * 12, 12).permute(0, 2, 1) @ Tensor.ones(60, 70, device=d)).relu(),
+])
+def test_conv_and_batched_on_gpu_match_the_cpu(cuda: str, make: Callable[..., Tensor]) -> None:
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((2, 5, 12, 12), dtype=np.float32), rng.standard_normal((70, 5, 3, 3), dtype=np.float32)
+    gpu = make(cuda, Tensor(x, device=cuda), Tensor(w, device=cuda)).numpy()
+    cpu = make("CPU", Tensor(x, device="CPU"), Tensor(w, device="CPU")).numpy()
+    assert relative_error(gpu, cpu.astype(np.float64)) < 1e-5

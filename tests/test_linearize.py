@@ -1,0 +1,113 @@
+"""Linearizer tests: several upcast ranges (a register tile with an accumulator array indexed by their flattened
+combination) and unrolled reduce ranges, compiled and run on the CPU against numpy, plus the loop placement
+(hoisting) of what the inner loops do not change."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from glassgrad import Tensor
+from glassgrad.codegen import optimize_ast
+from glassgrad.codegen.linearize import linearize, split_range
+from glassgrad.device import Device
+from glassgrad.schedule import create_schedule
+from glassgrad.uop.ops import Ops, UOp
+
+
+def split(ast: UOp, rng: UOp, amount: int, kind: str) -> tuple[UOp, UOp]:
+    ast, _, inner = split_range(ast, rng, amount, kind)
+    return ast, inner
+
+
+def ranges(ast: UOp, kind: str) -> list[UOp]:
+    return sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] == kind), key=lambda u: u.arg[0])
+
+
+def run_shaped(out: Tensor, shape: list[tuple[int, int, str]], upcast_order: list[int] | None = None) -> np.ndarray:
+    """Schedule `out` (its last kernel), split (range index, amount, kind) as listed, run it, return the result.
+    `upcast_order`: positions into the new upcast ranges, outermost first (default: as created)."""
+    schedule, _ = create_schedule([out.uop])
+    for item in schedule[:-1]:
+        from glassgrad.engine.realize import run_item
+        run_item(item)
+    item = schedule[-1]
+    dev = Device["CPU"]
+    ast = optimize_ast(item.ast, dev.renderer)
+    original = sorted((u for u in ast.toposort() if u.op is Ops.RANGE), key=lambda u: u.arg[0])
+    upcasts: list[UOp] = []
+    for index, amount, kind in shape:
+        rng = next(u for u in ast.toposort() if u.op is Ops.RANGE and u.arg == original[index].arg)
+        ast, inner = split(ast, rng, amount, kind)
+        if kind == "upcast":
+            upcasts.append(inner)
+    order = upcast_order if upcast_order is not None else list(range(len(upcasts)))
+    program = linearize(ast, tuple(upcasts[i] for i in order))
+    source = dev.renderer.render("k", program)
+    lib = dev.program("k", dev.compiler.compile(source))
+    outer = ranges(ast, "global")
+    lib(*[b.handle for b in item.bufs], global_size=(outer[0].src[0].arg,) if outer else (1,), work=0)
+    return item.bufs[0].numpy().reshape(out.shape)
+
+
+@pytest.fixture
+def mats() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((32, 24), dtype=np.float32), rng.standard_normal((24, 48), dtype=np.float32)
+
+
+@pytest.mark.parametrize("shape", [
+    [(0, 4, "upcast"), (1, 16, "upcast")],                      # 4x16 register tile
+    [(0, 8, "upcast"), (1, 8, "upcast"), (2, 4, "unroll")],     # plus an unrolled reduce
+    [(1, 3, "upcast"), (0, 2, "upcast"), (1, 4, "upcast")],     # three upcasts, one range split twice
+    [(2, 6, "unroll")],                                         # unroll alone
+])
+def test_matmul_register_tiles(mats: tuple[np.ndarray, np.ndarray], shape: list[tuple[int, int, str]]) -> None:
+    a, b = mats
+    got = run_shaped(Tensor(a) @ Tensor(b), shape)
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_upcast_order_is_free(mats: tuple[np.ndarray, np.ndarray]) -> None:
+    a, b = mats
+    got = run_shaped(Tensor(a) @ Tensor(b), [(0, 4, "upcast"), (1, 16, "upcast")], upcast_order=[1, 0])
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_two_reductions_with_upcasts() -> None:
+    """softmax's last kernel reads two reductions (max, then sum of exp); both keep a row of accumulators."""
+    x = np.random.default_rng(1).standard_normal((8, 32), dtype=np.float32)
+    t = Tensor(x)
+    out = (t - t.max(axis=1, keepdim=True)).exp()
+    out = out / out.sum(axis=1, keepdim=True)
+    got = run_shaped(out, [(0, 4, "upcast")])
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_elementwise_upcasts() -> None:
+    x = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    got = run_shaped(Tensor(x) * 2 + 1, [(0, 4, "upcast"), (1, 8, "upcast")])
+    np.testing.assert_array_equal(got, x * 2 + 1)
+
+
+def test_loads_hoisted_out_of_upcast_loops(mats: tuple[np.ndarray, np.ndarray]) -> None:
+    """In `acc[i][j] += a[i, k] * b[k, j]` the load of a sits inside the i loop and outside the j loop."""
+    a, b = mats
+    schedule, _ = create_schedule([(Tensor(a) @ Tensor(b)).uop])
+    ast = optimize_ast(schedule[-1].ast, Device["CPU"].renderer)
+    i, j = ranges(ast, "global")
+    ast, ui = split(ast, i, 4, "upcast")
+    ast, uj = split(ast, j, 8, "upcast")
+    program = linearize(ast, (ui, uj))
+    depth, depth_of_load = 0, []
+    for u in program:
+        depth += 1 if u.op is Ops.RANGE else -1 if u.op is Ops.ENDRANGE else 0
+        if u.op is Ops.LOAD:
+            depth_of_load.append(depth)
+    # global i, global j, reduce k, upcast i (load a here), upcast j (load b here)
+    assert depth_of_load == [4, 5]
+    acc = next(u for u in program if u.op is Ops.DEFINE_ACC)
+    assert acc.src[1:] == (ui, uj)
+    source = Device["CPU"].renderer.render("k", program)
+    assert f"acc0[(ridx{ui.arg[0]}*8+ridx{uj.arg[0]})]" in source
+    assert "#pragma GCC unroll 4" in source and "#pragma omp simd" in source
