@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import dtypes
-from glassgrad.helpers import prod
+from glassgrad.helpers import SCACHE, prod
+from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, structure_key
 from glassgrad.schedule.indexing import KernelBuilder
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import max_size, sint_prod
@@ -144,14 +145,42 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
     return roots
 
 
+SCHEDULE_CACHE = ScheduleCache()
+
+
+def _leaf_view(u: UOp) -> UOp | None:
+    """The buffer view a materialised node is loaded from (a BUFFER is its own), else None."""
+    return u if u.op is Ops.BUFFER else REALIZED.get(u)
+
+
 def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Schedule the kernels that compute `outs`. Returns the items and {node: buffer view} for new buffers.
 
-    A reshape keeps row-major order, so an output that is a reshape of some node costs no kernel of its own: the
-    node under the reshapes is materialised (unless it already is) and the output becomes a view of its buffer."""
+    A graph with the structure of one scheduled before (same ops, shapes, dtypes, devices; other buffers) reuses
+    that schedule through `SCHEDULE_CACHE` (see schedule/cache.py; `SCACHE=0` turns it off)."""
     originals = [without_reshapes(o) for o in outs]
     sink = UOp(Ops.SINK, dtypes.void, tuple(originals))
     nodes = sink.toposort(stop=_materialised)
+    key = structure_key(nodes, outs, _leaf_view) if SCACHE else None
+    if key is not None and (template := SCHEDULE_CACHE.get(key.graph)) is not None:
+        return template.instantiate(key, nodes, outs, ScheduleItem)
+    created: list[Buffer] = []
+    schedule, views = _schedule_graph(outs, originals, sink, nodes, created)
+    # only nodes of the graph as given are recorded (not those of a graph rewritten to split reductions): what the
+    # caller puts in REALIZED then depends on the graph's structure alone, as the cache needs
+    in_graph, out_ids = key.position if key is not None else set(nodes), {id(o) for o in outs}
+    views = {n: v for n, v in views.items() if n in in_graph or id(n) in out_ids}
+    if key is not None and (template := ScheduleTemplate.capture((schedule, views), key, created, outs)) is not None:
+        SCHEDULE_CACHE.put(key.graph, template)
+    return schedule, views
+
+
+def _schedule_graph(outs: list[UOp], originals: list[UOp], sink: UOp, nodes: list[UOp],
+                    created: list[Buffer]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+    """The scheduler proper (see the module docstring). Every buffer it makes is appended to `created`.
+
+    A reshape keeps row-major order, so an output that is a reshape of some node costs no kernel of its own: the
+    node under the reshapes is materialised (unless it already is) and the output becomes a view of its buffer."""
     if any(_should_split(n) for n in nodes):
         sink = _split_reduces(nodes)
         nodes = sink.toposort(stop=_materialised)
@@ -162,21 +191,21 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     def view_of(u: UOp) -> UOp | None:
         return views.get(u) or REALIZED.get(u)
 
-
     schedule: list[ScheduleItem] = []
     via_temp: dict[int, Callable[[], list[ScheduleItem]]] = {}  # in-place assign item -> the same through a temp
     for node in nodes:
         if node not in roots:
             continue
         if node.op is Ops.ASSIGN:
-            items = _assign_items(node, view_of)
+            items = _assign_items(node, view_of, created)
             if len(items) == 1:
-                via_temp[id(items[0])] = functools.partial(_assign_items, node, view_of, True)
+                via_temp[id(items[0])] = functools.partial(_assign_items, node, view_of, created, True)
             schedule += items
             buf, version = without_reshapes(node.src[0]).arg
             views[node] = buffer_view(buf, node.shape, version + 1)
             continue
         out = Buffer(node.device, _buffer_size(node), node.dtype)
+        created.append(out)
         if node.size == 0:
             pass
         elif node.op is Ops.COPY:
@@ -251,10 +280,12 @@ def _kernel_item(node: UOp, out: Buffer, version: int, view_of: Callable[[UOp], 
     return ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), (out, version), builder.var_vals)
 
 
-def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None], via_temp: bool = False) -> list[ScheduleItem]:
+def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None], created: list[Buffer],
+                  via_temp: bool = False) -> list[ScheduleItem]:
     """ASSIGN(target, value): write value into target's own buffer. If the value reads that buffer at any other
     element than the one being written (x.assign(x.T)), computing in place would read overwritten data: compute
-    into a temporary buffer first, then copy it in. `via_temp` asks for that route anyway (to break a cycle)."""
+    into a temporary buffer first (appended to `created`), then copy it in. `via_temp` asks for that route anyway
+    (to break a cycle)."""
     target, value = node.src
     buf, version = without_reshapes(target).arg
     if value.size == 0:
@@ -263,6 +294,7 @@ def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None], via_temp: boo
     if not via_temp and not reads_other_elements(item.ast):
         return [item]
     temp = Buffer(buf.device, buf.size, buf.dtype)
+    created.append(temp)
     first = _kernel_item(value, temp, 0, view_of)
     return [first, _kernel_item(buffer_view(temp, node.shape), buf, version + 1, view_of)]
 

@@ -1,0 +1,168 @@
+"""The schedule cache: graphs with the same structure get the same schedule, without scheduling them again.
+
+In: the scheduler's node list for a graph (toposorted, stopped at materialised nodes). Out, on a hit: the schedule
+a previous graph of the same structure got, re-bound to this graph's buffers. A training loop without the JIT
+builds a new graph every step, equal to the last one except for the buffers it reads, so from the second step on
+it skips fusion, kernel building and write ordering (and, the ASTs being the same nodes, codegen and compiling).
+
+The key is the graph with every materialised leaf (a BUFFER, or a node already in REALIZED) replaced by a
+positional placeholder: the n-th distinct buffer of the walk is slot n. Each node is described by its op, dtype,
+argument and the positions of its sources, so two graphs with equal keys are the same DAG up to which buffers sit
+in the slots (two leaves on one buffer share a slot, so aliasing is part of the key). The scheduler only looks at
+that structure, never at buffer contents, so the schedule it made for one graph is right for the other once each
+buffer is replaced by the one in the same slot and each buffer the schedule created is created afresh.
+
+Versions (`Buffer.version`, the count of in-place writes) are kept relative: a graph is cacheable only if every
+leaf reads its buffer's current version (a stale read goes to the scheduler, which raises), and the template stores
+each read and write as "slot n, current version + k". An optimiser step, which assigns to the same parameter
+buffers at a new version every step, therefore hits.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from glassgrad.device import Buffer
+from glassgrad.dtype import DType
+from glassgrad.uop.ops import Ops, UOp, _arg_key
+
+# what the scheduler returns: the items (typed as Any here: ScheduleItem lives in the package that imports this)
+# and {tensor-graph node: buffer view}
+Schedule = tuple[list[Any], dict[UOp, UOp]]
+ViewTemplate = tuple[int, int, tuple[tuple[int, ...], ...]]  # (buffer ref, version offset, reshape shapes)
+
+
+def reshape_chain(u: UOp) -> tuple[UOp, tuple[tuple[int, ...], ...]]:
+    """The node under a chain of reshapes, and the chain's shapes from the bottom up."""
+    shapes: list[tuple[int, ...]] = []
+    while u.op is Ops.RESHAPE:
+        shapes.append(u.arg)
+        u = u.src[0]
+    return u, tuple(reversed(shapes))
+
+
+@dataclass
+class GraphKey:
+    """A graph's structure (`graph`, hashable), the buffers in its slots, and each node's position in the walk."""
+    graph: tuple[Any, ...]
+    buffers: list[Buffer]
+    position: dict[UOp, int]
+
+
+def structure_key(nodes: list[UOp], outs: list[UOp], leaf_view: Callable[[UOp], UOp | None]) -> GraphKey | None:
+    """The cache key of a graph. `nodes` is its walk (sources first, ending with the SINK of the outputs' nodes
+    under their reshapes); `leaf_view(n)` is the buffer view of a materialised node, else None. Returns None when
+    the graph must not be cached: a leaf that reads an old version of its buffer, or a view that is not reshapes of
+    a buffer."""
+    position: dict[UOp, int] = {}
+    slot_of: dict[Buffer, int] = {}
+    parts: list[tuple[Any, ...]] = []
+    for i, node in enumerate(nodes):
+        view = leaf_view(node)
+        if view is None:
+            parts.append((node.op, node.dtype, _arg_key(node.arg), tuple(position[s] for s in node.src)))
+        else:
+            base, shapes = reshape_chain(view)
+            if base.op is not Ops.BUFFER or base.arg[1] != base.arg[0].version:
+                return None
+            buf: Buffer = base.arg[0]
+            slot = slot_of.setdefault(buf, len(slot_of))
+            parts.append(("leaf", node.op is Ops.BUFFER, slot, buf.device, buf.size, buf.dtype, shapes))
+        position[node] = i
+    outputs = []
+    for out in outs:
+        under, shapes = reshape_chain(out)
+        outputs.append((position[under], shapes))
+    return GraphKey((tuple(parts), tuple(outputs)), list(slot_of), position)
+
+
+@dataclass(frozen=True)
+class ScheduleTemplate:
+    """A schedule with its buffers replaced by references: 0..len(slots)-1 are the graph's slots, the rest are
+    buffers the schedule creates (`new_buffers`: device, size, dtype). Versions are offsets from each buffer's version
+    when the schedule was made (0 for created buffers)."""
+    new_buffers: tuple[tuple[str, int, DType], ...]
+    items: tuple[tuple[UOp, tuple[int, ...], tuple[tuple[int, int], ...], tuple[int, int] | None], ...]
+    views: tuple[tuple[bool, int, ViewTemplate], ...]  # (is an output, its index in outs / position in the walk, view)
+
+    @staticmethod
+    def capture(schedule: Schedule, key: GraphKey, created: list[Buffer], outs: list[UOp]) -> ScheduleTemplate | None:
+        """The template of a schedule just made for the graph of `key` (before it runs). None if the schedule uses
+        a buffer that is neither in a slot nor created by the scheduler (it would depend on more than the key)."""
+        items, views = schedule
+        ref: dict[Buffer, int] = {b: i for i, b in enumerate(key.buffers)}
+        base_version = [b.version for b in key.buffers] + [0] * len(created)
+        for b in created:
+            ref[b] = len(ref)
+
+        def version_ref(buf: Buffer, version: int) -> tuple[int, int]:
+            return ref[buf], version - base_version[ref[buf]]
+
+        def view_template(view: UOp) -> ViewTemplate:
+            base, shapes = reshape_chain(view)
+            buf, version = base.arg
+            return (*version_ref(buf, version), shapes)
+
+        try:
+            item_templates = tuple((item.ast, tuple(ref[b] for b in item.bufs),
+                                    tuple(version_ref(*r) for r in item.reads),
+                                    None if item.writes is None else version_ref(*item.writes)) for item in items)
+            out_index = {id(o): i for i, o in reversed(list(enumerate(outs)))}
+            view_templates = tuple((id(node) in out_index, out_index[id(node)] if id(node) in out_index else key.position[node],
+                                    view_template(view)) for node, view in views.items())
+        except KeyError:
+            return None
+        return ScheduleTemplate(tuple((b.device, b.size, b.dtype) for b in created), item_templates, view_templates)
+
+    def instantiate(self, key: GraphKey, nodes: list[UOp], outs: list[UOp],
+                    make_item: Callable[..., Any]) -> Schedule:
+        """The schedule for the graph of `key`: this template with the key's buffers in the slots and fresh buffers
+        for the ones the schedule creates. `make_item(ast, bufs, reads, writes)` builds a ScheduleItem."""
+        bufs = key.buffers + [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
+        base_version = [b.version for b in key.buffers] + [0] * len(self.new_buffers)
+
+        def versioned(r: tuple[int, int]) -> tuple[Buffer, int]:
+            return bufs[r[0]], base_version[r[0]] + r[1]
+
+        items = [make_item(ast, tuple(bufs[r] for r in refs), frozenset(versioned(r) for r in reads),
+                           None if writes is None else versioned(writes)) for ast, refs, reads, writes in self.items]
+        views: dict[UOp, UOp] = {}
+        for is_out, index, (buf_ref, offset, shapes) in self.views:
+            buf = bufs[buf_ref]
+            view = UOp(Ops.BUFFER, buf.dtype, (), (buf, base_version[buf_ref] + offset))
+            for shape in shapes:
+                view = UOp(Ops.RESHAPE, buf.dtype, (view,), shape)
+            views[outs[index] if is_out else nodes[index]] = view
+        return items, views
+
+
+class ScheduleCache:
+    """Least-recently-used map from graph structure to `ScheduleTemplate`, holding at most `capacity` entries."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple[Any, ...], ScheduleTemplate] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, graph: tuple[Any, ...]) -> ScheduleTemplate | None:
+        template = self._entries.get(graph)
+        if template is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(graph)
+        return template
+
+    def put(self, graph: tuple[Any, ...], template: ScheduleTemplate) -> None:
+        self._entries[graph] = template
+        if len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
