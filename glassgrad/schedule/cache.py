@@ -109,9 +109,9 @@ class ScheduleTemplate:
             item_templates = tuple((item.ast, tuple(ref[b] for b in item.bufs),
                                     tuple(version_ref(*r) for r in item.reads),
                                     None if item.writes is None else version_ref(*item.writes)) for item in items)
-            out_index = {id(o): i for i, o in reversed(list(enumerate(outs)))}
-            view_templates = tuple((id(node) in out_index, out_index[id(node)] if id(node) in out_index else key.position[node],
-                                    view_template(view)) for node, view in views.items())
+            out_index = {id(o): i for i, o in reversed(list(enumerate(outs)))}  # an output's first index
+            view_templates = tuple((True, out_index[id(node)], view_template(view)) if id(node) in out_index else
+                                   (False, key.position[node], view_template(view)) for node, view in views.items())
         except KeyError:
             return None
         return ScheduleTemplate(tuple((b.device, b.size, b.dtype) for b in created), item_templates, view_templates)
