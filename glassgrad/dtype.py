@@ -5,7 +5,9 @@ promotion (tinygrad's/PyTorch's lattice), and conversions to numpy dtypes and C 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,6 +167,12 @@ def truncate(value: float | int | bool, dtype: DType) -> float | int | bool:
         return int(np.array(int(value) if not isinstance(value, float) or np.isfinite(value) else 0).astype(dtype.np))
     if dtype == dtypes.bfloat16:
         return float(bf16_to_f32(f32_to_bf16(np.array([value], np.float32)))[0])
+    if type(value) is float:  # the common case, every `x * 0.5`: without numpy's per-call cost
+        if dtype == dtypes.float64:
+            return value
+        if dtype == dtypes.float32:
+            with contextlib.suppress(OverflowError):  # beyond float32's range: numpy below gives +-inf
+                return struct.unpack("<f", struct.pack("<f", value))[0]  # C's double -> float rounding, as numpy's
     return float(np.array(value, dtype=dtype.np))
 
 

@@ -25,7 +25,7 @@ from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import normalize_axis, prod
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
 from glassgrad.tensor_nn import NNOps
-from glassgrad.uop.ops import Ops, UOp, sint
+from glassgrad.uop.ops import Ops, UOp, _arg_key, sint
 from glassgrad.uop.sint import as_sint, render_sint, sint_eval, sint_min, sint_prod, sint_sub, unbound_variables
 
 # realized buffer view -> the graph it was computed from, so gradients flow through realized tensors
@@ -66,6 +66,9 @@ class Tensor(_CastShortcuts, NNOps):
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None) -> None:
+        if type(data) is UOp and dtype is None and requires_grad is None:  # what every op makes: keep it cheap
+            self.uop, self.grad, self.requires_grad = data, None, None
+            return
         device = Device.canonicalize(device or Device.DEFAULT)
         want = to_dtype(dtype) if dtype is not None else None
         if isinstance(data, UOp):
@@ -439,7 +442,7 @@ class Tensor(_CastShortcuts, NNOps):
             dt = self.dtype if self.dtype.is_float else dtypes.default_float
         else:
             raise TypeError(f"cannot combine a tensor with {type(x).__name__} {x!r}")
-        return Tensor.full(self.shape, x, dt, self.device)
+        return Tensor(_scalar_node(dt, self.device, self.shape, x, _arg_key(x)))
 
     def _broadcasted(self, other: Tensor | Scalar, reverse: bool = False,
                      match_dtype: bool = True) -> tuple[Tensor, Tensor]:
@@ -452,8 +455,9 @@ class Tensor(_CastShortcuts, NNOps):
             x = self
             if x.device != y.device:
                 raise RuntimeError(f"tensors are on different devices: {x.device} and {y.device}; move one with .to()")
-            shape = _broadcast_shape(x.shape, y.shape)
-            x, y = x._broadcast_to(shape), y._broadcast_to(shape)
+            if x.shape != y.shape:
+                shape = _broadcast_shape(x.shape, y.shape)
+                x, y = x._broadcast_to(shape), y._broadcast_to(shape)
         if match_dtype and x.dtype != y.dtype:
             out = least_upper_dtype(x.dtype, y.dtype)
             x, y = x.cast(out), y.cast(out)
@@ -1305,6 +1309,14 @@ def _normalize_padding(padding: Sequence[Any], ndim: int) -> tuple[tuple[int, in
         raise ValueError(f"flat padding {tuple(flat)} must have an even length of at most {2 * ndim}")
     pairs = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)][::-1]  # PyTorch: last dim first
     return tuple([(0, 0)] * (ndim - len(pairs)) + pairs)
+
+
+# `x * 0.5` makes CONST(0.5) -> RESHAPE -> EXPAND to x's shape: four node lookups (with the DEVICE) that give the same
+# nodes every time for the same dtype, device, shape and value. This cache of the finished node makes a scalar
+# operand one lookup; it holds the few recent ones alive. `value_key` tells 0.0 from -0.0 (equal as floats).
+@functools.lru_cache(maxsize=1024, typed=True)
+def _scalar_node(dtype: DType, device: str, shape: tuple[int, ...], value: Scalar, value_key: Any) -> UOp:
+    return UOp.const(dtype, value, device).reshape((1,) * len(shape)).expand(shape)
 
 
 def _index_tensor(n: int, device: str | None) -> Tensor:

@@ -36,17 +36,29 @@ from glassgrad.uop.symbolic import simplify
 
 class RealizedMap:
     """Tensor-graph node -> view of the buffer that holds its value. Weak on both sides: an entry lasts while the
-    node is alive and something (a Tensor) still holds the view, so realized buffers are never kept alive here."""
+    node is alive and something (a Tensor) still holds the view, so realized buffers are never kept alive here.
+
+    The scheduler asks this about every node of every graph it sees, and nearly always the answer is no, so the map
+    is keyed by `id(node)` (a WeakKeyDictionary makes a weak reference per lookup). The entry keeps a weak reference
+    to its node, which tells a live entry from one whose id was reused, and removes the entry when the node dies."""
 
     def __init__(self) -> None:
-        self._map: weakref.WeakKeyDictionary[UOp, weakref.ref[UOp]] = weakref.WeakKeyDictionary()
+        self._map: dict[int, tuple[weakref.ref[UOp], weakref.ref[UOp]]] = {}
 
     def __setitem__(self, node: UOp, view: UOp) -> None:
-        self._map[node] = weakref.ref(view)
+        key, table = id(node), self._map
+
+        def forget(node_ref: weakref.ref[UOp]) -> None:
+            entry = table.get(key)
+            if entry is not None and entry[0] is node_ref:
+                del table[key]
+        table[key] = (weakref.ref(node, forget), weakref.ref(view))
 
     def get(self, node: UOp) -> UOp | None:
-        ref = self._map.get(node)
-        return None if ref is None else ref()
+        entry = self._map.get(id(node))
+        if entry is None or entry[0]() is not node:
+            return None
+        return entry[1]()
 
     def __contains__(self, node: UOp) -> bool:
         return self.get(node) is not None
@@ -56,7 +68,7 @@ class RealizedMap:
         """Inside the block, results realized before it are not reused (everything is computed from buffers), and
         afterwards the results realized inside it are forgotten. The JIT captures a step this way: the capture then
         holds every kernel the step needs, and no later graph reuses a buffer that the JIT's replays overwrite."""
-        outer, self._map = self._map, weakref.WeakKeyDictionary()
+        outer, self._map = self._map, {}
         try:
             yield
         finally:

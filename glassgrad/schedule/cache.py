@@ -62,7 +62,7 @@ def structure_key(nodes: list[UOp], outs: list[UOp], leaf_view: Callable[[UOp], 
     for i, node in enumerate(nodes):
         view = leaf_view(node)
         if view is None:
-            parts.append((node.op, node.dtype, _arg_key(node.arg), tuple(position[s] for s in node.src)))
+            parts.append((node.op, node.dtype, _arg_key(node.arg), tuple([position[s] for s in node.src])))
         else:
             base, shapes = reshape_chain(view)
             if base.op is not Ops.BUFFER or base.arg[1] != base.arg[0].version:

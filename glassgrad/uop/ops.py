@@ -81,13 +81,21 @@ ConstType = int | float | bool
 
 
 def _arg_key(arg: Any) -> Any:
-    """Hash key of an argument that tells 0.0 from -0.0 and 1 from 1.0 from True."""
-    if isinstance(arg, float):
+    """Hash key of an argument that tells 0.0 from -0.0 and 1 from 1.0 from True.
+
+    Most arguments are ints, strings, None or tuples of ints (shapes), which are their own keys: those are
+    recognised first, because every node construction computes this."""
+    kind = type(arg)
+    if kind is int or kind is str or arg is None:
+        return arg
+    if kind is float:
         return ("f", struct.pack("<d", arg))
-    if isinstance(arg, bool):
+    if kind is bool:
         return ("b", arg)
-    if isinstance(arg, tuple):
-        return tuple(_arg_key(a) for a in arg)
+    if kind is tuple:
+        return arg if all(type(a) is int for a in arg) else tuple(_arg_key(a) for a in arg)
+    if isinstance(arg, float):  # numpy floats
+        return ("f", struct.pack("<d", arg))
     return arg
 
 
@@ -110,13 +118,14 @@ class UOp:
         if ref is not None and (hit := ref()) is not None:
             return hit
         node = object.__new__(cls)
-        object.__setattr__(node, "op", op)
-        object.__setattr__(node, "dtype", dtype)
-        object.__setattr__(node, "src", src)
-        object.__setattr__(node, "arg", arg)
-        object.__setattr__(node, "_shape", None)
-        object.__setattr__(node, "_range", None)
-        object.__setattr__(node, "_device", None)
+        init = object.__setattr__  # UOp's own __setattr__ refuses: nodes are immutable once made
+        init(node, "op", op)
+        init(node, "dtype", dtype)
+        init(node, "src", src)
+        init(node, "arg", arg)
+        init(node, "_shape", None)
+        init(node, "_range", None)
+        init(node, "_device", None)
         UOp._cache[key] = weakref.ref(node, functools.partial(_forget, key))
         return node
 
