@@ -63,6 +63,9 @@ class Tensor(_CastShortcuts, NNOps):
     __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
     training: ClassVar[bool] = False
     no_grad: ClassVar[bool] = False
+    uop: UOp
+    grad: Tensor | None
+    requires_grad: bool | None
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None) -> None:
@@ -82,9 +85,7 @@ class Tensor(_CastShortcuts, NNOps):
             uop = _uop_from_array(data, want, device)
         if want is not None and uop.dtype != want:
             uop = uop.cast(want)
-        self.uop: UOp = uop
-        self.grad: Tensor | None = None
-        self.requires_grad: bool | None = None
+        self.uop, self.grad, self.requires_grad = uop, None, None
         if requires_grad:
             self.requires_grad_(True)
         elif requires_grad is False:
