@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from glassgrad import GlobalCounters, Tensor, dtypes, kernels
+from glassgrad import Context, GlobalCounters, Tensor, dtypes, kernels
 from glassgrad.codegen import ProgramSpec, get_program
 from glassgrad.helpers import prod
 from glassgrad.kernels import renderer_for
@@ -490,8 +490,11 @@ class Node:
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
 
+LEAF_SEED = st.integers(0, 2**16)  # a seed for a leaf's values, not its data: small examples
+
+
 def new_leaf(draw: Draw, shape: tuple[int, ...], np_dtype: type) -> Node:
-    array: np.ndarray = ints(*shape, seed=draw(st.integers(0, 2**16))).astype(np_dtype)  # a seed: small examples
+    array: np.ndarray = ints(*shape, seed=draw(LEAF_SEED)).astype(np_dtype)
     return Node(Tensor(array), array)
 
 
@@ -696,6 +699,60 @@ def test_random_graphs_match_numpy(data: st.DataObject, np_dtype: type) -> None:
     for n in outs:
         assert_matches(n)
     assert count_kernels(*(n.t for n in outs)) == 0
+
+
+class Recorder:
+    """A `draw` that remembers what it drew, so the same random program can run again: `replay(shift)` draws the
+    same values, except that every leaf's seed moves by `shift` (the same graph on other buffers with other data)."""
+
+    def __init__(self, draw: Draw) -> None:
+        self.draw = draw
+        self.values: list[Any] = []
+
+    def __call__(self, strategy: st.SearchStrategy[Any]) -> Any:
+        self.values.append(self.draw(strategy))
+        return self.values[-1]
+
+    def replay(self, shift: int) -> Draw:
+        values = iter(self.values)
+        return lambda strategy: next(values) + shift if strategy is LEAF_SEED else next(values)
+
+
+def random_program(draw: Draw, np_dtype: type) -> list[Node]:
+    pool = grow_graph(draw, ALL_OPS, np_dtype, draw(st.integers(2, 10)))
+    return [pool[-1], *draw(st.lists(st.sampled_from(pool), max_size=2))]
+
+
+@PROPERTY
+@given(st.data(), st.sampled_from([np.int32, np.float32]))
+def test_random_graphs_reuse_cached_schedules(data: st.DataObject, np_dtype: type) -> None:
+    """A random program, then the same program on other buffers and data: the second graph's schedule (from the
+    schedule cache when its structure matches) equals what the scheduler makes without the cache, kernel for kernel
+    and buffer for buffer, and its values match numpy, as do those of a third run with the cache off."""
+    from test_schedule_cache import assert_same_schedule
+
+    from glassgrad.schedule import SCHEDULE_CACHE
+    recorder = Recorder(data.draw)
+    first = random_program(recorder, np_dtype)
+    count_kernels(*(n.t for n in first))
+    second = random_program(recorder.replay(1), np_dtype)
+    uops = [n.t.uop for n in second]
+    with Context(SCACHE=0):
+        plain, plain_views = create_schedule(uops)
+    hits = SCHEDULE_CACHE.hits
+    cached, cached_views = create_schedule(uops)
+    event("cache hit" if SCHEDULE_CACHE.hits > hits else "cache miss")
+    inputs = {id(u.arg[0]) for x in uops for u in x.toposort() if u.op is Ops.BUFFER}
+    assert_same_schedule(plain, cached, inputs)
+    assert list(plain_views) == list(cached_views)
+    count_kernels(*(n.t for n in second))
+    for n in second:
+        assert_matches(n)
+    with Context(SCACHE=0):
+        third = random_program(recorder.replay(2), np_dtype)
+        count_kernels(*(n.t for n in third))
+    for n in third:
+        assert_matches(n)
 
 
 @PROPERTY

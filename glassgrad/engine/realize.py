@@ -1,18 +1,20 @@
-"""Running a schedule: compile each kernel (cached), allocate buffers, launch, and count.
+"""Running a schedule: compile its new kernels (several at once), allocate buffers, launch, and count.
 
 In: `ScheduleItem`s from the scheduler. Out: filled buffers. `GlobalCounters` adds up kernels, FLOPs, bytes and
 time; `DEBUG=2` prints a line per kernel (name, size, time, GFLOP/s, GB/s), `DEBUG=4` its source.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from glassgrad.codegen import ProgramSpec, get_program
 from glassgrad.device import Buffer, Device
-from glassgrad.helpers import DEBUG, TIMING
+from glassgrad.helpers import DEBUG, TIMING, getenv
 from glassgrad.schedule import ScheduleItem
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import sint_eval
@@ -40,16 +42,49 @@ class CompiledKernel:
 _kernel_cache: dict[tuple[str, UOp], CompiledKernel] = {}
 
 
+def _render(device: str, ast: UOp) -> ProgramSpec:
+    spec = get_program(ast, Device[device].renderer)
+    if DEBUG >= 4:
+        print(spec.source)
+    return spec
+
+
 def compile_kernel(device: str, ast: UOp) -> CompiledKernel:
     key = (device, ast)
     if key not in _kernel_cache:
+        spec = _render(device, ast)
         dev = Device[device]
-        spec = get_program(ast, dev.renderer)
-        if DEBUG >= 4:
-            print(spec.source)
-        binary = dev.compiler.compile_cached(spec.source)
-        _kernel_cache[key] = CompiledKernel(spec, dev.program(spec.name, binary))
+        _kernel_cache[key] = CompiledKernel(spec, dev.program(spec.name, dev.compiler.compile_cached(spec.source)))
     return _kernel_cache[key]
+
+
+COMPILE_THREADS = getenv("COMPILE_THREADS", os.cpu_count() or 1)
+_compile_pool: ThreadPoolExecutor | None = None
+
+
+def compile_schedule(schedule: list[ScheduleItem]) -> None:
+    """Compile every kernel of `schedule` that is not compiled yet, several at once.
+
+    Codegen is Python and runs here, one kernel after another; each kernel's source goes to a pool of
+    `COMPILE_THREADS` threads (default: one per core) as soon as it is rendered, so the compilers (a C compiler
+    process each, or NVRTC) run side by side and alongside the codegen of the next kernels. A schedule with one
+    new kernel just compiles it."""
+    global _compile_pool
+    todo: dict[tuple[str, UOp], None] = {}
+    for item in schedule:
+        key = (item.bufs[0].device, item.ast) if item.ast.op is not Ops.COPY else None
+        if key is not None and key not in _kernel_cache:
+            todo[key] = None
+    if len(todo) < 2 or COMPILE_THREADS < 2:
+        return
+    if _compile_pool is None:
+        _compile_pool = ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="glassgrad-compile")
+    jobs = []
+    for device, ast in todo:
+        spec = _render(device, ast)
+        jobs.append((device, ast, spec, _compile_pool.submit(Device[device].compiler.compile_cached, spec.source)))
+    for device, ast, spec, binary in jobs:
+        _kernel_cache[(device, ast)] = CompiledKernel(spec, Device[device].program(spec.name, binary.result()))
 
 
 def _report(name: str, seconds: float, flops: int, nbytes: int, extra: str = "") -> None:
@@ -80,6 +115,7 @@ capture_hooks: list[Callable[[ScheduleItem], None]] = []
 
 
 def run_schedule(schedule: list[ScheduleItem]) -> None:
+    compile_schedule(schedule)
     for item in schedule:
         run_item(item)
         if item.writes is not None:

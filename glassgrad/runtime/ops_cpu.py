@@ -54,27 +54,28 @@ class ClangCompiler(Compiler):
         super().__init__()
         self.cc = find_c_compiler()
         self.libs = ["-lm"]
-        if self._try_compile(VECTOR_MATH_PROBE, ["-DGG_VECTOR_MATH"], ["-lmvec", "-lm"]) is not None:
+        if self._try_compile(VECTOR_MATH_PROBE, ["-DGG_VECTOR_MATH"], ["-lmvec", "-lm"])[0] is not None:
             self.flags = [*self.flags, "-DGG_VECTOR_MATH"]  # glibc's SIMD exp2f/log2f/sinf (libmvec) are usable
             self.libs = ["-lmvec", "-lm"]
         version = subprocess.run([self.cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
         self.cache_key = f"cpu {self.cc} {version} {platform.machine()} {platform.node()} {' '.join(self.flags)}"
 
-    def _try_compile(self, src: str, extra_flags: list[str], libs: list[str]) -> bytes | None:
+    def _try_compile(self, src: str, extra_flags: list[str], libs: list[str]) -> tuple[bytes | None, str]:
+        """(the shared library, or None if the compiler failed; the compiler's messages). Safe to call from several
+        threads at once: each call has its own process and temporary directory."""
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "kernel.so")
             proc = subprocess.run([self.cc, *self.flags, *extra_flags, "-x", "c", "-", "-o", out, *libs],
                                   input=src.encode(), capture_output=True)
-            self.last_error = proc.stderr.decode()
             if proc.returncode != 0:
-                return None
+                return None, proc.stderr.decode()
             with open(out, "rb") as f:
-                return f.read()
+                return f.read(), proc.stderr.decode()
 
     def compile(self, src: str) -> bytes:
-        binary = self._try_compile(src, [], self.libs)
+        binary, messages = self._try_compile(src, [], self.libs)
         if binary is None:
-            raise RuntimeError(f"C compile failed ({self.cc}):\n{self.last_error}\n--- source ---\n{src}")
+            raise RuntimeError(f"C compile failed ({self.cc}):\n{messages}\n--- source ---\n{src}")
         return binary
 
 
