@@ -320,6 +320,8 @@ def _forget(key: tuple, _ref: weakref.ref[UOp]) -> None:
 
 def _infer_shape(u: UOp) -> tuple[int, ...]:
     op, arg = u.op, u.arg
+    if op in _SAME_SHAPE_AS_SOURCES:  # the most common node, first: its sources have one shape (broadcast already)
+        return u.src[0].shape
     if op in (Ops.CONST, Ops.DEVICE) or op not in _SHAPED:
         return ()
     if op is Ops.BUFFER:
@@ -351,6 +353,7 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
     return next((s.shape for s in u.src if s.op is not Ops.DEVICE), ())
 
 
+_SAME_SHAPE_AS_SOURCES = GroupOp.ALU | {Ops.CAST}
 _SHAPED = GroupOp.Movement | GroupOp.Elementwise | {Ops.BUFFER, Ops.ARANGE, Ops.REDUCE_AXIS, Ops.COPY, Ops.CONTIGUOUS,
                                                    Ops.DETACH, Ops.ASSIGN}
 
