@@ -435,24 +435,25 @@ class Tensor(_CastShortcuts, NNOps):
             dt = self.dtype if self.dtype.is_float else dtypes.int32
             node = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, dtypes.void, (), self.device),), as_sint(x))
             return Tensor(node.reshape((1,) * self.ndim).expand(self.shape))
+        uop = self.uop
         if isinstance(x, bool):
-            dt = self.dtype
+            dt = uop.dtype
         elif isinstance(x, int):
-            dt = _scalar_dtype(x) if self.dtype.is_bool else self.dtype
+            dt = _scalar_dtype(x) if uop.dtype.is_bool else uop.dtype
         elif isinstance(x, float):
-            dt = self.dtype if self.dtype.is_float else dtypes.default_float
+            dt = uop.dtype if uop.dtype.is_float else dtypes.default_float
         else:
             raise TypeError(f"cannot combine a tensor with {type(x).__name__} {x!r}")
-        return Tensor(_scalar_node(dt, self.device, self.shape, x, _arg_key(x)))
+        return Tensor(_scalar_node(dt, uop.device, uop.shape, x, _arg_key(x)))
 
     def _broadcasted(self, other: Tensor | Scalar, reverse: bool = False,
                      match_dtype: bool = True) -> tuple[Tensor, Tensor]:
         if isinstance(other, (np.ndarray, np.generic)):
             other = Tensor(other, device=self.device)
-        y = other if isinstance(other, Tensor) else None
-        if y is None:
-            x, y = self, self._const_for(other)  # type: ignore[arg-type]
+        if not isinstance(other, Tensor):
+            x, y = self, self._const_for(other)
         else:
+            y = other
             x = self
             if x.device != y.device:
                 raise RuntimeError(f"tensors are on different devices: {x.device} and {y.device}; move one with .to()")
@@ -1314,8 +1315,9 @@ def _normalize_padding(padding: Sequence[Any], ndim: int) -> tuple[tuple[int, in
 
 # `x * 0.5` makes CONST(0.5) -> RESHAPE -> EXPAND to x's shape: four node lookups (with the DEVICE) that give the same
 # nodes every time for the same dtype, device, shape and value. This cache of the finished node makes a scalar
-# operand one lookup; it holds the few recent ones alive. `value_key` tells 0.0 from -0.0 (equal as floats).
-@functools.lru_cache(maxsize=1024, typed=True)
+# operand one lookup; it holds the few recent ones alive. `value_key` (see _arg_key) tells apart values that are
+# equal in Python but not as constants: 0.0 and -0.0, 1 and 1.0 and True.
+@functools.lru_cache(maxsize=1024)
 def _scalar_node(dtype: DType, device: str, shape: tuple[int, ...], value: Scalar, value_key: Any) -> UOp:
     return UOp.const(dtype, value, device).reshape((1,) * len(shape)).expand(shape)
 

@@ -172,8 +172,15 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     that schedule through `SCHEDULE_CACHE` (see schedule/cache.py; `SCACHE=0` turns it off)."""
     originals = [without_reshapes(o) for o in outs]
     sink = UOp(Ops.SINK, dtypes.void, tuple(originals))
-    nodes = sink.toposort(stop=_materialised)
-    key = structure_key(nodes, outs, _leaf_view) if SCACHE else None
+    leaves: dict[UOp, UOp] = {}  # materialised node -> its buffer view, found by the walk (which stops there)
+
+    def is_leaf(u: UOp) -> bool:
+        view = _leaf_view(u)
+        if view is not None:
+            leaves[u] = view
+        return view is not None
+    nodes = sink.toposort(stop=is_leaf)
+    key = structure_key(nodes, outs, leaves.get) if SCACHE else None
     if key is not None and (template := SCHEDULE_CACHE.get(key.graph)) is not None:
         return template.instantiate(key, nodes, outs, ScheduleItem)
     created: list[Buffer] = []

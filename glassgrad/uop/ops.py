@@ -157,7 +157,7 @@ class UOp:
             seen.add(node)
             stack.append((node, True))
             if stop is None or not stop(node):
-                stack.extend((s, False) for s in reversed(node.src) if s not in seen)
+                stack.extend([(s, False) for s in reversed(node.src) if s not in seen])
         return order
 
     def replace(self, **changes: Any) -> UOp:

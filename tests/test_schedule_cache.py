@@ -1,0 +1,240 @@
+"""The schedule cache: a graph with the structure of one scheduled before reuses its schedule, bound to its own
+buffers. Checked here: that it hits when it should (same structure, other buffers; in-place writes at later
+versions) and misses when it must (aliased inputs, other constants, -0.0 against 0.0), that a hit gives the
+schedule the scheduler would have made, and that values stay right through assigns, cycles of assigns, reads of
+realized nodes and stale reads. Random graphs are in tests/test_schedule.py (`test_random_graphs_reuse_...`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from glassgrad import Context, Tensor, no_grad
+from glassgrad.device import Buffer
+from glassgrad.schedule import SCHEDULE_CACHE, ScheduleItem, create_schedule
+from glassgrad.uop.ops import UOp
+
+
+def hits_while(fn) -> int:  # type: ignore[no-untyped-def]
+    """How many schedule-cache hits calling fn() made."""
+    before = SCHEDULE_CACHE.hits
+    fn()
+    return SCHEDULE_CACHE.hits - before
+
+
+def data(*shape: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(-4, 5, size=shape).astype(np.float32)
+
+
+def graph(a: Tensor, b: Tensor) -> Tensor:
+    """A few kernels: a reduction that is read through an expand (softmax-like), then an elementwise epilogue."""
+    m = (a * b).max(axis=1, keepdim=True)
+    return ((a - m) * 2 + b).sum(axis=0)
+
+
+def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    m = (a * b).max(axis=1, keepdims=True)
+    return ((a - m) * 2 + b).sum(axis=0)
+
+
+def test_same_structure_on_other_buffers_hits_and_is_right() -> None:
+    a1, b1, a2, b2 = (data(4, 6, seed=s) for s in range(4))
+    np.testing.assert_array_equal(graph(Tensor(a1), Tensor(b1)).numpy(), reference(a1, b1))
+    out = graph(Tensor(a2), Tensor(b2))
+    assert hits_while(out.realize) == 1
+    np.testing.assert_array_equal(out.numpy(), reference(a2, b2))
+
+
+def test_a_hit_is_the_schedule_the_scheduler_makes() -> None:
+    """Same kernels, in the same order; the inputs are this graph's buffers; buffers the schedule creates are new
+    and correspond one to one (and so do the versions read and written)."""
+    graph(Tensor(data(4, 6, seed=0)), Tensor(data(4, 6, seed=1))).realize()
+    a, b = Tensor(data(4, 6, seed=2)), Tensor(data(4, 6, seed=3))
+    out = graph(a, b)
+    with Context(SCACHE=0):
+        plain, plain_views = create_schedule([out.uop])
+    hits = SCHEDULE_CACHE.hits
+    cached, cached_views = create_schedule([out.uop])
+    assert SCHEDULE_CACHE.hits == hits + 1
+    inputs = {id(a.uop.base.arg[0]), id(b.uop.base.arg[0])}
+    assert_same_schedule(plain, cached, inputs)
+    assert list(plain_views) == list(cached_views)
+
+
+def assert_same_schedule(plain: list[ScheduleItem], cached: list[ScheduleItem], inputs: set[int]) -> None:
+    assert [i.ast for i in plain] == [i.ast for i in cached]
+    mapping: dict[int, Buffer] = {}
+
+    def same(x: Buffer, y: Buffer) -> None:
+        if id(x) in inputs:
+            assert x is y
+        else:
+            assert id(y) not in inputs and mapping.setdefault(id(x), y) is y
+
+    for p, c in zip(plain, cached):
+        assert len(p.bufs) == len(c.bufs)
+        for x, y in zip(p.bufs, c.bufs):
+            same(x, y)
+        assert {(mapping.get(id(b), b), v) for b, v in p.reads} == set(c.reads)
+        assert (p.writes is None) == (c.writes is None)
+        if p.writes is not None and c.writes is not None:
+            same(p.writes[0], c.writes[0])
+            assert p.writes[1] == c.writes[1]
+    assert len(set(map(id, mapping.values()))) == len(mapping)  # one new buffer for each
+
+
+def test_aliased_inputs_are_another_structure() -> None:
+    """f(a, b) then f(c, c): one buffer in two places changes the graph (and in-place hazards), so no hit."""
+    a1, b1, c = data(4, 6, seed=10), data(4, 6, seed=11), data(4, 6, seed=12)
+    graph(Tensor(a1), Tensor(b1)).realize()
+    t = Tensor(c)
+    out = graph(t, t)
+    assert hits_while(out.realize) == 0
+    np.testing.assert_array_equal(out.numpy(), reference(c, c))
+
+
+@pytest.mark.parametrize("first, second", [(2.0, 3.0), (0.0, -0.0), (-0.0, 0.0)])
+def test_other_constants_are_another_structure(first: float, second: float) -> None:
+    SCHEDULE_CACHE.clear()
+    x = data(8, seed=20)
+    (Tensor(x) / first if first else Tensor(x) * first).realize()
+    out = Tensor(x) / second if second else Tensor(x) * second
+    assert hits_while(out.realize) == 0
+    np.testing.assert_array_equal(out.numpy(), x / second if second else x * second)
+    assert np.array_equal(np.signbit(out.numpy()), np.signbit(x / second if second else x * second))
+
+
+def test_scache_0_schedules_every_time() -> None:
+    with Context(SCACHE=0):
+        graph(Tensor(data(3, 5, seed=0)), Tensor(data(3, 5, seed=1))).realize()
+        assert hits_while(graph(Tensor(data(3, 5, seed=2)), Tensor(data(3, 5, seed=3))).realize) == 0
+
+
+def test_outputs_that_are_reshapes_get_views_of_their_own_shape() -> None:
+    for seed in range(3):
+        a, b = data(4, 6, seed=seed), data(4, 6, seed=seed + 10)
+        s = Tensor(a) + Tensor(b)
+        flat, square = s.reshape(24), (Tensor(a) * 2).reshape(2, 2, 6)
+        Tensor.realize_all(flat, square, s)
+        assert flat.shape == (24,) and square.shape == (2, 2, 6) and s.shape == (4, 6)
+        np.testing.assert_array_equal(flat.numpy(), (a + b).reshape(24))
+        np.testing.assert_array_equal(square.numpy(), (a * 2).reshape(2, 2, 6))
+        np.testing.assert_array_equal(s.numpy(), a + b)
+
+
+def test_reads_of_realized_nodes() -> None:
+    """A node realized earlier is a leaf of the next graph (loaded from its buffer): its buffer fills a slot."""
+    for seed in range(3):
+        x = Tensor(data(5, 4, seed=seed))
+        total = x.sum()
+        total.realize()
+        out = x - total  # `total`'s node is in REALIZED now: loaded, not recomputed
+        hits = hits_while(out.realize)
+        assert seed == 0 or hits == 1
+        np.testing.assert_array_equal(out.numpy(), data(5, 4, seed=seed) - data(5, 4, seed=seed).sum())
+
+
+def test_assign_loop_hits_from_the_second_step() -> None:
+    """w -= 0.5 * (x * w): the same buffer, a new version every step; every step after the first is a hit."""
+    w_ref, x_ref = data(16, seed=1), data(16, seed=2)
+    w, x = Tensor(w_ref.copy()), Tensor(x_ref)
+    hits = []
+    for _ in range(4):
+        hits.append(hits_while(w.assign(w - (x * w) * 0.5).realize))
+        w_ref = w_ref - (x_ref * w_ref) * np.float32(0.5)
+        np.testing.assert_array_equal(w.numpy(), w_ref)
+    assert hits[1:] == [1, 1, 1]
+    assert w.uop.base.arg[0].version == 4
+
+
+def test_assigns_that_wait_on_each_other() -> None:
+    """a, b = b + 1, a * 2 in place: each value reads the other's old buffer, so one goes through a temporary;
+    the cached schedule keeps that temporary (a new buffer every time) and the order."""
+    a_ref, b_ref = data(8, seed=3), data(8, seed=4)
+    a, b = Tensor(a_ref.copy()), Tensor(b_ref.copy())
+    for step in range(3):
+        new_a, new_b = b + 1, a * 2
+        a.assign(new_a)
+        b.assign(new_b)
+        hits = hits_while(lambda: Tensor.realize_all(a, b))
+        assert step == 0 or hits == 1
+        a_ref, b_ref = b_ref + 1, a_ref * 2
+        np.testing.assert_array_equal(a.numpy(), a_ref)
+        np.testing.assert_array_equal(b.numpy(), b_ref)
+
+
+def test_assign_of_a_transpose_goes_through_a_temporary_every_time() -> None:
+    x_ref = data(4, 4, seed=5)
+    x = Tensor(x_ref.copy())
+    for step in range(3):
+        hits = hits_while(x.assign(x.T + 1).realize)
+        assert step == 0 or hits == 1
+        x_ref = x_ref.T + 1
+        np.testing.assert_array_equal(x.numpy(), x_ref)
+
+
+def test_stale_read_still_raises_when_the_structure_is_cached() -> None:
+    """A lazy graph reading a buffer an assign has since overwritten is an error, cached structure or not."""
+    other = Tensor(data(8, seed=6))
+    (other * 2).realize()  # the structure of `stale` below is in the cache now
+    x = Tensor(data(8, seed=7))
+    stale = x * 2
+    x.assign(x + 1).realize()
+    with pytest.raises(RuntimeError, match="before an assign overwrote it"):
+        stale.realize()
+
+
+def test_training_loop_matches_a_loop_without_the_cache() -> None:
+    """Two copies of a small model trained the same way, one with SCACHE=0: the same parameters bit for bit."""
+    from glassgrad.nn import Linear, optim
+
+    def train(cache: int) -> list[np.ndarray]:
+        Tensor.manual_seed(0)
+        layers = [Linear(6, 8), Linear(8, 3)]
+        params = [p for layer in layers for p in (layer.weight, layer.bias) if p is not None]
+        opt = optim.Adam(params, lr=0.01)
+        rng = np.random.default_rng(0)
+        with Context(SCACHE=cache), Tensor.train():
+            for _ in range(4):
+                x = Tensor(rng.standard_normal((5, 6), dtype=np.float32))
+                y = Tensor(rng.integers(0, 3, 5).astype(np.int32))
+                opt.zero_grad()
+                loss = layers[1](layers[0](x).relu()).sparse_categorical_crossentropy(y).backward()
+                with no_grad():
+                    Tensor.realize_all(loss, *opt.schedule_step())
+        return [p.numpy() for p in params]
+
+    hits = SCHEDULE_CACHE.hits
+    cached = train(1)
+    assert SCHEDULE_CACHE.hits - hits >= 3  # every step after the first
+    for got, want in zip(cached, train(0)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_cache_keys_hold_no_buffers() -> None:
+    """A key describes structure only: caching a graph must not keep its buffers (or their memory) alive."""
+    import gc
+    import weakref
+    x = Tensor(data(32, seed=8))
+    buf = weakref.ref(x.uop.base.arg[0])
+    (x * 3 + 1).realize()
+    del x
+    gc.collect()
+    assert buf() is None
+
+
+def test_the_cache_is_bounded() -> None:
+    from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate
+    cache = ScheduleCache(capacity=2)
+    empty = ScheduleTemplate((), (), ())
+    for key in range(4):
+        cache.put((key,), empty)
+    assert len(cache) == 2 and cache.get((0,)) is None and cache.get((3,)) is empty
+
+
+def test_views_are_rebuilt_as_buffer_reshapes() -> None:
+    x = Tensor(data(2, 3, seed=9))
+    out = (x + 1).permute(1, 0)
+    out.realize()
+    base: UOp = out.uop.base
+    assert base.arg[0].size == 6 and out.shape == (3, 2)
