@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -128,6 +129,62 @@ def test_compile_error_shows_the_source() -> None:
     with pytest.raises(RuntimeError, match="C compile failed") as info:
         compiler.compile("void broken( { this is not C }")
     assert "this is not C" in str(info.value)
+
+
+def _new_kernels(count: int) -> tuple[list[Tensor], list[np.ndarray]]:
+    """`count` tensors whose kernels nothing has compiled in this process (a fresh constant in each)."""
+    marker = float(np.random.default_rng().integers(1, 1 << 20)) / 1024
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = Tensor(x, device=Device.DEFAULT)
+    outs = [(t * marker + i).sum(axis=i % 2) for i in range(count)]
+    return outs, [(x * np.float32(marker) + np.float32(i)).sum(axis=i % 2) for i in range(count)]
+
+
+def _record_compiles(monkeypatch: pytest.MonkeyPatch, threads: int) -> list[str]:
+    """Run the compile pool with `threads` threads; returns the list the compiling threads' names go into."""
+    from glassgrad.engine import realize
+    monkeypatch.setattr(realize, "COMPILE_THREADS", threads)
+    compiler = Device[Device.DEFAULT].compiler
+    original, names = compiler.compile_cached, []
+
+    def record(src: str) -> bytes:
+        names.append(threading.current_thread().name)
+        return original(src)
+    monkeypatch.setattr(compiler, "compile_cached", record)
+    return names
+
+
+def test_new_kernels_of_a_schedule_compile_on_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kernel a schedule has not compiled yet is compiled before the first one runs, on the compile threads,
+    once each; the results are the same as ever."""
+    names = _record_compiles(monkeypatch, threads=2)
+    outs, expected = _new_kernels(4)
+    Tensor.realize_all(*outs)
+    assert len(names) == 4 and all(n.startswith("glassgrad-compile") for n in names)
+    for out, want in zip(outs, expected):
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+    Tensor.realize_all(*_new_kernels(1)[0])  # one new kernel: compiled right here, no pool
+    assert len(names) == 5 and names[-1] == threading.current_thread().name
+
+
+def test_compile_threads_1_compiles_in_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    names = _record_compiles(monkeypatch, threads=1)
+    outs, expected = _new_kernels(3)
+    Tensor.realize_all(*outs)
+    assert names == [threading.current_thread().name] * 3
+    for out, want in zip(outs, expected):
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+
+
+def test_a_compile_that_fails_on_the_pool_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    from glassgrad.engine import realize
+    monkeypatch.setattr(realize, "COMPILE_THREADS", 2)
+
+    def fail(src: str) -> bytes:
+        raise RuntimeError("the compiler is out today")
+    monkeypatch.setattr(Device[Device.DEFAULT].compiler, "compile_cached", fail)
+    with pytest.raises(RuntimeError, match="the compiler is out today"):
+        Tensor.realize_all(*_new_kernels(3)[0])
 
 
 def test_allocator_reuses_freed_memory() -> None:

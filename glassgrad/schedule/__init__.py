@@ -15,6 +15,8 @@ of that node's buffer (and a reshape of a buffer is already realized).
 
 Symbolic shapes: a node whose shape holds bound Variables gets a buffer for its largest size, and its view is
 `BUFFER.shrink((0, n)).reshape(shape)` (the first n elements). Each item's `var_vals` holds the Variables' values.
+
+A graph with the structure of one scheduled before (other buffers) reuses that schedule: see schedule/cache.py.
 """
 from __future__ import annotations
 
