@@ -6,6 +6,8 @@ realized nodes and stale reads. Random graphs are in tests/test_schedule.py (`te
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -15,7 +17,7 @@ from glassgrad.schedule import SCHEDULE_CACHE, ScheduleItem, create_schedule
 from glassgrad.uop.ops import UOp
 
 
-def hits_while(fn) -> int:  # type: ignore[no-untyped-def]
+def hits_while(fn: Callable[[], object]) -> int:
     """How many schedule-cache hits calling fn() made."""
     before = SCHEDULE_CACHE.hits
     fn()
