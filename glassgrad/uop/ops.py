@@ -241,8 +241,10 @@ class UOp:
     def shape(self) -> tuple[int, ...]:
         shape = self._shape
         if shape is None:
-            if any(s._shape is None for s in self.src):
-                _fill_sources(self, "_shape", _infer_shape, lambda n: n._shape is not None)
+            for s in self.src:  # (a loop, not any(): this runs for every new node)
+                if s._shape is None:
+                    _fill_sources(self, "_shape", _infer_shape, lambda n: n._shape is not None)
+                    break
             shape = _infer_shape(self)
             object.__setattr__(self, "_shape", shape)
         return shape
@@ -264,13 +266,11 @@ class UOp:
             node = node.src[0]
         if node._device is not None:
             found = node._device
-        elif node.op is Ops.DEVICE:
-            found = node.arg
-        elif node.op is Ops.BUFFER:
-            found = node.arg[0].device
         else:
-            found = node.src[1].arg
-        for n in [*chain, node]:
+            found = node.arg if node.op is Ops.DEVICE else node.arg[0].device if node.op is Ops.BUFFER else \
+                node.src[1].arg
+            chain.append(node)
+        for n in chain:
             object.__setattr__(n, "_device", found)
         return found
 
