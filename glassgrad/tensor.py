@@ -725,11 +725,11 @@ class Tensor(_CastShortcuts, NNOps):
 
     # ------------------------------------------------------------------ operators
     def __neg__(self) -> Tensor: return self.neg()  # noqa: E704
-    def __add__(self, x: Tensor | Scalar) -> Tensor: return self.add(x)  # noqa: E704
+    def __add__(self, x: Tensor | Scalar) -> Tensor: return self._binary(Ops.ADD, x)  # noqa: E704
     def __radd__(self, x: Tensor | Scalar) -> Tensor: return self.add(x, True)  # noqa: E704
     def __sub__(self, x: Tensor | Scalar) -> Tensor: return self.sub(x)  # noqa: E704
     def __rsub__(self, x: Tensor | Scalar) -> Tensor: return self.sub(x, True)  # noqa: E704
-    def __mul__(self, x: Tensor | Scalar) -> Tensor: return self.mul(x)  # noqa: E704
+    def __mul__(self, x: Tensor | Scalar) -> Tensor: return self._binary(Ops.MUL, x)  # noqa: E704
     def __rmul__(self, x: Tensor | Scalar) -> Tensor: return self.mul(x, True)  # noqa: E704
     def __truediv__(self, x: Tensor | Scalar) -> Tensor: return self.div(x)  # noqa: E704
     def __rtruediv__(self, x: Tensor | Scalar) -> Tensor: return self.div(x, True)  # noqa: E704
