@@ -162,11 +162,6 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
 SCHEDULE_CACHE = ScheduleCache()
 
 
-def _leaf_view(u: UOp) -> UOp | None:
-    """The buffer view a materialised node is loaded from (a BUFFER is its own), else None."""
-    return u if u.op is Ops.BUFFER else REALIZED.get(u)
-
-
 def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Schedule the kernels that compute `outs`. Returns the items and {node: buffer view} for new buffers.
 
@@ -174,10 +169,10 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     that schedule through `SCHEDULE_CACHE` (see schedule/cache.py; `SCACHE=0` turns it off)."""
     originals = [without_reshapes(o) for o in outs]
     sink = UOp(Ops.SINK, dtypes.void, tuple(originals))
-    leaves: dict[UOp, UOp] = {}  # materialised node -> its buffer view, found by the walk (which stops there)
+    leaves: dict[UOp, UOp] = {}  # materialised node -> the buffer view it is loaded from (a BUFFER is its own)
 
     def is_leaf(u: UOp) -> bool:
-        view = _leaf_view(u)
+        view = u if u.op is Ops.BUFFER else REALIZED.get(u)
         if view is not None:
             leaves[u] = view
         return view is not None
