@@ -67,6 +67,7 @@ class Allocator:
 class Compiler:
     """Source -> binary, cached in memory and on disk (CACHEDIR; CACHELEVEL=0 turns the disk cache off)."""
     cache_key: str = "base"
+    batches: bool = False  # whether `compile_batch` can build several kernels in one binary
 
     def __init__(self) -> None:
         self._memory: dict[str, bytes] = {}
@@ -74,20 +75,46 @@ class Compiler:
     def compile(self, src: str) -> bytes:
         raise NotImplementedError
 
-    def compile_cached(self, src: str) -> bytes:
-        key = hashlib.sha256(f"{self.cache_key}\n{src}".encode()).hexdigest()
-        if key in self._memory:
-            return self._memory[key]
-        path = cache_dir() / "kernels" / f"{key}.bin"
-        if CACHELEVEL >= 1 and path.exists():
-            binary = path.read_bytes()
-        else:
-            binary = self.compile(src)
-            if CACHELEVEL >= 1:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(path, binary)
+    def compile_batch(self, sources: list[str]) -> bytes | None:
+        """One binary holding the kernels of all `sources` (whose kernels have distinct names), or None if these
+        cannot be built together (then each source is compiled on its own). Compilers with `batches` implement it."""
+        return None
+
+    def _key(self, src: str) -> str:
+        return hashlib.sha256(f"{self.cache_key}\n{src}".encode()).hexdigest()
+
+    def _cached(self, key: str) -> bytes | None:
+        if key not in self._memory:
+            path = cache_dir() / "kernels" / f"{key}.bin"
+            if CACHELEVEL < 1 or not path.exists():
+                return None
+            self._memory[key] = path.read_bytes()
+        return self._memory[key]
+
+    def _store(self, key: str, binary: bytes) -> None:
+        if CACHELEVEL >= 1:
+            path = cache_dir() / "kernels" / f"{key}.bin"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, binary)
         self._memory[key] = binary
+
+    def compile_cached(self, src: str) -> bytes:
+        key = self._key(src)
+        binary = self._cached(key)
+        if binary is None:
+            binary = self.compile(src)
+            self._store(key, binary)
         return binary
+
+    def compile_cached_many(self, sources: list[str]) -> list[bytes]:
+        """`compile_cached` of each source. The ones not cached yet are built by one `compile_batch` where the
+        compiler can: for a C compiler, starting the process and linking cost more than a small kernel's code, so
+        one run for several kernels saves most of the time. Each source's cache entry is then that shared binary."""
+        missing = [src for src in sources if self._cached(self._key(src)) is None]
+        if len(missing) > 1 and (binary := self.compile_batch(missing)) is not None:
+            for src in missing:
+                self._store(self._key(src), binary)
+        return [self.compile_cached(src) for src in sources]
 
 
 @dataclass

@@ -187,6 +187,74 @@ def test_a_compile_that_fails_on_the_pool_raises(monkeypatch: pytest.MonkeyPatch
         Tensor.realize_all(*_new_kernels(3)[0])
 
 
+cpu_only = pytest.mark.skipif(Device.DEFAULT != "CPU", reason="batches of kernels are the C compiler's")
+
+
+def _count_compiler_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The sources handed to the C compiler from now on, one entry per compiler process."""
+    compiler = Device["CPU"].compiler
+    original, runs = compiler._try_compile, []
+
+    def record(src: str, *args: object) -> object:
+        runs.append(src)
+        return original(src, *args)  # type: ignore[arg-type]
+    monkeypatch.setattr(compiler, "_try_compile", record)
+    return runs
+
+
+@cpu_only
+def test_new_kernels_compile_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six new kernels with distinct names on two threads: two compiler runs of three kernels each."""
+    from glassgrad.engine import realize
+    monkeypatch.setattr(realize, "COMPILE_THREADS", 2)
+    runs = _count_compiler_runs(monkeypatch)
+    marker = float(np.random.default_rng().integers(1, 1 << 20)) / 1024
+    x = np.arange(24, dtype=np.float32)
+    t = Tensor(x)
+    shapes = [(2, 12), (3, 8), (4, 6), (6, 4), (8, 3), (12, 2)]
+    outs = [(t * marker).reshape(s).sum(axis=1) for s in shapes]
+    Tensor.realize_all(*outs)
+    assert len(runs) == 2 and all(src.count("void ") == 3 for src in runs)
+    for out, shape in zip(outs, shapes):
+        np.testing.assert_allclose(out.numpy(), (x * np.float32(marker)).reshape(shape).sum(axis=1), rtol=1e-6)
+
+
+@cpu_only
+def test_kernels_of_the_same_name_never_share_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from glassgrad.engine import realize
+    monkeypatch.setattr(realize, "COMPILE_THREADS", 2)
+    runs = _count_compiler_runs(monkeypatch)
+    marker = float(np.random.default_rng().integers(1, 1 << 20)) / 1024
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    outs = [(Tensor(x) * marker + i).sum(axis=1) for i in range(4)]  # four kernels, all named r_3_4
+    Tensor.realize_all(*outs)
+    assert len(runs) == 4 and all(src.count("void r_3_4(") == 1 for src in runs)
+    for i, out in enumerate(outs):
+        np.testing.assert_allclose(out.numpy(), (x * np.float32(marker) + np.float32(i)).sum(axis=1), rtol=1e-6)
+
+
+@cpu_only
+def test_a_batch_with_a_broken_source_reports_that_source() -> None:
+    """The batch does not compile, so each source is compiled alone: the good one is cached, the broken one raises
+    its own error."""
+    compiler = Device["CPU"].compiler
+    marker = int(np.random.default_rng().integers(1 << 30))
+    good = f"void good_{marker}(float* restrict out) {{ out[0] = {marker}.0f; }}\n"
+    with pytest.raises(RuntimeError, match="C compile failed") as info:
+        compiler.compile_cached_many([good, "void broken( { not C }"])
+    assert "not C" in str(info.value)
+    assert compiler._cached(compiler._key(good)) is not None
+
+
+@cpu_only
+def test_sources_with_file_local_helpers_are_not_batched() -> None:
+    """bfloat16 kernels carry `static` helper functions, which one file cannot define twice."""
+    x = Tensor(np.arange(8, dtype=np.float32)).cast("bfloat16")
+    sources = [spec.source for spec in glassgrad.kernels(x + 1, x * 2)]
+    assert all("static " in src for src in sources)
+    assert Device["CPU"].compiler.compile_batch(sources) is None
+
+
 def test_allocator_reuses_freed_memory() -> None:
     allocator = Device["CPU"].allocator
     buf = Buffer("CPU", 12345, dtypes.float32)

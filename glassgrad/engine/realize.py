@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -59,16 +59,18 @@ def compile_kernel(device: str, ast: UOp) -> CompiledKernel:
 
 
 COMPILE_THREADS = getenv("COMPILE_THREADS", os.cpu_count() or 1)
+MAX_BATCH = 16  # kernels per compiler run: more would leave the pool idle while the codegen catches up
 _compile_pool: ThreadPoolExecutor | None = None
 
 
 def compile_schedule(schedule: list[ScheduleItem]) -> None:
     """Compile every kernel of `schedule` that is not compiled yet, several at once.
 
-    Codegen is Python and runs here, one kernel after another; each kernel's source goes to a pool of
-    `COMPILE_THREADS` threads (default: one per core) as soon as it is rendered, so the compilers (a C compiler
-    process each, or NVRTC) run side by side and alongside the codegen of the next kernels. A schedule with one
-    new kernel just compiles it."""
+    Codegen is Python and runs here, one kernel after another. The rendered sources go, in batches, to a pool of
+    `COMPILE_THREADS` threads (default: one per core), so the compilers run side by side and alongside the codegen
+    of the kernels after them. A batch is one compiler run where the backend can build several kernels in one
+    binary (`Compiler.compile_batch`: the C compiler), so process start-up and linking are paid once per batch.
+    Kernels in a batch have distinct names. A schedule with one new kernel just compiles it."""
     global _compile_pool
     todo: dict[tuple[str, UOp], None] = {}
     for item in schedule:
@@ -79,12 +81,27 @@ def compile_schedule(schedule: list[ScheduleItem]) -> None:
         return
     if _compile_pool is None:
         _compile_pool = ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="glassgrad-compile")
-    jobs = []
+    batch_size = min(MAX_BATCH, -(-len(todo) // COMPILE_THREADS))  # enough batches to keep every thread busy
+    jobs: list[tuple[str, list[tuple[UOp, ProgramSpec]], Future[list[bytes]]]] = []
+    batches: dict[str, list[tuple[UOp, ProgramSpec]]] = {}  # device -> the batch being filled
+
+    def submit(device: str) -> None:
+        batch = batches.pop(device)
+        sources = [spec.source for _, spec in batch]
+        jobs.append((device, batch, _compile_pool.submit(Device[device].compiler.compile_cached_many, sources)))
+
     for device, ast in todo:
         spec = _render(device, ast)
-        jobs.append((device, ast, spec, _compile_pool.submit(Device[device].compiler.compile_cached, spec.source)))
-    for device, ast, spec, binary in jobs:
-        _kernel_cache[(device, ast)] = CompiledKernel(spec, Device[device].program(spec.name, binary.result()))
+        if any(spec.name == other.name for _, other in batches.get(device, [])):
+            submit(device)  # one binary cannot hold two kernels of the same name
+        batches.setdefault(device, []).append((ast, spec))
+        if len(batches[device]) == (batch_size if Device[device].compiler.batches else 1):
+            submit(device)
+    for device in list(batches):
+        submit(device)
+    for device, batch, binaries in jobs:
+        for (ast, spec), binary in zip(batch, binaries.result()):
+            _kernel_cache[(device, ast)] = CompiledKernel(spec, Device[device].program(spec.name, binary))
 
 
 def _report(name: str, seconds: float, flops: int, nbytes: int, extra: str = "") -> None:

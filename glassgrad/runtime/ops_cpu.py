@@ -72,6 +72,15 @@ class ClangCompiler(Compiler):
             with open(out, "rb") as f:
                 return f.read(), proc.stderr.decode()
 
+    batches = True
+
+    def compile_batch(self, sources: list[str]) -> bytes | None:
+        """All the kernels in one shared library: the sources one after another in one C file. A source with
+        file-local (`static`) helpers would define them twice, so such batches are left to `compile`."""
+        if any("static " in src for src in sources):
+            return None
+        return self._try_compile("\n".join(sources), [], self.libs)[0]
+
     def compile(self, src: str) -> bytes:
         binary, messages = self._try_compile(src, [], self.libs)
         if binary is None:
