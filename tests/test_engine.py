@@ -167,11 +167,12 @@ def test_new_kernels_of_a_schedule_compile_on_the_pool(monkeypatch: pytest.Monke
     assert len(names) == 5 and names[-1] == threading.current_thread().name
 
 
-def test_compile_threads_1_compiles_in_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compile_threads_1_still_compiles_beside_the_codegen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One compile thread: the kernels are compiled there (while the calling thread renders the next ones)."""
     names = _record_compiles(monkeypatch, threads=1)
     outs, expected = _new_kernels(3)
     Tensor.realize_all(*outs)
-    assert names == [threading.current_thread().name] * 3
+    assert len(names) == 3 and all(n.startswith("glassgrad-compile") for n in names)
     for out, want in zip(outs, expected):
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
 

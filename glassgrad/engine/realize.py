@@ -58,7 +58,7 @@ def compile_kernel(device: str, ast: UOp) -> CompiledKernel:
     return _kernel_cache[key]
 
 
-COMPILE_THREADS = getenv("COMPILE_THREADS", os.cpu_count() or 1)
+COMPILE_THREADS = max(1, getenv("COMPILE_THREADS", os.cpu_count() or 1))
 MAX_BATCH = 16  # kernels per compiler run: more would leave the pool idle while the codegen catches up
 _compile_pool: ThreadPoolExecutor | None = None
 
@@ -68,20 +68,20 @@ def compile_schedule(schedule: list[ScheduleItem]) -> None:
 
     Codegen is Python and runs here, one kernel after another. The rendered sources go, in batches, to a pool of
     `COMPILE_THREADS` threads (default: one per core), so the compilers run side by side and alongside the codegen
-    of the kernels after them. A batch is one compiler run where the backend can build several kernels in one
-    binary (`Compiler.compile_batch`: the C compiler), so process start-up and linking are paid once per batch.
-    Kernels in a batch have distinct names. A schedule with one new kernel just compiles it."""
+    of the kernels after them (with one thread too). A batch is one compiler run where the backend can build several
+    kernels in one binary (`Compiler.compile_batch`: the C compiler), so process start-up and linking are paid once
+    per batch. Kernels in a batch have distinct names. A schedule with one new kernel just compiles it."""
     global _compile_pool
     todo: dict[tuple[str, UOp], None] = {}
     for item in schedule:
         key = (item.bufs[0].device, item.ast) if item.ast.op is not Ops.COPY else None
         if key is not None and key not in _kernel_cache:
             todo[key] = None
-    if len(todo) < 2 or COMPILE_THREADS < 2:
+    if len(todo) < 2:
         return
     if _compile_pool is None:
         _compile_pool = ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="glassgrad-compile")
-    batch_size = min(MAX_BATCH, -(-len(todo) // COMPILE_THREADS))  # enough batches to keep every thread busy
+    batch_size = min(MAX_BATCH, -(-len(todo) // COMPILE_THREADS))  # enough batches for every thread
     jobs: list[tuple[str, list[tuple[UOp, ProgramSpec]], Future[list[bytes]]]] = []
     batches: dict[str, list[tuple[UOp, ProgramSpec]]] = {}  # device -> the batch being filled
 
