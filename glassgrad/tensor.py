@@ -69,7 +69,7 @@ class Tensor(_CastShortcuts, NNOps):
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None) -> None:
-        if type(data) is UOp and dtype is None and requires_grad is None:  # what every op makes: keep it cheap
+        if type(data) is UOp and device is None and dtype is None and requires_grad is None:  # every op's result
             self.uop, self.grad, self.requires_grad = data, None, None
             return
         device = Device.canonicalize(device or Device.DEFAULT)
