@@ -240,3 +240,20 @@ def test_views_are_rebuilt_as_buffer_reshapes() -> None:
     out.realize()
     base: UOp = out.uop.base
     assert base.arg[0].size == 6 and out.shape == (3, 2)
+
+
+def test_symbolic_sizes_hit_only_for_the_same_values() -> None:
+    """A bound Variable carries its value in the graph, so the same value on other buffers hits (and its kernels
+    get that value), another value is another structure; views of symbolic shapes are never cached."""
+    from glassgrad import Variable
+    i = Variable("rows", 1, 8)
+    results = []
+    for value, seed in [(3, 1), (3, 2), (5, 3)]:
+        x_ref = data(8, 6, seed=seed)
+        out = Tensor(x_ref)[:i.bind(value)].sum(axis=0)  # shape (6,): an int shape over a symbolic reduction
+        results.append(hits_while(out.realize))
+        np.testing.assert_array_equal(out.numpy(), x_ref[:value].sum(axis=0))
+        part = Tensor(x_ref)[:i.bind(value)] * 2  # a symbolic shape: its view shrinks its buffer
+        part.realize()
+        np.testing.assert_array_equal(part.numpy(), x_ref[:value] * 2)
+    assert results[1] == 1 and results[2] == 0

@@ -84,14 +84,18 @@ class ScheduleTemplate:
     buffers the schedule creates (`new_buffers`: device, size, dtype). Versions are offsets from each buffer's version
     when the schedule was made (0 for created buffers)."""
     new_buffers: tuple[tuple[str, int, DType], ...]
-    items: tuple[tuple[UOp, tuple[int, ...], tuple[tuple[int, int], ...], tuple[int, int] | None], ...]
+    # (ast, buffer refs, reads, write, var_vals): the Variables' values are part of the key (a BIND holds its value)
+    items: tuple[tuple[UOp, tuple[int, ...], tuple[tuple[int, int], ...], tuple[int, int] | None, dict[str, int]], ...]
     views: tuple[tuple[bool, int, ViewTemplate], ...]  # (is an output, its index in outs / position in the walk, view)
 
     @staticmethod
     def capture(schedule: Schedule, key: GraphKey, created: list[Buffer], outs: list[UOp]) -> ScheduleTemplate | None:
         """The template of a schedule just made for the graph of `key` (before it runs). None if the schedule uses
-        a buffer that is neither in a slot nor created by the scheduler (it would depend on more than the key)."""
+        a buffer that is neither in a slot nor created by the scheduler (it would depend on more than the key), or
+        hands back a view that is not reshapes of a buffer (a symbolic shape's view shrinks its buffer)."""
         items, views = schedule
+        if any(reshape_chain(view)[0].op is not Ops.BUFFER for view in views.values()):
+            return None
         ref: dict[Buffer, int] = {b: i for i, b in enumerate(key.buffers)}
         base_version = [b.version for b in key.buffers] + [0] * len(created)
         for b in created:
@@ -108,7 +112,8 @@ class ScheduleTemplate:
         try:
             item_templates = tuple((item.ast, tuple(ref[b] for b in item.bufs),
                                     tuple(version_ref(*r) for r in item.reads),
-                                    None if item.writes is None else version_ref(*item.writes)) for item in items)
+                                    None if item.writes is None else version_ref(*item.writes), item.var_vals)
+                                   for item in items)
             out_index = {id(o): i for i, o in reversed(list(enumerate(outs)))}  # an output's first index
             view_templates = tuple((True, out_index[id(node)], view_template(view)) if id(node) in out_index else
                                    (False, key.position[node], view_template(view)) for node, view in views.items())
@@ -119,7 +124,7 @@ class ScheduleTemplate:
     def instantiate(self, key: GraphKey, nodes: list[UOp], outs: list[UOp],
                     make_item: Callable[..., Any]) -> Schedule:
         """The schedule for the graph of `key`: this template with the key's buffers in the slots and fresh buffers
-        for the ones the schedule creates. `make_item(ast, bufs, reads, writes)` builds a ScheduleItem."""
+        for the ones the schedule creates. `make_item(ast, bufs, reads, writes, var_vals)` builds a ScheduleItem."""
         bufs = key.buffers + [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
         base_version = [b.version for b in key.buffers] + [0] * len(self.new_buffers)
 
@@ -127,7 +132,8 @@ class ScheduleTemplate:
             return bufs[r[0]], base_version[r[0]] + r[1]
 
         items = [make_item(ast, tuple(bufs[r] for r in refs), frozenset(versioned(r) for r in reads),
-                           None if writes is None else versioned(writes)) for ast, refs, reads, writes in self.items]
+                           None if writes is None else versioned(writes), dict(var_vals))
+                 for ast, refs, reads, writes, var_vals in self.items]
         views: dict[UOp, UOp] = {}
         for is_out, index, (buf_ref, offset, shapes) in self.views:
             buf = bufs[buf_ref]
