@@ -267,8 +267,12 @@ class UOp:
         if node._device is not None:
             found = node._device
         else:
-            found = node.arg if node.op is Ops.DEVICE else node.arg[0].device if node.op is Ops.BUFFER else \
-                node.src[1].arg
+            if node.op is Ops.DEVICE:
+                found = node.arg
+            elif node.op is Ops.BUFFER:
+                found = node.arg[0].device
+            else:  # COPY names the device it copies to
+                found = node.src[1].arg
             chain.append(node)
         for n in chain:
             object.__setattr__(n, "_device", found)
