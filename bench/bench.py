@@ -60,7 +60,6 @@ def mnist_example() -> Any:
 
 def mnist_glassgrad_step(batch: int, device: str, jit: bool = False) -> Callable[[], Tensor]:
     """One Adam training step of examples/mnist.py's CNN on a fixed random batch; `jit`: the example's TinyJit step."""
-    from glassgrad import no_grad
     from glassgrad.nn import optim, state
     example = mnist_example()
     rng = np.random.default_rng(0)
@@ -75,12 +74,7 @@ def mnist_glassgrad_step(batch: int, device: str, jit: bool = False) -> Callable
     jitted = example.train_step_fn(model, opt)
 
     def eager_step() -> Tensor:
-        with Tensor.train():
-            opt.zero_grad()
-            loss = model(x).sparse_categorical_crossentropy(y).backward()
-            with no_grad():
-                Tensor.realize_all(loss, *opt.schedule_step())
-        return loss
+        return example.train_step(model, opt, x, y)
 
     def step() -> Tensor:
         loss = jitted(x, y) if jit else eager_step()

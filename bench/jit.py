@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from bench import mnist_example
-from glassgrad import Context, Device, GlobalCounters, Tensor, TinyJit, nn, no_grad
+from glassgrad import Context, Device, GlobalCounters, Tensor, TinyJit, nn
 from glassgrad.nn import optim, state
 
 
@@ -49,12 +49,7 @@ def make_step(batch: int, device: str, mode: str, model_name: str) -> Callable[[
     jitted.plan_memory = mode != "jit-unplanned"
 
     def eager() -> Tensor:
-        with Tensor.train():
-            opt.zero_grad()
-            loss = model(x).sparse_categorical_crossentropy(y).backward()
-            with no_grad():
-                Tensor.realize_all(loss, *opt.schedule_step())
-        return loss
+        return example.train_step(model, opt, x, y)
 
     def step() -> Tensor:
         loss = eager() if mode == "eager" else jitted(x, y)
