@@ -208,8 +208,9 @@ def torch_gpu_time(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(times)
 
 
-def gpu_rows(device: str, repeat: int) -> list[tuple[str, str, float, float, float]]:
-    """(name, unit, amount, glassgrad seconds, torch seconds) for the CUDA issue's workloads."""
+def gpu_rows(device: str, repeat: int, only: str = "") -> list[tuple[str, str, float, float, float]]:
+    """(name, unit, amount, glassgrad seconds, torch seconds) for the CUDA issue's workloads (those whose name
+    contains `only`, case-insensitive)."""
     assert torch is not None, "the GPU benchmark compares against PyTorch: install it"
     rng = np.random.default_rng(0)
     rows = []
@@ -218,47 +219,60 @@ def gpu_rows(device: str, repeat: int) -> list[tuple[str, str, float, float, flo
         a = rng.standard_normal(shape, dtype=np.float32)
         return Tensor(a, device=device).cast(dtype).realize(), torch.from_numpy(a).cuda().to(getattr(torch, dtype))
 
+    def want(name: str) -> bool:
+        return only.lower() in name.lower()
+
     n = 4096
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False  # float32 against float32 (the conv row and the MNIST step too)
     for dt in ("float32", "float16"):
+        if not want(f"matmul {n} {dt}"):
+            continue
         (ga, ta), (gb, tb) = pair(n, n, dtype=dt), pair(n, n, dtype=dt)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False  # the conv row too: float32 against float32
         t_gg = gpu_kernel_time(lambda ga=ga, gb=gb: (ga @ gb).realize(), repeat)
         t_torch = torch_gpu_time(lambda ta=ta, tb=tb: ta @ tb, repeat)
         rows.append((f"matmul {n} {dt}", "TFLOP/s", 2 * n**3 / 1e12, t_gg, t_torch))
-    (gi, ti), (gw, tw) = pair(64, 64, 56, 56), pair(128, 64, 3, 3)
-    rows.append(("conv2d 64x64x56^2->128 3x3", "TFLOP/s", 2 * 64 * 128 * 56 * 56 * 64 * 9 / 1e12,
-                 gpu_kernel_time(lambda: gi.conv2d(gw, padding=1).realize(), repeat),
-                 torch_gpu_time(lambda: torch.nn.functional.conv2d(ti, tw, padding=1), repeat)))
+    if want("conv2d"):
+        (gi, ti), (gw, tw) = pair(64, 64, 56, 56), pair(128, 64, 3, 3)
+        rows.append(("conv2d 64x64x56^2->128 3x3", "TFLOP/s", 2 * 64 * 128 * 56 * 56 * 64 * 9 / 1e12,
+                     gpu_kernel_time(lambda: gi.conv2d(gw, padding=1).realize(), repeat),
+                     torch_gpu_time(lambda: torch.nn.functional.conv2d(ti, tw, padding=1), repeat)))
     m = 64 * 1024 * 1024
-    (gx, tx), (gy, ty), (gz, tz) = pair(m), pair(m), pair(m)
-    rows.append(("(a*b+c).relu() 64M", "GB/s", 4 * m * 4 / 1e9,
-                 gpu_kernel_time(lambda: (gx * gy + gz).relu().realize(), repeat),
-                 torch_gpu_time(lambda: (tx * ty + tz).relu(), repeat)))
-    rows.append(("a*2 64M", "GB/s", 2 * m * 4 / 1e9, gpu_kernel_time(lambda: (gx * 2).realize(), repeat),
-                 torch_gpu_time(lambda: tx * 2, repeat)))
-    rows.append(("(torch d2d copy 64M)", "GB/s", 2 * m * 4 / 1e9, float("nan"),
-                 torch_gpu_time(lambda: ty.copy_(tx), repeat)))
-    gs, ts = pair(8192, 8192)
-    rows.append(("sum(axis=1) 8192^2", "GB/s", 8192 * 8192 * 4 / 1e9, gpu_kernel_time(lambda: gs.sum(axis=1).realize(),
-                 repeat), torch_gpu_time(lambda: ts.sum(dim=1), repeat)))
-    rows.append(("softmax 8192^2", "GB/s", 2 * 8192 * 8192 * 4 / 1e9,
-                 gpu_kernel_time(lambda: gs.softmax(-1).realize(), repeat),
-                 torch_gpu_time(lambda: torch.softmax(ts, dim=-1), repeat)))
-    gg_step, torch_step = mnist_step_fns(512, device)
-    assert torch_step is not None
-    rows.append(("MNIST train step b512", "steps/s", 1.0, timeit(gg_step, repeat), timeit(torch_step, repeat)))
-    return rows
+    if want("(a*b+c).relu() 64M") or want("a*2 64M"):
+        (gx, tx), (gy, ty), (gz, tz) = pair(m), pair(m), pair(m)
+        rows.append(("(a*b+c).relu() 64M", "GB/s", 4 * m * 4 / 1e9,
+                     gpu_kernel_time(lambda: (gx * gy + gz).relu().realize(), repeat),
+                     torch_gpu_time(lambda: (tx * ty + tz).relu(), repeat)))
+        rows.append(("a*2 64M", "GB/s", 2 * m * 4 / 1e9, gpu_kernel_time(lambda: (gx * 2).realize(), repeat),
+                     torch_gpu_time(lambda: tx * 2, repeat)))
+        rows.append(("(torch d2d copy 64M)", "GB/s", 2 * m * 4 / 1e9, float("nan"),
+                     torch_gpu_time(lambda: ty.copy_(tx), repeat)))
+    if want("sum(axis=1) 8192^2") or want("softmax 8192^2"):
+        gs, ts = pair(8192, 8192)
+        rows.append(("sum(axis=1) 8192^2", "GB/s", 8192 * 8192 * 4 / 1e9,
+                     gpu_kernel_time(lambda: gs.sum(axis=1).realize(), repeat),
+                     torch_gpu_time(lambda: ts.sum(dim=1), repeat)))
+        rows.append(("softmax 8192^2", "GB/s", 2 * 8192 * 8192 * 4 / 1e9,
+                     gpu_kernel_time(lambda: gs.softmax(-1).realize(), repeat),
+                     torch_gpu_time(lambda: torch.softmax(ts, dim=-1), repeat)))
+    if want("MNIST train step b512"):
+        gg_step, torch_step = mnist_step_fns(512, device)
+        assert torch_step is not None
+        t_torch = timeit(torch_step, repeat)
+        rows.append(("MNIST train step b512", "steps/s", 1.0, timeit(gg_step, repeat), t_torch))
+        rows.append(("MNIST train step b512 (TinyJit)", "steps/s", 1.0,
+                     timeit(mnist_glassgrad_step(512, device, jit=True), repeat), t_torch))
+    return [row for row in rows if want(row[0])]
 
 
-def print_gpu(device: str, repeat: int) -> None:
+def print_gpu(device: str, repeat: int, only: str = "") -> None:
     print(f"device {device}; torch {torch.__version__ if torch else '-'}; kernel times from device events")
-    header = f"{'workload':<28} {'glassgrad':>12} {'torch':>12} {'unit':>8} {'glassgrad/torch':>16}"
+    header = f"{'workload':<32} {'glassgrad':>12} {'torch':>12} {'unit':>8} {'glassgrad/torch':>16}"
     print(header)
     print("-" * len(header))
-    for name, unit, amount, t_gg, t_torch in gpu_rows(device, repeat):
+    for name, unit, amount, t_gg, t_torch in gpu_rows(device, repeat, only):
         rate_gg, rate_torch = amount / t_gg if t_gg == t_gg else float("nan"), amount / t_torch
-        print(f"{name:<28} {rate_gg:12.2f} {rate_torch:12.2f} {unit:>8} {rate_gg / rate_torch:15.2f}x")
+        print(f"{name:<32} {rate_gg:12.2f} {rate_torch:12.2f} {unit:>8} {rate_gg / rate_torch:15.2f}x")
     print("throughput (higher is better); the last column is glassgrad's share of PyTorch's throughput")
 
 
@@ -266,17 +280,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=Device.DEFAULT)
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--only", default="", help="run only the workloads whose name contains this (any case)")
     args = parser.parse_args()
     if torch is not None:
         torch.set_num_threads(max(1, torch.get_num_threads()))
     if args.device.upper().startswith("CUDA"):
-        print_gpu(args.device, args.repeat)
+        print_gpu(args.device, args.repeat, args.only)
         return
     print(f"device {args.device}; numpy {np.__version__}; torch {torch.__version__ if torch else 'not installed'}")
     header = f"{'workload':<32} {'glassgrad':>11} {'numpy':>11} {'torch':>11} {'vs numpy':>9} {'vs torch':>9}"
     print(header)
     print("-" * len(header))
     for w in make_workloads(args.device):
+        if args.only.lower() not in w.name.lower():
+            continue
         t_gg = timeit(w.glassgrad, args.repeat)
         t_np = timeit(w.numpy, args.repeat) if not w.name.startswith("MNIST") else float("nan")
         t_torch = timeit(w.torch, args.repeat) if w.torch is not None else None
