@@ -39,6 +39,8 @@ TILED: dict[str, Callable[[], Tensor]] = {
     "conv2d padded": lambda: Tensor.empty(2, 5, 12, 12).conv2d(Tensor.empty(70, 5, 3, 3), padding=1),
     "linear with bias and relu": lambda: (Tensor.empty(96, 40) @ Tensor.empty(40, 80) + Tensor.empty(80)).relu(),
     "half matmul on tensor cores": matmul(128, 96, 256, F16),
+    "narrow rows (32 output channels)": lambda: Tensor.empty(2, 3, 12, 12).conv2d(Tensor.empty(32, 3, 5, 5)),
+    "narrow columns with remainders": matmul(130, 24, 40),
 }
 NOT_TILED: dict[str, Callable[[], Tensor]] = {
     "small matmul": matmul(32, 64, 32),
@@ -61,7 +63,7 @@ def shared_buffer(u: UOp) -> UOp:
 
 
 def is_tiled(spec: ProgramSpec) -> bool:
-    return any(u.op is Ops.BARRIER for u in spec.uops) and spec.local_size in ((256, 1, 1), (128, 1, 1))
+    return any(u.op is Ops.BARRIER for u in spec.uops) and spec.local_size in ((256, 1, 1), (128, 1, 1), (64, 1, 1))
 
 
 @pytest.mark.parametrize("name", TILED)
@@ -77,7 +79,8 @@ def test_other_kernels_are_not_tiled(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["matmul remainders", "half matmul", "batched matmul", "conv2d padded",
-                                  "half matmul on tensor cores"])
+                                  "half matmul on tensor cores", "narrow rows (32 output channels)",
+                                  "narrow columns with remainders"])
 def test_every_access_is_in_bounds(name: str) -> None:
     """Every block, thread and iteration: global loads/stores inside their buffers, shared ones inside the tile."""
     t = TILED[name]()
@@ -193,7 +196,7 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("m,k,n", [(130, 70, 129), (64, 8, 64), (128, 128, 128), (257, 33, 1000), (1024, 1, 64),
-                                   (300, 4096, 200)])
+                                   (300, 4096, 200), (32, 300, 1000), (1000, 77, 40), (40, 9, 130)])
 def test_matmul_on_gpu(cuda: str, m: int, k: int, n: int) -> None:
     rng = np.random.default_rng(m * k + n)
     a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
@@ -231,3 +234,24 @@ def test_conv_and_batched_on_gpu_match_the_cpu(cuda: str, make: Callable[..., Te
     gpu = make(cuda, Tensor(x, device=cuda), Tensor(w, device=cuda)).numpy()
     cpu = make("CPU", Tensor(x, device="CPU"), Tensor(w, device="CPU")).numpy()
     assert relative_error(gpu, cpu.astype(np.float64)) < 1e-5
+
+
+@pytest.mark.parametrize("batch,cin,cout,size,k", [(64, 32, 32, 24, 5), (128, 32, 64, 10, 3), (32, 1, 32, 28, 5)])
+def test_conv_gradients_on_gpu(cuda: str, batch: int, cin: int, cout: int, size: int, k: int) -> None:
+    """MNIST's conv gradients (split weight-gradient reductions, narrow 32-channel tiles) against float64 numpy."""
+    rng = np.random.default_rng(batch * cout + k)
+    x = rng.standard_normal((batch, cin, size, size), dtype=np.float32)
+    w = rng.standard_normal((cout, cin, k, k), dtype=np.float32)
+    g = rng.standard_normal((batch, cout, size - k + 1, size - k + 1), dtype=np.float32)
+    xt, wt = Tensor(x, device=cuda, requires_grad=True), Tensor(w, device=cuda, requires_grad=True)
+    out = xt.conv2d(wt)
+    (out * Tensor(g, device=cuda)).sum().backward()
+    windows = np.lib.stride_tricks.sliding_window_view(x.astype(np.float64), (k, k), axis=(2, 3))
+    assert relative_error(out.numpy(), np.einsum("bcyxij,ocij->boyx", windows, w.astype(np.float64))) < 1e-5
+    assert relative_error(wt.grad.numpy(), np.einsum("boyx,bcyxij->ocij", g.astype(np.float64), windows)) < 1e-5
+    dx = np.zeros(x.shape)
+    for i in range(k):
+        for j in range(k):
+            dx[:, :, i:i + size - k + 1, j:j + size - k + 1] += np.einsum("boyx,oc->bcyx", g.astype(np.float64),
+                                                                       w[:, :, i, j].astype(np.float64))
+    assert relative_error(xt.grad.numpy(), dx) < 1e-5

@@ -776,3 +776,29 @@ def test_random_reduce_graphs_match_numpy(data: st.DataObject) -> None:
     pool = grow_graph(data.draw, ops, np.float32, data.draw(st.integers(3, 10)))
     assert_loads_in_bounds(pool[-1].t)
     assert_matches(pool[-1])
+
+
+def conv_weight_gradient(batch: int, cin: int, cout: int, size: int, k: int) -> tuple[Tensor, np.ndarray]:
+    """d/dw of sum(conv2d(x, w) * g), and the same in float64 numpy."""
+    rng = np.random.default_rng(batch + cin)
+    x = rng.standard_normal((batch, cin, size, size), dtype=np.float32)
+    w = rng.standard_normal((cout, cin, k, k), dtype=np.float32)
+    out = size - k + 1
+    g = rng.standard_normal((batch, cout, out, out), dtype=np.float32)
+    wt = Tensor(w, requires_grad=True)
+    (Tensor(x).conv2d(wt) * Tensor(g)).sum().backward()
+    windows = np.lib.stride_tricks.sliding_window_view(x.astype(np.float64), (k, k), axis=(2, 3))  # b c y x ky kx
+    return wt.grad, np.einsum("boyx,bcyxij->ocij", g.astype(np.float64), windows)  # type: ignore[return-value]
+
+
+def test_long_reductions_into_some_thousand_outputs_are_split() -> None:
+    """A conv's weight gradient (3200 outputs, each a sum over 256 x 8 x 8 positions) is reduced in two stages:
+    the first one's 256 x more outputs keep a GPU busy; each stage divides the batch axis, not a row inside it."""
+    grad, ref = conv_weight_gradient(256, 4, 32, 12, 5)
+    specs = kernels(grad, device="CUDA")
+    names = [s.name for s in specs]
+    assert any(n.startswith("r_32_4_5_5_256_") for n in names) and "r_32_4_5_5_256" in names, names
+    np.testing.assert_allclose(grad.numpy(), ref, rtol=1e-4, atol=1e-3)
+    short, short_ref = conv_weight_gradient(16, 4, 32, 12, 5)  # a 1024-long reduction stays one kernel
+    assert "r_32_4_5_5_16_8_8" in [s.name for s in kernels(short, device="CUDA")]
+    np.testing.assert_allclose(short.numpy(), short_ref, rtol=1e-4, atol=1e-3)

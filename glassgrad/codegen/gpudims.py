@@ -195,12 +195,12 @@ def _gate_loads(value: UOp, valid: UOp) -> UOp:
 
 
 # ---------------------------------------------------------------- tiled: matmul-shaped reductions
-TILE = 128            # outputs per block along each of the two tile axes
-THREADS = 16          # threads per block along each tile axis (16 x 16 = 256)
+TILE = 128            # outputs per block along a tile axis (16 threads of 8 each: 16 x 16 = 256 threads)
+NARROW_TILE = 32      # ... along an axis shorter than MIN_SIDE (4 threads of 8: a conv's 32 channels)
 TILE_K = 8            # reduction elements per shared-memory tile
 PAD = 4               # floats added to each shared-memory row: the transposing stores hit distinct banks
-MIN_SIDE = 64         # both tile axes at least this long, and the reduction at least TILE_K
-PER_THREAD = TILE // THREADS  # outputs per thread along each axis: two groups of 4, half a tile apart
+MIN_SIDE = 64         # one tile axis at least this long, the other at least NARROW_TILE, the reduction TILE_K
+PER_THREAD = 8        # outputs per thread along each axis: two groups of 4, half a tile apart
 
 
 @dataclass(frozen=True)
@@ -212,6 +212,11 @@ class Operand:
     @property
     def size(self) -> int:
         return prod(r.src[0].arg for r in self.ranges)
+
+    @property
+    def tile(self) -> int:
+        """Outputs of a block along this axis."""
+        return TILE if self.size >= MIN_SIDE else NARROW_TILE
 
 
 @dataclass(frozen=True)
@@ -246,7 +251,7 @@ def matmul_plan(ast: UOp, nodes: list[UOp], global_ranges: list[UOp], reduces: l
     if not only_x or not only_y:
         return None
     rows, cols = Operand(x, only_x), Operand(y, only_y)
-    if rows.size < MIN_SIDE or cols.size < MIN_SIDE or _reduce_size(red) < TILE_K:
+    if min(rows.size, cols.size) < NARROW_TILE or max(rows.size, cols.size) < MIN_SIDE or _reduce_size(red) < TILE_K:
         return None
     contiguous = global_ranges[-1] if index_stride(stores[0].src[1], global_ranges[-1]) == 1 else None
     if contiguous in rows.ranges:
@@ -280,7 +285,7 @@ class _Block:
 
 def _block(plan: MatmulPlan, tile_k: int, k_inner_size: int, threads: int) -> _Block:
     dt = plan.store.src[1].dtype
-    tiles = (math.ceil(plan.rows.size / TILE), math.ceil(plan.cols.size / TILE))
+    tiles = (math.ceil(plan.rows.size / plan.rows.tile), math.ceil(plan.cols.size / plan.cols.tile))
     batch_sizes = tuple(r.src[0].arg for r in plan.batch)
     blocks = prod(batch_sizes) * tiles[0] * tiles[1]
     bidx = UOp(Ops.SPECIAL, dt, (), ("bidx", blocks, 1))
@@ -313,37 +318,40 @@ def _output(plan: MatmulPlan, b: _Block, result: UOp, row: UOp, col: UOp) -> UOp
 
 
 def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool) -> tuple[UOp, Dims, Dims]:
-    """Each block computes a TILE x TILE tile of outputs, each thread an 8 x 8 register tile of it (one REDUCE per
-    output: the linearizer gives them one loop). Per TILE_K step of the reduction the block copies both factors'
-    tiles into shared memory (double-buffered: one barrier per step), then every thread reads its 8 + 8 factors per
-    k from there. Tiles past the end of an axis read zeros and store nothing."""
+    """Each block computes a TILE x TILE tile of outputs (NARROW_TILE along an axis shorter than MIN_SIDE: 64
+    threads), each thread an 8 x 8 register tile of it (one REDUCE per output: the linearizer gives them one loop).
+    Per TILE_K step of the reduction the block copies both factors' tiles into shared memory (double-buffered: one
+    barrier per step), then every thread reads its 8 + 8 factors per k from there. Tiles past the end of an axis
+    read zeros and store nothing."""
     if tensor_cores and _tensor_core_operands(plan) is not None:
         return _tensor_core_tiled(ast, plan)
-    b = _block(plan, TILE_K, TILE_K, THREADS * THREADS)
+    row_tile, col_tile = plan.rows.tile, plan.cols.tile
+    col_threads = col_tile // PER_THREAD
+    b = _block(plan, TILE_K, TILE_K, row_tile // PER_THREAD * col_threads)
     dt = b.dt
-    row_stride = TILE + PAD
-    half = TILE_K * row_stride   # one factor's tile
-    smem = UOp(Ops.DEFINE_LOCAL, plan.reduce.dtype, (), (0, 4 * half))
-    buffer = (b.k_outer % UOp.const(dt, 2)) * UOp.const(dt, 2 * half)  # double buffering: even/odd k steps
+    strides = (row_tile + PAD, col_tile + PAD)
+    halves = (TILE_K * strides[0], TILE_K * strides[1])   # each factor's tile
+    smem = UOp(Ops.DEFINE_LOCAL, plan.reduce.dtype, (), (0, 2 * sum(halves)))
+    buffer = (b.k_outer % UOp.const(dt, 2)) * UOp.const(dt, sum(halves))  # double buffering: even/odd k steps
 
     def layout(side: int) -> Callable[[UOp, UOp], UOp]:  # both stored k-major: [k][position]
-        return lambda pos, kk: buffer + UOp.const(dt, side * half) + kk * UOp.const(dt, row_stride) + pos
+        return lambda pos, kk: buffer + UOp.const(dt, side * halves[0]) + kk * UOp.const(dt, strides[side]) + pos
     barrier = _copy_tiles(plan, b, smem, TILE_K, (plan.rows.value, plan.cols.value), (layout(0), layout(1)))
-    ty, tx = b.lidx // UOp.const(dt, THREADS), b.lidx % UOp.const(dt, THREADS)
-    k_row = buffer + b.k_inner * UOp.const(dt, row_stride)
+    ty, tx = b.lidx // UOp.const(dt, col_threads), b.lidx % UOp.const(dt, col_threads)
 
-    def own(thread: UOp, i: int) -> UOp:  # the i-th of a thread's 8 positions along a tile axis
-        return UOp.const(dt, (i // 4) * (TILE // 2) + i % 4) + thread * UOp.const(dt, 4)
+    def own(thread: UOp, i: int, tile: int) -> UOp:  # the i-th of a thread's 8 positions along a tile axis
+        return UOp.const(dt, (i // 4) * (tile // 2) + i % 4) + thread * UOp.const(dt, 4)
 
-    row_factors = [UOp(Ops.LOAD, smem.dtype, (barrier, k_row + own(ty, i))) for i in range(PER_THREAD)]
-    col_factors = [UOp(Ops.LOAD, smem.dtype, (barrier, k_row + UOp.const(dt, half) + own(tx, j)))
+    row_factors = [UOp(Ops.LOAD, smem.dtype, (barrier, layout(0)(own(ty, i, row_tile), b.k_inner)))
+                   for i in range(PER_THREAD)]
+    col_factors = [UOp(Ops.LOAD, smem.dtype, (barrier, layout(1)(own(tx, j, col_tile), b.k_inner)))
                    for j in range(PER_THREAD)]
     outputs = []
     for i in range(PER_THREAD):
         for j in range(PER_THREAD):
             red = UOp(Ops.REDUCE, plan.reduce.dtype, (row_factors[i] * col_factors[j], b.k_outer, b.k_inner), Ops.ADD)
-            outputs.append(_output(plan, b, red, b.row_tile * UOp.const(dt, TILE) + own(ty, i),
-                                   b.col_tile * UOp.const(dt, TILE) + own(tx, j)))
+            outputs.append(_output(plan, b, red, b.row_tile * UOp.const(dt, row_tile) + own(ty, i, row_tile),
+                                   b.col_tile * UOp.const(dt, col_tile) + own(tx, j, col_tile)))
     sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
     return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
 
@@ -480,7 +488,7 @@ def _positions(operand: Operand, flat: UOp) -> dict[UOp, UOp]:
 
 def _inside(operand: Operand, flat: UOp) -> UOp | None:
     """`flat < size` where the last tile of the axis runs past its end, else None (always inside)."""
-    return None if operand.size % TILE == 0 else flat < UOp.const(flat.dtype, operand.size)
+    return None if operand.size % operand.tile == 0 else flat < UOp.const(flat.dtype, operand.size)
 
 
 def _both(a: UOp | None, b: UOp | None) -> UOp | None:
@@ -498,16 +506,17 @@ def _tile_copy(operand: Operand, value: UOp, tile: UOp, b: _Block, k_ranges: tup
     along_tile = any(index_stride(u.src[1], operand.ranges[-1]) == 1 for u in loads)
     k_sizes = tuple(r.src[0].arg for r in k_ranges)
     # each thread copies runs of `vector` neighbouring elements (16 bytes: the compiler can make one access of them)
-    vector = max(1, min(16 // value.dtype.itemsize, TILE * tile_k // threads, tile_k))
+    size = operand.tile
+    vector = max(1, min(16 // value.dtype.itemsize, size * tile_k // threads, tile_k))
     out = []
-    for part in range(TILE * tile_k // threads):
+    for part in range(size * tile_k // threads):
         run = b.lidx * UOp.const(dt, vector) + UOp.const(dt, (part // vector) * threads * vector)
         step = UOp.const(dt, part % vector)
         if along_tile:
-            pos, kk = run % UOp.const(dt, TILE) + step, run // UOp.const(dt, TILE)
+            pos, kk = run % UOp.const(dt, size) + step, run // UOp.const(dt, size)
         else:
             pos, kk = run // UOp.const(dt, tile_k), run % UOp.const(dt, tile_k) + step
-        flat = tile * UOp.const(dt, TILE) + pos
+        flat = tile * UOp.const(dt, size) + pos
         k = k_tile * UOp.const(dt, tile_k) + kk
         mapping = {**b.batch_map, **_positions(operand, flat), **dict(zip(k_ranges, unflatten_index(k, k_sizes, dt)))}
         element_value = substitute(value, mapping)

@@ -247,19 +247,35 @@ def _buffer_size(node: UOp) -> int:
 
 SPLIT_MIN_REDUCE = 1 << 16  # reductions at least this long ...
 SPLIT_MAX_OUTPUTS = 1024    # ... into at most this many outputs are split in two stages
+SPLIT_MIN_REDUCE_WIDE = 1 << 14   # with more outputs (a thread or a tile each), reductions this long ...
+SPLIT_MAX_OUTPUTS_WIDE = 1 << 16  # ... into at most this many outputs too (a convolution's weight gradient)
+SPLIT_PARTIALS = 1 << 22          # the first stage makes at most about this many partial results
 
 
 def _should_split(u: UOp) -> bool:
+    """A GPU reduces a few outputs in work-groups, so only very long reductions into them are split; with more
+    outputs each one is a thread's (or a tile's) loop, and a long loop over few threads leaves the GPU idle."""
     if u.op is not Ops.REDUCE_AXIS:
         return False
     reduced = prod(u.src[0].shape[a] for a in u.arg[1])
     if not isinstance(reduced, int) or not isinstance(u.size, int):
         return False  # symbolic reductions stay one stage
-    return reduced >= SPLIT_MIN_REDUCE and u.size <= SPLIT_MAX_OUTPUTS and _split_factor(reduced) is not None
+    long_enough = reduced >= SPLIT_MIN_REDUCE if u.size <= SPLIT_MAX_OUTPUTS else \
+        reduced >= SPLIT_MIN_REDUCE_WIDE and u.size <= SPLIT_MAX_OUTPUTS_WIDE
+    return long_enough and _split_factor(u) is not None
 
 
-def _split_factor(n: int) -> int | None:
-    return next((k for k in range(256, 15, -1) if n % k == 0), None)
+def _split_factor(u: UOp) -> int | None:
+    """The number of parts: at most 256 and SPLIT_PARTIALS / outputs, at least 16; one that divides the outermost
+    reduced axis where there is one (the parts are then whole slices of it: simpler indices), else the whole."""
+    axes = u.arg[1]
+    sizes = [u.src[0].shape[a] for a in axes]
+    reduced = prod(sizes)
+    limit = min(256, SPLIT_PARTIALS // max(1, u.size))
+    for n in (sizes[0], reduced):
+        if (k := next((k for k in range(limit, 15, -1) if n % k == 0), None)) is not None:
+            return k
+    return None
 
 
 def _split_reduce(u: UOp) -> UOp:
@@ -269,7 +285,7 @@ def _split_reduce(u: UOp) -> UOp:
     src = u.src[0]
     keep = [i for i in range(len(src.shape)) if i not in axes]
     reduced = prod(src.shape[a] for a in axes)
-    factor = _split_factor(reduced)
+    factor = _split_factor(u)
     assert factor is not None
     grouped = src.permute(tuple(keep + list(axes))).reshape(tuple(src.shape[i] for i in keep) +
                                                             (factor, reduced // factor))
