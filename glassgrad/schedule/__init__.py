@@ -247,9 +247,10 @@ def _buffer_size(node: UOp) -> int:
 
 SPLIT_MIN_REDUCE = 1 << 16  # reductions at least this long ...
 SPLIT_MAX_OUTPUTS = 1024    # ... into at most this many outputs are split in two stages
+SPLIT_GROUPS = 1 << 15      # their first stage has about this many outputs at most (a GPU work-group each)
 SPLIT_MIN_REDUCE_WIDE = 1 << 14   # with more outputs (a thread or a tile each), reductions this long ...
 SPLIT_MAX_OUTPUTS_WIDE = 1 << 16  # ... into at most this many outputs too (a convolution's weight gradient)
-SPLIT_PARTIALS = 1 << 22          # the first stage makes at most about this many partial results
+SPLIT_PARTIALS = 1 << 22          # their first stage has at most about this many outputs
 
 
 def _should_split(u: UOp) -> bool:
@@ -266,13 +267,13 @@ def _should_split(u: UOp) -> bool:
 
 
 def _split_factor(u: UOp) -> int | None:
-    """The number of parts: at most 256 and SPLIT_PARTIALS / outputs, at least 16; one that divides the outermost
-    reduced axis where there is one (the parts are then whole slices of it: simpler indices), else the whole."""
-    axes = u.arg[1]
-    sizes = [u.src[0].shape[a] for a in axes]
-    reduced = prod(sizes)
-    limit = min(256, SPLIT_PARTIALS // max(1, u.size))
-    for n in (sizes[0], reduced):
+    """The number of parts: at most 256 (and SPLIT_GROUPS or SPLIT_PARTIALS first-stage outputs), at least 16; one
+    that divides the outermost reduced axis where there is one (the parts are then whole slices of it: simpler
+    indices), else the whole."""
+    sizes = [u.src[0].shape[a] for a in u.arg[1]]
+    size = max(1, u.size)
+    limit = min(256, (SPLIT_GROUPS if size <= SPLIT_MAX_OUTPUTS else SPLIT_PARTIALS) // size)
+    for n in (sizes[0], prod(sizes)):
         if (k := next((k for k in range(limit, 15, -1) if n % k == 0), None)) is not None:
             return k
     return None
