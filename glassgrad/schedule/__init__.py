@@ -255,15 +255,24 @@ SPLIT_PARTIALS = 1 << 22          # their first stage has at most about this man
 
 def _should_split(u: UOp) -> bool:
     """A GPU reduces a few outputs in work-groups, so only very long reductions into them are split; with more
-    outputs each one is a thread's (or a tile's) loop, and a long loop over few threads leaves the GPU idle."""
+    outputs each one is a thread's (or a tile's) loop, and a long loop over few threads leaves the GPU idle (split
+    on GPUs only)."""
     if u.op is not Ops.REDUCE_AXIS:
         return False
     reduced = prod(u.src[0].shape[a] for a in u.arg[1])
     if not isinstance(reduced, int) or not isinstance(u.size, int):
         return False  # symbolic reductions stay one stage
     long_enough = reduced >= SPLIT_MIN_REDUCE if u.size <= SPLIT_MAX_OUTPUTS else \
-        reduced >= SPLIT_MIN_REDUCE_WIDE and u.size <= SPLIT_MAX_OUTPUTS_WIDE
+        reduced >= SPLIT_MIN_REDUCE_WIDE and u.size <= SPLIT_MAX_OUTPUTS_WIDE and _thread_per_output(u.device)
     return long_enough and _split_factor(u) is not None
+
+
+@functools.cache
+def _thread_per_output(device: str) -> bool:
+    """Whether the device's kernels run a thread (or a tile) per output (GPUs), so that some thousand outputs leave
+    it mostly idle; a CPU's few cores split the outer loop of any of them, and partial results only cost it memory."""
+    from glassgrad.kernels import renderer_for  # (kernels.py imports the scheduler)
+    return renderer_for(device).has_local
 
 
 def _split_factor(u: UOp) -> int | None:
