@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from glassgrad.codegen import ProgramSpec, get_program
 from glassgrad.device import Buffer, Device
+from glassgrad.dtype import dtypes
 from glassgrad.renderer.cstyle import CStyleLanguage
 from glassgrad.schedule import create_schedule
 from glassgrad.uop.ops import Ops, UOp
@@ -47,7 +48,9 @@ def _retarget(u: UOp, device: str) -> UOp:
 
 def kernels(*tensors: Tensor, device: str | None = None) -> list[ProgramSpec]:
     target = Device.canonicalize(device) if device is not None else None
-    uops = [t.uop if target is None else _retarget(t.uop, target) for t in tensors]
+    uops = [t.uop for t in tensors]
+    if target is not None:  # all at once: a buffer or node the tensors share stays one buffer or node
+        uops = list(_retarget(UOp(Ops.SINK, dtypes.void, tuple(uops)), target).src)
     schedule, _ = create_schedule(uops)
     out = []
     for item in schedule:

@@ -69,6 +69,14 @@ def test_kernels_of_softmax_is_three() -> None:
     assert len(glassgrad.kernels(Tensor.rand(4, 10).softmax())) == 3
 
 
+def test_kernels_for_another_device_share_what_the_tensors_share() -> None:
+    """Several tensors retargeted together: a node they share is computed once, as on their own device."""
+    x = Tensor.rand(64, 64).realize()
+    shared = (x @ x).relu()
+    outs = (shared.sum(), shared.max(), shared * 2)
+    assert len(glassgrad.kernels(*outs, device="CUDA")) == len(glassgrad.kernels(*outs)) == 4
+
+
 def test_kernels_of_a_realized_tensor_is_empty() -> None:
     assert glassgrad.kernels(Tensor.rand(3).realize()) == []
 
