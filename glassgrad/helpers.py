@@ -1,6 +1,6 @@
 """Small shared helpers: environment flags (tinygrad's names), `prod`, `Context`, cache directory.
 
-In: environment variables such as DEBUG, NOOPT, CACHEDIR, CACHELEVEL. Out: typed accessors for them.
+In: environment variables such as DEBUG, NOOPT, BEAM, CACHEDIR, CACHELEVEL. Out: typed accessors for them.
 """
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ class ContextVar:
 
 DEBUG = ContextVar("DEBUG", 0)
 NOOPT = ContextVar("NOOPT", 0)
+BEAM = ContextVar("BEAM", 0)  # search this many kernels wide for the fastest opts (timed on the device, cached)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
 JIT = ContextVar("JIT", 1)  # JIT=0: TinyJit functions run eagerly on every call
 SCACHE = ContextVar("SCACHE", 1)  # reuse the schedule of a graph with the structure of one seen before

@@ -109,5 +109,5 @@ def test_loads_hoisted_out_of_upcast_loops(mats: tuple[np.ndarray, np.ndarray]) 
     acc = next(u for u in program if u.op is Ops.DEFINE_ACC)
     assert acc.src[1:] == (ui, uj)
     source = Device["CPU"].renderer.render("k", program)
-    assert f"acc0[(ridx{ui.arg[0]}*8+ridx{uj.arg[0]})]" in source
+    assert f"acc0[(ridx{ui.arg[0]}*16+ridx{uj.arg[0]})]" in source  # rows padded to 16: aligned
     assert "#pragma GCC unroll 4" in source and "#pragma omp simd" in source

@@ -10,7 +10,9 @@ from dataclasses import dataclass, replace
 
 from glassgrad.codegen.gpudims import gpu_dims
 from glassgrad.codegen.linearize import estimate_flops, linearize, range_size
-from glassgrad.codegen.upcast import choose_upcast
+from glassgrad.codegen.opt import Opt
+from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
+from glassgrad.codegen.opt.kernel import Kernel
 from glassgrad.helpers import NOOPT, prod
 from glassgrad.renderer.cstyle import CStyleLanguage
 from glassgrad.schedule.indexing import kernel_name
@@ -34,6 +36,7 @@ class ProgramSpec:
     work: sint  # loop iterations in all, used to decide how many CPU threads to use
     uops: tuple[UOp, ...]
     vars: tuple[str, ...] = ()
+    opts: tuple[Opt, ...] = ()  # the optimisations applied
 
     def __repr__(self) -> str:
         sizes = [render_sint(g) for g in self.global_size]
@@ -56,23 +59,28 @@ def optimize_ast(ast: UOp, renderer: CStyleLanguage) -> UOp:
     return ast
 
 
-def get_program(ast: UOp, renderer: CStyleLanguage) -> ProgramSpec:
+def get_program(ast: UOp, renderer: CStyleLanguage, opts: list[Opt] | None = None) -> ProgramSpec:
+    """`opts`: the optimisations to apply (from a BEAM search, or a test); None: the hand-written heuristic's, or
+    none with NOOPT=1."""
     ast = optimize_ast(ast, renderer)
     name = kernel_name(ast)
     flops = estimate_flops(ast)
     ranges = [range_size(u) for u in ast.toposort() if u.op is Ops.RANGE]
     work = prod(ranges) if all(isinstance(r, int) for r in ranges) else sint_prod(ranges)  # type: ignore[arg-type]
+    kernel = Kernel(ast, renderer)
+    if opts is None:
+        opts = [] if NOOPT else hand_coded_optimizations(kernel)
+    kernel.apply_opts(opts)
+    ast, upcast = kernel.ast, kernel.upcast
     local_size: tuple[int, ...] | None = None
     global_size: tuple[sint, ...]
     if renderer.has_local:  # GPUs: loops become threads and work-groups
         ast, global_size, local_size = gpu_dims(ast, tensor_cores=renderer.tensor_cores)
-        upcast: tuple[UOp, ...] = ()
-    else:  # CPUs: the outermost loop is split across threads by the runtime; one output dim may be upcast
-        ast, upcast = choose_upcast(ast) if not NOOPT else (ast, ())
+    else:  # CPUs: the outermost loop is split across threads by the runtime
         global_ranges = sorted((r for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "global"),
                                key=lambda r: r.arg[0])
         global_size = (range_size(global_ranges[0]),) if global_ranges else (1,)
     program = linearize(ast, upcast)
     source = renderer.render(name, program)
     variables = tuple(u.arg[0] for u in program if u.op is Ops.DEFINE_VAR)
-    return ProgramSpec(name, source, global_size, local_size, flops, work, tuple(program), variables)
+    return ProgramSpec(name, source, global_size, local_size, flops, work, tuple(program), variables, tuple(opts))

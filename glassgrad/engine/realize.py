@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from glassgrad.codegen import ProgramSpec, get_program
+from glassgrad.codegen.opt.search import beam_search
 from glassgrad.device import Buffer, Device
-from glassgrad.helpers import DEBUG, TIMING, getenv
+from glassgrad.helpers import BEAM, DEBUG, NOOPT, TIMING, getenv
 from glassgrad.schedule import ScheduleItem
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import sint_eval
@@ -43,7 +44,8 @@ _kernel_cache: dict[tuple[str, UOp], CompiledKernel] = {}
 
 
 def _render(device: str, ast: UOp) -> ProgramSpec:
-    spec = get_program(ast, Device[device].renderer)
+    opts = beam_search(ast, device, int(BEAM)) if BEAM and not NOOPT else None
+    spec = get_program(ast, Device[device].renderer, opts)
     if DEBUG >= 4:
         print(spec.source)
     return spec

@@ -82,6 +82,11 @@ class CStyleLanguage:
         """A line to put before the reduce loop opened at program[position] (e.g. a vectorisation hint)."""
         return ""
 
+    acc_row_align = 1  # elements: rows of an accumulator tile start at multiples of this
+
+    def render_acc_array(self, dtype: DType, name: str, size: int) -> str:
+        return f"{self.render_dtype(dtype)} {name}[{size}];"
+
     def upcast_loop_pragma(self, loop: UOp, innermost: bool) -> str:
         """A line before an upcast or unrolled loop: these are short, with a constant trip count, and are meant to be
         unrolled into registers."""
@@ -261,10 +266,14 @@ class CStyleLanguage:
                 names[u] = a[0]
                 line(self.render_async_commit() if u.op is Ops.ASYNC_COMMIT else self.render_async_wait(u.arg))
             elif u.op is Ops.DEFINE_ACC and len(u.src) > 1:  # an accumulator per combination of the upcast loops
-                acc, size = new_name("acc"), math.prod(r.src[0].arg for r in u.src[1:])
-                line(f"{self.render_dtype(u.dtype)} {acc}[{size}];")
+                acc, loops = new_name("acc"), u.src[1:]
+                row = loops[-1].src[0].arg
+                if len(loops) > 1:  # every row of the tile starts aligned
+                    row = -(-row // self.acc_row_align) * self.acc_row_align
+                size = math.prod(r.src[0].arg for r in loops[:-1]) * row
+                line(self.render_acc_array(u.dtype, acc, size))
                 line(f"for (int i = 0; i < {size}; i++) {acc}[i] = {a[0]};")
-                names[u] = names[u.arg] = f"{acc}[{_flat_index(u.src[1:])}]"
+                names[u] = names[u.arg] = f"{acc}[{_flat_index(loops, row)}]"
             elif u.op is Ops.DEFINE_ACC:
                 names[u] = names[u.arg] = new_name("acc")
                 line(f"{self.render_dtype(u.dtype)} {names[u]} = {a[0]};")
@@ -349,11 +358,12 @@ def _is_innermost(program: list[UOp], position: int) -> bool:
     return True
 
 
-def _flat_index(loops: tuple[UOp, ...]) -> str:
-    """C text for the row-major position of a combination of loop indices: ((r0*s1)+r1)*s2+r2."""
+def _flat_index(loops: tuple[UOp, ...], row: int) -> str:
+    """C text for the row-major position of a combination of loop indices, ((r0*s1)+r1)*row+r2, where the last
+    loop's rows are `row` long (its size, or more for alignment)."""
     text = f"ridx{loops[0].arg[0]}"
     for r in loops[1:]:
-        text = f"({text}*{r.src[0].arg}+ridx{r.arg[0]})"
+        text = f"({text}*{row if r is loops[-1] else r.src[0].arg}+ridx{r.arg[0]})"
     return text
 
 
@@ -401,6 +411,12 @@ class ClangRenderer(CStyleLanguage):
                     return ""
                 return f"#pragma omp simd reduction({'+' if u.arg is Ops.ADD else '*'}:{names[u.src[0]]})"
         return ""
+
+    # 64-byte rows: gcc 12 has been seen to use aligned vector moves on a row of an unaligned tile (a segfault)
+    acc_row_align = 16
+
+    def render_acc_array(self, dtype: DType, name: str, size: int) -> str:
+        return f"{self.render_dtype(dtype)} {name}[{size}] __attribute__((aligned(64)));"
 
     def upcast_loop_pragma(self, loop: UOp, innermost: bool) -> str:
         """The innermost upcast loop becomes SIMD lanes (its iterations are independent: an accumulator or an output

@@ -1,0 +1,50 @@
+"""Kernel optimisation: `Opt` actions that reshape a kernel's loops, a hand-written heuristic, and `BEAM` search.
+
+In: a simplified kernel AST. Out: the AST with some loops split and retyped, and which loops the linearizer puts
+inside the reductions (the upcast ranges). The kernel's *axes* are its RANGE nodes, each of one kind:
+
+| kind     | what the loop is                                                                 |
+|----------|----------------------------------------------------------------------------------|
+| global   | an output loop: the outermost is split across CPU threads; GPU threads on GPUs   |
+| local    | GPU work-group threads (chosen by `codegen/gpudims.py` today)                    |
+| reduce   | a reduction loop: an accumulator is carried across it                            |
+| group    | a reduction shared by a GPU work-group (chosen by `codegen/gpudims.py` today)    |
+| unroll   | the inner part of a split reduction loop, unrolled by the compiler               |
+| upcast   | the inner part of a split output loop, placed *inside* the reduction loops: a    |
+|          | register tile (one accumulator per iteration), the innermost one SIMD lanes      |
+
+An `Opt(op, axis, amount)` names an axis by its position in `Kernel.axes` (ordered by kind, as in the table, then
+by loop order) and an amount (0: the whole axis). Every action is validated first: one that does not fit the
+kernel raises `KernelOptError`, it never changes what the kernel computes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class OptOps(Enum):
+    UPCAST = "upcast"   # split an output axis; its inner part becomes a register tile inside the reductions
+    UNROLL = "unroll"   # split a reduce axis; its inner part is unrolled
+    LOCAL = "local"     # GPU only: an output axis to work-group threads
+    GROUP = "group"     # GPU only: a reduce axis shared by a work-group
+    SWAP = "swap"       # exchange the loop order of two output axes (`amount` is the other axis)
+
+
+@dataclass(frozen=True)
+class Opt:
+    op: OptOps
+    axis: int
+    amount: int = 0
+
+    def __repr__(self) -> str:
+        return f"Opt({self.op.name}, {self.axis}, {self.amount})"
+
+
+class KernelOptError(ValueError):
+    """An optimisation that does not apply to this kernel (wrong axis, amount, kind, or device)."""
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise KernelOptError(message)

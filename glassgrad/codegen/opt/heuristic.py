@@ -1,0 +1,74 @@
+"""The hand-written optimiser: which `Opt`s to apply to a kernel, from its loads' strides alone.
+
+In: a `Kernel`. Out: a list of `Opt`s (`NOOPT=1` skips this: no opts at all). For a CPU kernel with a reduction:
+
+1. the *vector axis*: the innermost output axis that every load reads contiguously (stride 1) or not at all
+   (stride 0), upcast by 16 (or whole, when short): the innermost loop becomes SIMD lanes with one accumulator each;
+2. the *blocking axis*: another output axis along which the vector loads do not move (stride 0), so one vector load
+   serves every row of the tile, upcast by up to 8: `acc[8][16] += a[i, k] * b[k, j]`, a register tile of 128
+   accumulators (8 AVX-512 registers), 8 multiply-adds per loaded vector of b instead of one.
+
+Elementwise kernels vectorise as they are. GPU kernels get no opts here: `codegen/gpudims.py` shapes them.
+"""
+from __future__ import annotations
+
+from glassgrad.codegen.opt import Opt, OptOps
+from glassgrad.codegen.opt.kernel import Kernel
+from glassgrad.helpers import prod
+
+VECTOR_WHOLE_MAX = 32        # a vector axis up to this long is upcast whole
+VECTOR_SPLITS = (16, 8, 4)   # a longer one is split, the inner part this long
+BLOCK_SPLITS = (8, 4, 2)     # rows of the register tile
+TILE_MAX = 128               # accumulators in the tile
+MIN_REDUCE = 4               # a register tile pays only for reductions of at least this many iterations
+
+
+def hand_coded_optimizations(k: Kernel) -> list[Opt]:
+    if k.renderer.has_local or not k.has_reduce:
+        return []
+    k = k.copy()
+    opts: list[Opt] = []
+    vector = _vector_axis(k)
+    if vector is None:
+        return []
+    axis, amount = vector
+    opts.append(Opt(OptOps.UPCAST, axis, amount))
+    k.apply_opt(opts[-1])
+    tile = k.register_tile()
+    reduce_size = prod(k.axes[a].src[0].arg for a in k.axes_of("reduce"))
+    block = _blocking_axis(k, k.axes.index(k.upcast[-1]))
+    if block is not None and reduce_size >= MIN_REDUCE:
+        size = k.axes[block].src[0].arg
+        rows = next((r for r in BLOCK_SPLITS if size % r == 0 and r * tile <= TILE_MAX and
+                     (block != k.axes_of("global")[0] or size // r >= 2)), None)
+        if rows is not None:
+            opts.append(Opt(OptOps.UPCAST, block, rows))
+    return opts
+
+
+def _vector_axis(k: Kernel) -> tuple[int, int] | None:
+    """(axis, amount) of the output axis to make SIMD lanes, innermost first; amount 0 means the whole axis."""
+    global_axes = k.axes_of("global")
+    for axis in reversed(global_axes):
+        strides = k.strides(axis)
+        if any(s not in (0, 1) for s in strides) or 1 not in strides:
+            continue
+        size = k.axes[axis].src[0].arg
+        if size <= VECTOR_WHOLE_MAX and axis != global_axes[0]:  # the outermost loop is kept for the threads
+            return axis, 0
+        amount = next((f for f in VECTOR_SPLITS if size % f == 0 and size > f), None)
+        if amount is not None:
+            return axis, amount
+    return None
+
+
+def _blocking_axis(k: Kernel, vector: int) -> int | None:
+    """The output axis along which the most vector loads (stride 1 on the vector axis) stay put (stride 0)."""
+    vector_loads = [i for i, s in enumerate(k.strides(vector)) if s == 1]
+    best, best_shared = None, 0
+    for axis in k.axes_of("global"):
+        strides = k.strides(axis)
+        shared = sum(1 for i in vector_loads if strides[i] == 0)
+        if shared > best_shared and any(s not in (0, None) for s in strides):
+            best, best_shared = axis, shared
+    return best

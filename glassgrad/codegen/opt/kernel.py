@@ -1,0 +1,132 @@
+"""`Kernel`: a kernel AST and the opts applied to it, with the axis model of `glassgrad.codegen.opt`.
+
+In: a simplified kernel AST and the renderer it is for. Out: after `apply_opt`s, `.ast` (loops split and retyped)
+and `.upcast` (the upcast ranges, outermost first, for the linearizer). Each action checks that it fits first and
+raises `KernelOptError` otherwise, leaving the kernel as it was.
+"""
+from __future__ import annotations
+
+from glassgrad.codegen.linearize import split_range
+from glassgrad.codegen.opt import KernelOptError, Opt, OptOps, check
+from glassgrad.helpers import prod
+from glassgrad.renderer.cstyle import CStyleLanguage, index_stride
+from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+
+KIND_ORDER = ("global", "local", "reduce", "group", "unroll", "upcast")
+MAX_UPCAST = 64          # iterations of one upcast axis
+MAX_UNROLL = 32          # iterations of one unrolled axis
+MAX_REGISTER_TILE = 256  # accumulators (product of the upcast sizes) and unrolled copies of the loop body
+
+
+class Kernel:
+    def __init__(self, ast: UOp, renderer: CStyleLanguage) -> None:
+        self.ast = ast
+        self.renderer = renderer
+        self.applied: list[Opt] = []
+        self._upcast_origin: dict[UOp, tuple[int, int]] = {}  # upcast range -> (id of the loop it came from, -order)
+
+    def copy(self) -> Kernel:
+        new = Kernel(self.ast, self.renderer)
+        new.applied = list(self.applied)
+        new._upcast_origin = dict(self._upcast_origin)
+        return new
+
+    # ---------- the axis model ----------
+    @property
+    def axes(self) -> list[UOp]:
+        """Every loop of the kernel, by kind (global, local, reduce, group, unroll, upcast), then by loop order."""
+        rngs = [u for u in self.ast.toposort() if u.op is Ops.RANGE]
+        return sorted(rngs, key=lambda r: (KIND_ORDER.index(r.arg[1]), r.arg[0]))
+
+    def axes_of(self, *kinds: str) -> list[int]:
+        return [i for i, r in enumerate(self.axes) if r.arg[1] in kinds]
+
+    @property
+    def upcast(self) -> tuple[UOp, ...]:
+        """The upcast ranges, outermost first: in the order of the loops they came from, and a loop split twice has
+        its first (finest, stride-1) part innermost."""
+        rngs = [r for r in self.axes if r.arg[1] == "upcast"]
+        return tuple(sorted(rngs, key=lambda r: self._upcast_origin.get(r, (r.arg[0], 0))))
+
+    @property
+    def loads(self) -> list[UOp]:
+        return [u for u in self.ast.toposort() if u.op is Ops.LOAD]
+
+    def strides(self, axis: int) -> list[int | None]:
+        """How far each load's index moves per iteration of the axis (None: not affine in it)."""
+        rng = self.axes[axis]
+        return [index_stride(load.src[1], rng) for load in self.loads]
+
+    @property
+    def has_reduce(self) -> bool:
+        return any(u.op is Ops.REDUCE for u in self.ast.toposort())
+
+    def register_tile(self) -> int:
+        return prod(r.src[0].arg for r in self.axes if r.arg[1] in ("upcast", "unroll"))
+
+    def describe(self) -> str:
+        """The axes as `kind:size`, e.g. 'global:128 global:64 reduce:1024 upcast:8 upcast:16'."""
+        return " ".join(f"{r.arg[1]}:{r.src[0].arg}" for r in self.axes)
+
+    # ---------- actions ----------
+    def apply_opts(self, opts: list[Opt]) -> Kernel:
+        for opt in opts:
+            self.apply_opt(opt)
+        return self
+
+    def apply_opt(self, opt: Opt) -> None:
+        check(isinstance(opt, Opt) and isinstance(opt.op, OptOps), f"not an Opt: {opt!r}")
+        axes = self.axes
+        check(isinstance(opt.axis, int) and 0 <= opt.axis < len(axes),
+              f"{opt}: axis {opt.axis} is out of range; this kernel has {len(axes)} axes ({self.describe()})")
+        rng = axes[opt.axis]
+        kind, size = rng.arg[1], rng.src[0].arg
+        if opt.op in (OptOps.LOCAL, OptOps.GROUP):
+            check(self.renderer.has_local, f"{opt}: {opt.op.name} needs a GPU (work-groups); "
+                                           f"{type(self.renderer).__name__} has none")
+            raise KernelOptError(f"{opt}: the GPU launch shape (locals, groups) is chosen by codegen/gpudims.py")
+        if opt.op is OptOps.SWAP:
+            self._swap(opt, rng)
+        else:
+            self._shift(opt, rng, kind, size)
+        self.applied.append(opt)
+
+    def _shift(self, opt: Opt, rng: UOp, kind: str, size: int) -> None:
+        check(isinstance(opt.amount, int) and opt.amount >= 0, f"{opt}: the amount must be an int >= 0")
+        amount = size if opt.amount == 0 else opt.amount
+        if opt.op is OptOps.UPCAST:
+            check(kind == "global", f"{opt}: UPCAST is for global (output) axes, axis {opt.axis} is {kind}")
+            check(amount <= MAX_UPCAST, f"{opt}: upcast {amount} is more than {MAX_UPCAST}")
+        else:
+            check(kind == "reduce", f"{opt}: UNROLL is for reduce axes, axis {opt.axis} is {kind}")
+            check(amount <= MAX_UNROLL, f"{opt}: unroll {amount} is more than {MAX_UNROLL}")
+        check(amount > 1, f"{opt}: splitting off {amount} iteration does nothing")
+        check(size % amount == 0, f"{opt}: {amount} does not divide the axis' {size} iterations")
+        check(self.register_tile() * amount <= MAX_REGISTER_TILE,
+              f"{opt}: the register tile would be {self.register_tile() * amount} > {MAX_REGISTER_TILE}")
+        new_kind = "upcast" if opt.op is OptOps.UPCAST else "unroll"
+        if amount == size:  # the whole loop changes kind
+            inner = rng.replace(arg=(rng.arg[0], new_kind))
+            self.ast = graph_rewrite(self.ast, PatternMatcher([(UPat(Ops.RANGE, name="x"),
+                                                                lambda x: inner if x is rng else None)]))
+        else:
+            self.ast, _, inner = split_range(self.ast, rng, amount, new_kind)
+        if new_kind == "upcast":
+            self._upcast_origin[inner] = (rng.arg[0], -len(self._upcast_origin))
+
+    def _swap(self, opt: Opt, rng: UOp) -> None:
+        axes = self.axes
+        check(isinstance(opt.amount, int) and 0 <= opt.amount < len(axes) and opt.amount != opt.axis,
+              f"{opt}: SWAP needs another axis as its amount")
+        other = axes[opt.amount]
+        check(rng.arg[1] == "global" and other.arg[1] == "global", f"{opt}: SWAP exchanges two global axes")
+        # through ids no loop has, so that the two renames cannot chase each other (equal sizes: equal nodes)
+        temporary = {rng: rng.replace(arg=(-1, "global")), other: other.replace(arg=(-2, "global"))}
+        final = {temporary[rng]: rng.replace(arg=other.arg), temporary[other]: other.replace(arg=rng.arg)}
+        for mapping in (temporary, final):
+            self.ast = graph_rewrite(self.ast, PatternMatcher([(UPat(Ops.RANGE, name="x"),
+                                                                lambda x, m=mapping: m.get(x))]))
+
+
+__all__ = ["Kernel", "KernelOptError"]

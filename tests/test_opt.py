@@ -1,0 +1,232 @@
+"""Optimiser tests: the axis model and `Opt` validation (a wrong opt raises `KernelOptError`, never miscomputes),
+random opt sequences against numpy (hypothesis), the heuristic's choices, `NOOPT`, and `BEAM` search with its
+disk cache."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from glassgrad import Context, Tensor
+from glassgrad.codegen import get_program, optimize_ast
+from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
+from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
+from glassgrad.codegen.opt.kernel import Kernel
+from glassgrad.codegen.opt.search import actions, beam_search, random_inputs, run_program
+from glassgrad.device import Device
+from glassgrad.engine.realize import run_item
+from glassgrad.schedule import ScheduleItem, create_schedule
+from glassgrad.uop.ops import UOp
+
+CPU = Device["CPU"]
+
+
+def last_kernel(out: Tensor) -> ScheduleItem:
+    """Schedule `out`, run every kernel but the last, return the last (its inputs are then realized)."""
+    schedule, _ = create_schedule([out.uop])
+    for item in schedule[:-1]:
+        run_item(item)
+    return schedule[-1]
+
+
+def kernel_of(out: Tensor) -> Kernel:
+    return Kernel(optimize_ast(last_kernel(out).ast, CPU.renderer), CPU.renderer)
+
+
+def run_with(ast: UOp, opts: list[Opt]) -> np.ndarray:
+    """The kernel's output on fixed random inputs, with `opts` applied."""
+    spec = get_program(ast, CPU.renderer, opts)
+    return run_program(CPU, spec, CPU.compiler.compile(spec.source), random_inputs(ast))[1]
+
+
+def matmul(n: int = 32, m: int = 24, k: int = 16) -> Tensor:
+    rng = np.random.default_rng(0)
+    return Tensor(rng.standard_normal((n, k), dtype=np.float32)) @ Tensor(rng.standard_normal((k, m), dtype=np.float32))
+
+
+def conv() -> Tensor:
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((2, 3, 8, 8), dtype=np.float32))
+    return x.conv2d(Tensor(rng.standard_normal((4, 3, 3, 3), dtype=np.float32)), padding=1)
+
+
+# ---------------------------------------------------------------------------------------------- the axis model
+
+def test_axes_by_kind() -> None:
+    k = kernel_of(matmul())
+    assert k.describe() == "global:32 global:24 reduce:16"
+    k.apply_opts([Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.UPCAST, 0, 4)])
+    assert k.describe() == "global:8 global:3 reduce:4 unroll:4 upcast:8 upcast:4"  # by kind, then creation
+    # the upcast from the outer output axis is the outer loop of the register tile
+    assert [r.src[0].arg for r in k.upcast] == [4, 8]
+
+
+@pytest.mark.parametrize("opt, message", [
+    (Opt(OptOps.UPCAST, 5, 2), "out of range"),
+    (Opt(OptOps.UPCAST, -1, 2), "out of range"),
+    (Opt(OptOps.UPCAST, 2, 2), "UPCAST is for global"),
+    (Opt(OptOps.UNROLL, 0, 2), "UNROLL is for reduce"),
+    (Opt(OptOps.UPCAST, 0, 5), "does not divide"),
+    (Opt(OptOps.UPCAST, 0, 1), "does nothing"),
+    (Opt(OptOps.UPCAST, 0, -2), "int >= 0"),
+    (Opt(OptOps.UPCAST, 0, 128), "more than"),
+    (Opt(OptOps.UNROLL, 2, 0), None),  # whole reduce axis of 16: fine
+    (Opt(OptOps.LOCAL, 0, 2), "needs a GPU"),
+    (Opt(OptOps.GROUP, 2, 2), "needs a GPU"),
+    (Opt(OptOps.SWAP, 0, 0), "another axis"),
+    (Opt(OptOps.SWAP, 0, 2), "two global axes"),
+])
+def test_wrong_opts_raise(opt: Opt, message: str | None) -> None:
+    k = kernel_of(matmul())
+    before = k.ast
+    if message is None:
+        k.apply_opt(opt)
+        return
+    with pytest.raises(KernelOptError, match=message):
+        k.apply_opt(opt)
+    assert k.ast is before and k.applied == []
+
+
+def test_register_tile_limit() -> None:
+    k = kernel_of(matmul(64, 64, 64))
+    k.apply_opts([Opt(OptOps.UPCAST, 0, 32), Opt(OptOps.UPCAST, 1, 8)])
+    with pytest.raises(KernelOptError, match="register tile"):
+        k.apply_opt(Opt(OptOps.UPCAST, 1, 2))
+
+
+def test_not_an_opt() -> None:
+    with pytest.raises(KernelOptError, match="not an Opt"):
+        kernel_of(matmul()).apply_opt(("UPCAST", 0, 2))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("opts", [
+    [Opt(OptOps.SWAP, 0, 1)],
+    [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.UPCAST, 1, 8)],
+    [Opt(OptOps.UNROLL, 2, 0), Opt(OptOps.UPCAST, 1, 8)],
+])
+def test_opts_keep_results(opts: list[Opt]) -> None:
+    ast = optimize_ast(last_kernel(matmul()).ast, CPU.renderer)
+    np.testing.assert_allclose(run_with(ast, opts), run_with(ast, []), rtol=1e-5, atol=1e-5)
+
+
+def test_swap_equal_sizes() -> None:
+    """Two loops of the same size: swapping them must still swap (the renamed nodes are structurally equal)."""
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    ast = optimize_ast(last_kernel(Tensor(x).sum(axis=0, keepdim=True) + Tensor(x)).ast, CPU.renderer)
+    np.testing.assert_array_equal(run_with(ast, [Opt(OptOps.SWAP, 0, 1)]), run_with(ast, []))
+
+
+WORKLOADS = {
+    "matmul": matmul,
+    "conv": conv,
+    "sum_rows": lambda: Tensor(np.random.default_rng(0).standard_normal((16, 64), dtype=np.float32)).sum(axis=1),
+    "softmax": lambda: Tensor(np.random.default_rng(0).standard_normal((8, 32), dtype=np.float32)).softmax(-1),
+    "int_cumulative": lambda: Tensor(np.arange(48, dtype=np.int32).reshape(6, 8)).max(axis=0) * 3,
+}
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_opts_raise_or_agree(name: str, data: st.DataObject) -> None:
+    """Any sequence of actions: each one either raises KernelOptError (and changes nothing) or is applied, and the
+    final kernel computes what the unoptimised one does."""
+    ast = optimize_ast(last_kernel(WORKLOADS[name]()).ast, CPU.renderer)
+    k = Kernel(ast, CPU.renderer)
+    ops = st.sampled_from(list(OptOps))
+    for _ in range(data.draw(st.integers(1, 4))):
+        opt = Opt(data.draw(ops), data.draw(st.integers(-1, 7)), data.draw(st.sampled_from([0, 1, 2, 3, 4, 8, 16])))
+        before = k.ast
+        try:
+            k.apply_opt(opt)
+        except KernelOptError:
+            assert k.ast is before
+    reference = run_with(ast, [])
+    got = run_with(ast, k.applied)
+    if reference.dtype.kind == "f":
+        np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-5)
+    else:
+        np.testing.assert_array_equal(got, reference)
+
+
+# ---------------------------------------------------------------------------------------------- heuristic, NOOPT
+
+def test_heuristic_matmul_register_tile() -> None:
+    k = kernel_of(matmul(64, 64, 64))
+    opts = hand_coded_optimizations(k)
+    assert opts == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 8)]
+    source = get_program(k.ast, CPU.renderer, opts).source
+    assert "float acc0[128] __attribute__((aligned(64)));" in source
+    assert "#pragma GCC unroll 8" in source and "#pragma omp simd" in source
+
+
+def test_heuristic_conv_tiles_output_channels() -> None:
+    k = kernel_of(conv())
+    opts = hand_coded_optimizations(k)
+    assert opts[0] == Opt(OptOps.UPCAST, 3, 0)  # the output width, whole: x is contiguous along it, w constant
+    assert opts[1].axis == 1  # then output channels: one vector of x serves every channel of the tile
+
+
+def test_heuristic_leaves_elementwise_alone() -> None:
+    assert hand_coded_optimizations(kernel_of(Tensor(np.ones((64, 64), np.float32)) * 2)) == []
+
+
+def test_noopt_uses_no_opts() -> None:
+    item = last_kernel(matmul(64, 64, 64))
+    with Context(NOOPT=1):
+        from glassgrad.engine.realize import compile_kernel
+        assert compile_kernel("CPU", item.ast).spec.opts == ()
+    assert get_program(item.ast, CPU.renderer).opts != ()
+
+
+# ---------------------------------------------------------------------------------------------- BEAM
+
+def test_actions_are_legal_or_rejected() -> None:
+    k = kernel_of(conv())
+    legal = 0
+    for action in actions(k):
+        try:
+            k.copy().apply_opt(action)
+            legal += 1
+        except KernelOptError:
+            pass
+    assert legal > 5
+
+
+def test_beam_finds_correct_opts_and_caches(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    ast = last_kernel(matmul(64, 64, 64)).ast
+    opts = beam_search(ast, "CPU", 2)
+    files = list((tmp_path / "beam").glob("*.json"))  # type: ignore[operator]
+    assert len(files) == 1
+    assert json.loads(files[0].read_text()) == [[o.op.name, o.axis, o.amount] for o in opts]
+    # the second search reads the cache: nothing is compiled
+    monkeypatch.setattr(CPU.compiler, "compile", lambda src: pytest.fail("compiled on a cache hit"))
+    assert beam_search(ast, "CPU", 2) == opts
+    monkeypatch.undo()
+    np.testing.assert_allclose(run_with(optimize_ast(ast, CPU.renderer), opts),
+                               run_with(optimize_ast(ast, CPU.renderer), []), rtol=1e-4, atol=1e-5)
+
+
+def test_beam_drops_wrong_candidates(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    """A candidate whose output differs from the unoptimised kernel's never wins (here: every optimised candidate is
+    made wrong by a broken compiler)."""
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    original = CPU.compiler.compile
+
+    def broken(src: str) -> bytes:
+        return original(src.replace("acc0[i] = 0.0f", "acc0[i] = 1.0f"))
+    monkeypatch.setattr(CPU.compiler, "compile", broken)
+    ast = last_kernel(matmul(64, 64, 64)).ast
+    assert all(op.op is not OptOps.UPCAST for op in beam_search(ast, "CPU", 2))
+
+
+def test_beam_end_to_end(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    a, b = np.random.default_rng(3).standard_normal((2, 48, 48), dtype=np.float32)
+    with Context(BEAM=1):
+        out = (Tensor(a) @ Tensor(b) + 1).numpy()
+    np.testing.assert_allclose(out, a @ b + 1, rtol=1e-4, atol=1e-4)
