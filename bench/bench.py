@@ -152,6 +152,14 @@ def make_workloads(device: str) -> list[Workload]:
     work.append(Workload("softmax 1024x2048", "GB", 2 * sm.nbytes / 1e9, lambda: gsm.softmax(-1).realize(),
                          np_softmax, (lambda: torch.softmax(tsm, dim=-1)) if torch else None))
 
+    cx, cw = arr(16, 32, 32, 32), arr(64, 32, 3, 3)
+    gcx, gcw = gg(cx), gg(cw)
+    tcx, tcw = tt(cx), tt(cw)
+    conv_flops = 2 * 16 * 64 * 32 * 32 * 32 * 3 * 3 / 1e9
+    work.append(Workload("conv2d 16x32x32x32->64 3x3", "GFLOP", conv_flops,
+                         lambda: gcx.conv2d(gcw, padding=1).realize(), lambda: None,
+                         (lambda: torch.nn.functional.conv2d(tcx, tcw, padding=1)) if torch else None))
+
     small = arr(16)
     gsmall, tsmall = gg(small), tt(small)
 
@@ -295,7 +303,7 @@ def main() -> None:
         if args.only.lower() not in w.name.lower():
             continue
         t_gg = timeit(w.glassgrad, args.repeat)
-        t_np = timeit(w.numpy, args.repeat) if not w.name.startswith("MNIST") else float("nan")
+        t_np = timeit(w.numpy, args.repeat) if not w.name.startswith(("MNIST", "conv2d")) else float("nan")
         t_torch = timeit(w.torch, args.repeat) if w.torch is not None else None
         torch_col = f"{t_torch * 1e3:9.3f}ms" if t_torch else f"{'-':>11}"
         torch_ratio = f"{t_torch / t_gg:8.2f}x" if t_torch else f"{'-':>9}"

@@ -60,8 +60,9 @@ def test_axes_by_kind() -> None:
     assert k.describe() == "global:32 global:24 reduce:16"
     k.apply_opts([Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.UPCAST, 0, 4)])
     assert k.describe() == "global:8 global:3 reduce:4 unroll:4 upcast:8 upcast:4"  # by kind, then creation
-    # the upcast from the outer output axis is the outer loop of the register tile
-    assert [r.src[0].arg for r in k.upcast] == [4, 8]
+    # the tile: the reduction's lanes outermost, then the upcast from the outer output axis, then the inner one
+    assert [r.arg[1] for r in k.upcast] == ["unroll", "upcast", "upcast"]
+    assert [r.src[0].arg for r in k.upcast] == [4, 4, 8]
 
 
 @pytest.mark.parametrize("opt, message", [
@@ -230,3 +231,22 @@ def test_beam_end_to_end(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> N
     with Context(BEAM=1):
         out = (Tensor(a) @ Tensor(b) + 1).numpy()
     np.testing.assert_allclose(out, a @ b + 1, rtol=1e-4, atol=1e-4)
+
+
+def test_heuristic_max_lanes_keep_nan() -> None:
+    """A row max gets 16 accumulator lanes; a NaN anywhere in the row still wins, as in numpy."""
+    x = np.random.default_rng(2).standard_normal((6, 64)).astype(np.float32)
+    x[2, 37] = np.nan
+    k = kernel_of(Tensor(x).max(axis=1))
+    assert hand_coded_optimizations(k) == [Opt(OptOps.UNROLL, 1, 16)]
+    np.testing.assert_array_equal(Tensor(x).max(axis=1).numpy(), x.max(axis=1))
+
+
+def test_index_variables_are_64_bit() -> None:
+    """An index the simplifier proved cannot wrap is held in `long long` (a 32-bit copy makes gcc gather), while
+    int32 data keeps wrapping like numpy."""
+    source = get_program(last_kernel(Tensor(np.ones((64, 64), np.float32)).exp()).ast, CPU.renderer).source
+    assert "long long alu0 = ((ridx0 * 64) + ridx1);" in source
+    big = np.array([2**30, 3, -2**31], np.int32)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal((Tensor(big) * 5 + 7).numpy(), big * 5 + 7)

@@ -803,3 +803,17 @@ def test_long_reductions_into_some_thousand_outputs_are_split() -> None:
     short, short_ref = conv_weight_gradient(16, 4, 32, 12, 5)  # a 1024-long reduction stays one kernel
     assert "r_32_4_5_5_16_8_8" in [s.name for s in kernels(short, device="CUDA")]
     np.testing.assert_allclose(short.numpy(), short_ref, rtol=1e-4, atol=1e-3)
+
+
+def test_costly_elementwise_under_an_expand_is_materialised() -> None:
+    """A reduction reading costly elementwise work through an EXPAND (a convolution's backward reading BatchNorm's
+    backward) would recompute it once per repeat: it gets its own kernel. Cheap work still fuses."""
+    rng = np.random.default_rng(0)
+    a, b, w = rng.random((16, 8), np.float32) + 1, rng.random((16, 8), np.float32) + 1, rng.random((4, 8), np.float32)
+    costly = (Tensor(a).sqrt() / Tensor(b) + Tensor(a) / (Tensor(b) + 1)).exp() / Tensor(b)
+    out = (costly.reshape(16, 1, 8) * Tensor(w).reshape(1, 4, 8)).sum(2)
+    assert count_kernels(out) == 2
+    c = (np.exp(np.sqrt(a) / b + a / (b + 1)) / b)
+    np.testing.assert_allclose(out.numpy(), (c[:, None, :] * w[None]).sum(2), rtol=1e-5)
+    cheap = ((Tensor(a) * 2 + 1).reshape(16, 1, 8) * Tensor(w).reshape(1, 4, 8)).sum(2)
+    assert count_kernels(cheap) == 1

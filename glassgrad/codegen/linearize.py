@@ -183,12 +183,14 @@ def linearize(sink: UOp, upcast: tuple[UOp, ...] = ()) -> list[UOp]:
         emitter.add(r)
     if upcast:
         for red in reduces:  # the outermost reductions, before the upcast loops
-            if red not in emitter.emitted and not any(r.arg[1] in ("reduce", "unroll") for r in scopes(red)):
+            if red not in emitter.emitted and not any(r.arg[1] in ("reduce", "unroll") and r not in upcast
+                                                      for r in scopes(red)):
                 emitter.emit_reduce([red], tuple(u for u in upcast if u in scopes(red)))
-    emitter.open_nest([sink], list(upcast))
+    epilogue = [u for u in upcast if u in scopes(sink)]  # not the unrolled lanes of a reduction: reduced by now
+    emitter.open_nest([sink], epilogue)
     emitter.emit(sink)
     program.remove(sink)
-    for r in reversed(upcast):
+    for r in reversed(epilogue):
         emitter.close_loop(r)
     program.extend(UOp(Ops.ENDRANGE, dtypes.void, (r,)) for r in reversed(global_ranges))
     return program

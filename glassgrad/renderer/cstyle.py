@@ -14,7 +14,7 @@ import math
 from collections import Counter
 
 from glassgrad.dtype import DType, dtypes
-from glassgrad.uop.ops import GroupOp, Ops, UOp
+from glassgrad.uop.ops import GroupOp, Ops, UOp, dtype_bounds
 from glassgrad.uop.pattern import PatternMatcher, UPat
 
 _LOW_PRECISION = (dtypes.float16, dtypes.bfloat16)
@@ -82,14 +82,25 @@ class CStyleLanguage:
         """A line to put before the reduce loop opened at program[position] (e.g. a vectorisation hint)."""
         return ""
 
+    wide_index_type: str | None = None  # a 64-bit type for int32 index variables (see `var_type`), if any
+
+    def _widened(self, u: UOp) -> bool:
+        return self.wide_index_type is not None and u.dtype == dtypes.int32 and _cannot_wrap(u)
+
+    def var_type(self, u: UOp) -> str:
+        """The type of a variable holding `u`. An int32 value the simplifier proved cannot wrap (an index: its range
+        is narrower than int32's) may be held in 64 bits: its value is the same, and the C compiler then sees
+        `base + i` as contiguous instead of a 32-bit truncation that could wrap (a gather)."""
+        return self.wide_index_type if self._widened(u) and self.wide_index_type else self.render_dtype(u.dtype)
+
     acc_row_align = 1  # elements: rows of an accumulator tile start at multiples of this
 
     def render_acc_array(self, dtype: DType, name: str, size: int) -> str:
         return f"{self.render_dtype(dtype)} {name}[{size}];"
 
-    def upcast_loop_pragma(self, loop: UOp, innermost: bool) -> str:
+    def upcast_loop_pragma(self, loop: UOp, lanes: bool) -> str:
         """A line before an upcast or unrolled loop: these are short, with a constant trip count, and are meant to be
-        unrolled into registers."""
+        unrolled into registers. `lanes`: its iterations are independent and it is innermost (SIMD lanes)."""
         return "#pragma unroll"
 
     def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
@@ -204,6 +215,7 @@ class CStyleLanguage:
         params: list[str] = []
         depth = 1
         global_index = 0
+        widened: set[UOp] = set()  # int32 index values held in 64-bit variables
 
         def new_name(prefix: str) -> str:
             counters[prefix] += 1
@@ -234,7 +246,7 @@ class CStyleLanguage:
                     line(self.render_global_range(global_index, names[u], a[0], self.loop_var_type(u.dtype)))
                     global_index += 1
                 elif u.arg[1] in ("upcast", "unroll"):
-                    pragma = self.upcast_loop_pragma(u, innermost=_is_innermost(program, position))
+                    pragma = self.upcast_loop_pragma(u, lanes=_independent_lanes(program, position))
                     if pragma:
                         line(pragma)
                     line(f"for ({self.loop_var_type(u.dtype)} {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
@@ -302,6 +314,8 @@ class CStyleLanguage:
                 for text in self.render_group_reduce(u, a[0], a[1], new_name("smem"), names[u]):
                     line(text)
             elif u.op in GroupOp.ALU or u.op in (Ops.CAST, Ops.BITCAST):
+                if not self._widened(u):  # 32-bit arithmetic that may wrap gets 32-bit operands
+                    a = [f"(({self.render_dtype(s.dtype)}){x})" if s in widened else x for x, s in zip(a, u.src)]
                 if u.op is Ops.CAST:
                     expr = self.render_cast(a[0], u.src[0].dtype, u.dtype)
                 elif u.op is Ops.BITCAST:
@@ -314,7 +328,9 @@ class CStyleLanguage:
                     names[u] = expr
                 else:
                     names[u] = new_name("alu")
-                    line(f"{self.render_dtype(u.dtype)} {names[u]} = {expr};")
+                    if self._widened(u):
+                        widened.add(u)
+                    line(f"{self.var_type(u)} {names[u]} = {expr};")
             else:
                 raise RuntimeError(f"{type(self).__name__} cannot render {u.op}")
         local_size = max((u.arg[2] for u in program if u.op is Ops.SPECIAL), default=1)
@@ -348,12 +364,21 @@ def index_stride(index: UOp, loop: UOp) -> int | None:
 _ORDERING = (Ops.BARRIER, Ops.ASYNC_COMMIT, Ops.ASYNC_WAIT)
 
 
-def _is_innermost(program: list[UOp], position: int) -> bool:
-    """Whether the loop opened at program[position] has no loop inside it."""
+def _cannot_wrap(u: UOp) -> bool:
+    """Whether u's value range is narrower than its dtype's (the simplifier then knows it is computed exactly)."""
+    return (u.vmin, u.vmax) != dtype_bounds(u.dtype)
+
+
+def _independent_lanes(program: list[UOp], position: int) -> bool:
+    """Whether the loop opened at program[position] can run as SIMD lanes: it has no loop inside it, and nothing in
+    it accumulates across its iterations (every accumulator it adds to has one element per iteration)."""
+    loop = program[position]
     for u in program[position + 1:]:
         if u.op is Ops.RANGE:
             return False
-        if u.op is Ops.ENDRANGE and u.src[0] is program[position]:
+        if u.op is Ops.ACCUMULATE and loop not in u.src[0].src[1:]:
+            return False
+        if u.op is Ops.ENDRANGE and u.src[0] is loop:
             return True
     return True
 
@@ -394,6 +419,8 @@ class ClangRenderer(CStyleLanguage):
     extra_matcher = float32_compute
     type_names = {**CStyleLanguage.type_names, dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"}
 
+    wide_index_type = "long long"
+
     def loop_var_type(self, dtype: DType) -> str:
         return "long long"  # index values fit the AST's dtype; 64-bit loop variables give gcc simpler addressing
 
@@ -418,11 +445,11 @@ class ClangRenderer(CStyleLanguage):
     def render_acc_array(self, dtype: DType, name: str, size: int) -> str:
         return f"{self.render_dtype(dtype)} {name}[{size}] __attribute__((aligned(64)));"
 
-    def upcast_loop_pragma(self, loop: UOp, innermost: bool) -> str:
+    def upcast_loop_pragma(self, loop: UOp, lanes: bool) -> str:
         """The innermost upcast loop becomes SIMD lanes (its iterations are independent: an accumulator or an output
-        each); the loops around it, and unrolled reduce loops, are unrolled whole so the accumulators live in
-        registers instead of memory."""
-        if innermost and loop.arg[1] == "upcast":
+        each); the loops around it, and the loop combining a reduction's lanes, are unrolled whole so the
+        accumulators live in registers instead of memory."""
+        if lanes:
             return "#pragma omp simd"
         return f"#pragma GCC unroll {loop.src[0].arg}"
 

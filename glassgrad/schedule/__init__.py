@@ -6,7 +6,9 @@ materialised, its buffer view (`BUFFER.reshape(shape)`), which the caller swaps 
 What gets materialised (a kernel writes it to memory):
   * the requested outputs, every CONTIGUOUS node, every COPY between devices (and a COPY's source);
   * a REDUCE_AXIS that would otherwise be recomputed: one reached from its consumer through an EXPAND or
-    through another reduction (softmax's max and sum), or one that more than one kernel reads.
+    through another reduction (softmax's max and sum), or one that more than one kernel reads;
+  * costly elementwise work (divisions, square roots, long chains) reached through an EXPAND: a convolution's
+    backward reads its incoming gradient once per weight, which must not recompute BatchNorm's backward each time.
 Everything else fuses into the kernel that consumes it: elementwise chains, movement ops (as index math on
 the loads), and a reduction together with its elementwise inputs and the elementwise math on its result.
 Nodes realized before (`REALIZED`) are loaded from their buffers, never recomputed. A reshape keeps row-major
@@ -31,7 +33,7 @@ from glassgrad.dtype import dtypes
 from glassgrad.helpers import SCACHE, prod
 from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, structure_key
 from glassgrad.schedule.indexing import KernelBuilder
-from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.ops import GroupOp, Ops, UOp
 from glassgrad.uop.sint import max_size, sint_prod
 from glassgrad.uop.symbolic import simplify
 
@@ -123,24 +125,45 @@ def _materialised(u: UOp) -> bool:
 
 
 def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
-    """REDUCE_AXIS nodes that fusing would recompute: reached through an EXPAND or a reduction, or from two kernels."""
+    """REDUCE_AXIS nodes that fusing would recompute: reached through an EXPAND or a reduction, or from two kernels;
+    and costly elementwise work reached through an EXPAND (fused, it would be recomputed once per repeat)."""
     found: set[UOp] = set()
     reached_from: dict[UOp, UOp] = {}
+    cost: dict[UOp, int] = {}
     for root in roots:
-        seen: set[tuple[UOp, bool]] = set()
-        stack: list[tuple[UOp, bool]] = [(s, root.op is Ops.REDUCE_AXIS) for s in root.src]
+        seen: set[tuple[UOp, bool, bool]] = set()
+        stack: list[tuple[UOp, bool, bool]] = [(s, root.op is Ops.REDUCE_AXIS, False) for s in root.src]
         while stack:
-            node, repeated = stack.pop()
-            if (node, repeated) in seen or _materialised(node) or node in roots:
+            node, repeated, expanded = stack.pop()
+            if (node, repeated, expanded) in seen or _materialised(node) or node in roots:
                 continue
-            seen.add((node, repeated))
+            seen.add((node, repeated, expanded))
             if node.op is Ops.REDUCE_AXIS:
                 if repeated or reached_from.setdefault(node, root) is not root:
                     found.add(node)
                     continue
+            elif expanded and node.op in GroupOp.ALU and _elementwise_cost(node, cost) >= COSTLY_ELEMENTWISE:
+                found.add(node)
+                continue
             below = repeated or node.op in (Ops.EXPAND, Ops.REDUCE_AXIS)
-            stack.extend((s, below) for s in node.src)
+            stack.extend((s, below, expanded or node.op is Ops.EXPAND) for s in node.src)
     return found
+
+
+COSTLY_ELEMENTWISE = 32  # ALU work (divisions and transcendentals count 8) worth a buffer rather than recomputing
+_SLOW_OPS = (Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW, Ops.RECIP)
+
+
+def _elementwise_cost(u: UOp, memo: dict[UOp, int]) -> int:
+    """ALU operations computing one element of `u` in a fused kernel (down to materialised nodes and reductions)."""
+    if u in memo:
+        return memo[u]
+    total = 0
+    for n in u.toposort(stop=lambda x: _materialised(x) or x.op is Ops.REDUCE_AXIS):
+        if n.op in GroupOp.ALU:
+            total += 8 if n.op in _SLOW_OPS else 1
+    memo[u] = total
+    return total
 
 
 def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:

@@ -9,7 +9,8 @@ inside the reductions (the upcast ranges). The kernel's *axes* are its RANGE nod
 | local    | GPU work-group threads (chosen by `codegen/gpudims.py` today)                    |
 | reduce   | a reduction loop: an accumulator is carried across it                            |
 | group    | a reduction shared by a GPU work-group (chosen by `codegen/gpudims.py` today)    |
-| unroll   | the inner part of a split reduction loop, unrolled by the compiler               |
+| unroll   | the inner part of a split reduction loop: a lane of the register tile with its   |
+|          | own accumulator (independent chains, SIMD), the lanes combined after the loop    |
 | upcast   | the inner part of a split output loop, placed *inside* the reduction loops: a    |
 |          | register tile (one accumulator per iteration), the innermost one SIMD lanes      |
 
@@ -25,7 +26,7 @@ from enum import Enum
 
 class OptOps(Enum):
     UPCAST = "upcast"   # split an output axis; its inner part becomes a register tile inside the reductions
-    UNROLL = "unroll"   # split a reduce axis; its inner part is unrolled
+    UNROLL = "unroll"   # split a reduce axis; its inner part becomes accumulator lanes, combined at the end
     LOCAL = "local"     # GPU only: an output axis to work-group threads
     GROUP = "group"     # GPU only: a reduce axis shared by a work-group
     SWAP = "swap"       # exchange the loop order of two output axes (`amount` is the other axis)

@@ -8,18 +8,22 @@ In: a `Kernel`. Out: a list of `Opt`s (`NOOPT=1` skips this: no opts at all). Fo
    serves every row of the tile, upcast by up to 8: `acc[8][16] += a[i, k] * b[k, j]`, a register tile of 128
    accumulators (8 AVX-512 registers), 8 multiply-adds per loaded vector of b instead of one.
 
-Elementwise kernels vectorise as they are. GPU kernels get no opts here: `codegen/gpudims.py` shapes them.
+A max over a contiguous row gets 16 accumulator lanes (`UNROLL`), one SIMD register; sums and products are vectorised
+by the renderer (`omp simd reduction`). Elementwise kernels vectorise as they are. GPU kernels get no opts here:
+`codegen/gpudims.py` shapes them.
 """
 from __future__ import annotations
 
 from glassgrad.codegen.opt import Opt, OptOps
 from glassgrad.codegen.opt.kernel import Kernel
 from glassgrad.helpers import prod
+from glassgrad.uop.ops import Ops
 
 VECTOR_WHOLE_MAX = 32        # a vector axis up to this long is upcast whole
 VECTOR_SPLITS = (16, 8, 4)   # a longer one is split, the inner part this long
 BLOCK_SPLITS = (8, 4, 2)     # rows of the register tile
 TILE_MAX = 128               # accumulators in the tile
+LANES = 16                   # accumulator lanes of a max over a row
 MIN_REDUCE = 4               # a register tile pays only for reductions of at least this many iterations
 
 
@@ -30,7 +34,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     opts: list[Opt] = []
     vector = _vector_axis(k)
     if vector is None:
-        return []
+        return _lanes_for_reduction(k)
     axis, amount = vector
     opts.append(Opt(OptOps.UPCAST, axis, amount))
     k.apply_opt(opts[-1])
@@ -44,6 +48,20 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         if rows is not None:
             opts.append(Opt(OptOps.UPCAST, block, rows))
     return opts
+
+
+def _lanes_for_reduction(k: Kernel) -> list[Opt]:
+    """A max over a contiguous row: 16 accumulator lanes (one SIMD register), combined after the loop. Sums and
+    products are vectorised by the renderer's `omp simd reduction` already; a max with NaN checks is not."""
+    reduce_axes = k.axes_of("reduce")
+    if not reduce_axes or not any(u.op is Ops.REDUCE and u.arg is Ops.MAX for u in k.ast.toposort()):
+        return []
+    axis = reduce_axes[-1]
+    strides = k.strides(axis)
+    size = k.axes[axis].src[0].arg
+    if any(s not in (0, 1) for s in strides) or 1 not in strides or size % LANES or size == LANES:
+        return []
+    return [Opt(OptOps.UNROLL, axis, LANES)]
 
 
 def _vector_axis(k: Kernel) -> tuple[int, int] | None:

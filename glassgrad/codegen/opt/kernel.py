@@ -44,9 +44,9 @@ class Kernel:
 
     @property
     def upcast(self) -> tuple[UOp, ...]:
-        """The upcast ranges, outermost first: in the order of the loops they came from, and a loop split twice has
-        its first (finest, stride-1) part innermost."""
-        rngs = [r for r in self.axes if r.arg[1] == "upcast"]
+        """The ranges of the register tile, outermost first: the lanes of unrolled reductions, then the upcast ranges
+        in the order of the loops they came from (a loop split twice has its first, finest part innermost)."""
+        rngs = [r for r in self.axes if r.arg[1] in ("upcast", "unroll")]
         return tuple(sorted(rngs, key=lambda r: self._upcast_origin.get(r, (r.arg[0], 0))))
 
     @property
@@ -112,8 +112,9 @@ class Kernel:
                                                                 lambda x: inner if x is rng else None)]))
         else:
             self.ast, _, inner = split_range(self.ast, rng, amount, new_kind)
-        if new_kind == "upcast":
-            self._upcast_origin[inner] = (rng.arg[0], -len(self._upcast_origin))
+        if new_kind == "unroll":
+            self.ast = _lanes_of_reductions(self.ast, inner)
+        self._upcast_origin[inner] = (rng.arg[0] if new_kind == "upcast" else -1, -len(self._upcast_origin))
 
     def _swap(self, opt: Opt, rng: UOp) -> None:
         axes = self.axes
@@ -127,6 +128,17 @@ class Kernel:
         for mapping in (temporary, final):
             self.ast = graph_rewrite(self.ast, PatternMatcher([(UPat(Ops.RANGE, name="x"),
                                                                 lambda x, m=mapping: m.get(x))]))
+
+
+def _lanes_of_reductions(ast: UOp, lane: UOp) -> UOp:
+    """REDUCE(x, r..., lane) -> REDUCE(REDUCE(x, r...), lane): one accumulator per lane across the other loops
+    (independent chains, SIMD lanes), then a short loop combining the lanes."""
+    def nest(x: UOp) -> UOp | None:
+        if lane not in x.src[1:] or len(x.src) == 2:
+            return None
+        inner = x.replace(src=tuple(r for r in x.src if r is not lane))
+        return x.replace(src=(inner, lane))
+    return graph_rewrite(ast, PatternMatcher([(UPat(Ops.REDUCE, name="x"), nest)]))
 
 
 __all__ = ["Kernel", "KernelOptError"]
