@@ -39,10 +39,10 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     opts.append(Opt(OptOps.UPCAST, axis, amount))
     k.apply_opt(opts[-1])
     tile = k.register_tile()
-    reduce_size = prod(k.axes[a].src[0].arg for a in k.axes_of("reduce"))
+    reduce_size = prod(k.size(a) or MIN_REDUCE for a in k.axes_of("reduce"))  # a symbolic one counts as long
     block = _blocking_axis(k, k.axes.index(k.upcast[-1]))
     if block is not None and reduce_size >= MIN_REDUCE:
-        size = k.axes[block].src[0].arg
+        size = k.size(block) or 1  # (symbolic: no row count divides it)
         rows = next((r for r in BLOCK_SPLITS if size % r == 0 and r * tile <= TILE_MAX and
                      (block != k.axes_of("global")[0] or size // r >= 2)), None)
         if rows is not None:
@@ -58,8 +58,8 @@ def _lanes_for_reduction(k: Kernel) -> list[Opt]:
         return []
     axis = reduce_axes[-1]
     strides = k.strides(axis)
-    size = k.axes[axis].src[0].arg
-    if any(s not in (0, 1) for s in strides) or 1 not in strides or size % LANES or size == LANES:
+    size = k.size(axis)
+    if any(s not in (0, 1) for s in strides) or 1 not in strides or size is None or size % LANES or size == LANES:
         return []
     return [Opt(OptOps.UNROLL, axis, LANES)]
 
@@ -71,7 +71,9 @@ def _vector_axis(k: Kernel) -> tuple[int, int] | None:
         strides = k.strides(axis)
         if any(s not in (0, 1) for s in strides) or 1 not in strides:
             continue
-        size = k.axes[axis].src[0].arg
+        size = k.size(axis)
+        if size is None:
+            continue
         if size <= VECTOR_WHOLE_MAX and axis != global_axes[0]:  # the outermost loop is kept for the threads
             return axis, 0
         amount = next((f for f in VECTOR_SPLITS if size % f == 0 and size > f), None)

@@ -6,12 +6,13 @@ raises `KernelOptError` otherwise, leaving the kernel as it was.
 """
 from __future__ import annotations
 
-from glassgrad.codegen.linearize import split_range
+from glassgrad.codegen.linearize import range_size, split_range
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps, check
 from glassgrad.helpers import prod
 from glassgrad.renderer.cstyle import CStyleLanguage, index_stride
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from glassgrad.uop.sint import render_sint
 
 KIND_ORDER = ("global", "local", "reduce", "group", "unroll", "upcast")
 MAX_UPCAST = 64          # iterations of one upcast axis
@@ -67,7 +68,12 @@ class Kernel:
 
     def describe(self) -> str:
         """The axes as `kind:size`, e.g. 'global:128 global:64 reduce:1024 upcast:8 upcast:16'."""
-        return " ".join(f"{r.arg[1]}:{r.src[0].arg}" for r in self.axes)
+        return " ".join(f"{r.arg[1]}:{render_sint(range_size(r))}" for r in self.axes)
+
+    def size(self, axis: int) -> int | None:
+        """The axis' trip count, or None when it is symbolic (a Variable): such an axis is never split."""
+        rng = self.axes[axis]
+        return rng.src[0].arg if rng.src[0].op is Ops.CONST else None
 
     # ---------- actions ----------
     def apply_opts(self, opts: list[Opt]) -> Kernel:
@@ -81,7 +87,7 @@ class Kernel:
         check(isinstance(opt.axis, int) and 0 <= opt.axis < len(axes),
               f"{opt}: axis {opt.axis} is out of range; this kernel has {len(axes)} axes ({self.describe()})")
         rng = axes[opt.axis]
-        kind, size = rng.arg[1], rng.src[0].arg
+        kind, size = rng.arg[1], self.size(opt.axis)
         if opt.op in (OptOps.LOCAL, OptOps.GROUP):
             check(self.renderer.has_local, f"{opt}: {opt.op.name} needs a GPU (work-groups); "
                                            f"{type(self.renderer).__name__} has none")
@@ -92,8 +98,10 @@ class Kernel:
             self._shift(opt, rng, kind, size)
         self.applied.append(opt)
 
-    def _shift(self, opt: Opt, rng: UOp, kind: str, size: int) -> None:
+    def _shift(self, opt: Opt, rng: UOp, kind: str, size: int | None) -> None:
         check(isinstance(opt.amount, int) and opt.amount >= 0, f"{opt}: the amount must be an int >= 0")
+        check(size is not None, f"{opt}: axis {opt.axis} has a symbolic size; only constant sizes are split")
+        assert size is not None
         amount = size if opt.amount == 0 else opt.amount
         if opt.op is OptOps.UPCAST:
             check(kind == "global", f"{opt}: UPCAST is for global (output) axes, axis {opt.axis} is {kind}")

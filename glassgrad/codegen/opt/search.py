@@ -20,6 +20,7 @@ import numpy as np
 
 from glassgrad.codegen import ProgramSpec, get_program, optimize_ast
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
+from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
 from glassgrad.codegen.opt.kernel import Kernel
 from glassgrad.device import Buffer, Compiled, Device
 from glassgrad.dtype import DType
@@ -104,6 +105,8 @@ def _cache_path(ast: UOp, dev: Compiled, width: int) -> Any:
 
 def beam_search(ast: UOp, device: str, width: int) -> list[Opt]:
     dev = Device[device]
+    if any(u.op is Ops.DEFINE_VAR for u in ast.toposort()):  # symbolic sizes: no one launch to time
+        return hand_coded_optimizations(Kernel(optimize_ast(ast, dev.renderer), dev.renderer))
     path = _cache_path(ast, dev, width)
     if CACHELEVEL >= 1 and path.exists():
         return [Opt(OptOps[op], axis, amount) for op, axis, amount in json.loads(path.read_text())]
