@@ -39,13 +39,16 @@ from glassgrad.uop.symbolic import simplify
 class RealizedMap:
     """Tensor-graph node -> view of the buffer that holds its value. Weak on both sides: an entry lasts while the
     node is alive and something (a Tensor) still holds the view, so realized buffers are never kept alive here.
+    An ASSIGN's entry holds its view for as long as the node lives: the node holds the target buffer anyway, and a
+    graph that reads the assign's result (or a tensor still holding the node) must find it there, not recompute the
+    write from the buffer's old version.
 
     The scheduler asks this about every node of every graph it sees, and nearly always the answer is no, so the map
     is keyed by `id(node)` (a WeakKeyDictionary makes a weak reference per lookup). The entry keeps a weak reference
     to its node, which tells a live entry from one whose id was reused, and removes the entry when the node dies."""
 
     def __init__(self) -> None:
-        self._map: dict[int, tuple[weakref.ref[UOp], weakref.ref[UOp]]] = {}
+        self._map: dict[int, tuple[weakref.ref[UOp], Callable[[], UOp | None]]] = {}
 
     def __setitem__(self, node: UOp, view: UOp) -> None:
         key, table = id(node), self._map
@@ -54,7 +57,7 @@ class RealizedMap:
             entry = table.get(key)
             if entry is not None and entry[0] is node_ref:
                 del table[key]
-        table[key] = (weakref.ref(node, forget), weakref.ref(view))
+        table[key] = (weakref.ref(node, forget), (lambda: view) if node.op is Ops.ASSIGN else weakref.ref(view))
 
     def get(self, node: UOp) -> UOp | None:
         entry = self._map.get(id(node))
