@@ -39,7 +39,7 @@ from typing import Any, Generic, TypeVar
 from glassgrad.device import Buffer
 from glassgrad.dtype import dtypes
 from glassgrad.engine import realize
-from glassgrad.engine.memory import plan_memory
+from glassgrad.engine.memory import allocate_blocks, plan_memory
 from glassgrad.engine.realize import GlobalCounters, _report, compile_kernel, run_copy
 from glassgrad.helpers import DEBUG, JIT, TIMING
 from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
@@ -219,8 +219,8 @@ class _Capture:
         if not plan:
             return {slot: self._new_block(device, nbytes) for slot, (device, nbytes) in dead.items()}
         placed, blocks = plan_memory([[r for r in s.refs if isinstance(r, _Slot)] for s in steps], dead)
-        pool = [self._new_block(b.device, b.nbytes) for b in blocks]
-        return {slot: pool[placed[slot]] for slot in dead}
+        self.pool += allocate_blocks(blocks)
+        return {slot: self.pool[placed[slot]] for slot in dead}
 
     def _new_block(self, device: str, nbytes: int) -> Buffer:
         self.pool.append(Buffer(device, nbytes, dtypes.uint8))

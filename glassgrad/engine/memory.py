@@ -8,14 +8,22 @@ A buffer lives from the first step that touches it to the last. Walking the step
 at step i takes a free block of its device (the smallest one big enough; else the largest free one, grown to fit,
 which costs less than a new block; else a new block), and blocks whose buffers ended at step i are free again
 from step i+1 on. A block is never freed within the step that uses it, so a kernel's output never shares memory
-with its own inputs. This is greedy interval colouring, size-aware; the JIT (engine/jit.py) uses it for the
-intermediates of a captured step.
+with its own inputs. This is greedy interval colouring, size-aware.
+
+Two users: the JIT (engine/jit.py) plans the intermediates of a captured step, and the scheduler plans those of
+every schedule (`SchedulePlan`): the buffers it creates for kernels whose results no tensor and no REALIZED entry
+holds afterwards. A planned buffer keeps its identity (reads, writes and versions name it) and uses its block's
+memory (`Buffer.share`). `MEMPLAN=0` leaves every schedule's buffers unplanned.
 """
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
+
+from glassgrad.device import Buffer
+from glassgrad.dtype import dtypes
+from glassgrad.helpers import MEMPLAN
 
 K = TypeVar("K", bound=Hashable)
 
@@ -69,3 +77,34 @@ def _take_block(blocks: list[Block], free: list[int], device: str, nbytes: int) 
         return len(blocks) - 1
     free.remove(chosen)
     return chosen
+
+
+def allocate_blocks(blocks: Iterable[Block]) -> list[Buffer]:
+    """A buffer (of bytes) for each block of a plan."""
+    return [Buffer(b.device, b.nbytes, dtypes.uint8) for b in blocks]
+
+
+@dataclass(frozen=True)
+class SchedulePlan:
+    """Which buffers a schedule creates share memory: `block_of[k]` is the block of its k-th created buffer (None:
+    memory of its own). It depends on the schedule's structure alone, so the schedule cache stores it with the
+    schedule and places each instantiation's fresh buffers the same way."""
+    block_of: tuple[int | None, ...]
+    blocks: tuple[Block, ...]
+
+    @staticmethod
+    def make(steps: Sequence[Sequence[Buffer]], created: Sequence[Buffer], held: set[Buffer]) -> SchedulePlan:
+        """The plan for a schedule whose items touch `steps` buffers in order; `created` are the buffers the
+        scheduler made, `held` those that outlive the schedule (a tensor or REALIZED holds a view of them)."""
+        shareable = {b: (b.device, max(b.nbytes, 1)) for b in created if b not in held}
+        placed, blocks = plan_memory(steps, shareable)
+        return SchedulePlan(tuple(placed.get(b) for b in created), tuple(blocks))
+
+    def place(self, created: Sequence[Buffer]) -> None:
+        """Put the created buffers (not allocated yet) into fresh blocks of this plan (unless MEMPLAN=0)."""
+        if not MEMPLAN or not self.blocks:
+            return
+        pool = allocate_blocks(self.blocks)
+        for buf, block in zip(created, self.block_of):
+            if block is not None:
+                buf.share(pool[block])

@@ -16,6 +16,9 @@ of that node's buffer (and a reshape of a buffer is already realized).
 Symbolic shapes: a node whose shape holds bound Variables gets a buffer for its largest size, and its view is
 `BUFFER.shrink((0, n)).reshape(shape)` (the first n elements). Each item's `var_vals` holds the Variables' values.
 
+Buffers created for kernels whose results no view refers to (the schedule's intermediates) share memory where
+their lifetimes within the schedule do not overlap (engine/memory.py's `SchedulePlan`).
+
 A graph with the structure of one scheduled before (other buffers) reuses that schedule: see schedule/cache.py.
 """
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import dtypes
+from glassgrad.engine.memory import SchedulePlan
 from glassgrad.helpers import SCACHE, prod
 from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, structure_key
 from glassgrad.schedule.indexing import KernelBuilder
@@ -167,6 +171,8 @@ SCHEDULE_CACHE = ScheduleCache()
 
 def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Schedule the kernels that compute `outs`. Returns the items and {node: buffer view} for new buffers.
+    Only the outputs' views stay valid once the schedule has run: the intermediates' buffers share memory (their
+    views serve REALIZED, which forgets a view nobody holds).
 
     A graph with the structure of one scheduled before (same ops, shapes, dtypes, devices; other buffers) reuses
     that schedule through `SCHEDULE_CACHE` (see schedule/cache.py; `SCACHE=0` turns it off)."""
@@ -189,7 +195,13 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     # caller puts in REALIZED then depends on the graph's structure alone, as the cache needs
     in_graph, out_ids = key.position if key is not None else set(nodes), {id(o) for o in outs}
     views = {n: v for n, v in views.items() if n in in_graph or id(n) in out_ids}
-    if key is not None and (template := ScheduleTemplate.capture((schedule, views), key, created, outs)) is not None:
+    # the outputs' buffers outlive the schedule (their tensors hold the views); the other created buffers are the
+    # schedule's own, since REALIZED holds views weakly: they share memory by lifetime
+    held = {view.base.arg[0] for o in outs if (view := views.get(o)) is not None}
+    plan = SchedulePlan.make([item.bufs for item in schedule], created, held)
+    plan.place(created)
+    if key is not None and (template := ScheduleTemplate.capture((schedule, views), key, created, outs,
+                                                                 plan)) is not None:
         SCHEDULE_CACHE.put(key.graph, template)
     return schedule, views
 
