@@ -35,7 +35,7 @@ from glassgrad.engine.memory import SchedulePlan
 from glassgrad.helpers import SCACHE, prod
 from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, structure_key
 from glassgrad.schedule.indexing import KernelBuilder
-from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.ops import Ops, UOp, sint
 from glassgrad.uop.sint import max_size, sint_prod
 from glassgrad.uop.symbolic import simplify
 
@@ -102,7 +102,7 @@ class ScheduleItem:
     var_vals: dict[str, int] = field(default_factory=dict, hash=False)
 
 
-def buffer_view(buf: Buffer, shape: tuple[int, ...], version: int = 0) -> UOp:
+def buffer_view(buf: Buffer, shape: tuple[sint, ...], version: int = 0) -> UOp:
     """The tensor-graph node that reads `buf` (after its `version`-th in-place write) as a tensor of `shape`.
     A symbolic shape reads the first n (its bound size) elements of a buffer sized for the largest value."""
     node = UOp(Ops.BUFFER, buf.dtype, (), (buf, version))
