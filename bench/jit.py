@@ -1,5 +1,6 @@
 """TinyJit on the MNIST CNN train step (examples/mnist.py): step time eager vs replayed, the Python overhead of a
-replay, and the peak device memory of a step eagerly, replayed without the memory planner, and replayed with it.
+replay, and the peak device memory of a step eagerly (without and with the memory planner: MEMPLAN=0/1), replayed
+without the planner, and replayed with it.
 
 In: `--batch` (default 128), `--device` (default CPU), `--repeat`, `--model mlp` (a small MLP instead of the CNN: a
 step of tiny kernels, where eager time is mostly Python). Out: one table. The Python overhead of a replay is
@@ -36,7 +37,8 @@ class MLP:
 
 
 def make_step(batch: int, device: str, mode: str, model_name: str) -> Callable[[], Tensor]:
-    """mode: 'eager', 'jit' (memory planned) or 'jit-unplanned'; model_name: 'cnn' (examples/mnist.py) or 'mlp'."""
+    """mode: 'eager' / 'eager-unplanned' (MEMPLAN=0), 'jit' (memory planned) or 'jit-unplanned'; model_name: 'cnn'
+    (examples/mnist.py) or 'mlp'."""
     example = mnist_example()
     rng = np.random.default_rng(0)
     x = Tensor(rng.random((batch, 1, 28, 28), dtype=np.float32), device=device).realize()
@@ -52,7 +54,8 @@ def make_step(batch: int, device: str, mode: str, model_name: str) -> Callable[[
         return example.train_step(model, opt, x, y)
 
     def step() -> Tensor:
-        loss = eager() if mode == "eager" else jitted(x, y)
+        with Context(MEMPLAN=int(mode != "eager-unplanned")):
+            loss = eager() if mode.startswith("eager") else jitted(x, y)
         Device[device].synchronize()
         return loss
     return step
@@ -93,14 +96,15 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     results = {}
-    for mode in ("eager", "jit-unplanned", "jit"):
+    for mode in ("eager-unplanned", "eager", "jit-unplanned", "jit"):
         wall, overhead, peak = measure(args.batch, args.device, mode, args.model, args.repeat)
         results[mode] = (wall, peak)
         print(f"{mode:<16} {wall * 1e3:8.1f}ms {overhead * 1e3:10.2f}ms = {overhead / wall * 100:5.1f}% "
               f"{peak / 2**20:9.1f}MiB")
-    print(f"replay vs eager step time: {results['eager'][0] / results['jit'][0]:.2f}x faster; planner: peak "
+    print(f"replay vs eager step time: {results['eager'][0] / results['jit'][0]:.2f}x faster; planner: eager peak "
+          f"{results['eager'][1] / results['eager-unplanned'][1]:.2f}x of unplanned, replay peak "
           f"{results['jit'][1] / results['jit-unplanned'][1]:.2f}x of unplanned, "
-          f"{results['jit'][1] / results['eager'][1]:.2f}x of eager")
+          f"{results['jit'][1] / results['eager'][1]:.2f}x of (planned) eager")
 
 
 if __name__ == "__main__":

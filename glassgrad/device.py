@@ -160,7 +160,9 @@ Device = _DeviceRegistry()
 
 
 class Buffer:
-    """`size` elements of `dtype` in the memory of `device`. Memory is allocated on first use, returned on delete."""
+    """`size` elements of `dtype` in the memory of `device`. Memory is allocated on first use, returned on delete.
+    A buffer can instead live in the memory of another (`share`): a memory plan's block, which buffers whose
+    lifetimes do not overlap use one after another (engine/memory.py)."""
 
     def __init__(self, device: str, size: int, dtype: DType, owned: bool = False) -> None:
         self.device = Device.canonicalize(device)
@@ -169,6 +171,14 @@ class Buffer:
         self._handle: Any = None
         self.version = 0     # how many in-place writes (assigns) have run on it
         self.owned = owned   # made for one tensor (data, empty, assign target), not shared by equal graphs
+        self.block: Buffer | None = None  # the buffer whose memory this one uses, if any
+
+    def share(self, block: Buffer) -> None:
+        """Use `block`'s memory (from its start) instead of memory of its own."""
+        if self._handle is not None or block.device != self.device or block.nbytes < self.nbytes:
+            raise ValueError(f"{self} cannot live in {block}: it has memory already, or the block is too small or "
+                             "on another device")
+        self.block = block
 
     def __repr__(self) -> str:
         return f"<Buffer {self.device} {self.size} {self.dtype.name}{' allocated' if self.is_allocated else ''}>"
@@ -184,11 +194,12 @@ class Buffer:
     @property
     def handle(self) -> Any:
         if self._handle is None:
-            self._handle = Device[self.device].allocator.alloc(max(self.nbytes, 1))
+            self._handle = self.block.handle if self.block is not None else \
+                Device[self.device].allocator.alloc(max(self.nbytes, 1))
         return self._handle
 
     def __del__(self) -> None:
-        if self._handle is not None:
+        if self._handle is not None and self.block is None:
             try:
                 Device[self.device].allocator.free(self._handle, max(self.nbytes, 1))
             except Exception:  # interpreter shutdown: nothing to give back to

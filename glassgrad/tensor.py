@@ -164,12 +164,20 @@ class Tensor(_CastShortcuts, NNOps):
         schedule, views = create_schedule([t.uop for t in pending])
         run_schedule(schedule)
         keep_lineage = not Tensor.no_grad
+        assigned = False
         for node, view in views.items():
             REALIZED[node] = view
+            assigned = assigned or node.op is Ops.ASSIGN
             if keep_lineage and not is_buffer_view(node):  # movement ops of a buffer are computed too
-                LINEAGE[view] = node
+                # an assign's gradient is its value's (and the value's graph does not hold the ASSIGN node, which
+                # REALIZED keeps the view for: no cycle between the two maps)
+                LINEAGE[view] = node.src[1] if node.op is Ops.ASSIGN else node
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
+        if assigned:  # an assign realized as part of a larger graph: its target tensor holds the new version now
+            for t in list(ASSIGN_TARGETS.values()):
+                if t.uop.op is Ops.ASSIGN and (new := views.get(t.uop)) is not None:
+                    t.uop = new
 
     def _buffer(self) -> Buffer:
         self.realize()

@@ -1,10 +1,14 @@
 """Tensor.assign: in-place writes into a tensor's own buffer, with the ordering hazards they bring."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
 from glassgrad import GlobalCounters, Tensor
+from glassgrad.helpers import Context
 
 
 def _buffer(t: Tensor) -> object:
@@ -134,3 +138,108 @@ def test_a_second_assign_while_the_first_is_pending() -> None:
     p.assign(p + 1)
     np.testing.assert_array_equal(p.numpy(), [2, 2, 2])
     assert _buffer(p) is buf
+
+
+# ---------------------------------------------------------------------- an assign realized inside a larger graph
+# `y = x * 2` after `x.assign(...)` realizes the assign as part of y's schedule; x (and any graph holding the ASSIGN
+# node) must then read the target buffer at its new version, not compute the write again from the old one. Each
+# case runs three times, so that with the schedule cache on, the later rounds take the cached schedule.
+
+@pytest.mark.parametrize("scache", [0, 1])
+def test_assign_realized_through_a_reader(scache: int) -> None:
+    with Context(SCACHE=scache):
+        for _ in range(3):
+            x = Tensor([1.0, 2.0]).realize()
+            buf = _buffer(x)
+            x.assign(x + 1)
+            y = x * 2
+            y.realize()
+            GlobalCounters.reset()
+            np.testing.assert_array_equal(x.numpy(), [2, 3])
+            assert GlobalCounters.kernel_count == 0 and _buffer(x) is buf
+            np.testing.assert_array_equal(y.numpy(), [4, 6])
+            x.realize()
+            assert GlobalCounters.kernel_count == 0
+
+
+@pytest.mark.parametrize("scache", [0, 1])
+def test_two_chained_assigns_realized_through_a_reader(scache: int) -> None:
+    with Context(SCACHE=scache):
+        for _ in range(3):
+            a, b = Tensor([1.0, 2.0]).realize(), Tensor([0.0, 0.0]).realize()
+            a.assign(a + 1)
+            b.assign(a * 10)
+            c = a + b
+            np.testing.assert_array_equal(c.numpy(), [22, 33])
+            GlobalCounters.reset()
+            np.testing.assert_array_equal(a.numpy(), [2, 3])
+            np.testing.assert_array_equal(b.numpy(), [20, 30])
+            assert GlobalCounters.kernel_count == 0
+            a.assign(a + b).realize()  # the next assign starts from the new version
+            np.testing.assert_array_equal(a.numpy(), [22, 33])
+
+
+@pytest.mark.parametrize("scache", [0, 1])
+def test_assign_read_through_a_view(scache: int) -> None:
+    with Context(SCACHE=scache):
+        for _ in range(3):
+            x = Tensor(np.arange(6, dtype=np.float32)).realize()
+            x.assign(x * 2)
+            tail = x.reshape(2, 3)[:, 1:]
+            np.testing.assert_array_equal(tail.numpy(), [[2, 4], [8, 10]])
+            GlobalCounters.reset()
+            np.testing.assert_array_equal(x.numpy(), np.arange(6) * 2)
+            assert GlobalCounters.kernel_count == 0
+            np.testing.assert_array_equal(x.reshape(3, 2).numpy(), (np.arange(6) * 2).reshape(3, 2))
+
+
+@pytest.mark.parametrize("scache", [0, 1])
+def test_a_graph_holding_the_assign_node_after_its_tensor_is_gone(scache: int) -> None:
+    """Only a lazy graph still holds the ASSIGN node: it reads the assign's result from the buffer."""
+    with Context(SCACHE=scache):
+        for _ in range(3):
+            x = Tensor([1.0, 2.0]).realize()
+            x.assign(x + 1)
+            y, later = x * 2, x + 3
+            del x
+            y.realize()
+            GlobalCounters.reset()
+            np.testing.assert_array_equal(later.numpy(), [5, 6])
+            assert GlobalCounters.kernel_count == 1
+
+
+def test_gradient_through_an_assign_realized_by_a_reader() -> None:
+    w = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = Tensor.zeros(3).realize()
+    y.assign(w * 2)
+    (y * 1).realize()
+    y.sum().backward()
+    assert w.grad is not None
+    np.testing.assert_array_equal(w.grad.numpy(), [2, 2, 2])
+
+
+def test_a_realized_assign_node_is_not_kept_alive() -> None:
+    """REALIZED keeps an ASSIGN's view while the node lives; nothing may keep the node alive in return."""
+    x = Tensor([1.0, 2.0]).realize()
+    x.assign(x + 1)
+    node = weakref.ref(x.uop)
+    y = x * 2
+    y.realize()
+    del y
+    gc.collect()
+    assert node() is None
+    np.testing.assert_array_equal(x.numpy(), [2, 3])
+
+
+def test_state_assigned_inside_a_jit_and_read_by_the_result() -> None:
+    from glassgrad.engine.jit import TinyJit
+    state = Tensor([1.0, 2.0]).realize()
+
+    @TinyJit
+    def step(a: Tensor) -> Tensor:
+        state.assign(state + a)
+        return state * 2
+
+    for i in range(1, 6):
+        np.testing.assert_array_equal(step(Tensor([1.0, 1.0])).numpy(), [2 * (1 + i), 2 * (2 + i)])
+        np.testing.assert_array_equal(state.numpy(), [1 + i, 2 + i])

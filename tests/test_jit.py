@@ -330,7 +330,7 @@ def test_plan_memory_chain_reuses_blocks() -> None:
     assert placed["a"] != placed["b"]
 
 
-def test_plan_memory_grows_a_free_block_and_keeps_devices_apart() -> None:
+def test_plan_memory_shares_a_bigger_block_and_keeps_devices_apart() -> None:
     placed, blocks = plan_memory([["a"], ["b"], ["c"]], {"a": ("CPU", 10), "b": ("CPU", 50), "c": ("CUDA", 10)})
     assert placed["a"] == placed["b"] and blocks[placed["a"]].nbytes == 50
     assert blocks[placed["c"]].device == "CUDA" and placed["c"] != placed["a"]

@@ -226,9 +226,10 @@ def test_cache_keys_hold_no_buffers() -> None:
 
 
 def test_the_cache_is_bounded() -> None:
+    from glassgrad.engine.memory import SchedulePlan
     from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate
     cache = ScheduleCache(capacity=2)
-    empty = ScheduleTemplate((), (), ())
+    empty = ScheduleTemplate((), (), (), SchedulePlan((), ()))
     for key in range(4):
         cache.put((key,), empty)
     assert len(cache) == 2 and cache.get((0,)) is None and cache.get((3,)) is empty

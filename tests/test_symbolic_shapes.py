@@ -271,9 +271,9 @@ def test_gradient_through_a_symbolic_shrink(n: int) -> None:
     np.testing.assert_array_equal(x.grad.numpy(), expected)
 
 
-def test_tinyjit_with_symbolic_shapes() -> None:
-    """A bound Variable is part of its tensor's shape, so of TinyJit's signature: each value gets its own capture (of
-    the same compiled kernels) and its replays pass that value as the kernels' int argument."""
+def test_tinyjit_with_a_symbolic_tensor_argument() -> None:
+    """A bound Variable in a tensor argument's shape is keyed on its unbound form: one capture serves every value,
+    its replays pass each call's value as the kernels' int argument."""
     v = Variable("pos", 1, 10)
     body_calls = 0
 
@@ -283,9 +283,54 @@ def test_tinyjit_with_symbolic_shapes() -> None:
         return (x * 2).sum(axis=1)
 
     jitted = TinyJit(step)
-    for n in (3, 3, 3, 3, 7, 7, 7, 3):
+    for n in (3, 3, 3, 3, 7, 7, 7, 3, 10, 1):
         data = RNG.standard_normal((10, 6)).astype(np.float32)
         full = Tensor(data).realize()
-        np.testing.assert_allclose(jitted(full[:v.bind(n)].contiguous()).numpy(), (data[:n] * 2).sum(1), rtol=1e-5,
-                                   atol=1e-5)
-    assert jitted.captures == 2 and body_calls == 4  # two runs (eager, capture) per value, then replays
+        out = jitted(full[:v.bind(n)].contiguous())
+        assert out.shape == (v.bind(n),)
+        np.testing.assert_allclose(out.numpy(), (data[:n] * 2).sum(1), rtol=1e-5, atol=1e-5)
+    assert jitted.captures == 1 and body_calls == 2  # eager, capture, then replays for every value
+
+
+def test_tinyjit_one_capture_for_every_value_of_a_variable_argument() -> None:
+    """A function over x[:v], v passed bound to 3, 5, 7, 2: numpy's results each time, from one capture (the body runs
+    twice: eagerly, then captured), and no kernel compiled after the first call."""
+    v = Variable("n", 1, 10)
+    body_calls = 0
+    rendered: list[object] = []
+    render = realize._render
+
+    def counting_render(device: str, ast: object) -> ProgramSpec:
+        rendered.append(ast)
+        return render(device, ast)  # type: ignore[arg-type]
+
+    def step(x: Tensor, n: object) -> tuple[Tensor, Tensor]:
+        nonlocal body_calls
+        body_calls += 1
+        head = x[:n]
+        return (head * 2 + 1).sum(axis=1), (head.exp() * 0.5).mean()
+
+    jitted = TinyJit(step)
+    realize._render = counting_render  # type: ignore[assignment]
+    try:
+        for i, n in enumerate((3, 5, 7, 2)):
+            data = RNG.standard_normal((10, 6)).astype(np.float32)
+            rows, mean = jitted(Tensor(data).realize(), v.bind(n))
+            assert rows.shape == (v.bind(n),)
+            np.testing.assert_allclose(rows.numpy(), (data[:n] * 2 + 1).sum(1), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(mean.numpy(), (np.exp(data[:n]) * 0.5).mean(), rtol=1e-5)
+            if i == 0:
+                first_call = len(rendered)
+    finally:
+        realize._render = render  # type: ignore[assignment]
+    assert body_calls == 2 and jitted.captures == 1
+    assert len(rendered) == first_call and len(set(map(id, rendered))) == len(rendered)
+
+
+def test_tinyjit_refuses_a_variable_bound_to_two_values_in_one_call() -> None:
+    from glassgrad.engine.jit import JitError
+    v = Variable("k", 1, 10)
+    jitted = TinyJit(lambda x, n: x[:n].sum())
+    x = Tensor(X).realize()
+    with pytest.raises(JitError, match="'k' is bound to 4 and 3"):
+        jitted(x[:v.bind(4)].contiguous(), v.bind(3))

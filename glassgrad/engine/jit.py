@@ -14,6 +14,11 @@ A new signature (another batch size, a changed Python scalar, `Tensor.training` 
 call 1 for that signature, so a replay never computes with stale shapes or constants; each signature keeps its own
 capture.
 
+Symbolic shapes: a bound Variable is keyed on its unbound form (in a tensor argument's shape, or passed itself), so
+one capture serves every value. Each call's values (`var_vals`, from the arguments' BINDs) are passed to the kernels,
+whose launch sizes are evaluated for them (`ProgramSpec.at`), and the returned tensors' shapes are bound to them.
+Buffers of symbolic size are sized for the Variables' maximum, so the capture's buffers and memory plan fit all.
+
 What a capture holds (tinygrad's rule): tensors passed as arguments, also inside a list/tuple/dict argument, are
 *inputs*, swapped for the new call's tensors on each replay. Every other buffer the kernels touch is *state*,
 used by identity: parameters, optimiser moments, BatchNorm running statistics. State written in place (`assign`)
@@ -33,19 +38,20 @@ import functools
 import gc
 import weakref
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from glassgrad.codegen import ProgramSpec
 from glassgrad.device import Buffer
 from glassgrad.dtype import dtypes
 from glassgrad.engine import realize
-from glassgrad.engine.memory import plan_memory
+from glassgrad.engine.memory import allocate_blocks, plan_memory
 from glassgrad.engine.realize import GlobalCounters, _report, compile_kernel, run_copy
 from glassgrad.helpers import DEBUG, JIT, TIMING
 from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
 from glassgrad.tensor import _RNG, ASSIGN_TARGETS, Tensor, no_grad
-from glassgrad.uop.ops import Ops
-from glassgrad.uop.sint import sint_eval
+from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.sint import rebind, sint_eval, unbind
 
 ReturnType = TypeVar("ReturnType")
 
@@ -55,17 +61,38 @@ class JitError(RuntimeError):
 
 
 # ---------------------------------------------------------------------- arguments
-def _describe(value: Any, where: str, tensors: list[Tensor], names: list[str]) -> Hashable:
-    """The part of the signature an argument gives; its tensors are appended to `tensors` (and their names)."""
+@dataclass
+class _Arguments:
+    """What one call's arguments hold besides the signature: the tensors (with names, for errors) and the values of
+    the bound Variables in them."""
+    tensors: list[Tensor] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    var_vals: dict[str, int] = field(default_factory=dict)
+
+    def unbound(self, size: Any, where: str) -> Any:
+        """A size (or a bound Variable) in its unbound form; its values are collected into `var_vals`."""
+        if not isinstance(size, UOp):
+            return size
+        kernel_form, values = unbind(size)
+        for name, value in values.items():
+            if self.var_vals.setdefault(name, value) != value:
+                raise JitError(f"TinyJit argument {where}: Variable {name!r} is bound to {self.var_vals[name]} and "
+                               f"{value} in one call")
+        return kernel_form
+
+
+def _describe(value: Any, where: str, args: _Arguments) -> Hashable:
+    """The part of the signature an argument gives; its tensors and Variable values are collected in `args`."""
     if isinstance(value, Tensor):
-        tensors.append(value)
-        names.append(where)
-        return ("Tensor", value.shape, value.dtype, value.device)
+        args.tensors.append(value)
+        args.names.append(where)
+        return ("Tensor", tuple(args.unbound(d, where) for d in value.shape), value.dtype, value.device)
+    if isinstance(value, UOp) and value.op is Ops.BIND:
+        return ("Variable", args.unbound(value, where))
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_describe(v, f"{where}[{i}]", tensors, names) for i, v in enumerate(value)))
+        return (type(value).__name__, tuple(_describe(v, f"{where}[{i}]", args) for i, v in enumerate(value)))
     if isinstance(value, dict):
-        return ("dict", tuple((k, _describe(value[k], f"{where}[{k!r}]", tensors, names))
-                              for k in sorted(value, key=repr)))
+        return ("dict", tuple((k, _describe(value[k], f"{where}[{k!r}]", args)) for k in sorted(value, key=repr)))
     try:
         hash(value)
     except TypeError:
@@ -74,12 +101,11 @@ def _describe(value: Any, where: str, tensors: list[Tensor], names: list[str]) -
     return (type(value).__name__, repr(value) if isinstance(value, float) else value)  # repr: -0.0 and nan
 
 
-def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Hashable, list[Tensor], list[str]]:
-    tensors: list[Tensor] = []
-    names: list[str] = []
-    key = tuple((name, _describe(value, f"{name!r}" if isinstance(name, str) else f"#{name}", tensors, names))
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Hashable, _Arguments]:
+    found = _Arguments()
+    key = tuple((name, _describe(value, f"{name!r}" if isinstance(name, str) else f"#{name}", found))
                 for name, value in [*enumerate(args), *sorted(kwargs.items())])
-    return (key, Tensor.training, Tensor.no_grad), tensors, names  # the modes change what the function builds
+    return (key, Tensor.training, Tensor.no_grad), found  # the modes change what the function builds
 
 
 def _input_buffers(tensors: list[Tensor], names: list[str]) -> list[Buffer]:
@@ -122,7 +148,9 @@ Ref = Buffer | int | _Slot  # a kernel argument: a state buffer, the index of an
 
 @dataclass
 class _Kernel:
-    """One recorded launch. `args` holds the handles; the positions listed in `inputs` take each call's inputs."""
+    """One recorded launch. `args` holds the handles; the positions listed in `inputs` take each call's inputs.
+    A kernel with Variables keeps its symbolic `spec`: each call evaluates the launch sizes for its values (those the
+    call's arguments do not give keep their captured value, `var_vals`)."""
     program: Any
     name: str
     global_size: tuple[int, ...]
@@ -132,7 +160,17 @@ class _Kernel:
     nbytes: int
     args: list[Any]
     inputs: list[tuple[int, int]]  # (argument position, input index)
-    vals: tuple[int, ...] = ()  # the kernel's Variable values (symbolic shapes), fixed by the signature
+    spec: ProgramSpec | None = None  # with Variables only
+    var_vals: dict[str, int] = field(default_factory=dict)
+
+    def launch_for(self, var_vals: dict[str, int]) -> tuple[tuple[int, ...], int, int, tuple[int, ...]]:
+        """(global size, work, flops, Variable values in parameter order) of a launch with these values."""
+        if self.spec is None:
+            return self.global_size, self.work, self.flops, ()
+        values = {**self.var_vals, **var_vals}
+        spec = self.spec.at(values)
+        return (tuple(sint_eval(g) for g in spec.global_size), sint_eval(spec.work), sint_eval(spec.flops),
+                tuple(values[name] for name in spec.vars))
 
 
 @dataclass
@@ -192,6 +230,7 @@ class _Capture:
         slot_buffers = self._place(steps, plan)
         self.steps: list[_Kernel | _Copy] = [self._launch(s, slot_buffers) for s in steps]
         self.kernel_count = sum(isinstance(s, _Kernel) for s in self.steps)
+        self.symbolic_returns = [t for t in _returned_tensors(ret) if not all(isinstance(d, int) for d in t.shape)]
         index = {id(b): i for i, b in enumerate(inputs)}
         self.written_inputs = [(index[id(b)], n) for b, n in inplace.items() if id(b) in index]
         self.written_state = [(b, n) for b, n in inplace.items() if id(b) not in index]
@@ -219,8 +258,8 @@ class _Capture:
         if not plan:
             return {slot: self._new_block(device, nbytes) for slot, (device, nbytes) in dead.items()}
         placed, blocks = plan_memory([[r for r in s.refs if isinstance(r, _Slot)] for s in steps], dead)
-        pool = [self._new_block(b.device, b.nbytes) for b in blocks]
-        return {slot: pool[placed[slot]] for slot in dead}
+        self.pool += allocate_blocks(blocks)
+        return {slot: self.pool[placed[slot]] for slot in dead}
 
     def _new_block(self, device: str, nbytes: int) -> Buffer:
         self.pool.append(Buffer(device, nbytes, dtypes.uint8))
@@ -235,14 +274,12 @@ class _Capture:
         kernel = compile_kernel(step.device, step.item_ast)
         args = [None if isinstance(b, int) else b.handle for b in bufs]
         inputs = [(pos, b) for pos, b in enumerate(bufs) if isinstance(b, int)]
-        # symbolic shapes: a bound Variable is part of its tensor's shape, so of the signature; a capture always
-        # replays with the values it was captured with
-        spec = kernel.spec.at(step.var_vals) if kernel.spec.vars else kernel.spec
+        spec = kernel.spec.at(step.var_vals) if kernel.spec.vars else kernel.spec  # the captured launch
         return _Kernel(kernel.program, spec.name, tuple(sint_eval(g) for g in spec.global_size), spec.local_size,
                        sint_eval(spec.work), sint_eval(spec.flops), step.nbytes, args, inputs,
-                       tuple(step.var_vals[name] for name in spec.vars))
+                       kernel.spec if kernel.spec.vars else None, step.var_vals)
 
-    def replay(self, tensors: list[Tensor], inputs: list[Buffer]) -> Any:
+    def replay(self, tensors: list[Tensor], inputs: list[Buffer], var_vals: dict[str, int]) -> Any:
         self._apply_pending_state()
         handles = [b.handle for b in inputs]
         wait = DEBUG >= 2 or bool(TIMING)
@@ -253,16 +290,24 @@ class _Capture:
             args = step.args
             for pos, i in step.inputs:
                 args[pos] = handles[i]
-            seconds = step.program(*args, global_size=step.global_size, local_size=step.local_size, vals=step.vals,
-                                   work=step.work, wait=wait) or 0.0
+            global_size, work, flops, vals = step.launch_for(var_vals)
+            seconds = step.program(*args, global_size=global_size, local_size=step.local_size, vals=vals,
+                                   work=work, wait=wait) or 0.0
             GlobalCounters.kernel_count += 1
-            GlobalCounters.global_ops += step.flops
+            GlobalCounters.global_ops += flops
             GlobalCounters.global_mem += step.nbytes
             GlobalCounters.time_sum_s += seconds
             if DEBUG >= 2:
                 _report(step.name, seconds, step.flops, step.nbytes, "(jit)")
         self._advance_versions(tensors, inputs)
+        self._bind_returned(var_vals)
         return self.ret
+
+    def _bind_returned(self, var_vals: dict[str, int]) -> None:
+        """Returned tensors of symbolic shape read their buffers at this call's sizes."""
+        for t in self.symbolic_returns:
+            base = t.uop.base
+            t.uop = buffer_view(base.arg[0], tuple(rebind(d, var_vals) for d in t.shape), base.arg[1])
 
     def _apply_pending_state(self) -> None:
         """Assigns to state queued since the last call (say a new learning rate) are applied before the replay
@@ -329,11 +374,11 @@ class TinyJit(Generic[ReturnType]):
             return self._run_eagerly(args, kwargs)
         if realize.capture_hooks:
             raise JitError(f"{self.fn.__name__}: a TinyJit cannot run inside another TinyJit's capture")
-        key, tensors, names = _signature(args, kwargs)
-        inputs = _input_buffers(tensors, names)
+        key, found = _signature(args, kwargs)
+        inputs = _input_buffers(found.tensors, found.names)
         captured = self._captures.get(key)
         if captured is not None:
-            return captured.replay(tensors, inputs)
+            return captured.replay(found.tensors, inputs, found.var_vals)
         if key not in self._seen:
             self._seen.add(key)
             return self._run_eagerly(args, kwargs)

@@ -18,6 +18,9 @@ of that node's buffer (and a reshape of a buffer is already realized).
 Symbolic shapes: a node whose shape holds bound Variables gets a buffer for its largest size, and its view is
 `BUFFER.shrink((0, n)).reshape(shape)` (the first n elements). Each item's `var_vals` holds the Variables' values.
 
+Buffers created for kernels whose results no view refers to (the schedule's intermediates) share memory where
+their lifetimes within the schedule do not overlap (engine/memory.py's `SchedulePlan`).
+
 A graph with the structure of one scheduled before (other buffers) reuses that schedule: see schedule/cache.py.
 """
 from __future__ import annotations
@@ -30,10 +33,11 @@ from dataclasses import dataclass, field
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import dtypes
+from glassgrad.engine.memory import SchedulePlan
 from glassgrad.helpers import SCACHE, prod
 from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, structure_key
 from glassgrad.schedule.indexing import KernelBuilder
-from glassgrad.uop.ops import GroupOp, Ops, UOp
+from glassgrad.uop.ops import GroupOp, Ops, UOp, sint
 from glassgrad.uop.sint import max_size, sint_prod
 from glassgrad.uop.symbolic import simplify
 
@@ -41,13 +45,16 @@ from glassgrad.uop.symbolic import simplify
 class RealizedMap:
     """Tensor-graph node -> view of the buffer that holds its value. Weak on both sides: an entry lasts while the
     node is alive and something (a Tensor) still holds the view, so realized buffers are never kept alive here.
+    An ASSIGN's entry holds its view for as long as the node lives: the node holds the target buffer anyway, and a
+    graph that reads the assign's result (or a tensor still holding the node) must find it there, not recompute the
+    write from the buffer's old version.
 
     The scheduler asks this about every node of every graph it sees, and nearly always the answer is no, so the map
     is keyed by `id(node)` (a WeakKeyDictionary makes a weak reference per lookup). The entry keeps a weak reference
     to its node, which tells a live entry from one whose id was reused, and removes the entry when the node dies."""
 
     def __init__(self) -> None:
-        self._map: dict[int, tuple[weakref.ref[UOp], weakref.ref[UOp]]] = {}
+        self._map: dict[int, tuple[weakref.ref[UOp], Callable[[], UOp | None]]] = {}
 
     def __setitem__(self, node: UOp, view: UOp) -> None:
         key, table = id(node), self._map
@@ -56,7 +63,7 @@ class RealizedMap:
             entry = table.get(key)
             if entry is not None and entry[0] is node_ref:
                 del table[key]
-        table[key] = (weakref.ref(node, forget), weakref.ref(view))
+        table[key] = (weakref.ref(node, forget), (lambda: view) if node.op is Ops.ASSIGN else weakref.ref(view))
 
     def get(self, node: UOp) -> UOp | None:
         entry = self._map.get(id(node))
@@ -97,7 +104,7 @@ class ScheduleItem:
     var_vals: dict[str, int] = field(default_factory=dict, hash=False)
 
 
-def buffer_view(buf: Buffer, shape: tuple[int, ...], version: int = 0) -> UOp:
+def buffer_view(buf: Buffer, shape: tuple[sint, ...], version: int = 0) -> UOp:
     """The tensor-graph node that reads `buf` (after its `version`-th in-place write) as a tensor of `shape`.
     A symbolic shape reads the first n (its bound size) elements of a buffer sized for the largest value."""
     node = UOp(Ops.BUFFER, buf.dtype, (), (buf, version))
@@ -187,6 +194,8 @@ SCHEDULE_CACHE = ScheduleCache()
 
 def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Schedule the kernels that compute `outs`. Returns the items and {node: buffer view} for new buffers.
+    Only the outputs' views stay valid once the schedule has run: the intermediates' buffers share memory (their
+    views serve REALIZED, which forgets a view nobody holds).
 
     A graph with the structure of one scheduled before (same ops, shapes, dtypes, devices; other buffers) reuses
     that schedule through `SCHEDULE_CACHE` (see schedule/cache.py; `SCACHE=0` turns it off)."""
@@ -209,7 +218,13 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     # caller puts in REALIZED then depends on the graph's structure alone, as the cache needs
     in_graph, out_ids = key.position if key is not None else set(nodes), {id(o) for o in outs}
     views = {n: v for n, v in views.items() if n in in_graph or id(n) in out_ids}
-    if key is not None and (template := ScheduleTemplate.capture((schedule, views), key, created, outs)) is not None:
+    # the outputs' buffers outlive the schedule (their tensors hold the views); the other created buffers are the
+    # schedule's own, since REALIZED holds views weakly: they share memory by lifetime
+    held = {view.base.arg[0] for o in outs if (view := views.get(o)) is not None}
+    plan = SchedulePlan.make([item.bufs for item in schedule], created, held)
+    plan.place(created)
+    if key is not None and (template := ScheduleTemplate.capture((schedule, views), key, created, outs,
+                                                                 plan)) is not None:
         SCHEDULE_CACHE.put(key.graph, template)
     return schedule, views
 

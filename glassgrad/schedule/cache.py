@@ -26,6 +26,7 @@ from typing import Any
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import DType
+from glassgrad.engine.memory import SchedulePlan
 from glassgrad.uop.ops import Ops, UOp, _arg_key
 
 # what the scheduler returns: the items (typed as Any here: ScheduleItem lives in the package that imports this)
@@ -87,9 +88,11 @@ class ScheduleTemplate:
     # (ast, buffer refs, reads, write, var_vals): the Variables' values are part of the key (a BIND holds its value)
     items: tuple[tuple[UOp, tuple[int, ...], tuple[tuple[int, int], ...], tuple[int, int] | None, dict[str, int]], ...]
     views: tuple[tuple[bool, int, ViewTemplate], ...]  # (is an output, its index in outs / position in the walk, view)
+    plan: SchedulePlan  # which created buffers share memory
 
     @staticmethod
-    def capture(schedule: Schedule, key: GraphKey, created: list[Buffer], outs: list[UOp]) -> ScheduleTemplate | None:
+    def capture(schedule: Schedule, key: GraphKey, created: list[Buffer], outs: list[UOp],
+                plan: SchedulePlan) -> ScheduleTemplate | None:
         """The template of a schedule just made for the graph of `key` (before it runs). None if the schedule uses
         a buffer that is neither in a slot nor created by the scheduler (it would depend on more than the key), or
         hands back a view that is not reshapes of a buffer (a symbolic shape's view shrinks its buffer)."""
@@ -119,13 +122,17 @@ class ScheduleTemplate:
                                    (False, key.position[node], view_template(view)) for node, view in views.items())
         except KeyError:
             return None
-        return ScheduleTemplate(tuple((b.device, b.size, b.dtype) for b in created), item_templates, view_templates)
+        return ScheduleTemplate(tuple((b.device, b.size, b.dtype) for b in created), item_templates, view_templates,
+                                plan)
 
     def instantiate(self, key: GraphKey, nodes: list[UOp], outs: list[UOp],
                     make_item: Callable[..., Any]) -> Schedule:
         """The schedule for the graph of `key`: this template with the key's buffers in the slots and fresh buffers
-        for the ones the schedule creates. `make_item(ast, bufs, reads, writes, var_vals)` builds a ScheduleItem."""
-        bufs = key.buffers + [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
+        for the ones the schedule creates, placed in memory by the template's plan. `make_item(ast, bufs, reads,
+        writes, var_vals)` builds a ScheduleItem."""
+        created = [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
+        self.plan.place(created)
+        bufs = key.buffers + created
         base_version = [b.version for b in key.buffers] + [0] * len(self.new_buffers)
 
         def versioned(r: tuple[int, int]) -> tuple[Buffer, int]:

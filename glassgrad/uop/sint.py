@@ -209,6 +209,16 @@ def _unbind(x: UOp) -> tuple[UOp, tuple[tuple[str, int], ...]]:
     return graph_rewrite(x, _UNBIND), tuple(values.items())
 
 
+def rebind(x: sint, var_vals: dict[str, int]) -> sint:
+    """The size with each Variable named in `var_vals` bound to that value instead (the others keep theirs)."""
+    if isinstance(x, int):
+        return x
+    if x.op is Ops.BIND:
+        name = x.src[0].arg[0]
+        return x.src[0].bind(var_vals[name]) if name in var_vals and var_vals[name] != x.src[1].arg else x
+    return x.replace(src=tuple(rebind(s, var_vals) for s in x.src)) if x.src else x
+
+
 def render_sint(x: sint) -> str:
     """A short readable form of a size: '7', 'i', 'i*4', '(i+1)' (bound variables show their value: 'i=3')."""
     if isinstance(x, int):
