@@ -102,7 +102,7 @@ def _arg_key(arg: Any) -> Any:
 class UOp:
     """One node of the graph. Never mutate one: build a new node instead (they are shared)."""
     __slots__ = ("op", "dtype", "src", "arg", "_shape", "_range", "_device", "__weakref__")
-    _cache: ClassVar[dict[tuple, weakref.ref[UOp]]] = {}
+    _cache: ClassVar[dict[tuple, _CacheRef]] = {}
 
     op: Ops
     dtype: DType
@@ -118,15 +118,17 @@ class UOp:
         if ref is not None and (hit := ref()) is not None:
             return hit
         node = object.__new__(cls)
-        init = object.__setattr__  # UOp's own __setattr__ refuses: nodes are immutable once made
-        init(node, "op", op)
-        init(node, "dtype", dtype)
-        init(node, "src", src)
-        init(node, "arg", arg)
-        init(node, "_shape", None)
-        init(node, "_range", None)
-        init(node, "_device", None)
-        UOp._cache[key] = weakref.ref(node, functools.partial(_forget, key))
+        # UOp's own __setattr__ refuses (nodes are immutable once made), so the fields are set through their slot
+        # descriptors, which is also what object.__setattr__ would end up calling, without its lookup of the name
+        _set_op(node, op)
+        _set_dtype(node, dtype)
+        _set_src(node, src)
+        _set_arg(node, arg)
+        _set_shape(node, None)
+        _set_range(node, None)
+        _set_device(node, None)
+        ref = UOp._cache[key] = _CacheRef(node, _forget)
+        ref.key = key  # (set here: a constructor taking it would cost a Python call per node)
         return node
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -246,7 +248,7 @@ class UOp:
                     _fill_sources(self, "_shape", _infer_shape, lambda n: n._shape is not None)
                     break
             shape = _infer_shape(self)
-            object.__setattr__(self, "_shape", shape)
+            _set_shape(self, shape)
         return shape
 
     @property
@@ -275,7 +277,7 @@ class UOp:
                 found = node.src[1].arg
             chain.append(node)
         for n in chain:
-            object.__setattr__(n, "_device", found)
+            _set_device(n, found)
         return found
 
     @property
@@ -301,7 +303,7 @@ class UOp:
             if any(s._range is None for s in self.src):
                 _fill_sources(self, "_range", _value_range, lambda n: n._range is not None or not _range_uses_src(n))
             value_range = _value_range(self)
-            object.__setattr__(self, "_range", value_range)
+            _set_range(self, value_range)
         return value_range
 
 
@@ -315,11 +317,26 @@ def _fill_sources(u: UOp, slot: str, compute: Callable[[UOp], Any], known: Calla
             object.__setattr__(node, slot, compute(node))
 
 
-def _forget(key: tuple, _ref: weakref.ref[UOp]) -> None:
-    """Drop a collected node's cache entry (unless a new node took the key meanwhile)."""
-    ref = UOp._cache.get(key)
-    if ref is not None and ref() is None:
-        del UOp._cache[key]
+class _CacheRef(weakref.ref):
+    """The hash-consing table's weak reference to a node; it knows the node's key, to drop the entry when the node is
+    collected (unless a new node took the key meanwhile)."""
+    __slots__ = ("key",)
+    key: tuple
+
+
+def _forget(ref: _CacheRef) -> None:
+    if UOp._cache.get(ref.key) is ref:
+        del UOp._cache[ref.key]
+
+
+def _slot_setter(name: str) -> Callable[[UOp, Any], None]:
+    """The setter of one of UOp's fields (its slot descriptor's __set__), for UOp.__new__ and the cached properties."""
+    setter: Callable[[UOp, Any], None] = vars(UOp)[name].__set__
+    return setter
+
+
+_set_op, _set_dtype, _set_src, _set_arg = (_slot_setter(name) for name in ("op", "dtype", "src", "arg"))
+_set_shape, _set_range, _set_device = (_slot_setter(name) for name in ("_shape", "_range", "_device"))
 
 
 def _infer_shape(u: UOp) -> tuple[int, ...]:
