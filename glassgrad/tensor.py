@@ -438,36 +438,36 @@ class Tensor(_CastShortcuts, NNOps):
     # ------------------------------------------------------------------ elementwise primitives
     def _const_for(self, x: Scalar) -> Tensor:
         """A Python scalar as a tensor of this tensor's shape, with PyTorch's scalar promotion rules."""
-        if isinstance(x, UOp):  # a symbolic int (a bound Variable expression), e.g. the count in a symbolic mean
+        uop = self.uop
+        if isinstance(x, float):  # (the most common case first: `x * 0.5`)
+            dt = uop.dtype if uop.dtype.is_float else dtypes.default_float
+        elif isinstance(x, bool):
+            dt = uop.dtype
+        elif isinstance(x, int):
+            dt = _scalar_dtype(x) if uop.dtype.is_bool else uop.dtype
+        elif isinstance(x, UOp):  # a symbolic int (a bound Variable expression), e.g. the count in a symbolic mean
             _check_bound(x, "scalar")
             dt = self.dtype if self.dtype.is_float else dtypes.int32
             node = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, dtypes.void, (), self.device),), as_sint(x))
             return Tensor(node.reshape((1,) * self.ndim).expand(self.shape))
-        uop = self.uop
-        if isinstance(x, bool):
-            dt = uop.dtype
-        elif isinstance(x, int):
-            dt = _scalar_dtype(x) if uop.dtype.is_bool else uop.dtype
-        elif isinstance(x, float):
-            dt = uop.dtype if uop.dtype.is_float else dtypes.default_float
         else:
             raise TypeError(f"cannot combine a tensor with {type(x).__name__} {x!r}")
         return Tensor(_scalar_node(dt, uop.device, uop.shape, x, _arg_key(x)))
 
     def _broadcasted(self, other: Tensor | Scalar, reverse: bool = False,
                      match_dtype: bool = True) -> tuple[Tensor, Tensor]:
-        if isinstance(other, (np.ndarray, np.generic)):
-            other = Tensor(other, device=self.device)
-        if not isinstance(other, Tensor):
-            x, y = self, self._const_for(other)
-        else:
+        x = self
+        if isinstance(other, Tensor):
             y = other
-            x = self
             if x.device != y.device:
                 raise RuntimeError(f"tensors are on different devices: {x.device} and {y.device}; move one with .to()")
             if x.shape != y.shape:
                 shape = _broadcast_shape(x.shape, y.shape)
                 x, y = x._broadcast_to(shape), y._broadcast_to(shape)
+        elif isinstance(other, (np.ndarray, np.generic)):
+            return self._broadcasted(Tensor(other, device=self.device), reverse, match_dtype)
+        else:
+            y = self._const_for(other)
         if match_dtype and x.dtype != y.dtype:
             out = least_upper_dtype(x.dtype, y.dtype)
             x, y = x.cast(out), y.cast(out)
