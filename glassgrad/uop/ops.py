@@ -14,7 +14,7 @@ import functools
 import math
 import struct
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import Enum, auto
 from typing import Any, ClassVar
 
@@ -145,21 +145,24 @@ class UOp:
 
     # ---------- graph walking ----------
     def toposort(self, stop: Callable[[UOp], bool] | None = None) -> list[UOp]:
-        """Every node this one depends on (itself included), each after its sources. `stop` prunes the walk."""
+        """Every node this one depends on (itself included), each after its sources. `stop` prunes the walk: a node
+        for which it is true is listed, its sources are not walked.
+
+        A depth-first walk without recursion (graphs can be thousands of nodes deep): the stack holds each node on
+        the current path with an iterator over its sources; a node is listed once that iterator is used up."""
         order: list[UOp] = []
-        seen: set[UOp] = set()
-        stack: list[tuple[UOp, bool]] = [(self, False)]
+        seen: set[UOp] = {self}
+        stack: list[tuple[UOp, Iterator[UOp]]] = [(self, iter(() if stop is not None and stop(self) else self.src))]
         while stack:
-            node, expanded = stack.pop()
-            if expanded:
+            node, sources = stack[-1]
+            for s in sources:
+                if s not in seen:
+                    seen.add(s)
+                    stack.append((s, iter(() if stop is not None and stop(s) else s.src)))
+                    break
+            else:
+                stack.pop()
                 order.append(node)
-                continue
-            if node in seen:
-                continue
-            seen.add(node)
-            stack.append((node, True))
-            if stop is None or not stop(node):
-                stack.extend([(s, False) for s in reversed(node.src) if s not in seen])
         return order
 
     def replace(self, **changes: Any) -> UOp:
