@@ -436,8 +436,8 @@ class Tensor(_CastShortcuts, NNOps):
         return Tensor.randn(self.shape, dtype=dtype or self.dtype, device=self.device)
 
     # ------------------------------------------------------------------ elementwise primitives
-    def _const_for(self, x: Scalar) -> Tensor:
-        """A Python scalar as a tensor of this tensor's shape, with PyTorch's scalar promotion rules."""
+    def _scalar_operand(self, x: Scalar) -> UOp:
+        """A Python scalar as a node of this tensor's shape, with PyTorch's scalar promotion rules for its dtype."""
         uop = self.uop
         if isinstance(x, float):  # (the most common case first: `x * 0.5`)
             dt = uop.dtype if uop.dtype.is_float else dtypes.default_float
@@ -449,10 +449,10 @@ class Tensor(_CastShortcuts, NNOps):
             _check_bound(x, "scalar")
             dt = self.dtype if self.dtype.is_float else dtypes.int32
             node = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, dtypes.void, (), self.device),), as_sint(x))
-            return Tensor(node.reshape((1,) * self.ndim).expand(self.shape))
+            return node.reshape((1,) * self.ndim).expand(self.shape)
         else:
             raise TypeError(f"cannot combine a tensor with {type(x).__name__} {x!r}")
-        return Tensor(_scalar_node(dt, uop.device, uop.shape, x, _arg_key(x)))
+        return _scalar_node(dt, uop.device, uop.shape, x, _arg_key(x))
 
     def _broadcasted(self, other: Tensor | Scalar, reverse: bool = False,
                      match_dtype: bool = True) -> tuple[Tensor, Tensor]:
@@ -467,7 +467,7 @@ class Tensor(_CastShortcuts, NNOps):
         elif isinstance(other, (np.ndarray, np.generic)):
             return self._broadcasted(Tensor(other, device=self.device), reverse, match_dtype)
         else:
-            y = self._const_for(other)
+            y = Tensor(self._scalar_operand(other))
         if match_dtype and x.dtype != y.dtype:
             out = least_upper_dtype(x.dtype, y.dtype)
             x, y = x.cast(out), y.cast(out)
@@ -477,6 +477,11 @@ class Tensor(_CastShortcuts, NNOps):
         return self._wrap(UOp(op, self.dtype, (self.uop,)))
 
     def _binary(self, op: Ops, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        if not isinstance(other, (Tensor, np.ndarray, np.generic)):
+            const = self._scalar_operand(other)
+            if const.dtype is self.uop.dtype:  # `x * 0.5` on a float tensor: nothing to broadcast or cast, so the
+                # node is made here, without the two Tensors of the general path below (this is most lazy ops)
+                return Tensor(const.alu(op, self.uop) if reverse else self.uop.alu(op, const))
         x, y = self._broadcasted(other, reverse)
         return x._wrap(x.uop.alu(op, y.uop))
 

@@ -811,6 +811,17 @@ def test_scalar_promotion(dtype: DType, scalar: Any, result: DType) -> None:
         assert str((tx + scalar).dtype) == f"torch.{result.name}"
 
 
+@pytest.mark.parametrize("dtype, scalar", [(dtypes.float32, 0.5), (dtypes.float32, 3), (dtypes.int32, 3),
+                                           (dtypes.int32, 2.5), (dtypes.bool, True), (dtypes.float16, -0.0)], ids=str)
+def test_scalar_operand_builds_the_graph_of_a_full_tensor(dtype: DType, scalar: Any) -> None:
+    """`x op scalar` (which skips the general broadcast path when no cast is needed) makes the node that `x op
+    full_like(x, scalar)` makes, on either side of the op."""
+    x = T(np.array([[1, 0, 2], [3, 1, 0]], np.float32), dtype=dtype).realize()
+    full = x.full_like(scalar, dtype=(x + scalar).dtype)
+    assert (x * scalar).uop is (x * full).uop and (scalar * x).uop is (full * x).uop
+    assert (x < scalar).uop is (x < full).uop and (x.maximum(scalar)).uop is (x.maximum(full)).uop
+
+
 def test_bool_plus_int_scalar_is_int32() -> None:
     """tinygrad's rule (torch gives int64): bool tensor + python int -> default int (int32)."""
     out = T([True, False]) + 1
