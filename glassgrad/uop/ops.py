@@ -124,9 +124,12 @@ class UOp:
         _set_dtype(node, dtype)
         _set_src(node, src)
         _set_arg(node, arg)
-        _set_shape(node, None)
+        # the cached properties are computed when first asked, except what an elementwise node takes from its first
+        # source when that source knows it already: its shape and device (so `x * 2` on a known x knows them too)
+        first = src[0] if src and op in _SAME_SHAPE_AS_SOURCES else None
+        _set_shape(node, None if first is None else first._shape)
         _set_range(node, None)
-        _set_device(node, None)
+        _set_device(node, None if first is None else first._device)
         ref = UOp._cache[key] = _CacheRef(node, _forget)
         ref.key = key  # (set here: a constructor taking it would cost a Python call per node)
         return node
