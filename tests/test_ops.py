@@ -602,6 +602,17 @@ def test_noncontiguous_mixed_views() -> None:
           torch_fn=lambda x, y: x * y.T + x.flip(0) - y.flip(0).T[:, ::2].repeat(1, 2))
 
 
+@pytest.mark.parametrize("shape,axes", [((1, 4, 2, 1), (0, 1, 2)), ((4, 2), (0, 1)), ((3, 5, 2), (1, 2)),
+                                        ((8, 3), (0,)), ((2, 16), (1,))])
+def test_sum_of_flipped_block(shape: tuple[int, ...], axes: tuple[int, ...]) -> None:
+    """A reduction reading backwards: gcc 12.2's outer-loop vectoriser summed the flipped (1, 4, 2, 1) block to 38
+    instead of 28 until such kernels were compiled without it (renderer/cstyle.py)."""
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    check(lambda t: t.flip(axes).sum(axes), lambda a: np.flip(a, axes).sum(axes), inputs=[x])
+    check(lambda t: t.flip(axes).max(axes), lambda a: np.flip(a, axes).max(axes), inputs=[x],
+          torch_fn=lambda t: t.flip(axes).amax(axes))
+
+
 INT_BINARY: list[tuple[str, Callable[[Any, Any], Any], Callable[[Any, Any], Any]]] = [
     ("add", lambda a, b: a + b, np.add), ("sub", lambda a, b: a - b, np.subtract),
     ("mul", lambda a, b: a * b, np.multiply), ("floordiv", lambda a, b: a // b, np.floor_divide),
