@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from glassgrad.codegen.linearize import range_size, reduce_identity
 from glassgrad.dtype import DType, dtypes
@@ -70,6 +71,8 @@ def _launch_shape(ast: UOp, local_size: int, tensor_cores: bool) -> tuple[UOp, G
     reduces = [u for u in nodes if u.op is Ops.REDUCE]
     if (plan := matmul_plan(ast, nodes, global_ranges, reduces)) is not None:
         return _tiled(ast, plan, tensor_cores)
+    if reduces and (rows := _row_split(global_ranges, reduces)) is not None:
+        return _rows(ast, nodes, rows, reduces, local_size)
     if reduces and _should_group(nodes, global_ranges, reduces):
         return _grouped(ast, nodes, global_ranges, reduces, local_size)
     return _flat(ast, global_ranges, local_size)
@@ -156,16 +159,58 @@ def _grouped(ast: UOp, nodes: list[UOp], global_ranges: list[UOp], reduces: list
     bidx = UOp(Ops.SPECIAL, dt, (), ("bidx", sint_max(total), 1))  # the grid is exactly `total` groups
     lidx = UOp(Ops.SPECIAL, dt, (), ("lidx", local_size, local_size))
     next_id = max((u.arg[0] for u in nodes if u.op is Ops.RANGE), default=-1) + 1
-    # first the reductions (matched while the graph is unchanged), then the output loops everywhere
-    grouped = {}
-    for i, red in enumerate(reduces):
-        grouped[red] = _group_reduce(red, lidx, local_size, next_id + i)
-    ast = substitute(ast, grouped)
+    # first the reductions, then the output loops everywhere
+    ast = _group_reductions(ast, reduces, lidx, local_size, next_id)
     ast = substitute(ast, dict(zip(global_ranges, unflatten_index(bidx, sizes, dt))))
     # every thread computes the result; thread 0 writes it
     first_thread = lidx.eq(UOp.const(dt, 0))
     stores = tuple(s.replace(src=(*s.src[:3], first_thread)) if s.op is Ops.STORE else s for s in ast.src)
     return simplify(ast.replace(src=stores)), (total, 1, 1), (local_size, 1, 1)
+
+
+def _row_split(global_ranges: list[UOp], reduces: list[UOp]) -> tuple[list[UOp], list[UOp]] | None:
+    """(row loops, loops over a row) when the reductions depend on the outer global loops only and the kernel loops
+    over the inner ones after them (a fused softmax: max and sum per row, then the row's outputs); else None."""
+    used = {u for red in reduces for u in red.toposort() if u.op is Ops.RANGE and u.arg[1] == "global"}
+    outer, inner = [r for r in global_ranges if r in used], [r for r in global_ranges if r not in used]
+    if not inner or global_ranges != outer + inner or any(r.src[0].op is not Ops.CONST for r in global_ranges):
+        return None
+    return outer, inner
+
+
+def _rows(ast: UOp, nodes: list[UOp], rows: tuple[list[UOp], list[UOp]], reduces: list[UOp],
+          local_size: int) -> tuple[UOp, Grid, Dims]:
+    """One work-group per row: every reduction is a group reduction whose result all threads read, then the
+    threads store the row's outputs in a loop strided by the group size (thread l: outputs l, l+L, ...)."""
+    outer, inner = rows
+    outer_sizes, inner_sizes = _sizes(outer), _sizes(inner)
+    row_length = max([cast(int, _total(inner_sizes))] + [_reduce_size(r) for r in reduces])
+    local = min(local_size, max(32, 1 << (row_length - 1).bit_length()))
+    dt = _index_dtype(outer + inner)
+    bidx = UOp(Ops.SPECIAL, dt, (), ("bidx", cast(int, _total(outer_sizes)), 1))
+    lidx = UOp(Ops.SPECIAL, dt, (), ("lidx", local, local))
+    next_id = max(u.arg[0] for u in nodes if u.op is Ops.RANGE) + 1
+    ast = _group_reductions(ast, reduces, lidx, local, next_id)
+    count = cast(int, _total(inner_sizes))
+    step = UOp(Ops.RANGE, dt, (UOp.const(dt, -(-count // local)),), (next_id + len(reduces), "global"))
+    flat = step * UOp.const(dt, local) + lidx
+    ast = substitute(ast, {**dict(zip(outer, unflatten_index(bidx, outer_sizes, dt))),
+                           **dict(zip(inner, unflatten_index(flat, inner_sizes, dt)))})
+    if count % local:  # the last step runs past the row: its loads and stores are gated off
+        valid = flat < UOp.const(dt, count)
+        ast = _gate_loads(ast, valid)
+        ast = ast.replace(src=tuple(s.replace(src=(*s.src[:3], valid)) if s.op is Ops.STORE else s for s in ast.src))
+    return simplify(ast), (_total(outer_sizes), 1, 1), (local, 1, 1)
+
+
+def _group_reductions(ast: UOp, reduces: list[UOp], lidx: UOp, local_size: int, first_id: int) -> UOp:
+    """Every REDUCE (listed sources first) -> a group reduction, also one that reads another (softmax's sum reads
+    the max). The rewrite runs bottom-up, so each is keyed by its form once the reductions inside it are grouped."""
+    grouped: dict[UOp, UOp] = {}
+    for i, red in enumerate(reduces):
+        current = substitute(red, grouped)
+        grouped[current] = _group_reduce(current, lidx, local_size, first_id + i)
+    return substitute(ast, grouped)
 
 
 def _group_reduce(red: UOp, lidx: UOp, local_size: int, range_id: int) -> UOp:
@@ -187,11 +232,13 @@ def _group_reduce(red: UOp, lidx: UOp, local_size: int, range_id: int) -> UOp:
 
 def _gate_loads(value: UOp, valid: UOp) -> UOp:
     """Loads past the end of the reduction must not happen: add `valid` to every load's gate."""
-    def gate(x: UOp) -> UOp:
-        old = x.src[2] if len(x.src) == 3 else None
-        return x.replace(src=(x.src[0], x.src[1], valid if old is None else old.alu(Ops.AND, valid)))
-    loads = {u: gate(u) for u in value.toposort() if u.op is Ops.LOAD}
-    return substitute(value, loads)
+    inside = value.toposort(stop=lambda u: u.op is Ops.GROUP_REDUCE)  # a reduction read here keeps its own gates
+    return substitute(value, {u: _gate_load(u, valid) for u in inside if u.op is Ops.LOAD})
+
+
+def _gate_load(load: UOp, valid: UOp) -> UOp:
+    old = load.src[2] if len(load.src) == 3 else None
+    return load.replace(src=(load.src[0], load.src[1], valid if old is None else old.alu(Ops.AND, valid)))
 
 
 # ---------------------------------------------------------------- tiled: matmul-shaped reductions

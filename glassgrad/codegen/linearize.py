@@ -99,6 +99,15 @@ class _Emitter:
         return [r for r in self.reduces if r.src[1:] == red.src[1:] and r not in self.emitted
                 and self.scopes(r) == self.scopes(red) and independent(r)]
 
+    def emit_reductions_outside(self, reductions: list[UOp], loops: frozenset[UOp]) -> None:
+        """Emit the reductions (and group reductions) that depend on none of `loops` (not yet open) and sit in no
+        reduce loop: a row reduction that a kernel broadcasts over its inner loops (softmax's max and sum) is then
+        computed once per row, before the loops over the row."""
+        for red in reductions:
+            scope = self.scopes(red)
+            if red not in self.emitted and not scope & loops and all(r.arg[1] == "global" for r in scope):
+                self.emit(red)
+
     def emit_hoisted(self, roots: list[UOp], inner: frozenset[UOp]) -> None:
         """Emit what `roots` need that depends on none of the loops in `inner` (not yet open): it is computed once
         here instead of on every iteration of those loops."""
@@ -171,13 +180,15 @@ def linearize(sink: UOp, upcast: tuple[UOp, ...] = ()) -> list[UOp]:
     program += sorted((u for u in nodes if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0])  # int parameters
     reduces = [u for u in nodes if u.op is Ops.REDUCE]
     emitter = _Emitter(program, scopes, reduces)
+    row_reductions = [u for u in nodes if u.op in (Ops.REDUCE, Ops.GROUP_REDUCE)]
     for special in sorted((u for u in nodes if u.op is Ops.SPECIAL), key=lambda u: u.arg[0]):  # GPU ids come first
         emitter.emit(special)  # with its symbolic limit, if it has one
     for local in (u for u in nodes if u.op is Ops.DEFINE_LOCAL):
         emitter.add(local)
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global" and u not in upcast),
                            key=lambda u: u.arg[0])
-    for r in global_ranges:
+    for i, r in enumerate(global_ranges):
+        emitter.emit_reductions_outside(row_reductions, frozenset(global_ranges[i:]) | frozenset(upcast))
         if r.src[0].op is not Ops.CONST:
             emitter.emit(r.src[0])  # a symbolic trip count
         emitter.add(r)

@@ -6,7 +6,9 @@ materialised, its buffer view (`BUFFER.reshape(shape)`), which the caller swaps 
 What gets materialised (a kernel writes it to memory):
   * the requested outputs, every CONTIGUOUS node, every COPY between devices (and a COPY's source);
   * a REDUCE_AXIS that would otherwise be recomputed: one reached from its consumer through an EXPAND or
-    through another reduction (softmax's max and sum), or one that more than one kernel reads;
+    through another reduction, or one that more than one kernel reads. Not a row reduction (over the last axis,
+    broadcast back over it to a kernel that runs over the same rows): that kernel computes it once per row, so
+    softmax's max and sum live in the softmax kernel;
   * costly elementwise work (divisions, square roots, long chains) reached through an EXPAND: a convolution's
     backward reads its incoming gradient once per weight, which must not recompute BatchNorm's backward each time.
 Everything else fuses into the kernel that consumes it: elementwise chains, movement ops (as index math on
@@ -131,29 +133,75 @@ def _materialised(u: UOp) -> bool:
     return u.op is Ops.BUFFER or u in REALIZED
 
 
+ROW_FUSE_MAX = 16384  # a reduction over the last axis up to this long may fuse into the kernel that broadcasts it
+
+# How a node is evaluated in its root's kernel, for the walk below: "row" at the root's own index (elementwise from
+# it, so the last axis is the row), "bcast" once per row (elementwise from an EXPAND of the last axis), None otherwise.
+RowMode = str | None
+WalkState = tuple[UOp, bool, bool, RowMode, "tuple[sint, ...] | None"]  # node, repeated, expanded, mode, row shape
+
+
+def _row_reduce(node: UOp, row_shape: tuple[sint, ...] | None) -> bool:
+    """A reduction over the last axis of the root's rows: it can be computed in the root's kernel, once per row."""
+    return (row_shape is not None and node.op is Ops.REDUCE_AXIS and node.src[0].shape == row_shape and
+            node.arg[1] == (len(row_shape) - 1,) and all(isinstance(d, int) for d in row_shape) and
+            1 < row_shape[-1] <= ROW_FUSE_MAX)  # type: ignore[operator]
+
+
+def _walk_start(root: UOp) -> tuple[bool, RowMode, tuple[sint, ...] | None]:
+    """(repeated, mode, row shape) for the sources of `root`."""
+    if root.op is Ops.REDUCE_AXIS:
+        return (True, "row", root.src[0].shape) if _row_reduce(root, root.src[0].shape) else (True, None, None)
+    if root.op in GroupOp.Elementwise or root.op is Ops.CONTIGUOUS:
+        return False, "row", root.shape
+    return False, None, None
+
+
 def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
     """REDUCE_AXIS nodes that fusing would recompute: reached through an EXPAND or a reduction, or from two kernels;
-    and costly elementwise work reached through an EXPAND (fused, it would be recomputed once per repeat)."""
+    and costly elementwise work reached through an EXPAND (fused, it would be recomputed once per repeat).
+
+    The exception is a row reduction (a reduction over the last axis of a kernel's rows, broadcast back over that
+    axis by an EXPAND): the kernel computes it once per row before it loops over the row (softmax's max and sum)."""
     found: set[UOp] = set()
     reached_from: dict[UOp, UOp] = {}
     cost: dict[UOp, int] = {}
     for root in roots:
-        seen: set[tuple[UOp, bool, bool]] = set()
-        stack: list[tuple[UOp, bool, bool]] = [(s, root.op is Ops.REDUCE_AXIS, False) for s in root.src]
+        seen: set[WalkState] = set()
+        repeated, mode, row_shape = _walk_start(root)
+        stack: list[WalkState] = [(s, repeated, False, mode, row_shape) for s in root.src]
         while stack:
-            node, repeated, expanded = stack.pop()
-            if (node, repeated, expanded) in seen or _materialised(node) or node in roots:
+            state = stack.pop()
+            node, repeated, expanded, mode, row_shape = state
+            if state in seen or _materialised(node) or node in roots:
                 continue
-            seen.add((node, repeated, expanded))
+            seen.add(state)
             if node.op is Ops.REDUCE_AXIS:
-                if repeated or reached_from.setdefault(node, root) is not root:
+                if reached_from.setdefault(node, root) is not root:
                     found.add(node)
+                    continue
+                if mode == "bcast" and _row_reduce(node, row_shape):  # once per row of this kernel
+                    stack.extend((s, True, expanded, "row", row_shape) for s in node.src)
+                    continue
+                if repeated:
+                    found.add(node)
+                    continue
+                if mode == "row" and _row_reduce(node, node.src[0].shape):  # once per output: its rows are its own
+                    stack.extend((s, True, expanded, "row", node.src[0].shape) for s in node.src)
                     continue
             elif expanded and node.op in GroupOp.ALU and _elementwise_cost(node, cost) >= COSTLY_ELEMENTWISE:
                 found.add(node)
                 continue
-            below = repeated or node.op in (Ops.EXPAND, Ops.REDUCE_AXIS)
-            stack.extend((s, below, expanded or node.op is Ops.EXPAND) for s in node.src)
+            if mode is not None and node.op in GroupOp.Elementwise:
+                stack.extend((s, repeated, expanded, mode, row_shape) for s in node.src)
+            elif mode == "row" and node.op is Ops.RESHAPE and node.src[0].op is Ops.REDUCE_AXIS:
+                stack.append((node.src[0], repeated, expanded, "row", None))  # a reduction without keepdim
+            elif mode == "row" and node.op is Ops.EXPAND and row_shape is not None and \
+                    node.src[0].shape == row_shape[:-1] + (1,):
+                stack.append((node.src[0], True, expanded, "bcast", row_shape))  # per row, not per element
+            else:
+                below = repeated or node.op in (Ops.EXPAND, Ops.REDUCE_AXIS)
+                stack.extend((s, below, expanded or node.op is Ops.EXPAND, None, None) for s in node.src)
     return found
 
 

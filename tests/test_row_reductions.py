@@ -1,0 +1,133 @@
+"""Row reductions fused into the kernel that broadcasts them (softmax, log_softmax, layernorm: one kernel).
+
+Without a GPU: the CPU program computes each row's reductions once, before its loop over the row; the CUDA kernel
+is one work-group per row with a group reduction per reduction, every thread storing a strided share of the row,
+and every access in bounds; hypothesis property tests of softmax/log_softmax against numpy on the CPU. With a GPU
+(skipped otherwise): the numbers.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_schedule import check_access
+
+from glassgrad import Tensor
+from glassgrad.codegen import ProgramSpec
+from glassgrad.device import Device
+from glassgrad.kernels import kernels
+from glassgrad.schedule import create_schedule
+from glassgrad.uop.ops import Ops
+
+
+def np_softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def np_log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def np_layernorm(x: np.ndarray) -> np.ndarray:
+    centered = x - x.mean(-1, keepdims=True)
+    return centered / np.sqrt((centered ** 2).mean(-1, keepdims=True) + 1e-5)
+
+
+def layernorm(t: Tensor) -> Tensor:
+    centered = t - t.mean(-1, keepdim=True)
+    return centered / ((centered * centered).mean(-1, keepdim=True) + 1e-5).sqrt()
+
+
+ROW_OPS: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[np.ndarray], np.ndarray]]] = {
+    "softmax": (lambda t: t.softmax(), np_softmax),
+    "log_softmax": (lambda t: t.log_softmax(), np_log_softmax),
+    "layernorm": (layernorm, np_layernorm),
+}
+
+
+def test_cpu_computes_the_row_reductions_before_the_loop_over_the_row() -> None:
+    spec = kernels(Tensor.empty(16, 256, device="CPU").softmax())[-1]
+    program = list(spec.uops)
+    reduce_loops = [i for i, u in enumerate(program) if u.op is Ops.RANGE and u.arg[1] == "reduce"]
+    row_loops = [i for i, u in enumerate(program) if u.op is Ops.RANGE and u.arg[1] in ("global", "upcast")][1:]
+    closes = [i for i, u in enumerate(program) if u.op is Ops.ENDRANGE and u.src[0].arg[1] == "reduce"]
+    assert len(reduce_loops) == 2 and row_loops
+    assert max(closes) < min(row_loops)  # max and sum are done (once per row) before the outputs are computed
+
+
+def cuda_row_kernel(shape: tuple[int, ...], op: str = "softmax") -> tuple[ProgramSpec, int]:
+    t = ROW_OPS[op][0](Tensor.empty(*shape))
+    specs = kernels(t, device="CUDA")
+    assert len(specs) == 1
+    schedule, _ = create_schedule([t.uop])
+    return specs[0], schedule[-1].bufs[0].size
+
+
+@pytest.mark.parametrize("shape,local", [((64, 1024), 256), ((8, 1000), 256), ((30, 10), 32), ((2, 3, 300), 256),
+                                         ((4, 100), 128)])
+def test_cuda_row_kernel_is_one_group_per_row(shape: tuple[int, ...], local: int) -> None:
+    spec, _ = cuda_row_kernel(shape)
+    rows = int(np.prod(shape[:-1]))
+    assert spec.global_size == (rows, 1, 1) and spec.local_size == (local, 1, 1)
+    ops = [u.op for u in spec.uops]
+    assert ops.count(Ops.GROUP_REDUCE) == 2
+    first_group_reduce = ops.index(Ops.GROUP_REDUCE)
+    store = next(u for u in spec.uops if u.op is Ops.STORE)
+    # every thread stores its strided share of the row, in the loop over the row (none if one pass covers it)
+    # that follows the reductions
+    stored = spec.uops.index(store)
+    row_loop = next((i for i, u in enumerate(spec.uops) if u.op is Ops.RANGE and u.arg[1] == "global"), stored)
+    assert first_group_reduce < row_loop <= stored
+    assert (row_loop < stored) == (shape[-1] > local)
+    assert not any(n.op is Ops.CMPEQ for n in store.toposort())  # no `lidx == 0` gate
+    assert ops[row_loop:].count(Ops.GROUP_REDUCE) == 0  # no barrier inside the loop over the row
+
+
+@pytest.mark.parametrize("op", list(ROW_OPS))
+@pytest.mark.parametrize("shape", [(8, 1000), (30, 10), (2, 3, 300), (2, 1024)])
+def test_cuda_row_kernel_accesses_stay_in_bounds(op: str, shape: tuple[int, ...]) -> None:
+    spec, out_size = cuda_row_kernel(shape, op)
+    size = int(np.prod(shape))
+    checked = 0
+    for u in spec.uops:
+        if u.op is Ops.LOAD:
+            check_access(u, size, f"{spec.name}: load")
+            checked += 1
+        elif u.op is Ops.STORE:
+            gated = u.src[:2] + u.src[3:] if len(u.src) == 4 else u.src[:2]
+            check_access(u.replace(op=Ops.LOAD, src=gated, dtype=u.src[2].dtype), out_size, f"{spec.name}: store")
+            checked += 1
+    assert checked >= 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 9), cols=st.integers(2, 600), op=st.sampled_from(list(ROW_OPS)),
+       scale=st.sampled_from([1.0, 30.0]))
+def test_row_ops_match_numpy(rows: int, cols: int, op: str, scale: float) -> None:
+    x = (np.random.default_rng(rows * 1000 + cols).standard_normal((rows, cols)) * scale).astype(np.float32)
+    fn, ref = ROW_OPS[op]
+    np.testing.assert_allclose(fn(Tensor(x)).numpy(), ref(x.astype(np.float64)), rtol=2e-4, atol=2e-5)
+
+
+# ---------------------------------------------------------------- on a GPU
+@pytest.fixture(scope="module")
+def cuda() -> str:
+    try:
+        Device["CUDA"]
+    except (RuntimeError, ImportError) as e:
+        pytest.skip(f"no usable CUDA GPU: {e}")
+    return "CUDA"
+
+
+@pytest.mark.parametrize("op", list(ROW_OPS))
+@pytest.mark.parametrize("shape", [(8, 1000), (30, 10), (2, 3, 300), (64, 8192), (3, 16384)])
+def test_row_ops_on_gpu(cuda: str, op: str, shape: tuple[int, ...]) -> None:
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32) * 5
+    fn, ref = ROW_OPS[op]
+    np.testing.assert_allclose(fn(Tensor(x, device=cuda)).numpy(), ref(x.astype(np.float64)), rtol=2e-4,
+                               atol=2e-5)
