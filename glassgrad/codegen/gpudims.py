@@ -1,7 +1,7 @@
 """GPU launch dimensions: a kernel's loops become threads and work-groups.
 
 In: a simplified kernel AST (global RANGEs over the output, REDUCEs over reduce RANGEs). Out: the AST rewritten
-for a GPU, the grid size (in blocks) and the block size (in threads). Three shapes of kernel:
+for a GPU, the grid size (in blocks) and the block size (in threads). Four shapes of kernel:
 
 * **flat**: one thread per output element. The global loops are flattened into one id
   `gidx = blockIdx.x * L + threadIdx.x` (a SPECIAL node whose value range is 0..total-1: the kernel returns early
@@ -11,6 +11,10 @@ for a GPU, the grid size (in blocks) and the block size (in threads). Three shap
   would read with a stride (e.g. `sum(axis=1)`, a full `sum()`). Thread `l` accumulates elements `l, l+L, l+2L, ...`
   (neighbouring threads read neighbouring elements), then the group combines its L partial results through shared
   memory (`GROUP_REDUCE`), and thread 0 stores the result.
+* **rows**: one work-group per row, when the reductions depend on the outer global loops only and the kernel then
+  loops over the inner ones (a fused softmax: the row's max and sum, then its outputs). Each reduction is a group
+  reduction that every thread reads (one may read another's result: the sum reads the max); then all threads store
+  the row's outputs, thread `l` outputs `l, l+L, ...` (gated past the row's end).
 
 Symbolic trip counts (Variables): the grid size becomes an expression the launch evaluates for the Variables'
 values; a flat kernel's `gidx` takes its largest value as its range and gets the symbolic count as a source, which
