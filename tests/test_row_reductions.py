@@ -58,6 +58,7 @@ def test_cpu_computes_the_row_reductions_before_the_loop_over_the_row() -> None:
     closes = [i for i, u in enumerate(program) if u.op is Ops.ENDRANGE and u.src[0].arg[1] == "reduce"]
     assert len(reduce_loops) == 2 and row_loops
     assert max(closes) < min(row_loops)  # max and sum are done (once per row) before the outputs are computed
+    assert spec.work == 2 * 16 * 256  # two passes over each row (what the CPU runtime splits across threads)
 
 
 def cuda_row_kernel(shape: tuple[int, ...], op: str = "softmax") -> tuple[ProgramSpec, int]:

@@ -9,16 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from glassgrad.codegen.gpudims import gpu_dims
-from glassgrad.codegen.linearize import estimate_flops, linearize, range_size
+from glassgrad.codegen.linearize import estimate_flops, linearize, loop_iterations, range_size
 from glassgrad.codegen.opt import Opt
 from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
 from glassgrad.codegen.opt.kernel import Kernel
-from glassgrad.helpers import NOOPT, prod
+from glassgrad.helpers import NOOPT
 from glassgrad.renderer.cstyle import CStyleLanguage
 from glassgrad.schedule.indexing import kernel_name
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.pattern import graph_rewrite
-from glassgrad.uop.sint import render_sint, sint, sint_eval, sint_prod
+from glassgrad.uop.sint import render_sint, sint, sint_eval
 from glassgrad.uop.symbolic import simplify
 
 
@@ -65,8 +65,7 @@ def get_program(ast: UOp, renderer: CStyleLanguage, opts: list[Opt] | None = Non
     ast = optimize_ast(ast, renderer)
     name = kernel_name(ast)
     flops = estimate_flops(ast)
-    ranges = [range_size(u) for u in ast.toposort() if u.op is Ops.RANGE]
-    work = prod(ranges) if all(isinstance(r, int) for r in ranges) else sint_prod(ranges)  # type: ignore[arg-type]
+    work = loop_iterations(ast)
     kernel = Kernel(ast, renderer)
     if opts is None:
         opts = [] if NOOPT else hand_coded_optimizations(kernel)

@@ -207,6 +207,19 @@ def linearize(sink: UOp, upcast: tuple[UOp, ...] = ()) -> list[UOp]:
     return program
 
 
+def loop_iterations(sink: UOp) -> sint:
+    """Iterations of the kernel's loops: of each reduction's loop nest, or of the stores' loop nest in a kernel
+    without reductions (a row reduction's loop runs once per row, not once per output of the row)."""
+    scopes = Scopes()
+    total: sint = 0
+    nodes = sink.toposort()
+    nests = [n for n in nodes if n.op is Ops.REDUCE] or [n for n in nodes if n.op is Ops.STORE]
+    for n in nests:
+        sizes = [range_size(r) for r in scopes(n.src[0] if n.op is Ops.REDUCE else n)]
+        total = sint_add(total, prod(sizes) if all(isinstance(x, int) for x in sizes) else sint_prod(sizes))  # type: ignore[arg-type]
+    return total
+
+
 def estimate_flops(sink: UOp) -> sint:
     """ALU operations executed, counting each node once per iteration of the loops it sits in (symbolic when a
     loop's trip count is)."""
