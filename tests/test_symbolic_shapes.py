@@ -178,7 +178,9 @@ def _gpu_kernels(n: int, device: str) -> list[ProgramSpec]:
     symbolic length, and a constant one into a symbolic number of groups: the Variable only sizes the grid)."""
     big, wide = Tensor.empty(2000, 6), Tensor.empty(2000, 512)
     v = Variable("i", 1, 2000).bind(n)
+    rows = Tensor.empty(2, 2000)
     outs = [big[:v] * 2, big[:v].sum(axis=0), big[:v].sum(axis=1), big[:v].sum(), big[:v].softmax(0),
+            big[:v].softmax(1), rows[:, :v].sum(axis=1), rows[:, :v].softmax(1), Tensor.zeros(2, v).sum(axis=1),
             wide[:v].sum(axis=1)]
     return [spec for o in outs for spec in kernels(o, device=device)]
 

@@ -177,8 +177,9 @@ def _row_split(global_ranges: list[UOp], reduces: list[UOp]) -> tuple[list[UOp],
     over the inner ones after them (a fused softmax: max and sum per row, then the row's outputs); else None."""
     used = {u for red in reduces for u in red.toposort() if u.op is Ops.RANGE and u.arg[1] == "global"}
     outer, inner = [r for r in global_ranges if r in used], [r for r in global_ranges if r not in used]
-    if not inner or global_ranges != outer + inner or any(r.src[0].op is not Ops.CONST for r in global_ranges):
-        return None
+    loops = [*global_ranges, *(r for red in reduces for r in red.src[1:])]
+    if not inner or global_ranges != outer + inner or any(r.src[0].op is not Ops.CONST for r in loops):
+        return None  # (a row's group size is chosen from constant lengths)
     return outer, inner
 
 
