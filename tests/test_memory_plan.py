@@ -26,7 +26,7 @@ def _chain(x: Tensor, length: int = 10) -> Tensor:
 
 
 def _peak_of_realizing(t: Tensor) -> int:
-    allocator = Device["CPU"].allocator
+    allocator = Device[Device.DEFAULT].allocator  # the device the test tensors live on
     gc.collect()
     allocator.reset_peak()
     before = allocator.live_bytes
