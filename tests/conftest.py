@@ -28,3 +28,14 @@ if os.environ.get("GLASSGRAD_METAL_EMULATION") == "1" or os.environ.get("CHECK_M
 
     def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(metal_plugin, "glassgrad-metal")
+
+
+@pytest.fixture(scope="module")
+def cuda() -> str:
+    """"CUDA", for tests that run kernels on a GPU; they skip, with the reason, where no GPU can be used."""
+    from glassgrad.device import Device
+    try:
+        Device["CUDA"]
+    except (RuntimeError, ImportError) as e:
+        pytest.skip(f"no usable CUDA GPU: {e}")
+    return "CUDA"

@@ -19,7 +19,6 @@ from test_schedule import check_access
 
 from glassgrad import Tensor
 from glassgrad.codegen import ProgramSpec, get_program
-from glassgrad.device import Device
 from glassgrad.kernels import kernels, renderer_for
 from glassgrad.schedule import create_schedule
 from glassgrad.uop.ops import Ops
@@ -122,13 +121,6 @@ def test_row_ops_match_numpy(rows: int, cols: int, op: str, scale: float) -> Non
 
 
 # ---------------------------------------------------------------- on a GPU
-@pytest.fixture(scope="module")
-def cuda() -> str:
-    try:
-        Device["CUDA"]
-    except (RuntimeError, ImportError) as e:
-        pytest.skip(f"no usable CUDA GPU: {e}")
-    return "CUDA"
 
 
 @pytest.mark.parametrize("op", list(ROW_OPS))
