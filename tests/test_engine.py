@@ -163,27 +163,27 @@ def _record_compiles(monkeypatch: pytest.MonkeyPatch, threads: int) -> list[str]
     return names
 
 
-def test_new_kernels_of_a_schedule_compile_on_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every kernel a schedule has not compiled yet is compiled before the first one runs, on the compile threads,
-    once each; the results are the same as ever."""
-    names = _record_compiles(monkeypatch, threads=2)
-    outs, expected = _new_kernels(4)
+def _compile_on_the_pool(monkeypatch: pytest.MonkeyPatch, threads: int, count: int) -> list[str]:
+    """Realize `count` new kernels with `threads` compile threads: each is compiled once, on the pool, before any
+    runs, and the results are the same as ever. Returns the names of the threads that compiled."""
+    names = _record_compiles(monkeypatch, threads=threads)
+    outs, expected = _new_kernels(count)
     Tensor.realize_all(*outs)
-    assert len(names) == 4 and all(n.startswith("glassgrad-compile") for n in names)
+    assert len(names) == count and all(n.startswith("glassgrad-compile") for n in names)
     for out, want in zip(outs, expected):
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+    return names
+
+
+def test_new_kernels_of_a_schedule_compile_on_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    names = _compile_on_the_pool(monkeypatch, threads=2, count=4)
     Tensor.realize_all(*_new_kernels(1)[0])  # one new kernel: compiled right here, no pool
     assert len(names) == 5 and names[-1] == threading.current_thread().name
 
 
 def test_compile_threads_1_still_compiles_beside_the_codegen(monkeypatch: pytest.MonkeyPatch) -> None:
     """One compile thread: the kernels are compiled there (while the calling thread renders the next ones)."""
-    names = _record_compiles(monkeypatch, threads=1)
-    outs, expected = _new_kernels(3)
-    Tensor.realize_all(*outs)
-    assert len(names) == 3 and all(n.startswith("glassgrad-compile") for n in names)
-    for out, want in zip(outs, expected):
-        np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+    _compile_on_the_pool(monkeypatch, threads=1, count=3)
 
 
 def test_a_compile_that_fails_on_the_pool_raises(monkeypatch: pytest.MonkeyPatch) -> None:
