@@ -46,7 +46,7 @@ from glassgrad.device import Buffer
 from glassgrad.dtype import dtypes
 from glassgrad.engine import realize
 from glassgrad.engine.memory import allocate_blocks, plan_memory
-from glassgrad.engine.realize import GlobalCounters, _report, compile_kernel, run_copy
+from glassgrad.engine.realize import compile_kernel, count_launch, run_copy
 from glassgrad.helpers import DEBUG, JIT, TIMING
 from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
 from glassgrad.tensor import _RNG, ASSIGN_TARGETS, Tensor, no_grad
@@ -293,12 +293,7 @@ class _Capture:
             global_size, work, flops, vals = step.launch_for(var_vals)
             seconds = step.program(*args, global_size=global_size, local_size=step.local_size, vals=vals,
                                    work=work, wait=wait) or 0.0
-            GlobalCounters.kernel_count += 1
-            GlobalCounters.global_ops += flops
-            GlobalCounters.global_mem += step.nbytes
-            GlobalCounters.time_sum_s += seconds
-            if DEBUG >= 2:
-                _report(step.name, seconds, step.flops, step.nbytes, "(jit)")
+            count_launch(step.name, seconds, flops, step.nbytes, "(jit)")
         self._advance_versions(tensors, inputs)
         self._bind_returned(var_vals)
         return self.ret

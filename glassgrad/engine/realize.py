@@ -106,7 +106,12 @@ def compile_schedule(schedule: list[ScheduleItem]) -> None:
             _kernel_cache[(device, ast)] = CompiledKernel(spec, Device[device].program(spec.name, binary))
 
 
-def _report(name: str, seconds: float, flops: int, nbytes: int, extra: str = "") -> None:
+def count_launch(name: str, seconds: float, flops: int, nbytes: int, extra: str = "") -> None:
+    """Add one launch (a kernel or a copy) to `GlobalCounters`; `DEBUG=2` prints its line."""
+    GlobalCounters.kernel_count += 1
+    GlobalCounters.global_ops += flops
+    GlobalCounters.global_mem += nbytes
+    GlobalCounters.time_sum_s += seconds
     if DEBUG >= 2:
         print(f"*** {GlobalCounters.kernel_count:4d} {name:<32s} {extra:<20s} {seconds * 1e6:9.2f} us "
               f"{flops / max(seconds, 1e-9) / 1e9:8.2f} GFLOP/s {nbytes / max(seconds, 1e-9) / 1e9:8.2f} GB/s")
@@ -123,10 +128,7 @@ def run_copy(dest: Buffer, src: Buffer) -> None:
     else:
         dest.copyin(src.numpy())
     seconds = time.perf_counter() - start
-    GlobalCounters.kernel_count += 1
-    GlobalCounters.global_mem += dest.nbytes
-    GlobalCounters.time_sum_s += seconds
-    _report(f"copy {src.device}->{dest.device}", seconds, 0, dest.nbytes, f"{dest.nbytes} bytes")
+    count_launch(f"copy {src.device}->{dest.device}", seconds, 0, dest.nbytes, f"{dest.nbytes} bytes")
 
 
 # While a TinyJit captures a step, it listens here: every item run is passed to each hook (glassgrad/engine/jit.py).
@@ -156,9 +158,4 @@ def run_item(item: ScheduleItem) -> None:
     flops, work = sint_eval(spec.flops), sint_eval(spec.work)
     seconds = kernel.program(*handles, global_size=spec.global_size, local_size=spec.local_size, vals=vals,
                              work=work, wait=DEBUG >= 2 or bool(TIMING))
-    nbytes = sum(b.nbytes for b in item.bufs)
-    GlobalCounters.kernel_count += 1
-    GlobalCounters.global_ops += flops
-    GlobalCounters.global_mem += nbytes
-    GlobalCounters.time_sum_s += seconds or 0.0
-    _report(spec.name, seconds or 0.0, flops, nbytes, f"size {work}")
+    count_launch(spec.name, seconds or 0.0, flops, sum(b.nbytes for b in item.bufs), f"size {work}")

@@ -46,10 +46,6 @@ def Variable(name: str, min_val: int, max_val: int) -> UOp:  # noqa: N802  (tiny
     return UOp(Ops.DEFINE_VAR, dtypes.int32, (), (name, min_val, max_val))
 
 
-def is_sym(x: object) -> bool:
-    return isinstance(x, UOp)
-
-
 def variables(x: sint) -> list[UOp]:
     """The DEFINE_VARs a size depends on (bound or not)."""
     return [] if isinstance(x, int) else [u for u in x.toposort() if u.op is Ops.DEFINE_VAR]
