@@ -13,7 +13,7 @@ import os
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -117,15 +117,47 @@ class Compiler:
         return [self.compile_cached(src) for src in sources]
 
 
+@dataclass(slots=True)
+class Launch:
+    """One kernel launch: a compiled program, its buffer handles, its grid, its Variable values and its work (the
+    CPU splits work over threads by it). Calling it launches the program; `wait` times it on the device."""
+    program: Any
+    args: list[Any]
+    global_size: tuple[int, ...]
+    local_size: tuple[int, ...] | None
+    vals: tuple[int, ...] = ()
+    work: int = 0
+
+    def __call__(self, wait: bool = False) -> float:
+        return self.program(*self.args, global_size=self.global_size, local_size=self.local_size, vals=self.vals,
+                            work=self.work, wait=wait) or 0.0
+
+    def same_as(self, other: Launch) -> bool:
+        """The same program on the same handles (by identity: the same memory), grid and values."""
+        return (self.program is other.program and self.global_size == other.global_size and self.vals == other.vals
+                and self.local_size == other.local_size and len(self.args) == len(other.args)
+                and all(a is b for a, b in zip(self.args, other.args)))
+
+
+class LaunchGraph(Protocol):
+    """Kernel launches of one device recorded once and run as one (a CUDA graph): calling it runs them all, in order;
+    `update(i, launch)` changes launch i (same program; new handles, grid or values) for the next calls."""
+
+    def __call__(self) -> None: ...  # noqa: E704
+    def update(self, index: int, launch: Launch) -> None: ...  # noqa: E704
+
+
 @dataclass
 class Compiled:
-    """Everything glassgrad needs from one backend."""
+    """Everything glassgrad needs from one backend. `graph` (None where the backend has none) records launches as
+    one `LaunchGraph`; TinyJit replays consecutive kernels through it (engine/jit.py)."""
     name: str
     allocator: Allocator
     renderer: Any  # glassgrad.renderer.cstyle.CStyleLanguage
     compiler: Compiler
     program: Callable[..., Any]  # (name, binary) -> callable program
     synchronize: Callable[[], None] = field(default=lambda: None)
+    graph: Callable[[list[Launch]], LaunchGraph] | None = None
 
 
 class _DeviceRegistry:

@@ -55,6 +55,7 @@ NOOPT = ContextVar("NOOPT", 0)
 BEAM = ContextVar("BEAM", 0)  # search this many kernels wide for the fastest opts (timed on the device, cached)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
 JIT = ContextVar("JIT", 1)  # JIT=0: TinyJit functions run eagerly on every call
+CUDAGRAPH = ContextVar("CUDAGRAPH", 1)  # CUDAGRAPH=0: TinyJit replays launch kernel by kernel, not as device graphs
 MEMPLAN = ContextVar("MEMPLAN", 1)  # intermediates of a schedule share memory when their lifetimes do not overlap
 SCACHE = ContextVar("SCACHE", 1)  # reuse the schedule of a graph with the structure of one seen before
 TIMING = ContextVar("TIMING", 0)  # time every kernel on the device (adds a sync per kernel); DEBUG>=2 implies it

@@ -5,6 +5,7 @@ and skip, with the reason, when cuInit fails.
 """
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 pytest.importorskip("cuda.bindings", reason="cuda-bindings is not installed (pip install 'glassgrad[cuda]')")
 
-from glassgrad.device import Buffer, Compiled, Device  # noqa: E402
+from glassgrad.device import Buffer, Compiled, Device, Launch  # noqa: E402
 from glassgrad.dtype import dtypes  # noqa: E402
 from glassgrad.runtime import ops_cuda  # noqa: E402
 from glassgrad.runtime.ops_cuda import CUDAAllocator, CUDACompiler, CUDAError, CUDAProgram  # noqa: E402
@@ -150,6 +151,29 @@ def test_bad_launch_names_the_call(cuda: Compiled) -> None:
     prg = cuda.program("add", cuda.compiler.compile_cached(ADD_SRC))
     with pytest.raises(CUDAError, match="cuLaunchKernel.*CUDA_ERROR_INVALID_VALUE"):
         prg(buf.handle, buf.handle, global_size=(1,), local_size=(4096,), vals=(4,))  # > 1024 threads a block
+
+
+def test_graph_replays_updated_launches(cuda: Compiled) -> None:
+    """Two launches of `add` as one CUDA graph: launched twice, then with node 1 moved to another buffer and size."""
+    n = 1000
+    out, a, b = np.arange(n, dtype=np.float32), np.full(n, 2.5, np.float32), np.full(n, -1.0, np.float32)
+    out_buf, a_buf, b_buf = _upload(cuda, out), _upload(cuda, a), _upload(cuda, b)
+    prg = cuda.program("add", cuda.compiler.compile_cached(ADD_SRC))
+    launch = Launch(prg, [out_buf.handle, a_buf.handle], ((n + 127) // 128,), (128,), (n,))
+    assert cuda.graph is not None
+    graph = cuda.graph([launch, dataclasses.replace(launch)])
+    graph()
+    graph()
+    np.testing.assert_array_equal(out_buf.numpy(), out + 4 * a)
+    graph.update(1, Launch(prg, [out_buf.handle, b_buf.handle], (1,), (128,), (100,)))  # the first 100 only
+    graph()
+    expected = out + 5 * a
+    expected[:100] += b[:100]
+    np.testing.assert_array_equal(out_buf.numpy(), expected)
+    with pytest.raises(ValueError, match="CUDAPrograms"):
+        graph.update(0, Launch(lambda *args, **kw: None, [], (1,), None))
+    with pytest.raises(ValueError, match="at least one launch"):
+        cuda.graph([])
 
 
 def test_copy_device_same_gpu(cuda: Compiled) -> None:

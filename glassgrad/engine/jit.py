@@ -36,18 +36,19 @@ from __future__ import annotations
 
 import functools
 import gc
+import itertools
 import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from glassgrad.codegen import ProgramSpec
-from glassgrad.device import Buffer
+from glassgrad.device import Buffer, Device, Launch, LaunchGraph
 from glassgrad.dtype import dtypes
 from glassgrad.engine import realize
 from glassgrad.engine.memory import allocate_blocks, plan_memory
 from glassgrad.engine.realize import compile_kernel, count_launch, run_copy
-from glassgrad.helpers import DEBUG, JIT, TIMING
+from glassgrad.helpers import CUDAGRAPH, DEBUG, JIT, TIMING
 from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
 from glassgrad.tensor import _RNG, ASSIGN_TARGETS, Tensor, no_grad
 from glassgrad.uop.ops import Ops, UOp
@@ -153,6 +154,7 @@ class _Kernel:
     call's arguments do not give keep their captured value, `var_vals`)."""
     program: Any
     name: str
+    device: str
     global_size: tuple[int, ...]
     local_size: tuple[int, ...] | None
     work: int
@@ -163,20 +165,95 @@ class _Kernel:
     spec: ProgramSpec | None = None  # with Variables only
     var_vals: dict[str, int] = field(default_factory=dict)
 
-    def launch_for(self, var_vals: dict[str, int]) -> tuple[tuple[int, ...], int, int, tuple[int, ...]]:
-        """(global size, work, flops, Variable values in parameter order) of a launch with these values."""
+    @property
+    def changes_per_call(self) -> bool:
+        """Whether a call can launch it differently: it reads an input, or its sizes and values depend on Variables."""
+        return bool(self.inputs) or self.spec is not None
+
+    def launch(self, handles: list[Any], var_vals: dict[str, int]) -> tuple[Launch, int]:
+        """This call's launch (its input handles in place; sizes and values for its Variables) and its flops."""
+        args = self.args.copy()
+        for pos, i in self.inputs:
+            args[pos] = handles[i]
         if self.spec is None:
-            return self.global_size, self.work, self.flops, ()
+            return Launch(self.program, args, self.global_size, self.local_size, (), self.work), self.flops
         values = {**self.var_vals, **var_vals}
         spec = self.spec.at(values)
-        return (tuple(sint_eval(g) for g in spec.global_size), sint_eval(spec.work), sint_eval(spec.flops),
-                tuple(values[name] for name in spec.vars))
+        return (Launch(self.program, args, tuple(sint_eval(g) for g in spec.global_size), self.local_size,
+                       tuple(values[name] for name in spec.vars), sint_eval(spec.work)), sint_eval(spec.flops))
+
+    def run(self, handles: list[Any], var_vals: dict[str, int], wait: bool) -> None:
+        launch, flops = self.launch(handles, var_vals)
+        count_launch(self.name, launch(wait), flops, self.nbytes, "(jit)")
 
 
 @dataclass
 class _Copy:
     dest: Buffer | int
     src: Buffer | int
+
+    def run(self, inputs: list[Buffer]) -> None:
+        run_copy(*(inputs[b] if isinstance(b, int) else b for b in (self.dest, self.src)))
+
+
+@dataclass(eq=False)
+class _KernelGraph:
+    """Consecutive kernels of one device whose backend has graphs (CUDA), replayed as one `LaunchGraph`.
+
+    The graph is recorded at the first replay, with that call's launches. Later replays recompute only the launches
+    that can change (kernels reading an input, or with Variables) and update in the graph those that did (another
+    input buffer, another Variable value), then launch it. With `CUDAGRAPH=0`, `TIMING=1` or `DEBUG>=2` (a time per
+    kernel) the kernels are launched one by one instead."""
+    device: str
+    kernels: list[_Kernel]
+    graph: LaunchGraph | None = None
+    launches: list[Launch] = field(default_factory=list)  # what the graph launches now
+    updates: int = 0  # launches changed in the graph since it was recorded
+
+    def __post_init__(self) -> None:
+        self.changing = [i for i, k in enumerate(self.kernels) if k.changes_per_call]
+        self.fixed_flops = sum(k.flops for k in self.kernels if not k.changes_per_call)
+        self.nbytes = sum(k.nbytes for k in self.kernels)
+
+    def run(self, handles: list[Any], var_vals: dict[str, int], wait: bool) -> None:
+        if wait or not CUDAGRAPH:
+            for kernel in self.kernels:
+                kernel.run(handles, var_vals, wait)
+            return
+        flops = self.fixed_flops
+        if self.graph is None:
+            self.launches = [k.launch(handles, var_vals)[0] for k in self.kernels]
+            record = Device[self.device].graph
+            assert record is not None, f"{self.device} has no graphs"
+            self.graph = record(self.launches)
+        for i in self.changing:
+            launch, kernel_flops = self.kernels[i].launch(handles, var_vals)
+            flops += kernel_flops
+            if not launch.same_as(self.launches[i]):
+                self.graph.update(i, launch)
+                self.launches[i] = launch
+                self.updates += 1
+        self.graph()
+        count_launch(f"graph of {len(self.kernels)} kernels", 0.0, flops, self.nbytes, "(jit)", len(self.kernels))
+
+
+Replayed = _Kernel | _Copy | _KernelGraph  # a step of a replay
+
+
+def _graph_kernels(steps: list[_Kernel | _Copy], has_graph: Callable[[str], bool]) -> list[Replayed]:
+    """Each run of two or more consecutive kernels of one device that has graphs becomes one `_KernelGraph`. Copies
+    stay outside the graphs (they split the runs), as do kernels of devices without graphs (the CPU)."""
+    def graph_device(step: _Kernel | _Copy) -> str | None:
+        return step.device if isinstance(step, _Kernel) and has_graph(step.device) else None
+
+    out: list[Replayed] = []
+    for device, run in itertools.groupby(steps, graph_device):
+        group = list(run)
+        if device is not None and len(group) >= 2:
+            out.append(_KernelGraph(device, group))  # type: ignore[arg-type]  # graph_device: only kernels
+        else:
+            out.extend(group)
+    return out
 
 
 @dataclass
@@ -228,8 +305,10 @@ class _Capture:
         self.intermediate_bytes = 0  # bytes of the intermediates nothing else holds, each in its own buffer
         self.pool: list[Buffer] = []  # the memory they share when planned
         slot_buffers = self._place(steps, plan)
-        self.steps: list[_Kernel | _Copy] = [self._launch(s, slot_buffers) for s in steps]
-        self.kernel_count = sum(isinstance(s, _Kernel) for s in self.steps)
+        self.steps = _graph_kernels([self._launch(s, slot_buffers) for s in steps],
+                                    lambda device: Device[device].graph is not None)
+        self.graphs = [s for s in self.steps if isinstance(s, _KernelGraph)]
+        self.kernel_count = sum(isinstance(s, _Kernel) for s in self.steps) + sum(len(g.kernels) for g in self.graphs)
         self.symbolic_returns = [t for t in _returned_tensors(ret) if not all(isinstance(d, int) for d in t.shape)]
         index = {id(b): i for i, b in enumerate(inputs)}
         self.written_inputs = [(index[id(b)], n) for b, n in inplace.items() if id(b) in index]
@@ -238,7 +317,8 @@ class _Capture:
         self.owners = [(weakref.ref(t), t.uop.base.arg[0]) for t in list(ASSIGN_TARGETS.values())
                        if is_buffer_view(t.uop) and id(t.uop.base.arg[0]) in held]
         if DEBUG >= 1:
-            print(f"TinyJit: captured {self.kernel_count} kernels, {len(self.steps) - self.kernel_count} copies, "
+            copies = sum(isinstance(s, _Copy) for s in self.steps)
+            print(f"TinyJit: captured {self.kernel_count} kernels ({len(self.graphs)} graphs), {copies} copies, "
                   f"{len(inputs)} inputs; intermediates {self.intermediate_bytes / 1e6:.2f} MB in "
                   f"{sum(b.nbytes for b in self.pool) / 1e6:.2f} MB")
 
@@ -275,8 +355,8 @@ class _Capture:
         args = [None if isinstance(b, int) else b.handle for b in bufs]
         inputs = [(pos, b) for pos, b in enumerate(bufs) if isinstance(b, int)]
         spec = kernel.spec.at(step.var_vals) if kernel.spec.vars else kernel.spec  # the captured launch
-        return _Kernel(kernel.program, spec.name, tuple(sint_eval(g) for g in spec.global_size), spec.local_size,
-                       sint_eval(spec.work), sint_eval(spec.flops), step.nbytes, args, inputs,
+        return _Kernel(kernel.program, spec.name, step.device, tuple(sint_eval(g) for g in spec.global_size),
+                       spec.local_size, sint_eval(spec.work), sint_eval(spec.flops), step.nbytes, args, inputs,
                        kernel.spec if kernel.spec.vars else None, step.var_vals)
 
     def replay(self, tensors: list[Tensor], inputs: list[Buffer], var_vals: dict[str, int]) -> Any:
@@ -285,15 +365,9 @@ class _Capture:
         wait = DEBUG >= 2 or bool(TIMING)
         for step in self.steps:
             if isinstance(step, _Copy):
-                run_copy(*(inputs[b] if isinstance(b, int) else b for b in (step.dest, step.src)))
-                continue
-            args = step.args
-            for pos, i in step.inputs:
-                args[pos] = handles[i]
-            global_size, work, flops, vals = step.launch_for(var_vals)
-            seconds = step.program(*args, global_size=global_size, local_size=step.local_size, vals=vals,
-                                   work=work, wait=wait) or 0.0
-            count_launch(step.name, seconds, flops, step.nbytes, "(jit)")
+                step.run(inputs)
+            else:
+                step.run(handles, var_vals, wait)
         self._advance_versions(tensors, inputs)
         self._bind_returned(var_vals)
         return self.ret

@@ -106,9 +106,10 @@ def compile_schedule(schedule: list[ScheduleItem]) -> None:
             _kernel_cache[(device, ast)] = CompiledKernel(spec, Device[device].program(spec.name, binary))
 
 
-def count_launch(name: str, seconds: float, flops: int, nbytes: int, extra: str = "") -> None:
-    """Add one launch (a kernel or a copy) to `GlobalCounters`; `DEBUG=2` prints its line."""
-    GlobalCounters.kernel_count += 1
+def count_launch(name: str, seconds: float, flops: int, nbytes: int, extra: str = "", launches: int = 1) -> None:
+    """Add one launch (a kernel or a copy; or a graph of `launches` kernels) to `GlobalCounters`; `DEBUG=2` prints
+    its line."""
+    GlobalCounters.kernel_count += launches
     GlobalCounters.global_ops += flops
     GlobalCounters.global_mem += nbytes
     GlobalCounters.time_sum_s += seconds

@@ -4,7 +4,8 @@ In: CUDA C source from `CUDARenderer` (one `extern "C" __global__` kernel). Out:
 it on a grid of `global_size` blocks of `local_size` threads. Buffers are raw device pointers (`CUdeviceptr`).
 
 `CUDA:n` is GPU n. Each device uses its primary context, made current before every call that needs it, and the
-legacy default stream, so copies and kernels run in the order they were issued. NVRTC compiles straight to SASS
+legacy default stream, so copies, kernels and graphs run in the order they were issued. `CUDAGraph` records a run of
+launches as one CUDA graph, which a TinyJit replay launches at once (engine/jit.py). NVRTC compiles straight to SASS
 (a CUBIN for `sm_XY`), not PTX: a CUBIN from a newer NVRTC loads on an older driver of the same major version.
 Every driver and NVRTC status goes through `check`, which raises a `CUDAError` naming the call.
 """
@@ -26,7 +27,7 @@ try:
 except ImportError as e:  # glassgrad itself imports fine without it; only Device["CUDA"] needs it
     raise ImportError("the CUDA backend needs NVIDIA's cuda-bindings: pip install 'glassgrad[cuda]'") from e
 
-from glassgrad.device import Allocator, Compiled, Compiler
+from glassgrad.device import Allocator, Compiled, Compiler, Launch
 
 
 class CUDAError(RuntimeError):
@@ -242,12 +243,27 @@ def _pad3(dims: tuple[int, ...] | None) -> tuple[int, int, int]:
     return int(x), int(y), int(z)
 
 
-class CUDAProgram:
-    """One kernel in a loaded CUBIN. Calling it launches a grid of `global_size` blocks of `local_size` threads.
+@dataclass
+class _KernelParams:
+    """A kernel's parameters as the driver takes them: an array of pointers, each to one argument's bytes (the
+    buffers' device pointers, then `vals` as 32-bit ints). `address` is valid while this object lives; the driver
+    copies the arguments when it is called."""
+    values: list[Any]
+    pointers: Any
 
-    Kernel parameters are the buffers' device pointers in order, then `vals` as 32-bit ints: cuLaunchKernel takes
-    an array of pointers, each pointing at one argument's bytes.
-    """
+    @staticmethod
+    def of(bufs: tuple[Any, ...] | list[Any], vals: tuple[int, ...]) -> _KernelParams:
+        values = [ctypes.c_void_p(int(b)) for b in bufs] + [ctypes.c_int32(v) for v in vals]
+        return _KernelParams(values, (ctypes.c_void_p * max(len(values), 1))(*map(ctypes.addressof, values)))
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.pointers)
+
+
+class CUDAProgram:
+    """One kernel in a loaded CUBIN. Calling it launches a grid of `global_size` blocks of `local_size` threads,
+    with the buffers' device pointers and then `vals` (32-bit ints) as its parameters."""
 
     def __init__(self, name: str, binary: bytes, ctx: CUDAContext | None = None) -> None:
         self.name = name
@@ -256,19 +272,85 @@ class CUDAProgram:
 
     def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1,), local_size: tuple[int, ...] | None = None,
                  vals: tuple[int, ...] = (), work: int = 0, wait: bool = False) -> float:
-        args = [ctypes.c_void_p(int(b)) for b in bufs] + [ctypes.c_int32(v) for v in vals]
-        pointers = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
+        params = _KernelParams.of(bufs, vals)
         self.ctx.activate()
         if wait:
             start, end = self.ctx.timing_events()
             check(driver.cuEventRecord, start, 0)
-        check(driver.cuLaunchKernel, self.function, *_pad3(global_size), *_pad3(local_size), 0, 0,
-              ctypes.addressof(pointers), 0)
+        check(driver.cuLaunchKernel, self.function, *_pad3(global_size), *_pad3(local_size), 0, 0, params.address, 0)
         if not wait:
             return 0.0
         check(driver.cuEventRecord, end, 0)
         check(driver.cuEventSynchronize, end)
         return float(check(driver.cuEventElapsedTime, start, end)) / 1e3
+
+
+# ---------- graphs ----------
+
+class CUDAGraph:
+    """Kernel launches on one GPU recorded once as a CUDA graph and replayed with one `cuGraphLaunch`.
+
+    In: `Launch`es of `CUDAProgram`s of this GPU, in order. Each becomes a kernel node that depends on the node
+    before it (a chain: the launches run one after another, as on the stream), and the graph is instantiated once.
+    `update(i, launch)` gives node i new parameters in the instantiated graph (`cuGraphExecKernelNodeSetParams`:
+    other buffers, grid or Variable values; the kernel stays the same), so a replay with other inputs needs no new
+    graph. Calling it launches the graph on the legacy default stream, ordered with every copy and kernel there.
+    """
+
+    def __init__(self, ctx: CUDAContext, launches: list[Launch]) -> None:
+        if not launches:
+            raise ValueError("a CUDA graph needs at least one launch")
+        self.ctx = ctx
+        ctx.activate()
+        self.graph = check(driver.cuGraphCreate, 0)
+        self.nodes: list[Any] = []
+        for launch in launches:
+            params = self._node_params(launch)
+            before = self.nodes[-1:]
+            self.nodes.append(check(driver.cuGraphAddKernelNode, self.graph, before, len(before), params.node))
+        self.executable = check(driver.cuGraphInstantiate, self.graph, 0)
+
+    def _node_params(self, launch: Launch) -> _NodeParams:
+        program = launch.program
+        if not isinstance(program, CUDAProgram) or program.ctx.index != self.ctx.index:
+            raise ValueError(f"a CUDA graph of CUDA:{self.ctx.index} takes this GPU's CUDAPrograms, got {program!r}")
+        return _NodeParams.of(program.function, launch)
+
+    def update(self, index: int, launch: Launch) -> None:
+        params = self._node_params(launch)
+        self.ctx.activate()
+        check(driver.cuGraphExecKernelNodeSetParams, self.executable, self.nodes[index], params.node)
+
+    def __call__(self) -> None:
+        self.ctx.activate()
+        check(driver.cuGraphLaunch, self.executable, 0)
+
+    def __del__(self) -> None:
+        try:
+            if hasattr(self, "executable"):
+                driver.cuGraphExecDestroy(self.executable)
+            if hasattr(self, "graph"):
+                driver.cuGraphDestroy(self.graph)
+        except Exception:  # interpreter shutdown: the driver may be gone already
+            pass
+
+
+@dataclass
+class _NodeParams:
+    """A kernel node's parameters, with the argument bytes they point at (kept alive until the driver copied them)."""
+    node: Any
+    kernel_params: _KernelParams
+
+    @staticmethod
+    def of(function: Any, launch: Launch) -> _NodeParams:
+        kernel_params = _KernelParams.of(launch.args, launch.vals)
+        node = driver.CUDA_KERNEL_NODE_PARAMS()
+        node.func = function
+        node.gridDimX, node.gridDimY, node.gridDimZ = _pad3(launch.global_size)
+        node.blockDimX, node.blockDimY, node.blockDimZ = _pad3(launch.local_size)
+        node.sharedMemBytes = 0
+        node.kernelParams = kernel_params.address
+        return _NodeParams(node, kernel_params)
 
 
 # ---------- the backend ----------
@@ -287,4 +369,4 @@ def create_device(name: str) -> Compiled:
     ctx = open_context(int(index or 0))
     program = functools.partial(CUDAProgram, ctx=ctx)
     return Compiled(name, CUDAAllocator(ctx), create_renderer(ctx.arch), CUDACompiler(ctx.arch), program,
-                    ctx.synchronize)
+                    ctx.synchronize, graph=functools.partial(CUDAGraph, ctx))
