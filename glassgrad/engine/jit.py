@@ -28,6 +28,10 @@ Intermediates that nothing outside the capture holds share memory (engine/memory
 Returned tensors are realized. Their buffers belong to the capture: every replay returns the same tensor objects
 with new values, so a result must be read (`.numpy()`, `.item()`) or copied before the next call.
 
+On a device with graphs (CUDA), each run of consecutive kernels replays as one graph (`_KernelGraph`): recorded
+at the first replay, then only the launches whose inputs or Variable values changed are updated in it. Copies stay
+outside the graphs. `CUDAGRAPH=0`, `TIMING=1` and `DEBUG>=2` launch kernel by kernel.
+
 Limits: Python values and host data inside the function (`Tensor(np_array)` made there, closure scalars) are
 constants of the capture; random numbers drawn on the host inside the function (`Tensor.rand`, dropout) raise
 `JitError` at capture, as a replay would repeat them. `JIT=0` runs the function eagerly on every call.
