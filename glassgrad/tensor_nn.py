@@ -72,6 +72,10 @@ class NNOps:
         if out <= 0:
             raise ValueError(f"window of {kernel} (dilation {dilation}) does not fit a dimension of size {size}")
         lead = t.shape[:-1]
+        if dilation == 1 and kernel <= stride:  # windows that do not overlap (a 2x2 pool): cut the row into strides
+            row = t.pad(((0, 0),) * len(lead) + ((0, max(0, out * stride - size)),))
+            row = row.shrink([*((0, s) for s in lead), (0, out * stride)]).reshape(*lead, out, stride)
+            return row.shrink([*((0, s) for s in lead), (0, out), (0, kernel)])
         # K copies of the row, laid end to end and re-cut into rows one `dilation` longer: row k starts k*dilation
         # further into its copy, so column j of row k is x[k*dilation + j]
         copies = t.unsqueeze(-2).expand(*lead, kernel, size).reshape(*lead, kernel * size)

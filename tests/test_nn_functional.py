@@ -324,6 +324,7 @@ POOL_CASES = [
     dict(kernel=2), dict(kernel=3, stride=1), dict(kernel=3, stride=2, padding=1), dict(kernel=(2, 3), stride=(1, 2)),
     dict(kernel=(3, 2), stride=2, padding=(1, 0)), dict(kernel=2, stride=1, dilation=2),
     dict(kernel=3, stride=(2, 1), padding=1, dilation=(1, 2)),
+    dict(kernel=2, stride=3), dict(kernel=(2, 3), stride=3, padding=1),  # windows that do not overlap, with gaps
 ]
 
 
@@ -343,6 +344,16 @@ def test_avg_pool2d(kw: dict[str, Any], count_include_pad: bool) -> None:
     check(lambda x: x.avg_pool2d(k, count_include_pad=count_include_pad, **a),
           lambda x: np_avg_pool(x, k, count_include_pad=count_include_pad, **a),
           _torch("avg_pool2d", kernel_size=k, count_include_pad=count_include_pad, **a), [_rand((2, 3, 7, 8), 0)])
+
+
+def test_gradient_of_a_pool_without_overlap_is_elementwise() -> None:
+    """Windows that do not overlap are reshapes of the input, so the gradient needs no sum over the windows: an
+    elementwise kernel that reads the max and its count per window."""
+    x = Tensor(_rand((2, 3, 8, 8), 0), requires_grad=True)
+    x.max_pool2d(2).sum().backward()
+    assert x.grad is not None
+    names = [k.name for k in kernels(x.grad)]
+    assert names[-1].startswith("E_"), names
 
 
 def test_pools_are_one_kernel() -> None:

@@ -24,7 +24,8 @@ from glassgrad import Context, GlobalCounters, Tensor, dtypes, kernels
 from glassgrad.codegen import ProgramSpec, get_program
 from glassgrad.helpers import prod
 from glassgrad.kernels import renderer_for
-from glassgrad.schedule import REALIZED, ROW_FUSE_MAX, ScheduleItem, create_schedule, is_buffer_view
+from glassgrad.schedule import (REALIZED, ROW_FUSE_MAX, SPLIT_MAX_OUTPUTS, SPLIT_MIN_REDUCE, ScheduleItem,
+                                create_schedule, is_buffer_view)
 from glassgrad.uop.ops import Ops, UOp
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -849,3 +850,94 @@ def test_costly_elementwise_under_an_expand_is_materialised() -> None:
     np.testing.assert_allclose(out.numpy(), (c[:, None, :] * w[None]).sum(2), rtol=1e-5)
     cheap = ((Tensor(a) * 2 + 1).reshape(16, 1, 8) * Tensor(w).reshape(1, 4, 8)).sum(2)
     assert count_kernels(cheap) == 1
+
+
+# ------------------------------------------------------------------------------- nested reductions (rewrite.py)
+INJECTIVE_OPS: list[OpFn] = [op_permute, op_shrink, op_flip, op_reshape]
+
+
+def zero_pad(draw: Draw, x: Node) -> Node:
+    """A pad with zeros (a crop where negative), the kind a gradient's shrink produces."""
+    pads = [(draw(st.integers(0, 2)), draw(st.integers(0, 2))) for _ in x.ref.shape]
+    return Node(x.t.pad(tuple(pads)), np.pad(x.ref, pads))
+
+
+@PROPERTY
+@given(st.data(), st.sampled_from(["sum", "max"]))
+def test_nested_reductions_through_views_are_one_kernel(data: st.DataObject, op: str) -> None:
+    """reduce(V(reduce(x))) with V reshapes, pads, shrinks, permutes and flips (no expand: no element repeats) is
+    one reduction over both sets of axes: one kernel, no intermediate buffer, the same values."""
+    draw = data.draw
+    x = new_leaf(draw, draw_shape(draw), np.float32)
+    axes = tuple(sorted(draw(st.lists(st.integers(0, x.ref.ndim - 1), min_size=1, unique=True))))
+    reduce_fn: Callable[..., Any] = np.sum if op == "sum" else np.max
+    node = Node(getattr(x.t, op)(axes, keepdim=True), reduce_fn(x.ref, axes, keepdims=True))
+    for _ in range(draw(st.integers(1, 4))):
+        node = draw(st.sampled_from([*INJECTIVE_OPS, zero_pad]))(draw, node)
+    outer = tuple(sorted(draw(st.lists(st.integers(0, node.ref.ndim - 1), min_size=1, unique=True))))
+    out = Node(getattr(node.t, op)(outer), reduce_fn(node.ref, outer))
+    merged_length = node.ref.size * prod(x.ref.shape[a] for a in axes) // max(1, out.ref.size)
+    long_few = merged_length >= SPLIT_MIN_REDUCE and out.ref.size <= SPLIT_MAX_OUTPUTS  # split in two stages
+    assert count_kernels(out.t) == (2 if long_few else 1)
+    assert_loads_in_bounds(out.t)
+    assert_matches(out)
+
+
+def test_nested_reduction_read_twice_keeps_its_buffer() -> None:
+    """A second reader needs the inner result anyway: merging would compute it twice."""
+    x = ints(4, 6)
+    inner = Tensor(x).sum(1, keepdim=True)
+    out = inner.reshape(2, 2).sum(1) + inner.reshape(2, 2).flip(0).sum(1)
+    assert count_kernels(out) == 2
+    np.testing.assert_array_equal(out.numpy(), x.sum(1).reshape(2, 2).sum(1) + x.sum(1).reshape(2, 2)[::-1].sum(1))
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(padding=2), dict(stride=2), dict(dilation=2, padding=1),
+                                    dict(groups=2, stride=(2, 1), padding=(1, 0))])
+def test_conv_input_gradient_is_one_kernel(kwargs: dict[str, Any]) -> None:
+    """The gradient of a convolution's input: no (N, Cin, OH, OW, KH, KW) intermediate and no folding kernel, one
+    transposed-convolution kernel whose weight loads are ungated, on the CPU and on CUDA (tiled)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 4, 9, 8), dtype=np.float32)
+    w = rng.standard_normal((6, 4 // kwargs.get("groups", 1), 3, 3), dtype=np.float32)
+    xt = Tensor(x, requires_grad=True)
+    out = xt.conv2d(Tensor(w), **kwargs)
+    g = rng.standard_normal(out.shape, dtype=np.float32)
+    (out * Tensor(g)).sum().backward()
+    assert xt.grad is not None
+    (item, spec), = rendered(xt.grad)
+    weight_loads = [u for u in spec.uops if u.op is Ops.LOAD and item.bufs[u.src[0].arg].size == w.size]
+    assert weight_loads and all(len(u.src) == 2 for u in weight_loads), "the weight loads should be ungated"
+    assert "no-tree-loop-vectorize" not in spec.source
+    expected = torch_free_conv_input_gradient(x, w, g, **kwargs)
+    np.testing.assert_allclose(xt.grad.numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_input_gradient_is_tiled_on_cuda() -> None:
+    """The pad's mask around the product goes with the gradient's tile: a tiled (shared-memory) CUDA kernel."""
+    xt = Tensor.empty(64, 32, 24, 24).requires_grad_()
+    (xt.conv2d(Tensor.empty(32, 32, 5, 5)) * Tensor.empty(64, 32, 20, 20)).sum().backward()
+    assert xt.grad is not None
+    cuda, = kernels(xt.grad, device="CUDA")
+    assert "__shared__" in cuda.source and cuda.local_size == (64, 1, 1), cuda.source
+
+
+def torch_free_conv_input_gradient(x: np.ndarray, w: np.ndarray, g: np.ndarray, stride: Any = 1, padding: Any = 0,
+                                   dilation: Any = 1, groups: int = 1) -> np.ndarray:
+    """d/dx of sum(conv2d(x, w) * g) in float64 numpy: every output scatters g * w back onto the input taps."""
+    sy, sx = (stride, stride) if isinstance(stride, int) else stride
+    py, px = (padding, padding) if isinstance(padding, int) else padding
+    dy, dx = (dilation, dilation) if isinstance(dilation, int) else dilation
+    n, cin, h, wd = x.shape
+    cout, cg, kh, kw = w.shape
+    grad = np.zeros((n, cin, h + 2 * py, wd + 2 * px))
+    per_group = cout // groups
+    for o in range(cout):
+        group = o // per_group
+        for i in range(kh):
+            for j in range(kw):
+                for oy in range(g.shape[2]):
+                    for ox in range(g.shape[3]):
+                        y, xx = oy * sy + i * dy, ox * sx + j * dx
+                        grad[:, group * cg:(group + 1) * cg, y, xx] += g[:, o, oy, ox, None] * w[o, :, i, j]
+    return grad[:, :, py:py + h, px:px + wd]

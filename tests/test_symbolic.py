@@ -481,3 +481,60 @@ class TestDeepGraphs:
             x = x + v
         out = simplify(x + 0)
         assert out.vmax == 1200
+
+
+# ---------------------------------------------------------------- remainders that wrap, and gated loads
+class TestWrappedRemainders:
+    """x % d where x = d*q + r and r may be negative: a bound on the remainder becomes a bound on r, and inside a
+    load whose gate implies 0 <= r < d, x % d is r and x // d is q (how a convolution's gradient is indexed)."""
+
+    def test_bound_on_a_window_remainder_becomes_a_bound_on_the_position(self) -> None:
+        k, p = rng(5, 0), rng(24, 1)
+        gate = check_simplify(((k * 24 + p) % 25) < c(20), [k, p])
+        assert not any(u.op in (Ops.MOD, Ops.IDIV) for u in gate.toposort()), gate
+
+    @given(st.integers(-40, 40), st.integers(-40, 40), st.integers(0, 60), st.integers(2, 30), st.integers(1, 30),
+           st.integers(1, 8), st.integers(1, 8))
+    @settings(max_examples=300, deadline=None)
+    def test_remainder_bounds_keep_their_value(self, a: int, b: int, k: int, d: int, bound: int, n0: int,
+                                               n1: int) -> None:
+        r0, r1 = rng(n0, 0), rng(n1, 1)
+        check_simplify(((r0 * a + r1 * b + k) % d) < c(bound), [r0, r1])
+
+    def _gated_load(self, idx: UOp, gate: UOp) -> UOp:
+        buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 1)
+        return UOp(Ops.LOAD, dtypes.float32, (buf, idx, gate))
+
+    def check_gated(self, idx: UOp, gate: UOp, variables: list[UOp]) -> UOp:
+        """The simplified load reads the same element wherever its gate holds, and has the same gate."""
+        load = simplify(self._gated_load(idx, gate))
+        if load.op is Ops.CONST:  # a gate that never holds
+            assert not evaluate(gate, *all_assignments(variables))[gate].any()
+            return load
+        env, n = all_assignments(variables)
+        new_gate = load.src[2] if len(load.src) == 3 else c(1, dtypes.bool)  # a gate that always holds is dropped
+        before, after = evaluate(self._pair(idx, gate), env, n), evaluate(self._pair(load.src[1], new_gate), env, n)
+        on = before[gate]
+        np.testing.assert_array_equal(on, after[new_gate])
+        np.testing.assert_array_equal(before[idx][on], after[load.src[1]][on])
+        return load
+
+    def _pair(self, idx: UOp, gate: UOp) -> UOp:
+        return gate.where(idx, idx)  # one root over both, for the evaluator
+
+    def test_the_gate_turns_the_window_index_into_a_difference(self) -> None:
+        k, p = rng(5, 0), rng(24, 1)
+        flat = k * 24 + p  # the gradient of a 20-wide window over 24 positions, reached through reshapes
+        gate = (flat % 25) < c(20)
+        load = self.check_gated((flat // 25) * 20 + flat % 25, gate, [k, p])
+        assert not any(u.op in (Ops.MOD, Ops.IDIV) for u in load.src[1].toposort()), load.src[1]
+
+    @given(st.integers(-30, 30), st.integers(-30, 30), st.integers(0, 40), st.integers(2, 26), st.integers(1, 26),
+           st.integers(1, 7), st.integers(1, 7), st.integers(1, 9))
+    @settings(max_examples=300, deadline=None)
+    def test_gated_indices_keep_their_value(self, a: int, b: int, k: int, d: int, bound: int, n0: int, n1: int,
+                                            row: int) -> None:
+        r0, r1 = rng(n0, 0), rng(n1, 1)
+        flat = r0 * a + r1 * b + k
+        gate = (c(-1) < flat).alu(Ops.AND, (flat % d) < c(bound))
+        self.check_gated((flat // d) * row + flat % d, gate, [r0, r1])

@@ -41,7 +41,7 @@ from glassgrad.helpers import prod
 from glassgrad.renderer.cstyle import index_stride
 from glassgrad.schedule.indexing import size_node, unflatten_index
 from glassgrad.uop.ops import Ops, UOp
-from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from glassgrad.uop.pattern import substitute
 from glassgrad.uop.sint import sint, sint_ceildiv, sint_max, sint_prod
 from glassgrad.uop.symbolic import simplify
 
@@ -54,13 +54,6 @@ MANY_ELEMENTS = 1 << 20   # from this size on
 Dims = tuple[int, int, int]
 Grid = tuple[sint, int, int]  # blocks: a symbolic count is evaluated at launch
 _INDEX_OPS = frozenset({Ops.RANGE, Ops.CONST, Ops.SPECIAL, Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.NEG})
-
-
-def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
-    """Replace nodes of `root`'s graph by their entries in `mapping` (matched before their sources change)."""
-    if not mapping:
-        return root
-    return graph_rewrite(root, PatternMatcher([(UPat(name="x"), lambda x: mapping.get(x))]))
 
 
 def gpu_dims(ast: UOp, local_size: int = LOCAL_SIZE, tensor_cores: bool = False) -> tuple[UOp, Grid, Dims]:
@@ -292,11 +285,19 @@ def matmul_plan(ast: UOp, nodes: list[UOp], global_ranges: list[UOp], reduces: l
     if len(reduces) != 1 or len(stores) != 1 or any(isinstance(range_size(r), UOp) for r in nodes if r.op is Ops.RANGE):
         return None  # (tiles need constant trip counts)
     red = reduces[0]
-    value = _exact_product(red.src[0])
+    value, conditions = _masked(_exact_product(red.src[0]))
     if red.arg is not Ops.ADD or not red.dtype.is_float or value.op is not Ops.MUL or red.dtype.itemsize > 4:
         return None
     x, y = value.src
     x_ranges, y_ranges = set(x.toposort()), set(y.toposort())
+    if conditions is not None:  # the mask goes with the factor that varies with the same output loops
+        masked_ranges = {r for r in conditions.toposort() if r in global_ranges}
+        if masked_ranges <= x_ranges:
+            x = conditions.where(x, UOp.const(x.dtype, 0))
+        elif masked_ranges <= y_ranges:
+            y = conditions.where(y, UOp.const(y.dtype, 0))
+        else:
+            return None
     only_x = tuple(r for r in global_ranges if r in x_ranges and r not in y_ranges)
     only_y = tuple(r for r in global_ranges if r in y_ranges and r not in x_ranges)
     batch = tuple(r for r in global_ranges if r not in only_x and r not in only_y)
@@ -309,6 +310,17 @@ def matmul_plan(ast: UOp, nodes: list[UOp], global_ranges: list[UOp], reduces: l
     if contiguous in rows.ranges:
         rows, cols = cols, rows
     return MatmulPlan(stores[0], red, rows, cols, batch)
+
+
+def _masked(value: UOp) -> tuple[UOp, UOp | None]:
+    """where(c1, where(c2, v, 0), 0) -> (v, c1 & c2): a product inside a pad's mask (a convolution's input
+    gradient sums the taps inside the input). Its tiles hold where(c, x, 0) * y instead, as a padded convolution's
+    do: the same unless y is infinite or NaN where c is off."""
+    condition: UOp | None = None
+    while value.op is Ops.WHERE and value.src[2].op is Ops.CONST and value.src[2].arg == 0:
+        condition = value.src[0] if condition is None else condition.alu(Ops.AND, value.src[0])
+        value = value.src[1]
+    return value, condition
 
 
 def _exact_product(value: UOp) -> UOp:

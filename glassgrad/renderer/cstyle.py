@@ -362,19 +362,62 @@ def index_stride(index: UOp, loop: UOp) -> int | None:
 
 
 # gcc 12.2 vectorises an outer loop around a read that runs backwards wrongly (seen: the sum of a flipped 4x2 block
-# gave 38, not 28, at -O2). In a kernel with such a read its automatic loop vectoriser is off; the loops the renderer
-# marks `#pragma omp simd` are still vectorised.
+# gave 38, not 28, at -O2: the inner loop of two taps was unrolled, and the outer loop vectorised with a reversed group
+# of loads). A kernel in which some loop reads backwards and could become such an innermost loop (it has no SIMD
+# loop inside it) is compiled without gcc's loop vectoriser. That also stops `#pragma omp simd` loops from being
+# vectorised (gcc 12 vectorises them only with the vectoriser on), which is why it is not done for every kernel, nor
+# for one whose backward reads are all in loops around a SIMD loop (a convolution's input gradient reads its incoming
+# gradient at h - kh: 20x slower without vectors).
 _NO_AUTO_VECTORIZER = ('#if defined(__GNUC__) && !defined(__clang__)\n'
                        '__attribute__((optimize("no-tree-loop-vectorize")))\n#endif')
 
 
-def _reads_backwards(program: list[UOp]) -> bool:
-    """Whether some load's index goes down as one of the kernel's loops goes up (a flip)."""
-    loops = [u for u in program if u.op is Ops.RANGE]
-    return any((index_stride(u.src[1], r) or 0) < 0 for u in program if u.op is Ops.LOAD for r in loops)
+def _reads_backwards_unvectorised(program: list[UOp], simd: set[UOp]) -> bool:
+    """Whether some load's index goes down as a loop goes up (a flip) where that loop is a SIMD loop (in `simd`) or
+    has none inside it."""
+    for position, loop in enumerate(program):
+        if loop.op is not Ops.RANGE:
+            continue
+        body = program[position + 1:_loop_end(program, position)]
+        if (loop in simd or not any(u in simd for u in body)) and \
+                any((index_stride(u.src[1], loop) or 0) < 0 for u in body if u.op is Ops.LOAD):
+            return True
+    return False
+
+
+def _loop_end(program: list[UOp], position: int) -> int:
+    loop = program[position]
+    return next(i for i in range(position + 1, len(program)) if program[i].op is Ops.ENDRANGE and
+                program[i].src[0] is loop)
 
 
 _ORDERING = (Ops.BARRIER, Ops.ASYNC_COMMIT, Ops.ASYNC_WAIT)
+
+
+def _simd_accumulate(program: list[UOp], position: int) -> UOp | None:
+    """The sum or product accumulated in the loop opened at program[position], if the loop can be a SIMD reduction:
+    innermost, with only contiguous or loop-invariant loads (strided loads would become slow gathers)."""
+    loop = program[position]
+    for u in program[position + 1:]:
+        if u.op is Ops.RANGE:
+            return None  # not the innermost loop
+        if u.op is Ops.LOAD and index_stride(u.src[1], loop) not in (0, 1):
+            return None
+        if u.op is Ops.ACCUMULATE:
+            return u if u.arg in (Ops.ADD, Ops.MUL) else None
+    return None
+
+
+def _simd_loops(program: list[UOp]) -> set[UOp]:
+    """The loops the C renderer marks `#pragma omp simd`: independent upcast lanes, and SIMD reductions."""
+    out: set[UOp] = set()
+    for position, u in enumerate(program):
+        if u.op is not Ops.RANGE or u.arg[1] == "global":
+            continue
+        if _independent_lanes(program, position) if u.arg[1] in ("upcast", "unroll") else \
+                _simd_accumulate(program, position) is not None:
+            out.add(u)
+    return out
 
 
 def _cannot_wrap(u: UOp) -> bool:
@@ -440,17 +483,9 @@ class ClangRenderer(CStyleLanguage):
     def reduce_loop_pragma(self, program: list[UOp], position: int, names: dict[UOp, str]) -> str:
         """Innermost sum/product loops may be reordered (vectorised) by the compiler: OpenMP SIMD says so for this
         loop alone, instead of -ffast-math for the whole file (which would also break NaN and inf handling)."""
-        loop = program[position]
-        for u in program[position + 1:]:
-            if u.op is Ops.RANGE:
-                return ""  # not the innermost loop
-            if u.op is Ops.LOAD and index_stride(u.src[1], loop) not in (0, 1):
-                return ""  # strided loads would become slow gathers
-            if u.op is Ops.ACCUMULATE:
-                if u.arg not in (Ops.ADD, Ops.MUL):
-                    return ""
-                return f"#pragma omp simd reduction({'+' if u.arg is Ops.ADD else '*'}:{names[u.src[0]]})"
-        return ""
+        acc = _simd_accumulate(program, position)
+        return "" if acc is None else f"#pragma omp simd reduction({'+' if acc.arg is Ops.ADD else '*'}:" \
+            f"{names[acc.src[0]]})"
 
     # 64-byte rows: gcc 12 has been seen to use aligned vector moves on a row of an unaligned tile (a segfault)
     acc_row_align = 16
@@ -482,7 +517,7 @@ class ClangRenderer(CStyleLanguage):
 
     def render(self, name: str, program: list[UOp]) -> str:
         source = super().render(name, program)
-        if not _reads_backwards(program):
+        if not _reads_backwards_unvectorised(program, _simd_loops(program)):
             return source
         return source.replace(f"void {name}(", f"{_NO_AUTO_VECTORIZER}\nvoid {name}(", 1)
 

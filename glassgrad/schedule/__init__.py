@@ -39,6 +39,7 @@ from glassgrad.engine.memory import SchedulePlan
 from glassgrad.helpers import SCACHE, prod
 from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, structure_key
 from glassgrad.schedule.indexing import KernelBuilder
+from glassgrad.schedule.rewrite import merge_nested_reduce, rebuild
 from glassgrad.uop.ops import GroupOp, Ops, UOp, sint
 from glassgrad.uop.sint import max_size, sint_prod
 from glassgrad.uop.symbolic import simplify
@@ -285,9 +286,10 @@ def _schedule_graph(outs: list[UOp], originals: list[UOp], sink: UOp, nodes: lis
 
     A reshape keeps row-major order, so an output that is a reshape of some node costs no kernel of its own: the
     node under the reshapes is materialised (unless it already is) and the output becomes a view of its buffer."""
-    if any(_should_split(n) for n in nodes):
-        sink = _split_reduces(nodes)
-        nodes = sink.toposort(stop=_materialised)
+    for rule in (merge_nested_reduce, _split_rule):  # graph rewrites (schedule/rewrite.py)
+        if (rewritten := rebuild(nodes, rule, _materialised)) is not None:
+            sink = rewritten
+            nodes = sink.toposort(stop=_materialised)
     targets = list(sink.src)
     roots = _choose_roots(targets, nodes)
     views: dict[UOp, UOp] = {}
@@ -391,17 +393,9 @@ def _split_reduce(u: UOp) -> UOp:
     return partial.reduce_axis(op, (len(keep),)).reshape(u.shape)
 
 
-def _split_reduces(nodes: list[UOp]) -> UOp:
-    """Rebuild the unmaterialised graph bottom-up with long, few-output reductions split (materialised nodes and
-    everything under them stay as they are, so they are still found in REALIZED)."""
-    new: dict[UOp, UOp] = {}
-    for n in nodes:
-        if _materialised(n):
-            new[n] = n
-            continue
-        rebuilt = n.replace(src=tuple(new[s] for s in n.src)) if n.src else n
-        new[n] = _split_reduce(rebuilt) if _should_split(rebuilt) else rebuilt
-    return new[nodes[-1]]
+def _split_rule(u: UOp, uses: dict[UOp, int]) -> UOp | None:
+    """Split a long, few-output reduction in two stages (see `_should_split`)."""
+    return _split_reduce(u) if _should_split(u) else None
 
 
 def _kernel_item(node: UOp, out: Buffer, version: int, view_of: Callable[[UOp], UOp | None]) -> ScheduleItem:

@@ -28,7 +28,9 @@ from glassgrad.device import Buffer
 from glassgrad.dtype import DType, dtypes
 from glassgrad.helpers import prod
 from glassgrad.uop.ops import GroupOp, Ops, UOp
+from glassgrad.uop.pattern import substitute
 from glassgrad.uop.sint import max_size, sint, unbind
+from glassgrad.uop.symbolic import simplify
 
 Index = tuple[UOp, ...]
 Request = tuple[UOp, Index, "UOp | None"]  # (node, index, gate): "the value of node at index"
@@ -174,7 +176,20 @@ class KernelBuilder:
         # every buffer stays a kernel parameter, even one whose loads all simplify away (e.g. all padding); so does
         # every Variable, even one left only in the launch size (a GPU grid), so the parameters are always the same
         variables = (self._variables[name] for name in sorted(self._variables))
-        return UOp(Ops.SINK, dtypes.void, (store, *self._globals.values(), *variables))
+        return self._ungate(UOp(Ops.SINK, dtypes.void, (store, *self._globals.values(), *variables)))
+
+    def _ungate(self, ast: UOp) -> UOp:
+        """Drop the gates of loads that stay inside their buffer anyway. A gate (a pad's) only keeps a load from
+        reading outside its buffer: the pad's WHERE discards the value where the gate is off. An ungated load is
+        cheaper, and one that does not depend on the inner loop is hoisted out of it (a convolution's weights in its
+        input gradient). The gates are first used to simplify the indices (symbolic.py's `_gated_divmod`)."""
+        if not any(u.op is Ops.LOAD and len(u.src) == 3 for u in ast.toposort()):
+            return ast
+        ast = simplify(ast)
+        sizes = {g: buf.size for g, buf in zip(self._globals.values(), self.buffers)}
+        changes = {u: u.replace(src=u.src[:2]) for u in ast.toposort() if u.op is Ops.LOAD and len(u.src) == 3 and
+                   isinstance(idx_max := u.src[1].vmax, int) and 0 <= u.src[1].vmin and idx_max < sizes[u.src[0]]}
+        return substitute(ast, changes) if changes else ast
 
     def _largest(self, node: UOp) -> int:
         """The largest element count any index in this kernel can reach."""

@@ -138,3 +138,11 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None) -> UOp:
 def _finish(node: UOp, result: UOp, done: dict[UOp, UOp], in_progress: set[UOp]) -> None:
     done[node] = result
     in_progress.discard(node)
+
+
+def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+    """Replace nodes of `root`'s graph by their entries in `mapping`, bottom-up: a node is looked up once its sources
+    are rewritten (so keys should be nodes whose sources no other key replaces), and a replacement is rewritten too."""
+    if not mapping:
+        return root
+    return graph_rewrite(root, PatternMatcher([(UPat(name="x"), lambda x: mapping.get(x))]))

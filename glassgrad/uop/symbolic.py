@@ -28,7 +28,7 @@ import numpy as np
 
 from glassgrad.dtype import DType, dtypes
 from glassgrad.uop.ops import ConstType, GroupOp, Ops, UOp, as_dtype, dtype_bounds
-from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite, substitute
 
 
 def _c_div(a: int, b: int) -> int:
@@ -261,6 +261,90 @@ def _divmod_common_factor(terms: Terms, d: int, dtype: DType, op: Ops) -> UOp | 
     return reduced // small if op is Ops.IDIV else (reduced % small) * UOp.const(dtype, g)
 
 
+def _near_quotient(x: UOp, d: int) -> tuple[UOp, UOp] | None:
+    """x = d*q + r with every coefficient's remainder taken nearest to 0 (24*k + p = 25*k + (p - k)), or None
+    when no remainder changes sign. (q, r) as sums; r's value range is what the rules below need."""
+    quotient: Terms = []
+    rest: Terms = []
+    signed = False
+    for base, coef in _merge_terms(_terms(x)):
+        q = (coef + d // 2) // d if base is not None else coef // d
+        quotient.append((base, q))
+        if coef - q * d:
+            rest.append((base, coef - q * d))
+        signed |= base is not None and coef - q * d < 0
+    if not signed:
+        return None
+    return _build_sum(quotient, x.dtype), _build_sum(rest, x.dtype)
+
+
+def _wrapped_remainder(x: UOp, d: int) -> tuple[UOp, UOp] | None:
+    """For x >= 0: (q, r) with x == d*q + r and -d <= r < d, where r is not known to be >= 0; then x % d is r or
+    r + d, and x // d is q or q - 1, as r is >= 0 or not."""
+    if d <= 1 or not _exact_nonneg(x):
+        return None
+    split = _near_quotient(x, d)
+    if split is None:
+        return None
+    q, r = split
+    return (q, r) if -d <= r.vmin and r.vmax < d else None
+
+
+def _mod_bound(m: UOp, c: UOp) -> UOp | None:
+    """x % d < c -> -1 < r and r < c, with x = d*q + r (see `_wrapped_remainder`), when every negative r (a
+    remainder of r + d >= c) fails the bound. This is how a gate reading a padded, reshaped gradient (a
+    convolution's, seen through its sliding windows) becomes a plain bound on the input position."""
+    x, d = m.src
+    if not isinstance(d.arg, int) or not isinstance(c.arg, int) or not 0 < c.arg <= d.arg:
+        return None
+    split = _wrapped_remainder(x, d.arg)
+    if split is None or split[1].vmin + d.arg < c.arg:
+        return None
+    r = split[1]
+    return (UOp.const(r.dtype, -1) < r).alu(Ops.AND, r < c)
+
+
+def _gate_bounds(gate: UOp) -> dict[UOp, tuple[int, int]]:
+    """{expression: (lowest, highest)} that the conjunction `gate` implies, from its `c < x` and `x < c` terms."""
+    bounds: dict[UOp, tuple[int, int]] = {}
+    stack = [gate]
+    while stack:
+        g = stack.pop()
+        if g.op is Ops.AND:
+            stack.extend(g.src)
+        elif g.op is Ops.CMPLT and g.src[0].dtype.is_int:
+            a, b = g.src
+            if a.op is Ops.CONST and b.op is not Ops.CONST:
+                lo, hi = bounds.get(b, (int(b.vmin), int(b.vmax)))
+                bounds[b] = (max(lo, a.arg + 1), hi)
+            elif b.op is Ops.CONST and a.op is not Ops.CONST:
+                lo, hi = bounds.get(a, (int(a.vmin), int(a.vmax)))
+                bounds[a] = (lo, min(hi, b.arg - 1))
+    return bounds
+
+
+def _gated_divmod(buf: UOp, idx: UOp, gate: UOp, x: UOp) -> UOp | None:
+    """In a gated load's index, x % d -> r and x // d -> q where the gate implies 0 <= r < d (x = d*q + r): the
+    load only happens then. The index of a convolution's gradient read through its windows becomes h - kh."""
+    if not any(u.op in (Ops.MOD, Ops.IDIV) for u in idx.toposort()):
+        return None
+    bounds = _gate_bounds(gate)
+    changes: dict[UOp, UOp] = {}
+    for u in idx.toposort():
+        if u.op not in (Ops.MOD, Ops.IDIV) or u.src[1].op is not Ops.CONST or not isinstance(u.src[1].arg, int):
+            continue
+        split = _wrapped_remainder(u.src[0], u.src[1].arg)
+        if split is None:
+            continue
+        q, r = split
+        lo, hi = bounds.get(simplify(r), (r.vmin, r.vmax))
+        if 0 <= lo and hi < u.src[1].arg:
+            changes[u] = r if u.op is Ops.MOD else q
+    if not changes:
+        return None
+    return x.replace(src=(buf, substitute(idx, changes), gate))
+
+
 def _positive_int(u: UOp) -> bool:
     return isinstance(u.arg, int) and not isinstance(u.arg, bool) and u.arg > 0
 
@@ -331,6 +415,8 @@ symbolic = PatternMatcher([
     (UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: _fold_divmod(x, c, Ops.MOD)),
     (UPat(Ops.IDIV, src=(UPat(Ops.IDIV, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b"))), _nested_div),
     (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b"))), _nested_mod),
+    (UPat(Ops.CMPLT, src=(UPat(Ops.MOD, name="m"), UPat.cvar("c"))), _mod_bound),
+    (UPat(Ops.LOAD, src=(UPat.var("buf"), UPat.var("idx"), UPat.var("gate")), name="x"), _gated_divmod),
     (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b"))),
      lambda x, a, b: x * UOp.const(x.dtype, a.arg * b.arg) if _is_int(x) else None),
     (UPat(Ops.MAX, src=(UPat(Ops.MAX, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b"))),
