@@ -24,8 +24,16 @@ from glassgrad import Context, GlobalCounters, Tensor, dtypes, kernels
 from glassgrad.codegen import ProgramSpec, get_program
 from glassgrad.helpers import prod
 from glassgrad.kernels import renderer_for
-from glassgrad.schedule import (REALIZED, ROW_FUSE_MAX, SPLIT_MAX_OUTPUTS, SPLIT_MIN_REDUCE, ScheduleItem,
-                                create_schedule, is_buffer_view)
+from glassgrad.schedule import (
+    REALIZED,
+    ROW_FUSE_MAX,
+    SPLIT_MAX_OUTPUTS,
+    SPLIT_MIN_REDUCE,
+    ScheduleItem,
+    create_schedule,
+    is_buffer_view,
+)
+from glassgrad.schedule.rewrite import MERGE_MAX_OUTER
 from glassgrad.uop.ops import Ops, UOp
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -878,9 +886,18 @@ def test_nested_reductions_through_views_are_one_kernel(data: st.DataObject, op:
     out = Node(getattr(node.t, op)(outer), reduce_fn(node.ref, outer))
     merged_length = node.ref.size * prod(x.ref.shape[a] for a in axes) // max(1, out.ref.size)
     long_few = merged_length >= SPLIT_MIN_REDUCE and out.ref.size <= SPLIT_MAX_OUTPUTS  # split in two stages
-    assert count_kernels(out.t) == (2 if long_few else 1)
+    merged = prod(node.ref.shape[a] for a in outer) <= MERGE_MAX_OUTER
+    assert count_kernels(out.t) == (2 if long_few or not merged else 1)
     assert_loads_in_bounds(out.t)
     assert_matches(out)
+
+
+def test_a_long_outer_reduction_of_a_matmul_is_not_merged() -> None:
+    """Summing a matmul's 64 rows merged into it would re-read b for every row: the matmul stays a kernel."""
+    a, b = ints(64, 48, seed=1), ints(48, 40, seed=2)
+    out = (Tensor(a) @ Tensor(b)).sum(0)
+    assert [k.name for k in kernels(out)] == ["r_64_40_48", "r_40_64"]
+    np.testing.assert_array_equal(out.numpy(), (a @ b).sum(0))
 
 
 def test_nested_reduction_read_twice_keeps_its_buffer() -> None:

@@ -13,6 +13,11 @@ of the inner result feeds at most one element of the outer one, so the merged re
 one kernel and without the inner result in memory. A pad of the inner result adds elements equal to 0; padded
 inside, they are reductions of zeros, which are 0 for ADD and MAX alike.
 
+Only a short outer reduction is merged (at most `MERGE_MAX_OUTER` elements summed per output: a window's taps).
+The merged reduction has the inner one's outputs divided by the outer length, so a long outer reduction would turn
+a well-shaped kernel into a long reduction into few outputs: `(a @ b).sum(0)` would re-read `b` once per row of `a`
+(measured 12x slower on the CPU than the tiled matmul followed by a sum of its rows).
+
 This is a convolution's input gradient: the gradient of its sliding windows, (N, Cin, OH, OW, KH, KW) summed over
 the output channels, is folded back onto the input by summing the windows' overlapping elements (the gradient of
 the windows' EXPAND, seen through reshapes and pads). Merged, each input element sums over (kh, kw, cout) directly:
@@ -22,10 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from glassgrad.helpers import prod
 from glassgrad.uop.ops import Ops, UOp
 
 INJECTIVE = (Ops.RESHAPE, Ops.PAD, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP)  # movement ops that never repeat an element
 MERGEABLE = (Ops.ADD, Ops.MAX)  # reductions whose value over padding zeros is the padding's value, 0
+MERGE_MAX_OUTER = 32  # the longest outer reduction merged into the inner one (a convolution's taps along one axis)
 
 
 def rebuild(nodes: list[UOp], rule: Callable[[UOp, dict[UOp, int]], UOp | None],
@@ -62,6 +69,9 @@ def merge_nested_reduce(u: UOp, uses: dict[UOp, int]) -> UOp | None:
     The inner reduction and the ops between the two must have this one reader: a second reader would need the
     inner result anyway (and merging would compute it twice)."""
     if u.op is not Ops.REDUCE_AXIS or u.arg[0] not in MERGEABLE:
+        return None
+    outer_length = prod(u.src[0].shape[a] for a in u.arg[1])
+    if not isinstance(outer_length, int) or outer_length > MERGE_MAX_OUTER:
         return None
     chain: list[UOp] = []
     inner = u.src[0]
