@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from test_schedule import check_access
 
 from glassgrad import Tensor
 from glassgrad.codegen import get_program, optimize_ast
@@ -15,7 +16,7 @@ from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
 from glassgrad.codegen.opt import kernel as kernel_module
 from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
 from glassgrad.codegen.opt.kernel import Kernel
-from glassgrad.codegen.opt.search import actions, random_inputs, run_program
+from glassgrad.codegen.opt.search import actions, buffer_sizes, random_inputs, run_program
 from glassgrad.device import Device
 from glassgrad.dtype import dtypes
 from glassgrad.kernels import _retarget, renderer_for
@@ -101,6 +102,43 @@ def test_group_launch() -> None:
     assert [u.arg for u in spec.uops if u.op is Ops.GROUP_REDUCE] == [(Ops.ADD, 256)]
     assert "for (int ridx1 = 0; ridx1 < 3; ridx1++)" in spec.source  # 768 / 256 elements per thread
     assert "if ((lidx0 == 0)) data0[bidx0] = red0;" in spec.source
+
+
+def test_flat_shape_with_upcast_names_loops_apart() -> None:
+    """An UPCAST without LOCAL on a large elementwise kernel takes gpudims' flat shape, whose 4-elements-per-thread
+    loop needs an id no other loop has (it once reused the upcast loop's: `ridx1` inside `ridx1`, read out of
+    bounds on the H100 during a BEAM search)."""
+    spec = get_program(cuda_ast(E(64 * 1024 * 1024) * 2), CUDA, [Opt(U, 0, 32)])
+    loops = [u.arg[0] for u in spec.uops if u.op is Ops.RANGE]
+    assert len(loops) == 2 and len(set(loops)) == 2
+
+
+@pytest.mark.parametrize("make", [lambda: E(1 << 22) * 2, lambda: E(512, 1024).sum(axis=1),
+                                  lambda: E(32, 64).softmax(-1)], ids=["large elementwise", "row sums", "softmax"])
+def test_every_action_stays_in_bounds(make: Callable[[], Tensor]) -> None:
+    """Every legal single action BEAM would try on a GPU: each load and store of the rendered kernel stays inside its
+    buffer for every thread and loop iteration, and no loop is opened inside a loop of the same name."""
+    ast = cuda_ast(make())
+    sizes = buffer_sizes(ast)
+    k = Kernel(ast, CUDA)
+    tried = 0
+    for action in actions(k):
+        try:
+            k.copy().apply_opt(action)
+        except KernelOptError:
+            continue
+        spec = get_program(ast, CUDA, [action])
+        open_loops: list[int] = []
+        for u in spec.uops:
+            if u.op is Ops.RANGE:
+                assert u.arg[0] not in open_loops, f"{action}: loop {u.arg[0]} opened inside itself"
+                open_loops.append(u.arg[0])
+            elif u.op is Ops.ENDRANGE:
+                open_loops.pop()
+            elif u.op in (Ops.LOAD, Ops.STORE) and u.src[0].op is Ops.DEFINE_GLOBAL:
+                check_access(u, sizes[u.src[0].arg][1], f"{spec.name} with {action}")
+        tried += 1
+    assert tried >= 8
 
 
 # ---------------------------------------------------------------------------------------------- heuristic, BEAM

@@ -205,7 +205,7 @@ def _flat(ast: UOp, global_ranges: list[UOp], local_size: int) -> tuple[UOp, Gri
         # each thread handles several elements, a block apart (still coalesced): more loads in flight per thread
         bidx = UOp(Ops.SPECIAL, dt, (), ("bidx", total // per_block, 1))
         lidx = UOp(Ops.SPECIAL, dt, (), ("lidx", local, local))
-        next_id = max((r.arg[0] for r in global_ranges), default=-1) + 1
+        next_id = max((r.arg[0] for r in ast.toposort() if r.op is Ops.RANGE), default=-1) + 1  # (upcast ones too)
         unroll = UOp(Ops.RANGE, dt, (UOp.const(dt, ELEMENTS_PER_THREAD),), (next_id, "global"))
         gidx = bidx * UOp.const(dt, per_block) + unroll * UOp.const(dt, local) + lidx
         grid = total // per_block
