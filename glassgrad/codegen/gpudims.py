@@ -124,8 +124,9 @@ def _from_opts(ast: UOp, local_order: tuple[UOp, ...]) -> tuple[UOp, Grid, Dims]
     if groups:
         ast = _group_loop(ast, groups[0], lidx)
         first_thread = lidx.eq(UOp.const(dt, 0))  # every thread has the result; thread 0 writes it
-        ast = ast.replace(src=tuple(s.replace(src=(*s.src[:3], first_thread)) if s.op is Ops.STORE else s
-                                    for s in ast.src))
+        ast = ast.replace(src=tuple(s.replace(src=(*s.src[:3], _both(s.src[3] if len(s.src) == 4 else None,
+                                                                     first_thread)))
+                                    if s.op is Ops.STORE else s for s in ast.src))
     mapping = {**dict(zip(global_ranges, unflatten_index(bidx, _sizes(global_ranges), dt))),
                **dict(zip(threads, unflatten_index(lidx, sizes, dt)))}
     return simplify(substitute(ast, mapping)), (blocks, 1, 1), (prod(sizes), 1, 1)
