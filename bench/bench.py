@@ -246,23 +246,28 @@ def gpu_rows(device: str, repeat: int, only: str = "") -> list[tuple[str, str, f
                      gpu_kernel_time(lambda: gi.conv2d(gw, padding=1).realize(), repeat),
                      torch_gpu_time(lambda: torch.nn.functional.conv2d(ti, tw, padding=1), repeat)))
     m = 64 * 1024 * 1024
+    # each row is timed only when asked for (with BEAM=n, every kernel that runs is searched)
     if want("(a*b+c).relu() 64M") or want("a*2 64M"):
         (gx, tx), (gy, ty), (gz, tz) = pair(m), pair(m), pair(m)
-        rows.append(("(a*b+c).relu() 64M", "GB/s", 4 * m * 4 / 1e9,
-                     gpu_kernel_time(lambda: (gx * gy + gz).relu().realize(), repeat),
-                     torch_gpu_time(lambda: (tx * ty + tz).relu(), repeat)))
-        rows.append(("a*2 64M", "GB/s", 2 * m * 4 / 1e9, gpu_kernel_time(lambda: (gx * 2).realize(), repeat),
-                     torch_gpu_time(lambda: tx * 2, repeat)))
+        if want("(a*b+c).relu() 64M"):
+            rows.append(("(a*b+c).relu() 64M", "GB/s", 4 * m * 4 / 1e9,
+                         gpu_kernel_time(lambda: (gx * gy + gz).relu().realize(), repeat),
+                         torch_gpu_time(lambda: (tx * ty + tz).relu(), repeat)))
+        if want("a*2 64M"):
+            rows.append(("a*2 64M", "GB/s", 2 * m * 4 / 1e9, gpu_kernel_time(lambda: (gx * 2).realize(), repeat),
+                         torch_gpu_time(lambda: tx * 2, repeat)))
         rows.append(("(torch d2d copy 64M)", "GB/s", 2 * m * 4 / 1e9, float("nan"),
                      torch_gpu_time(lambda: ty.copy_(tx), repeat)))
     if want("sum(axis=1) 8192^2") or want("softmax 8192^2"):
         gs, ts = pair(8192, 8192)
-        rows.append(("sum(axis=1) 8192^2", "GB/s", 8192 * 8192 * 4 / 1e9,
-                     gpu_kernel_time(lambda: gs.sum(axis=1).realize(), repeat),
-                     torch_gpu_time(lambda: ts.sum(dim=1), repeat)))
-        rows.append(("softmax 8192^2", "GB/s", 2 * 8192 * 8192 * 4 / 1e9,
-                     gpu_kernel_time(lambda: gs.softmax(-1).realize(), repeat),
-                     torch_gpu_time(lambda: torch.softmax(ts, dim=-1), repeat)))
+        if want("sum(axis=1) 8192^2"):
+            rows.append(("sum(axis=1) 8192^2", "GB/s", 8192 * 8192 * 4 / 1e9,
+                         gpu_kernel_time(lambda: gs.sum(axis=1).realize(), repeat),
+                         torch_gpu_time(lambda: ts.sum(dim=1), repeat)))
+        if want("softmax 8192^2"):
+            rows.append(("softmax 8192^2", "GB/s", 2 * 8192 * 8192 * 4 / 1e9,
+                         gpu_kernel_time(lambda: gs.softmax(-1).realize(), repeat),
+                         torch_gpu_time(lambda: torch.softmax(ts, dim=-1), repeat)))
     if want("MNIST train step b512"):
         gg_step, torch_step = mnist_step_fns(512, device)
         assert torch_step is not None

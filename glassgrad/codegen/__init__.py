@@ -74,7 +74,7 @@ def get_program(ast: UOp, renderer: CStyleLanguage, opts: list[Opt] | None = Non
     local_size: tuple[int, ...] | None = None
     global_size: tuple[sint, ...]
     if renderer.has_local:  # GPUs: loops become threads and work-groups
-        ast, global_size, local_size = gpu_dims(ast, tensor_cores=renderer.tensor_cores)
+        ast, global_size, local_size = gpu_dims(ast, kernel.local_order, tensor_cores=renderer.tensor_cores)
     else:  # CPUs: the outermost loop is split across threads by the runtime
         global_ranges = sorted((r for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "global"),
                                key=lambda r: r.arg[0])

@@ -1,7 +1,13 @@
 """GPU launch dimensions: a kernel's loops become threads and work-groups.
 
-In: a simplified kernel AST (global RANGEs over the output, REDUCEs over reduce RANGEs). Out: the AST rewritten
-for a GPU, the grid size (in blocks) and the block size (in threads). Four shapes of kernel:
+In: a simplified kernel AST (global RANGEs over the output, REDUCEs over reduce RANGEs), after the kernel's opts.
+Out: the AST rewritten for a GPU, the grid size (in blocks) and the block size (in threads).
+
+A kernel with `local` or `group` loops (`Opt(LOCAL)`, `Opt(GROUP)`, from the GPU heuristic or BEAM) takes the
+shape they spell (`_from_opts`): one work-group per combination of the remaining global loops, its threads the
+local loops (flattened in loop order) or the group loop, whose REDUCEs become a per-thread share plus a
+GROUP_REDUCE. The heuristic writes the *flat* and *grouped* shapes below as such opts where their sizes divide.
+Without such loops gpudims picks one of four shapes itself (`automatic_shape`):
 
 * **flat**: one thread per output element. The global loops are flattened into one id
   `gidx = blockIdx.x * L + threadIdx.x` (a SPECIAL node whose value range is 0..total-1: the kernel returns early
@@ -56,23 +62,86 @@ Grid = tuple[sint, int, int]  # blocks: a symbolic count is evaluated at launch
 _INDEX_OPS = frozenset({Ops.RANGE, Ops.CONST, Ops.SPECIAL, Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.NEG})
 
 
-def gpu_dims(ast: UOp, local_size: int = LOCAL_SIZE, tensor_cores: bool = False) -> tuple[UOp, Grid, Dims]:
-    """`tensor_cores`: the target has mma.sync (half/bfloat16 matmuls with whole tiles use them)."""
-    ast, global_size, local = _launch_shape(ast, local_size, tensor_cores)
+def gpu_dims(ast: UOp, local_order: tuple[UOp, ...] = (), local_size: int = LOCAL_SIZE,
+             tensor_cores: bool = False) -> tuple[UOp, Grid, Dims]:
+    """`local_order`: the kernel's local ranges (from `Opt(LOCAL)`), outermost first. `tensor_cores`: the target
+    has mma.sync (half/bfloat16 matmuls with whole tiles use them)."""
+    if any(u.op is Ops.RANGE and u.arg[1] in ("local", "group") for u in ast.toposort()):
+        ast, global_size, local = _from_opts(ast, local_order)
+    else:
+        ast, global_size, local = _launch_shape(ast, local_size, tensor_cores)
     return narrow_indices(ast), global_size, local
+
+
+def automatic_shape(ast: UOp) -> str:
+    """The launch shape `gpu_dims` picks for a kernel without LOCAL/GROUP opts: "tiled", "rows", "grouped" or
+    "flat" (the GPU heuristic turns the last two into opts where they fit). A kernel with a register tile (UPCAST,
+    UNROLL) is flat: the other shapes rebuild the loops of its reductions and outputs without it."""
+    nodes = ast.toposort()
+    if any(u.op is Ops.RANGE and u.arg[1] in ("upcast", "unroll") for u in nodes):
+        return "flat"
+    global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
+    reduces = [u for u in nodes if u.op is Ops.REDUCE]
+    if matmul_plan(ast, nodes, global_ranges, reduces) is not None:
+        return "tiled"
+    if reduces and _row_split(global_ranges, reduces) is not None:
+        return "rows"
+    if reduces and _should_group(nodes, global_ranges, reduces):
+        return "grouped"
+    return "flat"
 
 
 def _launch_shape(ast: UOp, local_size: int, tensor_cores: bool) -> tuple[UOp, Grid, Dims]:
     nodes = ast.toposort()
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
     reduces = [u for u in nodes if u.op is Ops.REDUCE]
-    if (plan := matmul_plan(ast, nodes, global_ranges, reduces)) is not None:
-        return _tiled(ast, plan, tensor_cores)
-    if reduces and (rows := _row_split(global_ranges, reduces)) is not None:
-        return _rows(ast, nodes, rows, reduces, local_size)
-    if reduces and _should_group(nodes, global_ranges, reduces):
+    shape = automatic_shape(ast)
+    if shape == "tiled":
+        return _tiled(ast, cast(MatmulPlan, matmul_plan(ast, nodes, global_ranges, reduces)), tensor_cores)
+    if shape == "rows":
+        return _rows(ast, nodes, cast(tuple[list[UOp], list[UOp]], _row_split(global_ranges, reduces)), reduces,
+                     local_size)
+    if shape == "grouped":
         return _grouped(ast, nodes, global_ranges, reduces, local_size)
     return _flat(ast, global_ranges, local_size)
+
+
+def _from_opts(ast: UOp, local_order: tuple[UOp, ...]) -> tuple[UOp, Grid, Dims]:
+    """The launch shape the opts chose: one work-group per combination of the global loops (`bidx`, their flattened
+    index), its threads (`lidx`) the local loops (`Opt(LOCAL)`, flattened in `local_order`) or one group loop
+    (`Opt(GROUP)`). A REDUCE over a group loop becomes the thread's share (the other loops, strided by the group
+    size) combined by a GROUP_REDUCE; thread 0 then stores. The split sizes divide exactly: no ids past the end."""
+    nodes = ast.toposort()
+    global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
+    groups = [u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "group"]
+    assert set(local_order) == {u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "local"}, "local_order"
+    assert len(groups) <= 1 and not (groups and local_order), "one GROUP per kernel, without LOCAL (Kernel checks)"
+    threads = tuple(local_order) + tuple(groups)
+    blocks, sizes = _total(_sizes(global_ranges)), cast(tuple[int, ...], _sizes(threads))
+    dt = _index_dtype(global_ranges or list(threads))
+    bidx = UOp(Ops.SPECIAL, dt, (), ("bidx", sint_max(blocks), 1))  # a symbolic count: the grid is evaluated
+    lidx = UOp(Ops.SPECIAL, dt, (), ("lidx", prod(sizes), prod(sizes)))
+    if groups:
+        ast = _group_loop(ast, groups[0], lidx)
+        first_thread = lidx.eq(UOp.const(dt, 0))  # every thread has the result; thread 0 writes it
+        ast = ast.replace(src=tuple(s.replace(src=(*s.src[:3], _both(s.src[3] if len(s.src) == 4 else None,
+                                                                     first_thread)))
+                                    if s.op is Ops.STORE else s for s in ast.src))
+    mapping = {**dict(zip(global_ranges, unflatten_index(bidx, _sizes(global_ranges), dt))),
+               **dict(zip(threads, unflatten_index(lidx, sizes, dt)))}
+    return simplify(substitute(ast, mapping)), (blocks, 1, 1), (prod(sizes), 1, 1)
+
+
+def _group_loop(ast: UOp, group: UOp, lidx: UOp) -> UOp:
+    """Every REDUCE over the `group` loop -> GROUP_REDUCE(this thread's REDUCE over its other loops, lidx); inner
+    ones first (a reduction may read another)."""
+    done: dict[UOp, UOp] = {}
+    for red in (u for u in ast.toposort() if u.op is Ops.REDUCE and group in u.src[1:]):
+        current = substitute(red, done)
+        rest = tuple(r for r in current.src[1:] if r is not group)
+        partial = current.replace(src=(current.src[0], *rest)) if rest else current.src[0]
+        done[current] = UOp(Ops.GROUP_REDUCE, red.dtype, (partial, group), (red.arg, group.src[0].arg))
+    return substitute(ast, done)
 
 
 def narrow_indices(ast: UOp) -> UOp:
@@ -137,7 +206,7 @@ def _flat(ast: UOp, global_ranges: list[UOp], local_size: int) -> tuple[UOp, Gri
         # each thread handles several elements, a block apart (still coalesced): more loads in flight per thread
         bidx = UOp(Ops.SPECIAL, dt, (), ("bidx", total // per_block, 1))
         lidx = UOp(Ops.SPECIAL, dt, (), ("lidx", local, local))
-        next_id = max((r.arg[0] for r in global_ranges), default=-1) + 1
+        next_id = max((r.arg[0] for r in ast.toposort() if r.op is Ops.RANGE), default=-1) + 1  # (upcast ones too)
         unroll = UOp(Ops.RANGE, dt, (UOp.const(dt, ELEMENTS_PER_THREAD),), (next_id, "global"))
         gidx = bidx * UOp.const(dt, per_block) + unroll * UOp.const(dt, local) + lidx
         grid = total // per_block

@@ -6,9 +6,9 @@ inside the reductions (the upcast ranges). The kernel's *axes* are its RANGE nod
 | kind     | what the loop is                                                                 |
 |----------|----------------------------------------------------------------------------------|
 | global   | an output loop: the outermost is split across CPU threads; GPU threads on GPUs   |
-| local    | GPU work-group threads (chosen by `codegen/gpudims.py` today)                    |
+| local    | GPU work-group threads along an output loop (`LOCAL`)                            |
 | reduce   | a reduction loop: an accumulator is carried across it                            |
-| group    | a reduction shared by a GPU work-group (chosen by `codegen/gpudims.py` today)    |
+| group    | GPU threads sharing a reduction, combined in shared memory (`GROUP`)             |
 | unroll   | the inner part of a split reduction loop: a lane of the register tile with its   |
 |          | own accumulator (independent chains, SIMD), the lanes combined after the loop    |
 | upcast   | the inner part of a split output loop, placed *inside* the reduction loops: a    |
@@ -27,8 +27,8 @@ from enum import Enum
 class OptOps(Enum):
     UPCAST = "upcast"   # split an output axis; its inner part becomes a register tile inside the reductions
     UNROLL = "unroll"   # split a reduce axis; its inner part becomes accumulator lanes, combined at the end
-    LOCAL = "local"     # GPU only: an output axis to work-group threads
-    GROUP = "group"     # GPU only: a reduce axis shared by a work-group
+    LOCAL = "local"     # GPU only: split an output axis; its inner part becomes threads of a work-group
+    GROUP = "group"     # GPU only: split a reduce axis; its inner part becomes threads that combine their shares
     SWAP = "swap"       # exchange the loop order of two output axes (`amount` is the other axis)
 
 

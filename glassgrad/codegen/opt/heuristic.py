@@ -10,12 +10,18 @@ In: a `Kernel`. Out: a list of `Opt`s (`NOOPT=1` skips this: no opts at all). Fo
    accumulators (8 AVX-512 registers), 8 multiply-adds per loaded vector of b instead of one.
 
 A max over a contiguous row gets 16 accumulator lanes (`UNROLL`), one SIMD register; sums and products are vectorised
-by the renderer (`omp simd reduction`). Elementwise kernels vectorise as they are. GPU kernels get no opts here:
-`codegen/gpudims.py` shapes them.
+by the renderer (`omp simd reduction`). Elementwise kernels vectorise as they are.
+
+GPU kernels (`gpu_launch_opts`): the *flat* and *grouped* launch shapes of `codegen/gpudims.py`, written as opts where
+their sizes divide exactly: `LOCAL`s of the innermost output axes making 256 threads (and an `UPCAST` of 4 for large
+elementwise kernels: 4 elements per thread, a block apart), or a `GROUP` of 256 threads on the innermost reduce axis.
+Other GPU kernels (tiled matmuls, one-group-per-row kernels, and sizes no split divides) get no opts: gpudims
+chooses their shape.
 """
 from __future__ import annotations
 
-from glassgrad.codegen.opt import Opt, OptOps
+from glassgrad.codegen.gpudims import ELEMENTS_PER_THREAD, LOCAL_SIZE, MANY_ELEMENTS, automatic_shape
+from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
 from glassgrad.codegen.opt.kernel import Kernel
 from glassgrad.helpers import prod
 from glassgrad.uop.ops import Ops
@@ -30,7 +36,9 @@ MIN_REDUCE = 4               # a register tile pays only for reductions of at le
 
 
 def hand_coded_optimizations(k: Kernel) -> list[Opt]:
-    if k.renderer.has_local or not k.has_reduce:
+    if k.renderer.has_local:
+        return gpu_launch_opts(k)
+    if not k.has_reduce:
         return []
     k = k.copy()
     opts: list[Opt] = []
@@ -100,3 +108,60 @@ def _blocking_axis(k: Kernel, vector: int) -> int | None:
         if shared > best_shared and any(s not in (0, None) for s in strides):
             best, best_shared = axis, shared
     return best
+
+
+# ---------------------------------------------------------------------------------------------- GPU launch shapes
+
+def gpu_launch_opts(k: Kernel) -> list[Opt]:
+    """The launch shape gpudims would pick without opts, as LOCAL/GROUP opts when they give the same kernel."""
+    if any(k.size(axis) is None for axis in range(len(k.axes))):
+        return []  # symbolic sizes: gpudims' flat shape checks the real count in the kernel
+    shape = automatic_shape(k.ast)
+    opts = _group_opts(k) if shape == "grouped" else _local_opts(k) if shape == "flat" else []
+    try:
+        k.copy().apply_opts(opts)
+    except KernelOptError:
+        return []
+    return opts
+
+
+def _group_opts(k: Kernel) -> list[Opt]:
+    """A grouped reduction: LOCAL_SIZE threads share the innermost reduce axis (thread l takes elements l, l+256,
+    ...), when every reduction runs over that axis as its innermost loop and 256 divides it."""
+    reduce_axes = k.axes_of("reduce")
+    axis = max(reduce_axes, key=lambda a: k.axes[a].arg[0])
+    rng = k.axes[axis]
+    reduces = [u for u in k.ast.toposort() if u.op is Ops.REDUCE]
+    if any(rng not in red.src[1:] or max(r.arg[0] for r in red.src[1:]) != rng.arg[0] for red in reduces):
+        return []
+    return [Opt(OptOps.GROUP, axis, LOCAL_SIZE)] if (k.size(axis) or 1) % LOCAL_SIZE == 0 else []
+
+
+def _local_opts(k: Kernel) -> list[Opt]:
+    """One thread per output, LOCAL_SIZE (or all the outputs, when fewer) per work-group, taken from the innermost
+    output axes whole and then a divisor of the next one; large elementwise kernels also upcast the output axis
+    just outside the threads by ELEMENTS_PER_THREAD."""
+    sizes = {axis: k.size(axis) or 1 for axis in k.axes_of("global")}
+    total = prod(sizes.values())
+    remaining = min(LOCAL_SIZE, total)
+    opts = []
+    for axis in sorted(sizes, reverse=True):  # (a LOCAL moves only the axes after it)
+        if remaining == 1:
+            break
+        if sizes[axis] == 1:
+            continue
+        if sizes[axis] % remaining == 0:
+            opts.append(Opt(OptOps.LOCAL, axis, remaining))
+            remaining = 1
+        elif remaining % sizes[axis] == 0:
+            opts.append(Opt(OptOps.LOCAL, axis, 0))
+            remaining //= sizes[axis]
+        else:
+            return []
+    if k.has_reduce or total < MANY_ELEMENTS or total % (LOCAL_SIZE * ELEMENTS_PER_THREAD):
+        return opts
+    threaded = k.copy().apply_opts(opts)
+    outer = [axis for axis in threaded.axes_of("global") if (threaded.size(axis) or 1) > 1]
+    if not outer or (threaded.size(outer[-1]) or 1) % ELEMENTS_PER_THREAD:
+        return []
+    return [*opts, Opt(OptOps.UPCAST, outer[-1], ELEMENTS_PER_THREAD)]

@@ -1,8 +1,9 @@
 """`Kernel`: a kernel AST and the opts applied to it, with the axis model of `glassgrad.codegen.opt`.
 
 In: a simplified kernel AST and the renderer it is for. Out: after `apply_opt`s, `.ast` (loops split and retyped)
-and `.upcast` (the upcast ranges, outermost first, for the linearizer). Each action checks that it fits first and
-raises `KernelOptError` otherwise, leaving the kernel as it was.
+and `.upcast` (the upcast ranges, outermost first, for the linearizer) and `.local_order` (the work-group ranges,
+outermost first, for `codegen/gpudims.py`). Each action checks that it fits first and raises `KernelOptError`
+otherwise, leaving the kernel as it was.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ KIND_ORDER = ("global", "local", "reduce", "group", "unroll", "upcast")
 MAX_UPCAST = 64          # iterations of one upcast axis
 MAX_UNROLL = 32          # iterations of one unrolled axis
 MAX_REGISTER_TILE = 256  # accumulators (product of the upcast sizes) and unrolled copies of the loop body
+MAX_THREADS = 1024       # threads of one work-group (CUDA and Metal)
+MAX_SHARED = 48 * 1024   # bytes of (static) shared memory per work-group
 
 
 class Kernel:
@@ -25,12 +28,15 @@ class Kernel:
         self.ast = ast
         self.renderer = renderer
         self.applied: list[Opt] = []
-        self._upcast_origin: dict[UOp, tuple[int, int]] = {}  # upcast range -> (id of the loop it came from, -order)
+        # an upcast or local range -> (id of the loop it came from, -order)
+        self._upcast_origin: dict[UOp, tuple[int, int]] = {}
+        self._local_origin: dict[UOp, tuple[int, int]] = {}
 
     def copy(self) -> Kernel:
         new = Kernel(self.ast, self.renderer)
         new.applied = list(self.applied)
         new._upcast_origin = dict(self._upcast_origin)
+        new._local_origin = dict(self._local_origin)
         return new
 
     # ---------- the axis model ----------
@@ -49,6 +55,17 @@ class Kernel:
         in the order of the loops they came from (a loop split twice has its first, finest part innermost)."""
         rngs = [r for r in self.axes if r.arg[1] in ("upcast", "unroll")]
         return tuple(sorted(rngs, key=lambda r: self._upcast_origin.get(r, (r.arg[0], 0))))
+
+    @property
+    def local_order(self) -> tuple[UOp, ...]:
+        """The work-group (local) ranges, outermost first, in the order of the loops they came from (a loop split
+        twice has its first part innermost): the thread id enumerates them like the loop nest would."""
+        rngs = [r for r in self.axes if r.arg[1] == "local"]
+        return tuple(sorted(rngs, key=lambda r: self._local_origin.get(r, (r.arg[0], 0))))
+
+    def threads(self) -> int:
+        """Threads of one work-group: the product of the local and group axes' sizes."""
+        return prod(r.src[0].arg for r in self.axes if r.arg[1] in ("local", "group"))
 
     @property
     def loads(self) -> list[UOp]:
@@ -89,10 +106,8 @@ class Kernel:
         rng = axes[opt.axis]
         kind, size = rng.arg[1], self.size(opt.axis)
         if opt.op in (OptOps.LOCAL, OptOps.GROUP):
-            check(self.renderer.has_local, f"{opt}: {opt.op.name} needs a GPU (work-groups); "
-                                           f"{type(self.renderer).__name__} has none")
-            raise KernelOptError(f"{opt}: the GPU launch shape (locals, groups) is chosen by codegen/gpudims.py")
-        if opt.op is OptOps.SWAP:
+            self._thread_split(opt, rng, kind, size)
+        elif opt.op is OptOps.SWAP:
             self._swap(opt, rng)
         else:
             self._shift(opt, rng, kind, size)
@@ -111,18 +126,65 @@ class Kernel:
             check(amount <= MAX_UNROLL, f"{opt}: unroll {amount} is more than {MAX_UNROLL}")
         check(amount > 1, f"{opt}: splitting off {amount} iteration does nothing")
         check(size % amount == 0, f"{opt}: {amount} does not divide the axis' {size} iterations")
+        check(not self.axes_of("group"), f"{opt}: a GROUP kernel's reduction is combined in shared memory, one value "
+                                         f"per thread; {opt.op.name} (a register tile) does not combine with it")
         check(self.register_tile() * amount <= MAX_REGISTER_TILE,
               f"{opt}: the register tile would be {self.register_tile() * amount} > {MAX_REGISTER_TILE}")
         new_kind = "upcast" if opt.op is OptOps.UPCAST else "unroll"
-        if amount == size:  # the whole loop changes kind
-            inner = rng.replace(arg=(rng.arg[0], new_kind))
-            self.ast = graph_rewrite(self.ast, PatternMatcher([(UPat(Ops.RANGE, name="x"),
-                                                                lambda x: inner if x is rng else None)]))
-        else:
-            self.ast, _, inner = split_range(self.ast, rng, amount, new_kind)
+        inner = self._split(rng, amount, size, new_kind)
         if new_kind == "unroll":
             self.ast = _lanes_of_reductions(self.ast, inner)
         self._upcast_origin[inner] = (rng.arg[0] if new_kind == "upcast" else -1, -len(self._upcast_origin))
+
+    def _thread_split(self, opt: Opt, rng: UOp, kind: str, size: int | None) -> None:
+        """LOCAL: the inner `amount` of a global axis become threads of a work-group (the outer part stays the
+        work-group's id). GROUP: the inner `amount` of a reduce axis become threads that each reduce a strided share,
+        then combine their partial results in shared memory (`codegen/gpudims.py` builds both)."""
+        name = type(self.renderer).__name__
+        check(self.renderer.has_local, f"{opt}: {opt.op.name} needs a GPU (work-groups); {name} has none")
+        check(isinstance(opt.amount, int) and opt.amount >= 0, f"{opt}: the amount must be an int >= 0")
+        wanted = "global" if opt.op is OptOps.LOCAL else "reduce"
+        check(kind == wanted, f"{opt}: {opt.op.name} is for {wanted} axes, axis {opt.axis} is {kind}")
+        check(size is not None, f"{opt}: axis {opt.axis} has a symbolic size; only constant sizes are split")
+        assert size is not None
+        amount = size if opt.amount == 0 else opt.amount
+        check(amount > 1, f"{opt}: {amount} thread does nothing")
+        check(size % amount == 0, f"{opt}: {amount} does not divide the axis' {size} iterations")
+        threads = self.threads() * amount
+        check(threads <= MAX_THREADS, f"{opt}: {threads} threads per work-group, more than {MAX_THREADS}")
+        if opt.op is OptOps.GROUP:
+            self._check_group(opt, rng, amount)
+        else:
+            check(not self.axes_of("group"), f"{opt}: LOCAL after GROUP (several groups per work-group) is not "
+                                             f"supported yet")
+        new_kind = "local" if opt.op is OptOps.LOCAL else "group"
+        inner = self._split(rng, amount, size, new_kind)
+        if new_kind == "local":
+            self._local_origin[inner] = (rng.arg[0], -len(self._local_origin))
+
+    def _split(self, rng: UOp, amount: int, size: int, kind: str) -> UOp:
+        """Split `rng`'s inner `amount` iterations off as a loop of `kind` (the whole loop changes kind when `amount`
+        is its size); returns the new loop."""
+        if amount == size:
+            inner = rng.replace(arg=(rng.arg[0], kind))
+            self.ast = graph_rewrite(self.ast, PatternMatcher([(UPat(Ops.RANGE, name="x"),
+                                                                lambda x: inner if x is rng else None)]))
+            return inner
+        self.ast, _, inner = split_range(self.ast, rng, amount, kind)
+        return inner
+
+    def _check_group(self, opt: Opt, rng: UOp, amount: int) -> None:
+        check(not self.axes_of("group"), f"{opt}: one GROUP per kernel (this one has a group axis already)")
+        check(not self.axes_of("local"), f"{opt}: GROUP with LOCAL (several groups per work-group) is not "
+                                         f"supported yet")
+        check(not self.axes_of("upcast", "unroll"), f"{opt}: GROUP does not combine with UPCAST/UNROLL (a register "
+                                                    f"tile of partial results)")
+        check(amount & (amount - 1) == 0, f"{opt}: GROUP needs a power of two (its threads combine in a halving "
+                                          f"tree), not {amount}")
+        grouped = [u for u in self.ast.toposort() if u.op is Ops.REDUCE and rng in u.src[1:]]
+        shared = sum(amount * u.dtype.itemsize for u in grouped)
+        check(shared <= MAX_SHARED, f"{opt}: {len(grouped)} group reductions of {amount} threads need {shared} bytes "
+                                    f"of shared memory, more than {MAX_SHARED}")
 
     def _swap(self, opt: Opt, rng: UOp) -> None:
         axes = self.axes

@@ -29,6 +29,8 @@ from glassgrad.uop.ops import Ops, UOp
 
 UPCAST_AMOUNTS = (0, 2, 3, 4, 8, 16, 32)
 UNROLL_AMOUNTS = (0, 2, 4, 8)
+LOCAL_AMOUNTS = (0, 2, 4, 8, 16, 32, 64, 128, 256)  # threads of a work-group along an output axis (GPUs)
+GROUP_AMOUNTS = (0, 16, 32, 64, 128, 256)            # threads sharing a reduce axis (GPUs)
 TIMING_RUNS = 3
 MAX_ROUNDS = 6
 
@@ -39,6 +41,9 @@ def actions(k: Kernel) -> list[Opt]:
     out += [Opt(OptOps.UNROLL, axis, amount) for axis in k.axes_of("reduce") for amount in UNROLL_AMOUNTS]
     global_axes = k.axes_of("global")
     out += [Opt(OptOps.SWAP, a, b) for a in global_axes for b in global_axes if a < b]
+    if k.renderer.has_local:  # the launch shape: work-group threads along output axes, or sharing a reduction
+        out += [Opt(OptOps.LOCAL, axis, amount) for axis in global_axes for amount in LOCAL_AMOUNTS]
+        out += [Opt(OptOps.GROUP, axis, amount) for axis in k.axes_of("reduce") for amount in GROUP_AMOUNTS]
     return out
 
 

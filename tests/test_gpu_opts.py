@@ -1,0 +1,216 @@
+"""LOCAL and GROUP opts for GPU renderers, without a GPU: validation (a wrong opt raises KernelOptError naming what
+was wrong, on CPU too), the GPU heuristic's choices (the flat and grouped launch shapes as opts), the launch sizes and
+IR they give, BEAM's actions, and NVRTC compiling the CUDA source of a few opts. With a GPU (skipped otherwise): the
+numbers, against the CPU backend. (tests/metal/test_metal_opts.py runs such kernels on the emulated Metal device.)"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from test_schedule import check_access
+
+from glassgrad import Tensor
+from glassgrad.codegen import get_program, optimize_ast
+from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
+from glassgrad.codegen.opt import kernel as kernel_module
+from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
+from glassgrad.codegen.opt.kernel import Kernel
+from glassgrad.codegen.opt.search import actions, buffer_sizes, random_inputs, run_program
+from glassgrad.device import Device
+from glassgrad.dtype import dtypes
+from glassgrad.kernels import _retarget, renderer_for
+from glassgrad.schedule import create_schedule
+from glassgrad.uop.ops import Ops, UOp
+
+L, G, U, R = OptOps.LOCAL, OptOps.GROUP, OptOps.UPCAST, OptOps.UNROLL
+CUDA = renderer_for("CUDA")
+E = Tensor.empty
+
+
+def cuda_ast(out: Tensor) -> UOp:
+    """The last kernel of `out`'s schedule as the CUDA device would get it (nothing allocated or run)."""
+    moved = _retarget(UOp(Ops.SINK, dtypes.void, (out.uop,)), "CUDA").src[0]
+    schedule, _ = create_schedule([moved])
+    return optimize_ast(schedule[-1].ast, CUDA)
+
+
+def cuda_kernel(out: Tensor) -> Kernel:
+    return Kernel(cuda_ast(out), CUDA)
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+@pytest.mark.parametrize("make, opts, message", [
+    (lambda: E(16, 768).sum(axis=1), [Opt(L, 1, 2)], "LOCAL is for global axes, axis 1 is reduce"),
+    (lambda: E(16, 768).sum(axis=1), [Opt(G, 0, 2)], "GROUP is for reduce axes, axis 0 is global"),
+    (lambda: E(16, 768).sum(axis=1), [Opt(L, 0, 3)], "3 does not divide the axis' 16"),
+    (lambda: E(16, 768).sum(axis=1), [Opt(L, 0, 1)], "does nothing"),
+    (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, 3)], "power of two"),
+    (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, 0)], "power of two"),  # whole axis: 768 threads
+    (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, -4)], "int >= 0"),
+    (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, 256), Opt(G, 1, 0)], "one GROUP per kernel"),
+    (lambda: E(16, 768).sum(axis=1), [Opt(L, 0, 4), Opt(G, 2, 2)], "GROUP with LOCAL"),
+    (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, 256), Opt(L, 0, 4)], "LOCAL after GROUP"),
+    (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, 256), Opt(U, 0, 4)], "does not combine"),
+    (lambda: E(16, 768).sum(axis=1), [Opt(R, 1, 4), Opt(G, 1, 2)], "does not combine"),
+    (lambda: E(64, 64) * 2, [Opt(L, 1, 0), Opt(L, 0, 32)], "2048 threads per work-group, more than 1024"),
+    (lambda: E(64, 64) * 2, [Opt(L, 2, 2)], "out of range"),
+])
+def test_wrong_launch_opts_raise(make: Callable[[], Tensor], opts: list[Opt], message: str) -> None:
+    k = cuda_kernel(make())
+    *fine, wrong = opts
+    k.apply_opts(fine)
+    before, applied = k.ast, list(k.applied)
+    with pytest.raises(KernelOptError, match=message):
+        k.apply_opt(wrong)
+    assert k.ast is before and k.applied == applied  # nothing changed
+
+
+def test_group_shared_memory_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    k = cuda_kernel(E(16, 768).sum(axis=1))
+    k.copy().apply_opt(Opt(G, 1, 256))
+    monkeypatch.setattr(kernel_module, "MAX_SHARED", 512)  # 256 float32 partial results: 1024 bytes
+    with pytest.raises(KernelOptError, match="1024 bytes of shared memory, more than 512"):
+        k.apply_opt(Opt(G, 1, 256))
+
+
+@pytest.mark.parametrize("op", [L, G])
+def test_launch_opts_need_a_gpu(op: OptOps) -> None:
+    cpu = Device["CPU"].renderer
+    schedule, _ = create_schedule([E(16, 64).sum(axis=1).uop])
+    k = Kernel(optimize_ast(schedule[-1].ast, cpu), cpu)
+    with pytest.raises(KernelOptError, match=f"{op.name} needs a GPU \\(work-groups\\); ClangRenderer has none"):
+        k.apply_opt(Opt(op, 1 if op is G else 0, 2))
+
+
+# ---------------------------------------------------------------------------------------------- launch shapes
+
+def test_local_launch() -> None:
+    """Two LOCALs: the work-group's 256 threads span 4 rows of 64 (the thread id flattens them as the loops would
+    nest: row-major); the 64 / 4 row blocks are the work-groups."""
+    ast = cuda_ast(E(64, 64) * 2)
+    spec = get_program(ast, CUDA, [Opt(L, 1, 0), Opt(L, 0, 4)])
+    assert (spec.global_size, spec.local_size) == ((16, 1, 1), (256, 1, 1))
+    # row = bidx*4 + lidx/64, column = lidx%64: the simplifier folds row*64 + column back into one contiguous index
+    assert "int alu0 = ((bidx0 * 256) + lidx0);" in spec.source and "data0[alu0] = (val0 * 2.0f);" in spec.source
+
+
+def test_group_launch() -> None:
+    spec = get_program(cuda_ast(E(16, 768).sum(axis=1)), CUDA, [Opt(G, 1, 256)])
+    assert (spec.global_size, spec.local_size) == ((16, 1, 1), (256, 1, 1))
+    assert [u.arg for u in spec.uops if u.op is Ops.GROUP_REDUCE] == [(Ops.ADD, 256)]
+    assert "for (int ridx1 = 0; ridx1 < 3; ridx1++)" in spec.source  # 768 / 256 elements per thread
+    assert "if ((lidx0 == 0)) data0[bidx0] = red0;" in spec.source
+
+
+def test_flat_shape_with_upcast_names_loops_apart() -> None:
+    """An UPCAST without LOCAL on a large elementwise kernel takes gpudims' flat shape, whose 4-elements-per-thread
+    loop needs an id no other loop has (it once reused the upcast loop's: `ridx1` inside `ridx1`, read out of
+    bounds on the H100 during a BEAM search)."""
+    spec = get_program(cuda_ast(E(64 * 1024 * 1024) * 2), CUDA, [Opt(U, 0, 32)])
+    loops = [u.arg[0] for u in spec.uops if u.op is Ops.RANGE]
+    assert len(loops) == 2 and len(set(loops)) == 2
+
+
+@pytest.mark.parametrize("make", [lambda: E(1 << 22) * 2, lambda: E(512, 1024).sum(axis=1),
+                                  lambda: E(32, 64).softmax(-1)], ids=["large elementwise", "row sums", "softmax"])
+def test_every_action_stays_in_bounds(make: Callable[[], Tensor]) -> None:
+    """Every legal single action BEAM would try on a GPU: each load and store of the rendered kernel stays inside its
+    buffer for every thread and loop iteration, and no loop is opened inside a loop of the same name."""
+    ast = cuda_ast(make())
+    sizes = buffer_sizes(ast)
+    k = Kernel(ast, CUDA)
+    tried = 0
+    for action in actions(k):
+        try:
+            k.copy().apply_opt(action)
+        except KernelOptError:
+            continue
+        spec = get_program(ast, CUDA, [action])
+        open_loops: list[int] = []
+        for u in spec.uops:
+            if u.op is Ops.RANGE:
+                assert u.arg[0] not in open_loops, f"{action}: loop {u.arg[0]} opened inside itself"
+                open_loops.append(u.arg[0])
+            elif u.op is Ops.ENDRANGE:
+                open_loops.pop()
+            elif u.op in (Ops.LOAD, Ops.STORE) and u.src[0].op is Ops.DEFINE_GLOBAL:
+                check_access(u, sizes[u.src[0].arg][1], f"{spec.name} with {action}")
+        tried += 1
+    assert tried >= 8
+
+
+# ---------------------------------------------------------------------------------------------- heuristic, BEAM
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda: E(8192, 8192).sum(axis=1), [Opt(G, 1, 256)]),                 # grouped: a work-group per row
+    (lambda: E(64 * 1024 * 1024) * 2, [Opt(L, 0, 256), Opt(U, 0, 4)]),     # flat, 4 elements per thread
+    (lambda: E(8192, 8192).sum(axis=0), [Opt(L, 0, 256)]),                 # flat: a thread per column
+    (lambda: E(32, 4, 2) + 1, [Opt(L, 2, 0), Opt(L, 1, 0), Opt(L, 0, 32)]),  # under 256 outputs: all threads
+    (lambda: E(1000) + 1, []),                  # 256 does not divide 1000: gpudims' flat shape (ids past the end)
+    (lambda: E(4096, 1000).sum(axis=1), []),    # ... nor the reduction: gpudims' grouped shape (gated last step)
+    (lambda: E(512, 512) @ E(512, 512), []),    # tiled
+    (lambda: E(256, 256).softmax(-1), []),      # rows
+])
+def test_gpu_heuristic(make: Callable[[], Tensor], expected: list[Opt]) -> None:
+    ast = cuda_ast(make())
+    opts = hand_coded_optimizations(Kernel(ast, CUDA))
+    assert opts == expected
+    if opts:  # the opts give the kernel the automatic shape gives (same launch, same loads)
+        with_opts, automatic = get_program(ast, CUDA, opts), get_program(ast, CUDA, [])
+        assert (with_opts.global_size, with_opts.local_size) == (automatic.global_size, automatic.local_size)
+
+
+def test_beam_actions_include_launch_opts() -> None:
+    k = cuda_kernel(E(64, 1024).sum(axis=1))
+    legal = []
+    for action in actions(k):
+        try:
+            k.copy().apply_opt(action)
+            legal.append(action)
+        except KernelOptError:
+            pass
+    assert Opt(G, 1, 256) in legal and Opt(L, 0, 64) in legal
+    schedule, _ = create_schedule([E(64, 1024).sum(axis=1).uop])
+    cpu = Device["CPU"].renderer
+    assert not any(a.op in (L, G) for a in actions(Kernel(optimize_ast(schedule[-1].ast, cpu), cpu)))
+
+
+# ---------------------------------------------------------------------------------------------- CUDA source
+
+CASES: dict[str, tuple[Callable[[], Tensor], list[Opt]]] = {
+    "local, two axes": (lambda: (E(64, 64) * 2).exp(), [Opt(L, 1, 0), Opt(L, 0, 4)]),
+    "local and upcast": (lambda: E(4096) * E(4096), [Opt(L, 0, 128), Opt(U, 0, 4)]),
+    "local with a reduction loop, unrolled": (lambda: E(256, 96).sum(axis=0), [Opt(L, 0, 32), Opt(R, 2, 4)]),
+    "group": (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, 128)]),
+    "group, whole axis, half": (lambda: E(16, 512, dtype=dtypes.float16).sum(axis=1), [Opt(G, 1, 0)]),
+    "group over two reductions": (lambda: E(32, 64).softmax(-1), [Opt(G, 2, 32)]),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_launch_opts_compile_for_sm_90(name: str) -> None:
+    pytest.importorskip("cuda.bindings", reason="cuda-bindings is not installed")
+    from glassgrad.runtime.ops_cuda import CUDACompiler
+    try:
+        compiler = CUDACompiler("sm_90")
+    except RuntimeError as e:
+        pytest.skip(f"NVRTC is not available: {e}")
+    make, opts = CASES[name]
+    spec = get_program(cuda_ast(make()), CUDA, opts)
+    assert spec.opts == tuple(opts)
+    assert compiler.compile(spec.source)[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_launch_opts_on_gpu(cuda: str, name: str) -> None:
+    """On a GPU: the kernel with the opts computes what the unoptimised kernel computes on the CPU."""
+    make, opts = CASES[name]
+    ast = cuda_ast(make())
+    dev, cpu = Device[cuda], Device["CPU"]
+    spec = get_program(ast, dev.renderer, opts)
+    got = run_program(dev, spec, dev.compiler.compile(spec.source), random_inputs(ast))[1]
+    reference = get_program(ast, cpu.renderer, [])
+    want = run_program(cpu, reference, cpu.compiler.compile(reference.source), random_inputs(ast))[1]
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2e-3, atol=2e-3)
