@@ -108,8 +108,11 @@ def eval_index(u: UOp, axis_of: dict[UOp, int], ndim: int, memo: dict[UOp, np.nd
 
 
 def check_access(access: UOp, size: int, what: str) -> None:
-    """Every index `access` (a LOAD or STORE) uses where its gate holds lies in [0, size)."""
-    parts = access.src[1:3] if access.op is Ops.LOAD else access.src[1:2]
+    """Every index `access` (a LOAD or STORE) uses where its gate holds lies in [0, size). A LOAD's gate is its
+    third source, a STORE's its fourth (a GPU kernel's threads past the outputs store nothing)."""
+    gate_node = access.src[2] if access.op is Ops.LOAD and len(access.src) == 3 else \
+        access.src[3] if access.op is Ops.STORE and len(access.src) == 4 else None
+    parts = (access.src[1],) if gate_node is None else (access.src[1], gate_node)
     ranges = sorted({n for p in parts for n in p.toposort() if n.op in (Ops.RANGE, Ops.SPECIAL)},
                     key=lambda r: (r.op is Ops.SPECIAL, str(r.arg)))
     axis_of = {r: i for i, r in enumerate(ranges)}
@@ -117,8 +120,8 @@ def check_access(access: UOp, size: int, what: str) -> None:
     full = tuple(_loop_size(r) for r in ranges)
     index = np.broadcast_to(eval_index(access.src[1], axis_of, len(ranges), memo), full)
     gate = np.ones(full, dtype=np.bool_)
-    if access.op is Ops.LOAD and len(access.src) == 3:
-        gate = np.broadcast_to(eval_index(access.src[2], axis_of, len(ranges), memo), full)
+    if gate_node is not None:
+        gate = np.broadcast_to(eval_index(gate_node, axis_of, len(ranges), memo), full)
     used = index[gate]
     assert used.size == 0 or (used.min() >= 0 and used.max() < size), \
         f"{what} reads/writes outside [0, {size}): indices {used.min()}..{used.max()}"
