@@ -242,6 +242,25 @@ def test_heuristic_max_lanes_keep_nan() -> None:
     np.testing.assert_array_equal(Tensor(x).max(axis=1).numpy(), x.max(axis=1))
 
 
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_heuristic_long_row_reductions_get_chains(op: str) -> None:
+    """A reduction over a long contiguous row: 16 lanes, then 4 registers of them (independent chains); the result
+    matches numpy, a NaN anywhere in a row included."""
+    x = np.random.default_rng(4).standard_normal((8, 1024)).astype(np.float32)
+    x[3, 999] = np.nan
+    out = getattr(Tensor(x), op)(axis=1)
+    assert hand_coded_optimizations(kernel_of(out)) == [Opt(OptOps.UNROLL, 1, 16), Opt(OptOps.UNROLL, 1, 4)]
+    np.testing.assert_allclose(out.numpy(), getattr(np, op)(x, axis=1), rtol=1e-5, atol=1e-4)
+
+
+def test_heuristic_short_and_empty_rows_get_no_lanes() -> None:
+    assert hand_coded_optimizations(kernel_of(Tensor(np.ones((4, 16), np.float32)).sum(axis=1))) == []
+    assert hand_coded_optimizations(kernel_of(Tensor(np.ones((4, 0), np.float32)).sum(axis=1))) == []
+    k = kernel_of(Tensor(np.ones((4, 0), np.float32)).sum(axis=1))
+    with pytest.raises(KernelOptError, match="no iterations"):
+        k.apply_opt(Opt(OptOps.UNROLL, 1, 16))
+
+
 def test_index_variables_are_64_bit() -> None:
     """An index the simplifier proved cannot wrap is held in `long long` (a 32-bit copy makes gcc gather), while
     int32 data keeps wrapping like numpy."""

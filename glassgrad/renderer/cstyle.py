@@ -103,6 +103,10 @@ class CStyleLanguage:
         unrolled into registers. `lanes`: its iterations are independent and it is innermost (SIMD lanes)."""
         return "#pragma unroll"
 
+    def stage_loop_pragma(self, lanes: bool) -> str:
+        """A line before a loop of a staging copy (`codegen/stage.py`); `lanes`: it is the innermost one."""
+        return ""
+
     def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
         return f"(((union {{ {self.render_dtype(src)} a; {self.render_dtype(dst)} b; }}){{.a = {x}}}).b)"
 
@@ -245,8 +249,9 @@ class CStyleLanguage:
                 if u.arg[1] == "global":
                     line(self.render_global_range(global_index, names[u], a[0], self.loop_var_type(u.dtype)))
                     global_index += 1
-                elif u.arg[1] in ("upcast", "unroll"):
-                    pragma = self.upcast_loop_pragma(u, lanes=_independent_lanes(program, position))
+                elif u.arg[1] in ("upcast", "unroll", "stage"):
+                    lanes = _independent_lanes(program, position)
+                    pragma = self.upcast_loop_pragma(u, lanes) if u.arg[1] != "stage" else self.stage_loop_pragma(lanes)
                     if pragma:
                         line(pragma)
                     line(f"for ({self.loop_var_type(u.dtype)} {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
@@ -308,7 +313,8 @@ class CStyleLanguage:
                 line(self.render_local_array(u.dtype, names[u], u.arg[1]))
             elif u.op is Ops.BARRIER:  # the shared buffer, readable once every thread has written its part
                 names[u] = a[0]
-                line(self.barrier)
+                if u.arg != "stage":  # a CPU staging buffer is the thread's own: nothing to wait for
+                    line(self.barrier)
             elif u.op is Ops.GROUP_REDUCE:
                 names[u] = new_name("red")
                 for text in self.render_group_reduce(u, a[0], a[1], new_name("smem"), names[u]):
@@ -500,6 +506,15 @@ class ClangRenderer(CStyleLanguage):
         if lanes:
             return "#pragma omp simd"
         return f"#pragma GCC unroll {loop.src[0].arg}"
+
+    def stage_loop_pragma(self, lanes: bool) -> str:
+        return "#pragma omp simd" if lanes else ""
+
+    def render_local_array(self, dtype: DType, name: str, size: int) -> str:
+        """A staging buffer on the thread's stack, read through a `restrict` pointer: gcc then knows that its
+        reads do not touch the accumulators, and keeps those in registers (through the array itself it does not)."""
+        return (f"{self.render_dtype(dtype)} {name}_[{size}] __attribute__((aligned(64))); "
+                f"{self.render_dtype(dtype)}* restrict {name} = {name}_;")
 
     def render_global_range(self, index: int, var: str, size: str, dtype: str) -> str:
         if index == 0:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from glassgrad.codegen.gpudims import ELEMENTS_PER_THREAD, LOCAL_SIZE, MANY_ELEMENTS, automatic_shape
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
 from glassgrad.codegen.opt.kernel import Kernel
+from glassgrad.codegen.stage import stages_before_reduction
 from glassgrad.helpers import prod
 from glassgrad.uop.ops import Ops
 
@@ -31,7 +32,11 @@ VECTOR_WHOLE_MAX = 32        # else a vector axis up to this long is upcast whol
 VECTOR_SPLITS = (8, 4)       # and a longer one is split, the inner part this long
 BLOCK_SPLITS = (8, 4, 2)     # rows of the register tile
 TILE_MAX = 128               # accumulators in the tile
-LANES = 16                   # accumulator lanes of a max over a row
+STAGED_BLOCK_SPLITS = (16, 8, 4, 2)  # with a staged load (codegen/stage.py): up to 16 rows,
+STAGED_TILE_MAX = 256                # 16 AVX-512 accumulators (BEAM's choice for a padded 3x3 conv: 1.4x faster)
+LANES = 16                   # accumulator lanes of a reduction over a row
+CHAINS = 4                   # and SIMD registers of such lanes, for a row of at least MIN_CHAIN_STEPS times that
+MIN_CHAIN_STEPS = 4
 MIN_REDUCE = 4               # a register tile pays only for reductions of at least this many iterations
 
 
@@ -51,27 +56,40 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     tile = k.register_tile()
     reduce_size = prod(k.size(a) or MIN_REDUCE for a in k.axes_of("reduce"))  # a symbolic one counts as long
     block = _blocking_axis(k, k.axes.index(k.upcast[-1]))
-    if block is not None and reduce_size >= MIN_REDUCE:
-        size = k.size(block) or 1  # (symbolic: no row count divides it)
-        rows = next((r for r in BLOCK_SPLITS if size % r == 0 and r * tile <= TILE_MAX and
-                     (block != k.axes_of("global")[0] or size // r >= 2)), None)
-        if rows is not None:
-            opts.append(Opt(OptOps.UPCAST, block, rows))
+    if block is None or reduce_size < MIN_REDUCE:
+        return opts
+    staged = stages_before_reduction(k.ast, k.upcast)
+    size = k.size(block) or 1  # (symbolic: no row count divides it)
+    rows = next((r for r in (STAGED_BLOCK_SPLITS if staged else BLOCK_SPLITS) if size % r == 0 and
+                 r * tile <= (STAGED_TILE_MAX if staged else TILE_MAX) and
+                 (block != k.axes_of("global")[0] or size // r >= 2)), None)
+    if rows is None:
+        return opts
+    opts.append(Opt(OptOps.UPCAST, block, rows))
+    k.apply_opt(opts[-1])
+    global_axes = k.axes_of("global")
+    if staged and rows < size and block not in (global_axes[0], global_axes[-1]):
+        opts.append(Opt(OptOps.SWAP, block, global_axes[-1]))  # the blocks innermost: one copy serves them all
     return opts
 
 
 def _lanes_for_reduction(k: Kernel) -> list[Opt]:
-    """A max over a contiguous row: 16 accumulator lanes (one SIMD register), combined after the loop. Sums and
-    products are vectorised by the renderer's `omp simd reduction` already; a max with NaN checks is not."""
+    """A sum, product or max over a contiguous row: 16 accumulator lanes (one SIMD register), then, for a long row,
+    CHAINS such registers (independent chains: one add or max per register per step waits for the previous one,
+    3-4 cycles), combined after the loop. A lone `omp simd reduction` gives one register, and a max with NaN checks
+    is not vectorised at all without lanes."""
     reduce_axes = k.axes_of("reduce")
-    if not reduce_axes or not any(u.op is Ops.REDUCE and u.arg is Ops.MAX for u in k.ast.toposort()):
+    if not reduce_axes or not any(u.op is Ops.REDUCE for u in k.ast.toposort()):
         return []
     axis = reduce_axes[-1]
     strides = k.strides(axis)
     size = k.size(axis)
-    if any(s not in (0, 1) for s in strides) or 1 not in strides or size is None or size % LANES or size == LANES:
+    if any(s not in (0, 1) for s in strides) or 1 not in strides or size is None or size % LANES or size <= LANES:
         return []
-    return [Opt(OptOps.UNROLL, axis, LANES)]
+    opts = [Opt(OptOps.UNROLL, axis, LANES)]
+    if size % (LANES * CHAINS) == 0 and size >= LANES * CHAINS * MIN_CHAIN_STEPS:
+        opts.append(Opt(OptOps.UNROLL, axis, CHAINS))
+    return opts
 
 
 def _vector_axis(k: Kernel) -> tuple[int, int] | None:
