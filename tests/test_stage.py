@@ -1,6 +1,6 @@
-"""Staging of gated loads on the CPU (`codegen/stage.py`): where the copies go in the generated C, that the tile's
-loop reads the staging buffer without gates, and that results match numpy (and PyTorch when installed) for padded
-convolutions of several shapes, with the heuristic's opts and with random legal opts."""
+"""Convolutions on the CPU: staging of gated loads (`codegen/stage.py`: where the copies go in the generated C, that
+the tile's loop reads the staging buffer without gates) and SIMD lane loops written in register-sized chunks, with
+results against numpy (and PyTorch when installed) for convolutions of several shapes."""
 from __future__ import annotations
 
 import re
@@ -17,6 +17,7 @@ from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
 from glassgrad.codegen.opt.kernel import Kernel
 from glassgrad.codegen.stage import stage_gated_loads, stages_before_reduction
 from glassgrad.device import Device
+from glassgrad.renderer.cstyle import ClangRenderer
 from glassgrad.schedule import create_schedule
 from glassgrad.uop.ops import Ops, UOp
 
@@ -119,3 +120,21 @@ def test_gated_where_folds_into_the_load() -> None:
     """WHERE(g, LOAD(buf, i, g), 0) is the gated load itself: the source selects once, not twice."""
     source = get_program(conv_ast((1, 2, 6, 6), (2, 2, 3, 3), padding=1), CPU.renderer, []).source
     assert len(re.findall(r"\? data1\[", source)) == 1 and "? val" not in source
+
+
+@pytest.mark.parametrize("size, chunks", [(20, [16, 4]), (30, [16, 8, 4, 2]), (16, [16]), (48, [48]), (36, [32, 4]),
+                                          (5, [4, 1]), (3, [3]), (8, [8]), (24, [16, 8]), (12, [8, 4])])
+def test_lane_chunks(size: int, chunks: list[int]) -> None:
+    assert ClangRenderer().lane_chunks(size) == chunks
+
+
+def test_lane_loop_of_20_is_written_as_16_and_4() -> None:
+    """A 5x5 conv with 20 output columns (MNIST's second conv): the lane loop of the tile, and of the stores, is a
+    loop over lanes 0-15 then one over 16-19 (gcc made a scalar loop of the last 4, accumulators in memory)."""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 3, 24, 24), dtype=np.float32), rng.standard_normal((8, 3, 5, 5), dtype=np.float32)
+    out = Tensor(x).conv2d(Tensor(w))
+    source = get_program(create_schedule([out.uop])[0][-1].ast, CPU.renderer).source
+    assert len(re.findall(r"for \(long long (ridx\d+) = 0; \1 < 16; \1\+\+\)", source)) == 2
+    assert len(re.findall(r"for \(long long (ridx\d+) = 16; \1 < 20; \1\+\+\)", source)) == 2
+    np.testing.assert_allclose(out.numpy(), conv_reference(x, w, 0), rtol=1e-4, atol=1e-4)
