@@ -261,6 +261,21 @@ def test_heuristic_short_and_empty_rows_get_no_lanes() -> None:
         k.apply_opt(Opt(OptOps.UNROLL, 1, 16))
 
 
+def test_heuristic_conv_weight_gradient_takes_lanes_along_output_rows() -> None:
+    """A 3x3 conv's weight gradient: the only vector axis is the kernel width (3 lanes); the sum over an output row
+    of 8 positions, contiguous in both loads, gives 8 lanes instead. The gradient matches numpy's."""
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((4, 3, 10, 10), dtype=np.float32), rng.standard_normal((5, 3, 3, 3), dtype=np.float32)
+    g = rng.standard_normal((4, 5, 8, 8), dtype=np.float32)
+    weight = Tensor(w)
+    (grad,) = (Tensor(x).conv2d(weight) * Tensor(g)).sum().gradient(weight)
+    k = kernel_of(grad)
+    assert k.describe() == "global:5 global:3 global:3 global:3 reduce:4 reduce:8 reduce:8"
+    assert hand_coded_optimizations(k) == [Opt(OptOps.UNROLL, 6, 0)]
+    windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))  # n, c, 8, 8, 3, 3
+    np.testing.assert_allclose(grad.numpy(), np.einsum("nohw,nchwij->ocij", g, windows), rtol=1e-4, atol=1e-4)
+
+
 def test_index_variables_are_64_bit() -> None:
     """An index the simplifier proved cannot wrap is held in `long long` (a 32-bit copy makes gcc gather), while
     int32 data keeps wrapping like numpy."""
