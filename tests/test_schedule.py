@@ -138,8 +138,11 @@ def assert_loads_in_bounds(*tensors: Tensor) -> None:
         assert sum(u.op is Ops.DEFINE_GLOBAL for u in spec.uops) == len(item.bufs), f"{spec.name} lost a parameter"
         for u in spec.uops:
             if u.op in (Ops.LOAD, Ops.STORE):
-                buf = item.bufs[u.src[0].arg]
-                check_access(u, buf.size, f"{spec.name}: {u.op} of data{u.src[0].arg}")
+                buf = u.src[0].src[0] if u.src[0].op is Ops.BARRIER else u.src[0]
+                if buf.op is Ops.DEFINE_LOCAL:  # a staging buffer (codegen/stage.py) or a GPU tile: (id, size)
+                    check_access(u, buf.arg[1], f"{spec.name}: {u.op} of local buffer {buf.arg[0]}")
+                else:
+                    check_access(u, item.bufs[buf.arg].size, f"{spec.name}: {u.op} of data{buf.arg}")
 
 
 def loaded_buffers(t: Tensor) -> list[Any]:

@@ -66,6 +66,11 @@ def test_padded_conv_stages_its_input_once_per_output_position() -> None:
     assert " ? data1[" in copy and "smem0[" in copy and "#pragma omp simd" in copy
     loop = tile_loop(source)
     assert "?" not in loop and "data1" not in loop and "= smem0[" in loop
+    spec = get_program(ast, CPU.renderer, opts)
+    staged = [u for u in spec.uops if u.op in (Ops.LOAD, Ops.STORE) and
+              (u.src[0].op is Ops.DEFINE_LOCAL or u.src[0].op is Ops.BARRIER)]
+    assert len(staged) == 2  # the copy's store and the tile's load, both inside the buffer
+    assert all(0 <= u.src[1].vmin and u.src[1].vmax < 1152 for u in staged)
     # the copy (4 loops: input channels, kernel rows and columns, lanes) sits inside the loops over the batch and
     # the output rows, outside the loop over the 2 blocks of 16 output channels
     outer, blocks = copy.split("for (long long ridx2 = 0; ridx2 < 2; ridx2++) {")
