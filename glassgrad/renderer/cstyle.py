@@ -425,12 +425,13 @@ def _simd_accumulate(program: list[UOp], position: int) -> UOp | None:
 
 
 def _simd_loops(program: list[UOp]) -> set[UOp]:
-    """The loops the C renderer marks `#pragma omp simd`: independent upcast lanes, and SIMD reductions."""
+    """The loops the C renderer marks `#pragma omp simd`: independent upcast lanes, the innermost loops of staging
+    copies, and SIMD reductions."""
     out: set[UOp] = set()
     for position, u in enumerate(program):
         if u.op is not Ops.RANGE or u.arg[1] == "global":
             continue
-        if _independent_lanes(program, position) if u.arg[1] in ("upcast", "unroll") else \
+        if _independent_lanes(program, position) if u.arg[1] in ("upcast", "unroll", "stage") else \
                 _simd_accumulate(program, position) is not None:
             out.add(u)
     return out
