@@ -8,8 +8,8 @@ In: a `Kernel`. Out: a list of `Opt`s (`NOOPT=1` skips this: no opts at all). Fo
 2. the *blocking axis*: another output axis along which the vector loads do not move (stride 0), so one vector load
    serves every row of the tile, upcast by up to 8: `acc[8][16] += a[i, k] * b[k, j]`, a register tile of 128
    accumulators (8 AVX-512 registers), 8 multiply-adds per loaded vector of b instead of one. A kernel whose gated
-   loads `codegen/stage.py` will copy for its whole reduction (a padded conv) gets up to 16 rows, and the blocks of
-   its blocking axis innermost: one copy then serves all of them.
+   loads `codegen/stage.py` will copy for its whole reduction (a padded conv) and whose vector fills whole registers
+   gets up to 16 rows, and the blocks of its blocking axis innermost: one copy then serves all of them.
 
 A kernel with no vector axis that reduces over a contiguous row gets 16 accumulator lanes (`UNROLL`), one SIMD
 register, and 4 such registers for a long row (independent chains); one whose vector axis would have fewer than 4
@@ -66,7 +66,9 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     block = _blocking_axis(k, k.axes.index(k.upcast[-1]))
     if block is None or reduce_size < MIN_REDUCE:
         return opts
-    staged = stages_before_reduction(k.ast, k.upcast)
+    # a staged kernel whose vector fills whole registers takes up to 16 rows (16 accumulator registers); with a
+    # partly filled one (10 lanes: 8 + 2) each row costs two registers, and 16 rows measured slower than 8 or 4
+    staged = stages_before_reduction(k.ast, k.upcast) and tile % VECTOR_WIDTH == 0
     size = k.size(block) or 1  # (symbolic: no row count divides it)
     rows = next((r for r in (STAGED_BLOCK_SPLITS if staged else BLOCK_SPLITS) if size % r == 0 and
                  r * tile <= (STAGED_TILE_MAX if staged else TILE_MAX) and
