@@ -143,3 +143,13 @@ def test_lane_loop_of_20_is_written_as_16_and_4() -> None:
     assert len(re.findall(r"for \(long long (ridx\d+) = 0; \1 < 16; \1\+\+\)", source)) == 2
     assert len(re.findall(r"for \(long long (ridx\d+) = 16; \1 < 20; \1\+\+\)", source)) == 2
     np.testing.assert_allclose(out.numpy(), conv_reference(x, w, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_partly_filled_vector_keeps_the_usual_tile() -> None:
+    """A staged conv with 10 output columns (8 + 2 lanes: two registers per row) keeps 8 rows and its loop order."""
+    ast = conv_ast((2, 8, 10, 10), (32, 8, 3, 3), padding=1)
+    k = Kernel(ast, CPU.renderer)
+    opts = hand_coded_optimizations(k)
+    assert opts == [Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 1, 8)]
+    tiled = k.copy().apply_opts(opts)
+    assert stages_before_reduction(tiled.ast, tiled.upcast)  # staged all the same
