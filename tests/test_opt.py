@@ -242,6 +242,40 @@ def test_heuristic_max_lanes_keep_nan() -> None:
     np.testing.assert_array_equal(Tensor(x).max(axis=1).numpy(), x.max(axis=1))
 
 
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_heuristic_long_row_reductions_get_chains(op: str) -> None:
+    """A reduction over a long contiguous row: 16 lanes, then 4 registers of them (independent chains); the result
+    matches numpy, a NaN anywhere in a row included."""
+    x = np.random.default_rng(4).standard_normal((8, 1024)).astype(np.float32)
+    x[3, 999] = np.nan
+    out = getattr(Tensor(x), op)(axis=1)
+    assert hand_coded_optimizations(kernel_of(out)) == [Opt(OptOps.UNROLL, 1, 16), Opt(OptOps.UNROLL, 1, 4)]
+    np.testing.assert_allclose(out.numpy(), getattr(np, op)(x, axis=1), rtol=1e-5, atol=1e-4)
+
+
+def test_heuristic_short_and_empty_rows_get_no_lanes() -> None:
+    assert hand_coded_optimizations(kernel_of(Tensor(np.ones((4, 16), np.float32)).sum(axis=1))) == []
+    assert hand_coded_optimizations(kernel_of(Tensor(np.ones((4, 0), np.float32)).sum(axis=1))) == []
+    k = kernel_of(Tensor(np.ones((4, 0), np.float32)).sum(axis=1))
+    with pytest.raises(KernelOptError, match="no iterations"):
+        k.apply_opt(Opt(OptOps.UNROLL, 1, 16))
+
+
+def test_heuristic_conv_weight_gradient_takes_lanes_along_output_rows() -> None:
+    """A 3x3 conv's weight gradient: the only vector axis is the kernel width (3 lanes); the sum over an output row
+    of 8 positions, contiguous in both loads, gives 8 lanes instead. The gradient matches numpy's."""
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((4, 3, 10, 10), dtype=np.float32), rng.standard_normal((5, 3, 3, 3), dtype=np.float32)
+    g = rng.standard_normal((4, 5, 8, 8), dtype=np.float32)
+    weight = Tensor(w)
+    (grad,) = (Tensor(x).conv2d(weight) * Tensor(g)).sum().gradient(weight)
+    k = kernel_of(grad)
+    assert k.describe() == "global:5 global:3 global:3 global:3 reduce:4 reduce:8 reduce:8"
+    assert hand_coded_optimizations(k) == [Opt(OptOps.UNROLL, 6, 0)]
+    windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))  # n, c, 8, 8, 3, 3
+    np.testing.assert_allclose(grad.numpy(), np.einsum("nohw,nchwij->ocij", g, windows), rtol=1e-4, atol=1e-4)
+
+
 def test_index_variables_are_64_bit() -> None:
     """An index the simplifier proved cannot wrap is held in `long long` (a 32-bit copy makes gcc gather), while
     int32 data keeps wrapping like numpy."""

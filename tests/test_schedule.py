@@ -141,8 +141,11 @@ def assert_loads_in_bounds(*tensors: Tensor) -> None:
         assert sum(u.op is Ops.DEFINE_GLOBAL for u in spec.uops) == len(item.bufs), f"{spec.name} lost a parameter"
         for u in spec.uops:
             if u.op in (Ops.LOAD, Ops.STORE):
-                buf = item.bufs[u.src[0].arg]
-                check_access(u, buf.size, f"{spec.name}: {u.op} of data{u.src[0].arg}")
+                buf = u.src[0].src[0] if u.src[0].op is Ops.BARRIER else u.src[0]
+                if buf.op is Ops.DEFINE_LOCAL:  # a staging buffer (codegen/stage.py) or a GPU tile: (id, size)
+                    check_access(u, buf.arg[1], f"{spec.name}: {u.op} of local buffer {buf.arg[0]}")
+                else:
+                    check_access(u, item.bufs[buf.arg].size, f"{spec.name}: {u.op} of data{buf.arg}")
 
 
 def loaded_buffers(t: Tensor) -> list[Any]:
@@ -943,7 +946,8 @@ def test_conv_input_gradient_is_one_kernel(kwargs: dict[str, Any]) -> None:
     (out * Tensor(g)).sum().backward()
     assert xt.grad is not None
     (item, spec), = rendered(xt.grad)
-    weight_loads = [u for u in spec.uops if u.op is Ops.LOAD and item.bufs[u.src[0].arg].size == w.size]
+    weight_loads = [u for u in spec.uops if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_GLOBAL  # (not staged)
+                    and item.bufs[u.src[0].arg].size == w.size]
     assert weight_loads and all(len(u.src) == 2 for u in weight_loads), "the weight loads should be ungated"
     assert "no-tree-loop-vectorize" not in spec.source
     expected = torch_free_conv_input_gradient(x, w, g, **kwargs)

@@ -47,6 +47,8 @@ class Scopes:
                     self._memo[n] = frozenset({n})
                 elif n.op is Ops.REDUCE:
                     self._memo[n] = self._memo[n.src[0]] - frozenset(n.src[1:])
+                elif _is_stage(n):  # its copy loops are its own: it depends on the loops around them
+                    self._memo[n] = frozenset(r for s in n.src for r in self._memo[s] if r.arg[1] != "stage")
                 else:
                     self._memo[n] = frozenset().union(*(self._memo[s] for s in n.src))
         return self._memo[u]
@@ -81,13 +83,27 @@ class _Emitter:
         self.emitted.difference_update(self.frames.pop())
 
     def emit(self, root: UOp) -> None:
-        for n in root.toposort(stop=lambda x: x in self.emitted or x.op is Ops.REDUCE):
+        for n in root.toposort(stop=lambda x: x in self.emitted or x.op is Ops.REDUCE or _is_stage(x)):
             if n in self.emitted:
                 continue
             if n.op is Ops.REDUCE:
                 self.emit_reduce(self.siblings(n), ())
+            elif _is_stage(n):
+                self.emit_stage(n)
             else:
                 self.add(n)
+
+    def emit_stage(self, barrier: UOp) -> None:
+        """A staging copy (`codegen/stage.py`): its loops open around its stores, then the buffer is readable."""
+        loops = sorted((r for r in barrier.toposort() if r.op is Ops.RANGE and r.arg[1] == "stage"),
+                       key=lambda r: r.arg[0])
+        for loop in loops:
+            self.open_loop(loop)
+        for store in barrier.src[1:]:
+            self.emit(store)
+        for loop in reversed(loops):
+            self.close_loop(loop)
+        self.add(barrier)
 
     def siblings(self, red: UOp) -> list[UOp]:
         """`red` and the kernel's other REDUCEs over the same loops that can share its loops (none reads another's
@@ -100,9 +116,10 @@ class _Emitter:
                 and self.scopes(r) == self.scopes(red) and independent(r)]
 
     def emit_reductions_outside(self, reductions: list[UOp], loops: frozenset[UOp]) -> None:
-        """Emit the reductions (and group reductions) that depend on none of `loops` (not yet open) and sit in no
-        reduce loop: a row reduction that a kernel broadcasts over its inner loops (softmax's max and sum) is then
-        computed once per row, before the loops over the row."""
+        """Emit the reductions (and group reductions, staging copies) that depend on none of `loops` (not yet open)
+        and sit in no reduce loop: a row reduction that a kernel broadcasts over its inner loops (softmax's max and
+        sum) is then computed once per row, before the loops over the row; a staging copy that does not depend on
+        the inner global loops (a convolution's output channels) is made once for all of them."""
         for red in reductions:
             scope = self.scopes(red)
             if red not in self.emitted and not scope & loops and all(r.arg[1] == "global" for r in scope):
@@ -112,7 +129,7 @@ class _Emitter:
         """Emit what `roots` need that depends on none of the loops in `inner` (not yet open): it is computed once
         here instead of on every iteration of those loops."""
         for root in roots:
-            for n in root.toposort(stop=lambda x: x in self.emitted or x.op is Ops.REDUCE):
+            for n in root.toposort(stop=lambda x: x in self.emitted or x.op is Ops.REDUCE or _is_stage(x)):
                 if n not in self.emitted and n.op is not Ops.RANGE and not self.scopes(n) & inner:
                     self.emit(n)
 
@@ -148,6 +165,10 @@ class _Emitter:
             self.frames[-1].append(red)
 
 
+def _is_stage(u: UOp) -> bool:
+    return u.op is Ops.BARRIER and u.arg == "stage"
+
+
 def split_range(ast: UOp, rng: UOp, amount: int, kind: str, inner_first: bool = False) -> tuple[UOp, UOp, UOp]:
     """Split loop `rng` (size N) into an outer loop of N/amount (keeping `rng`'s id and kind) and a new inner loop of
     `amount` iterations of `kind` ("upcast", "unroll", ...): `rng` becomes `outer*amount + inner` everywhere, and a
@@ -180,7 +201,8 @@ def linearize(sink: UOp, upcast: tuple[UOp, ...] = ()) -> list[UOp]:
     program += sorted((u for u in nodes if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0])  # int parameters
     reduces = [u for u in nodes if u.op is Ops.REDUCE]
     emitter = _Emitter(program, scopes, reduces)
-    row_reductions = [u for u in nodes if u.op in (Ops.REDUCE, Ops.GROUP_REDUCE)]
+    # row reductions, and staging copies (codegen/stage.py), go between the global loops they are inside of
+    row_reductions = [u for u in nodes if u.op in (Ops.REDUCE, Ops.GROUP_REDUCE) or _is_stage(u)]
     for special in sorted((u for u in nodes if u.op is Ops.SPECIAL), key=lambda u: u.arg[0]):  # GPU ids come first
         emitter.emit(special)  # with its symbolic limit, if it has one
     for local in (u for u in nodes if u.op is Ops.DEFINE_LOCAL):

@@ -7,10 +7,14 @@ In: a `Kernel`. Out: a list of `Opt`s (`NOOPT=1` skips this: no opts at all). Fo
    with one accumulator each;
 2. the *blocking axis*: another output axis along which the vector loads do not move (stride 0), so one vector load
    serves every row of the tile, upcast by up to 8: `acc[8][16] += a[i, k] * b[k, j]`, a register tile of 128
-   accumulators (8 AVX-512 registers), 8 multiply-adds per loaded vector of b instead of one.
+   accumulators (8 AVX-512 registers), 8 multiply-adds per loaded vector of b instead of one. A kernel whose gated
+   loads `codegen/stage.py` will copy for its whole reduction (a padded conv) and whose vector fills whole registers
+   gets up to 16 rows, and the blocks of its blocking axis innermost: one copy then serves all of them.
 
-A max over a contiguous row gets 16 accumulator lanes (`UNROLL`), one SIMD register; sums and products are vectorised
-by the renderer (`omp simd reduction`). Elementwise kernels vectorise as they are.
+A kernel with no vector axis that reduces over a contiguous row gets 16 accumulator lanes (`UNROLL`), one SIMD
+register, and 4 such registers for a long row (independent chains); one whose vector axis would have fewer than 4
+lanes gets lanes along a short contiguous reduce axis instead, when it has one (a 3x3 conv's weight gradient).
+Elementwise kernels vectorise as they are.
 
 GPU kernels (`gpu_launch_opts`): the *flat* and *grouped* launch shapes of `codegen/gpudims.py`, written as opts where
 their sizes divide exactly: `LOCAL`s of the innermost output axes making 256 threads (and an `UPCAST` of 4 for large
@@ -23,6 +27,7 @@ from __future__ import annotations
 from glassgrad.codegen.gpudims import ELEMENTS_PER_THREAD, LOCAL_SIZE, MANY_ELEMENTS, automatic_shape
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
 from glassgrad.codegen.opt.kernel import Kernel
+from glassgrad.codegen.stage import stages_before_reduction
 from glassgrad.helpers import prod
 from glassgrad.uop.ops import Ops
 
@@ -31,8 +36,14 @@ VECTOR_WHOLE_MAX = 32        # else a vector axis up to this long is upcast whol
 VECTOR_SPLITS = (8, 4)       # and a longer one is split, the inner part this long
 BLOCK_SPLITS = (8, 4, 2)     # rows of the register tile
 TILE_MAX = 128               # accumulators in the tile
-LANES = 16                   # accumulator lanes of a max over a row
+STAGED_BLOCK_SPLITS = (16, 8, 4, 2)  # with a staged load (codegen/stage.py): up to 16 rows,
+STAGED_TILE_MAX = 256                # 16 AVX-512 accumulators (BEAM's choice for a padded 3x3 conv: 1.4x faster)
+LANES = 16                   # accumulator lanes of a reduction over a row
+CHAINS = 4                   # and SIMD registers of such lanes, for a row of at least MIN_CHAIN_STEPS times that
+MIN_CHAIN_STEPS = 4
 MIN_REDUCE = 4               # a register tile pays only for reductions of at least this many iterations
+MIN_OUTPUT_LANES = 4         # a vector axis of fewer output lanes loses to lanes along a short contiguous row
+SHORT_ROW = (6, 16)          # of this many iterations, when the kernel has one
 
 
 def hand_coded_optimizations(k: Kernel) -> list[Opt]:
@@ -46,32 +57,65 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     if vector is None:
         return _lanes_for_reduction(k)
     axis, amount = vector
+    if (amount or k.size(axis) or VECTOR_WIDTH) < MIN_OUTPUT_LANES and (short := _short_row_lanes(k)):
+        return short
     opts.append(Opt(OptOps.UPCAST, axis, amount))
     k.apply_opt(opts[-1])
     tile = k.register_tile()
     reduce_size = prod(k.size(a) or MIN_REDUCE for a in k.axes_of("reduce"))  # a symbolic one counts as long
     block = _blocking_axis(k, k.axes.index(k.upcast[-1]))
-    if block is not None and reduce_size >= MIN_REDUCE:
-        size = k.size(block) or 1  # (symbolic: no row count divides it)
-        rows = next((r for r in BLOCK_SPLITS if size % r == 0 and r * tile <= TILE_MAX and
-                     (block != k.axes_of("global")[0] or size // r >= 2)), None)
-        if rows is not None:
-            opts.append(Opt(OptOps.UPCAST, block, rows))
+    if block is None or reduce_size < MIN_REDUCE:
+        return opts
+    # a staged kernel whose vector fills whole registers takes up to 16 rows (16 accumulator registers); with a
+    # partly filled one (10 lanes: 8 + 2) each row costs two registers, and 16 rows measured slower than 8 or 4
+    staged = stages_before_reduction(k.ast, k.upcast) and tile % VECTOR_WIDTH == 0
+    size = k.size(block) or 1  # (symbolic: no row count divides it)
+    rows = next((r for r in (STAGED_BLOCK_SPLITS if staged else BLOCK_SPLITS) if size % r == 0 and
+                 r * tile <= (STAGED_TILE_MAX if staged else TILE_MAX) and
+                 (block != k.axes_of("global")[0] or size // r >= 2)), None)
+    if rows is None:
+        return opts
+    opts.append(Opt(OptOps.UPCAST, block, rows))
+    k.apply_opt(opts[-1])
+    global_axes = k.axes_of("global")
+    if staged and rows < size and block not in (global_axes[0], global_axes[-1]):
+        opts.append(Opt(OptOps.SWAP, block, global_axes[-1]))  # the blocks innermost: one copy serves them all
     return opts
 
 
 def _lanes_for_reduction(k: Kernel) -> list[Opt]:
-    """A max over a contiguous row: 16 accumulator lanes (one SIMD register), combined after the loop. Sums and
-    products are vectorised by the renderer's `omp simd reduction` already; a max with NaN checks is not."""
+    """A sum, product or max over a contiguous row: 16 accumulator lanes (one SIMD register), then, for a long row,
+    CHAINS such registers (independent chains: one add or max per register per step waits for the previous one,
+    3-4 cycles), combined after the loop. A lone `omp simd reduction` gives one register, and a max with NaN checks
+    is not vectorised at all without lanes."""
     reduce_axes = k.axes_of("reduce")
-    if not reduce_axes or not any(u.op is Ops.REDUCE and u.arg is Ops.MAX for u in k.ast.toposort()):
+    if not reduce_axes or not any(u.op is Ops.REDUCE for u in k.ast.toposort()):
         return []
     axis = reduce_axes[-1]
     strides = k.strides(axis)
     size = k.size(axis)
-    if any(s not in (0, 1) for s in strides) or 1 not in strides or size is None or size % LANES or size == LANES:
+    if any(s not in (0, 1) for s in strides) or 1 not in strides or size is None or size % LANES or size <= LANES:
         return []
-    return [Opt(OptOps.UNROLL, axis, LANES)]
+    opts = [Opt(OptOps.UNROLL, axis, LANES)]
+    if size % (LANES * CHAINS) == 0 and size >= LANES * CHAINS * MIN_CHAIN_STEPS:
+        opts.append(Opt(OptOps.UNROLL, axis, CHAINS))
+    return opts
+
+
+def _short_row_lanes(k: Kernel) -> list[Opt]:
+    """Lanes along a short contiguous reduce axis, whole (6 to 16 iterations): better than a vector of 2-3 output
+    lanes. A convolution's weight gradient for a 3x3 kernel sums over output rows of 8 (6) positions, which both of
+    its loads read contiguously: 16 ms instead of 33 ms (12 ms instead of 32 ms) for MNIST's third (fourth) conv at
+    batch 128, single thread."""
+    reduce_axes = k.axes_of("reduce")
+    if not reduce_axes:
+        return []
+    axis = reduce_axes[-1]
+    strides, size = k.strides(axis), k.size(axis)
+    if size is None or not SHORT_ROW[0] <= size <= SHORT_ROW[1] or any(s not in (0, 1) for s in strides) \
+            or 1 not in strides:
+        return []
+    return [Opt(OptOps.UNROLL, axis, 0)]
 
 
 def _vector_axis(k: Kernel) -> tuple[int, int] | None:

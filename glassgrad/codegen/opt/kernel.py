@@ -124,6 +124,7 @@ class Kernel:
         else:
             check(kind == "reduce", f"{opt}: UNROLL is for reduce axes, axis {opt.axis} is {kind}")
             check(amount <= MAX_UNROLL, f"{opt}: unroll {amount} is more than {MAX_UNROLL}")
+        check(size > 0, f"{opt}: axis {opt.axis} has no iterations")
         check(amount > 1, f"{opt}: splitting off {amount} iteration does nothing")
         check(size % amount == 0, f"{opt}: {amount} does not divide the axis' {size} iterations")
         check(not self.axes_of("group"), f"{opt}: a GROUP kernel's reduction is combined in shared memory, one value "

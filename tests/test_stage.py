@@ -1,0 +1,155 @@
+"""Convolutions on the CPU: staging of gated loads (`codegen/stage.py`: where the copies go in the generated C, that
+the tile's loop reads the staging buffer without gates) and SIMD lane loops written in register-sized chunks, with
+results against numpy (and PyTorch when installed) for convolutions of several shapes."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from glassgrad import Tensor
+from glassgrad.codegen import get_program, optimize_ast
+from glassgrad.codegen import stage as stage_module
+from glassgrad.codegen.linearize import linearize
+from glassgrad.codegen.opt import Opt, OptOps
+from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
+from glassgrad.codegen.opt.kernel import Kernel
+from glassgrad.codegen.stage import stage_gated_loads, stages_before_reduction
+from glassgrad.device import Device
+from glassgrad.renderer.cstyle import ClangRenderer
+from glassgrad.schedule import create_schedule
+from glassgrad.uop.ops import Ops, UOp
+
+try:
+    import torch
+except ImportError:  # PyTorch is optional
+    torch = None
+
+CPU = Device["CPU"]
+
+
+def conv_ast(x: tuple[int, ...], w: tuple[int, ...], **kwargs: int) -> UOp:
+    schedule, _ = create_schedule([Tensor.empty(*x).conv2d(Tensor.empty(*w), **kwargs).uop])
+    return optimize_ast(schedule[-1].ast, CPU.renderer)
+
+
+def conv_reference(x: np.ndarray, w: np.ndarray, padding: int, stride: int = 1) -> np.ndarray:
+    n, cin, h, wd = x.shape
+    cout, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    oh, ow = (h + 2 * padding - kh) // stride + 1, (wd + 2 * padding - kw) // stride + 1
+    out = np.zeros((n, cout, oh, ow), np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            window = xp[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride]
+            out += np.einsum("nchw,oc->nohw", window, w[:, :, i, j])
+    return out.astype(np.float32)
+
+
+def tile_loop(source: str) -> str:
+    """The C of the register tile's reduction: from the accumulator's declaration to the end of its loops."""
+    start = source.index("float acc0[")
+    return source[start:source.index("data0[", start)]
+
+
+def test_padded_conv_stages_its_input_once_per_output_position() -> None:
+    """The heuristic's kernel for a padded 3x3 conv: the gated input loads run in copy loops before the reduction
+    (16 output channels per tile, the channel blocks innermost, so one copy serves all of them); the tile's loop
+    reads the buffer through a restrict pointer, with no gate left."""
+    ast = conv_ast((2, 8, 16, 16), (32, 8, 3, 3), padding=1)
+    opts = hand_coded_optimizations(Kernel(ast, CPU.renderer))
+    assert opts == [Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.SWAP, 1, 2)]
+    source = get_program(ast, CPU.renderer, opts).source
+    assert "float smem0_[1152] __attribute__((aligned(64))); float* restrict smem0 = smem0_;" in source
+    copy = source[source.index("smem0 = smem0_;"):source.index("float acc0[")]
+    assert " ? data1[" in copy and "smem0[" in copy and "#pragma omp simd" in copy
+    loop = tile_loop(source)
+    assert "?" not in loop and "data1" not in loop and "= smem0[" in loop
+    spec = get_program(ast, CPU.renderer, opts)
+    staged = [u for u in spec.uops if u.op in (Ops.LOAD, Ops.STORE) and
+              (u.src[0].op is Ops.DEFINE_LOCAL or u.src[0].op is Ops.BARRIER)]
+    assert len(staged) == 2  # the copy's store and the tile's load, both inside the buffer
+    assert all(0 <= u.src[1].vmin and u.src[1].vmax < 1152 for u in staged)
+    # the copy (4 loops: input channels, kernel rows and columns, lanes) sits inside the loops over the batch and
+    # the output rows, outside the loop over the 2 blocks of 16 output channels
+    outer, blocks = copy.split("for (long long ridx2 = 0; ridx2 < 2; ridx2++) {")
+    assert outer.count("for (") == 2 + 4 and "smem0[" in outer and "for (" not in blocks
+
+
+@pytest.mark.parametrize("x_shape, w_shape, padding, stride", [
+    ((2, 8, 16, 16), (32, 8, 3, 3), 1, 1),
+    ((1, 3, 11, 13), (16, 3, 3, 3), 1, 1),    # odd sizes: the vector axis is split, not whole
+    ((2, 4, 9, 9), (8, 4, 5, 5), 2, 1),       # 5x5 with padding 2
+    ((2, 4, 12, 12), (16, 4, 3, 3), 1, 2),    # strided: the loads along the vector axis are not contiguous
+    ((1, 128, 4, 16), (16, 128, 3, 3), 1, 1),  # a whole reduction's copy over STAGE_MAX: one per input channel
+])
+def test_padded_convs_match_numpy(x_shape: tuple[int, ...], w_shape: tuple[int, ...], padding: int,
+                                  stride: int) -> None:
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(x_shape, dtype=np.float32), rng.standard_normal(w_shape, dtype=np.float32)
+    out = Tensor(x).conv2d(Tensor(w), padding=padding, stride=stride).numpy()
+    np.testing.assert_allclose(out, conv_reference(x, w, padding, stride), rtol=1e-4, atol=1e-4)
+    if torch is not None:
+        expected = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=padding, stride=stride)
+        np.testing.assert_allclose(out, expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_large_reduction_is_staged_inside_its_outer_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole reduction's copy over STAGE_MAX elements: the copy is made per step of the outermost reduce loop
+    (the input channels), covering the kernel window and the lanes."""
+    monkeypatch.setattr(stage_module, "STAGE_MAX", 256)
+    ast = conv_ast((2, 8, 8, 16), (16, 8, 3, 3), padding=1)
+    k = Kernel(ast, CPU.renderer).apply_opts([Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 1, 8)])
+    assert not stages_before_reduction(k.ast, k.upcast)
+    staged = stage_gated_loads(k.ast, k.upcast)
+    barrier = next(u for u in staged.toposort() if u.op is Ops.BARRIER)
+    local = barrier.src[0]
+    assert local.op is Ops.DEFINE_LOCAL and local.arg[1] == 3 * 3 * 16
+    program = linearize(staged, k.upcast)
+    reduce_loops = [u for u in program if u.op is Ops.RANGE and u.arg[1] == "reduce"]
+    copy_loops = [u for u in program if u.op is Ops.RANGE and u.arg[1] == "stage"]
+    assert program.index(reduce_loops[0]) < program.index(copy_loops[0]) < program.index(reduce_loops[1])
+
+
+def test_ungated_and_untiled_kernels_are_not_staged() -> None:
+    a, b = Tensor.empty(64, 64), Tensor.empty(64, 64)
+    assert "smem" not in get_program(create_schedule([(a @ b).uop])[0][-1].ast, CPU.renderer).source
+    ast = conv_ast((2, 4, 8, 8), (8, 4, 3, 3))  # no padding: no gates
+    assert "smem" not in get_program(ast, CPU.renderer).source
+    padded = conv_ast((2, 4, 8, 8), (8, 4, 3, 3), padding=1)
+    assert "smem" not in get_program(padded, CPU.renderer, []).source  # no register tile: nothing to protect
+
+
+def test_gated_where_folds_into_the_load() -> None:
+    """WHERE(g, LOAD(buf, i, g), 0) is the gated load itself: the source selects once, not twice."""
+    source = get_program(conv_ast((1, 2, 6, 6), (2, 2, 3, 3), padding=1), CPU.renderer, []).source
+    assert len(re.findall(r"\? data1\[", source)) == 1 and "? val" not in source
+
+
+@pytest.mark.parametrize("size, chunks", [(20, [16, 4]), (30, [16, 8, 4, 2]), (16, [16]), (48, [48]), (36, [32, 4]),
+                                          (5, [4, 1]), (3, [3]), (8, [8]), (24, [16, 8]), (12, [8, 4])])
+def test_lane_chunks(size: int, chunks: list[int]) -> None:
+    assert ClangRenderer().lane_chunks(size) == chunks
+
+
+def test_lane_loop_of_20_is_written_as_16_and_4() -> None:
+    """A 5x5 conv with 20 output columns (MNIST's second conv): the lane loop of the tile, and of the stores, is a
+    loop over lanes 0-15 then one over 16-19 (gcc made a scalar loop of the last 4, accumulators in memory)."""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 3, 24, 24), dtype=np.float32), rng.standard_normal((8, 3, 5, 5), dtype=np.float32)
+    out = Tensor(x).conv2d(Tensor(w))
+    source = get_program(create_schedule([out.uop])[0][-1].ast, CPU.renderer).source
+    assert len(re.findall(r"for \(long long (ridx\d+) = 0; \1 < 16; \1\+\+\)", source)) == 2
+    assert len(re.findall(r"for \(long long (ridx\d+) = 16; \1 < 20; \1\+\+\)", source)) == 2
+    np.testing.assert_allclose(out.numpy(), conv_reference(x, w, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_partly_filled_vector_keeps_the_usual_tile() -> None:
+    """A staged conv with 10 output columns (8 + 2 lanes: two registers per row) keeps 8 rows and its loop order."""
+    ast = conv_ast((2, 8, 10, 10), (32, 8, 3, 3), padding=1)
+    k = Kernel(ast, CPU.renderer)
+    opts = hand_coded_optimizations(k)
+    assert opts == [Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 1, 8)]
+    tiled = k.copy().apply_opts(opts)
+    assert stages_before_reduction(tiled.ast, tiled.upcast)  # staged all the same
