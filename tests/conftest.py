@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -39,3 +40,14 @@ def cuda() -> str:
     except (RuntimeError, ImportError) as e:
         pytest.skip(f"no usable CUDA GPU: {e}")
     return "CUDA"
+
+
+@pytest.fixture(scope="module")
+def nvrtc() -> Any:
+    """A `CUDACompiler` for sm_90 (NVRTC: no GPU needed); tests skip, with the reason, where NVRTC is missing."""
+    pytest.importorskip("cuda.bindings", reason="cuda-bindings is not installed")
+    from glassgrad.runtime.ops_cuda import CUDACompiler
+    try:
+        return CUDACompiler("sm_90")
+    except RuntimeError as e:
+        pytest.skip(f"NVRTC is not available: {e}")

@@ -5,6 +5,7 @@ numbers, against the CPU backend. (tests/metal/test_metal_opts.py runs such kern
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -190,17 +191,11 @@ CASES: dict[str, tuple[Callable[[], Tensor], list[Opt]]] = {
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_launch_opts_compile_for_sm_90(name: str) -> None:
-    pytest.importorskip("cuda.bindings", reason="cuda-bindings is not installed")
-    from glassgrad.runtime.ops_cuda import CUDACompiler
-    try:
-        compiler = CUDACompiler("sm_90")
-    except RuntimeError as e:
-        pytest.skip(f"NVRTC is not available: {e}")
+def test_launch_opts_compile_for_sm_90(name: str, nvrtc: Any) -> None:
     make, opts = CASES[name]
     spec = get_program(cuda_ast(make()), CUDA, opts)
     assert spec.opts == tuple(opts)
-    assert compiler.compile(spec.source)[:4] == b"\x7fELF"
+    assert nvrtc.compile(spec.source)[:4] == b"\x7fELF"
 
 
 @pytest.mark.parametrize("name", CASES)

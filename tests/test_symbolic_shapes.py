@@ -6,6 +6,8 @@ Errors: binding outside the range, unbound Variables, bounds that do not fit eve
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -196,14 +198,9 @@ def test_gpu_kernels_take_the_variable(n: int) -> None:
     assert cuda[-1].at({"i": n}).global_size == (n, 1, 1)  # one group per row
 
 
-def test_gpu_kernels_compile_with_nvrtc() -> None:
-    try:
-        from glassgrad.runtime.ops_cuda import CUDACompiler
-        compiler = CUDACompiler("sm_90")
-    except (ImportError, RuntimeError) as e:
-        pytest.skip(f"NVRTC is not available: {e}")
+def test_gpu_kernels_compile_with_nvrtc(nvrtc: Any) -> None:
     for spec in _gpu_kernels(7, "CUDA"):
-        assert compiler.compile(spec.source).startswith(b"\x7fELF"), spec.source
+        assert nvrtc.compile(spec.source).startswith(b"\x7fELF"), spec.source
 
 
 @pytest.mark.parametrize("make, error, match", [
