@@ -324,6 +324,33 @@ def test_a_failed_compile_leaves_no_compiler_running(monkeypatch: pytest.MonkeyP
 
 
 @cpu_only
+def test_tiny_kernels_are_compiled_without_optimisation() -> None:
+    """A kernel whose loops run at most TINY_KERNEL_ITERATIONS times in all is marked for gcc's -O0 (it costs less to
+    compile, and it runs for microseconds either way); a bigger one keeps -O2. Both compute the same as numpy."""
+    from glassgrad.renderer.cstyle import TINY_KERNEL_ITERATIONS
+    marker = float(np.random.default_rng().integers(1, 1 << 20)) / 1024
+    small = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    big = np.arange(TINY_KERNEL_ITERATIONS * 2, dtype=np.float32).reshape(-1, 16)
+    outs = [(Tensor(small) * marker).sum(axis=1), (Tensor(big) * marker).sum(axis=1)]
+    tiny, large = (spec.source for spec in glassgrad.kernels(*outs))
+    assert 'optimize("O0")' in tiny and "optimize" not in large
+    Tensor.realize_all(*outs)
+    for out, x in zip(outs, (small, big)):
+        np.testing.assert_allclose(out.numpy(), (x * np.float32(marker)).sum(axis=1), rtol=1e-5)
+
+
+def test_index_strides_along_each_loop() -> None:
+    """How far an index moves per step of each loop: affine sums and products by constants; None where not affine."""
+    from glassgrad.renderer.cstyle import index_stride, index_strides
+    from glassgrad.uop.ops import Ops, UOp
+    r0, r1, r2 = (UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 8),), (i, "global")) for i in range(3))
+    index = (r0 * 4 + r1) + (r2 * -3 + 7)
+    assert index_strides(index) == {r0: 4, r1: 1, r2: -3}
+    assert index_strides((r0 * 4 + r1) // 2 + r2) == {r0: None, r1: None, r2: 1}
+    assert index_stride(r0 * 4, r1) == 0 and index_stride(r1, r1) == 1 and index_stride(r0 * r1, r0) is None
+
+
+@cpu_only
 def test_a_batch_with_a_broken_source_reports_that_source() -> None:
     """The batch does not compile, so each source is compiled alone: the good one is cached, the broken one raises
     its own error."""
