@@ -298,6 +298,33 @@ def test_kernels_with_the_same_source_compile_once(monkeypatch: pytest.MonkeyPat
     np.testing.assert_allclose(outs[2].numpy(), (x * np.float32(marker)).sum(axis=0), rtol=1e-6)
 
 
+def test_kernels_run_while_later_batches_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six new kernels in two batches: the second batch's compile waits until the first kernel has run, which
+    happens only if kernels start as soon as their own batch is built (and not after all batches are)."""
+    from glassgrad.engine import realize
+    monkeypatch.setattr(realize, "COMPILE_THREADS", 2)
+    outs, expected = _new_kernels(6)
+    first_source = glassgrad.kernels(*outs)[0].source
+    compiler = Device[Device.DEFAULT].compiler
+    original_compile, original_run = compiler.compile_cached_many, realize.run_item
+    first_ran, waits = threading.Event(), []
+
+    def compile_many(sources: list[str]) -> list[bytes]:
+        if first_source not in sources:
+            waits.append(first_ran.wait(timeout=30))
+        return original_compile(sources)
+
+    def run_item(item: object) -> None:
+        original_run(item)  # type: ignore[arg-type]
+        first_ran.set()
+    monkeypatch.setattr(compiler, "compile_cached_many", compile_many)
+    monkeypatch.setattr(realize, "run_item", run_item)
+    Tensor.realize_all(*outs)
+    assert waits and all(waits)
+    for out, want in zip(outs, expected):
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+
+
 def test_a_failed_compile_leaves_no_compiler_running(monkeypatch: pytest.MonkeyPatch) -> None:
     """When compiling a schedule fails, every compile it started has finished by the time the error is raised (a
     compile left running would go on after the caller moved on: in a test, into the next test's counts)."""
