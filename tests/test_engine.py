@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ from glassgrad import Context, Device, GlobalCounters, Tensor
 from glassgrad.device import Buffer
 from glassgrad.dtype import dtypes
 from glassgrad.kernels import renderer_for
+from glassgrad.schedule import create_schedule
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -200,8 +202,10 @@ def test_a_compile_that_fails_on_the_pool_raises(monkeypatch: pytest.MonkeyPatch
 cpu_only = pytest.mark.skipif(Device.DEFAULT != "CPU", reason="batches of kernels are the C compiler's")
 
 
-def _count_compiler_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The sources handed to the C compiler from now on, one entry per compiler process."""
+def _count_compiler_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> list[str]:
+    """The sources handed to the C compiler from now on, one entry per compiler process. The disk cache is an empty
+    folder, so no kernel of the test is found there (an earlier run with the same random constant would have been)."""
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
     compiler = Device["CPU"].compiler
     original, runs = compiler._try_compile, []
 
@@ -213,11 +217,11 @@ def _count_compiler_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @cpu_only
-def test_new_kernels_compile_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_new_kernels_compile_in_batches(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
     """Six new kernels with distinct names on two threads: two compiler runs of three kernels each."""
     from glassgrad.engine import realize
     monkeypatch.setattr(realize, "COMPILE_THREADS", 2)
-    runs = _count_compiler_runs(monkeypatch)
+    runs = _count_compiler_runs(monkeypatch, tmp_path)
     marker = float(np.random.default_rng().integers(1, 1 << 20)) / 1024
     x = np.arange(24, dtype=np.float32)
     t = Tensor(x)
@@ -230,17 +234,147 @@ def test_new_kernels_compile_in_batches(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 @cpu_only
-def test_kernels_of_the_same_name_never_share_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kernels_of_the_same_name_share_a_batch_under_distinct_names(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: pathlib.Path) -> None:
+    """Four different kernels all named r_3_4, two threads: two compiler runs of two kernels each. In each run one
+    keeps its name and the other is renamed, and every kernel computes its own result."""
     from glassgrad.engine import realize
     monkeypatch.setattr(realize, "COMPILE_THREADS", 2)
-    runs = _count_compiler_runs(monkeypatch)
+    runs = _count_compiler_runs(monkeypatch, tmp_path)
     marker = float(np.random.default_rng().integers(1, 1 << 20)) / 1024
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
-    outs = [(Tensor(x) * marker + i).sum(axis=1) for i in range(4)]  # four kernels, all named r_3_4
+    outs = [(Tensor(x) * marker + i).sum(axis=1) for i in range(4)]
+    assert {spec.name for spec in glassgrad.kernels(*outs)} == {"r_3_4"}
     Tensor.realize_all(*outs)
-    assert len(runs) == 4 and all(src.count("void r_3_4(") == 1 for src in runs)
+    assert len(runs) == 2
+    for src in runs:
+        names = re.findall(r"void (r_3_4\w*)\(", src)
+        assert len(names) == 2 and len(set(names)) == 2 and "r_3_4" in names
     for i, out in enumerate(outs):
         np.testing.assert_allclose(out.numpy(), (x * np.float32(marker) + np.float32(i)).sum(axis=1), rtol=1e-6)
+
+
+@cpu_only
+def test_a_renamed_kernel_gets_the_same_name_every_time(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: pathlib.Path) -> None:
+    """The new name depends on the kernel alone, so a program that runs again finds its renamed kernels in the disk
+    cache: two processes, each with two r_3_4 kernels in one batch, write the same two sources."""
+    marker = float(np.random.default_rng().integers(1, 1 << 20)) / 1024
+    code = textwrap.dedent(f"""
+        import numpy as np
+        from glassgrad import Device, Tensor
+        compiler = Device["CPU"].compiler
+        original = compiler._try_compile
+        compiler._try_compile = lambda src, *args: print(repr(src)) or original(src, *args)
+        x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+        Tensor.realize_all(*[(x * {marker} + i).sum(axis=1) for i in range(2)])
+    """)
+    sources = []
+    for run in range(2):
+        env = {**os.environ, "CACHEDIR": str(tmp_path / str(run)), "PYTHONPATH": str(REPO), "COMPILE_THREADS": "1"}
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        sources.append(proc.stdout)
+    assert sources[0] == sources[1] and re.search(r"void r_3_4_\w+\(", sources[0])
+
+
+@cpu_only
+def test_kernels_with_the_same_source_compile_once(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    """Two different kernel ASTs (a reshape there and back, or not) that render to the same C: one copy is compiled,
+    and both kernels use it."""
+    from glassgrad.engine import realize
+    monkeypatch.setattr(realize, "COMPILE_THREADS", 2)
+    runs = _count_compiler_runs(monkeypatch, tmp_path)
+    marker = float(np.random.default_rng().integers(1, 1 << 20)) / 1024
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = Tensor(x)
+    outs = [(t * marker).sum(axis=1), (t.reshape(12).reshape(3, 4) * marker).sum(axis=1), (t * marker).sum(axis=0)]
+    first, second, _ = glassgrad.kernels(*outs)
+    assert first.source == second.source
+    assert len({item.ast for item in create_schedule([o.uop for o in outs])[0]}) == 3
+    Tensor.realize_all(*outs)
+    assert len(runs) == 1 and runs[0].count("void ") == 2
+    np.testing.assert_allclose(outs[0].numpy(), (x * np.float32(marker)).sum(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(outs[1].numpy(), (x * np.float32(marker)).sum(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(outs[2].numpy(), (x * np.float32(marker)).sum(axis=0), rtol=1e-6)
+
+
+def test_kernels_run_while_later_batches_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six new kernels in two batches: the second batch's compile waits until the first kernel has run, which
+    happens only if kernels start as soon as their own batch is built (and not after all batches are)."""
+    from glassgrad.engine import realize
+    monkeypatch.setattr(realize, "COMPILE_THREADS", 2)
+    outs, expected = _new_kernels(6)
+    first_source = glassgrad.kernels(*outs)[0].source
+    compiler = Device[Device.DEFAULT].compiler
+    original_compile, original_run = compiler.compile_cached_many, realize.run_item
+    first_ran, waits = threading.Event(), []
+
+    def compile_many(sources: list[str]) -> list[bytes]:
+        if first_source not in sources:
+            waits.append(first_ran.wait(timeout=30))
+        return original_compile(sources)
+
+    def run_item(item: object) -> None:
+        original_run(item)  # type: ignore[arg-type]
+        first_ran.set()
+    monkeypatch.setattr(compiler, "compile_cached_many", compile_many)
+    monkeypatch.setattr(realize, "run_item", run_item)
+    Tensor.realize_all(*outs)
+    assert waits and all(waits)
+    for out, want in zip(outs, expected):
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+
+
+def test_a_failed_compile_leaves_no_compiler_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When compiling a schedule fails, every compile it started has finished by the time the error is raised (a
+    compile left running would go on after the caller moved on: in a test, into the next test's counts)."""
+    from glassgrad.engine import realize
+    monkeypatch.setattr(realize, "COMPILE_THREADS", 2)
+    compiler = Device[Device.DEFAULT].compiler
+    original, started, finished = compiler.compile_cached_many, [], []
+
+    def compile_many(sources: list[str]) -> list[bytes]:
+        started.append(sources)
+        try:
+            if len(started) == 1:
+                raise RuntimeError("the compiler is out today")
+            return original(sources)
+        finally:
+            finished.append(sources)
+    monkeypatch.setattr(compiler, "compile_cached_many", compile_many)
+    with pytest.raises(RuntimeError, match="the compiler is out today"):
+        Tensor.realize_all(*_new_kernels(6)[0])
+    assert len(started) == len(finished)
+    seen = len(started)
+    realize._pool().submit(lambda: None).result()  # anything queued before this has run by now, or was dropped
+    assert len(started) == seen
+
+
+@cpu_only
+def test_tiny_kernels_are_compiled_without_optimisation() -> None:
+    """A kernel whose loops run at most TINY_KERNEL_ITERATIONS times in all is marked for gcc's -O0 (it costs less to
+    compile, and it runs for microseconds either way); a bigger one keeps -O2. Both compute the same as numpy."""
+    from glassgrad.renderer.cstyle import TINY_KERNEL_ITERATIONS
+    marker = float(np.random.default_rng().integers(1, 1 << 20)) / 1024
+    small = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    big = np.arange(TINY_KERNEL_ITERATIONS * 2, dtype=np.float32).reshape(-1, 16)
+    outs = [(Tensor(small) * marker).sum(axis=1), (Tensor(big) * marker).sum(axis=1)]
+    tiny, large = (spec.source for spec in glassgrad.kernels(*outs))
+    assert 'optimize("O0")' in tiny and "optimize" not in large
+    Tensor.realize_all(*outs)
+    for out, x in zip(outs, (small, big)):
+        np.testing.assert_allclose(out.numpy(), (x * np.float32(marker)).sum(axis=1), rtol=1e-5)
+
+
+def test_index_strides_along_each_loop() -> None:
+    """How far an index moves per step of each loop: affine sums and products by constants; None where not affine."""
+    from glassgrad.renderer.cstyle import index_stride, index_strides
+    from glassgrad.uop.ops import Ops, UOp
+    r0, r1, r2 = (UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 8),), (i, "global")) for i in range(3))
+    index = (r0 * 4 + r1) + (r2 * -3 + 7)
+    assert index_strides(index) == {r0: 4, r1: 1, r2: -3}
+    assert index_strides((r0 * 4 + r1) // 2 + r2) == {r0: None, r1: None, r2: 1}
+    assert index_stride(r0 * 4, r1) == 0 and index_stride(r1, r1) == 1 and index_stride(r0 * r1, r0) is None
 
 
 @cpu_only

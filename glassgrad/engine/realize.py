@@ -5,11 +5,12 @@ time; `DEBUG=2` prints a line per kernel (name, size, time, GFLOP/s, GB/s), `DEB
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from glassgrad.codegen import ProgramSpec, get_program
@@ -62,48 +63,111 @@ def compile_kernel(device: str, ast: UOp) -> CompiledKernel:
 
 COMPILE_THREADS = max(1, getenv("COMPILE_THREADS", os.cpu_count() or 1))
 MAX_BATCH = 16  # kernels per compiler run: more would leave the pool idle while the codegen catches up
-_compile_pool: ThreadPoolExecutor | None = None
+_compile_pool: tuple[int, ThreadPoolExecutor] | None = None  # (its thread count, the pool)
 
 
-def compile_schedule(schedule: list[ScheduleItem]) -> None:
-    """Compile every kernel of `schedule` that is not compiled yet, several at once.
+def _pool() -> ThreadPoolExecutor:
+    """The compile threads: `COMPILE_THREADS` of them (made again if that setting changed)."""
+    global _compile_pool
+    if _compile_pool is None or _compile_pool[0] != COMPILE_THREADS:
+        if _compile_pool is not None:
+            _compile_pool[1].shutdown(wait=True)
+        pool = ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="glassgrad-compile")
+        _compile_pool = (COMPILE_THREADS, pool)
+    return _compile_pool[1]
+
+
+def _distinct_name(spec: ProgramSpec, taken: set[str], device: str) -> ProgramSpec:
+    """`spec`, or the same kernel rendered under a name not in `taken`: its name with a hash of its source added,
+    so the new source (the compile cache's key) depends on the kernel alone, not on what else is in its batch."""
+    if spec.name not in taken:
+        return spec
+    name = f"{spec.name}_{hashlib.sha256(spec.source.encode()).hexdigest()[:8]}"
+    return replace(spec, name=name, source=Device[device].renderer.render(name, list(spec.uops)))
+
+
+@dataclass
+class _Job:
+    """One compile on the pool: the sources it builds (for one device) and their binaries to come."""
+    device: str
+    sources: list[str]
+    binaries: Future[list[bytes]]
+
+
+class Compiles:
+    """The compiles `compile_schedule` started. `ready(item)` waits for the job building the item's kernel and puts
+    the kernels of that job into the kernel cache; `finish()` waits for the rest (dropping those not started yet)."""
+
+    def __init__(self) -> None:
+        self.kernels: dict[tuple[str, str], list[tuple[UOp, ProgramSpec]]] = {}  # (device, source) -> its kernels
+        self.source_of: dict[tuple[str, UOp], str] = {}  # (device, ast) of a kernel not in the kernel cache yet
+        self.jobs: dict[tuple[str, str], _Job] = {}  # (device, source) -> the job building it
+
+    def ready(self, item: ScheduleItem) -> None:
+        key = (item.bufs[0].device, item.ast)
+        if item.ast.op is Ops.COPY or key not in self.source_of:
+            return  # compiled before, or (a schedule's only new kernel) compiled in place when it runs
+        job = self.jobs[(key[0], self.source_of[key])]
+        for source, binary in zip(job.sources, job.binaries.result()):
+            for ast, spec in self.kernels[(job.device, source)]:
+                _kernel_cache[(job.device, ast)] = CompiledKernel(spec, Device[job.device].program(spec.name, binary))
+                del self.source_of[(job.device, ast)]
+
+    def finish(self) -> None:
+        futures = [job.binaries for job in self.jobs.values()]
+        for future in futures:
+            future.cancel()  # only those still queued are cancelled
+        wait(futures)
+
+
+def compile_schedule(schedule: list[ScheduleItem]) -> Compiles:
+    """Start compiling every kernel of `schedule` that is not compiled yet, several at once.
 
     Codegen is Python and runs here, one kernel after another. The rendered sources go, in batches, to a pool of
     `COMPILE_THREADS` threads (default: one per core), so the compilers run side by side and alongside the codegen
-    of the kernels after them (with one thread too). A batch is one compiler run where the backend can build several
-    kernels in one binary (`Compiler.compile_batch`: the C compiler), so process start-up and linking are paid once
-    per batch. Kernels in a batch have distinct names. A schedule with one new kernel just compiles it."""
-    global _compile_pool
+    of the kernels after them (with one thread too), and (see `run_schedule`) alongside the kernels of the batches
+    already built. A batch is one compiler run where the backend can build several kernels in one binary
+    (`Compiler.compile_batch`: the C compiler), so process start-up and linking are paid once per batch. Kernels
+    that render to the same source are compiled once. Kernels in a batch need distinct names: a kernel whose name is
+    taken in its batch is renamed (`_distinct_name`). A schedule with one new kernel is left to `compile_kernel`.
+    If the codegen fails, the compiles already started are finished (the queued ones dropped) before the error is
+    raised, so no compiler runs on after this returns."""
+    compiles = Compiles()
     todo: dict[tuple[str, UOp], None] = {}
     for item in schedule:
         key = (item.bufs[0].device, item.ast) if item.ast.op is not Ops.COPY else None
         if key is not None and key not in _kernel_cache:
             todo[key] = None
     if len(todo) < 2:
-        return
-    if _compile_pool is None:
-        _compile_pool = ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="glassgrad-compile")
+        return compiles
+    pool = _pool()
     batch_size = min(MAX_BATCH, -(-len(todo) // COMPILE_THREADS))  # enough batches for every thread
-    jobs: list[tuple[str, list[tuple[UOp, ProgramSpec]], Future[list[bytes]]]] = []
-    batches: dict[str, list[tuple[UOp, ProgramSpec]]] = {}  # device -> the batch being filled
+    batches: dict[str, list[ProgramSpec]] = {}  # device -> the batch being filled
 
     def submit(device: str) -> None:
-        batch = batches.pop(device)
-        sources = [spec.source for _, spec in batch]
-        jobs.append((device, batch, _compile_pool.submit(Device[device].compiler.compile_cached_many, sources)))
+        sources = [spec.source for spec in batches.pop(device)]
+        job = _Job(device, sources, pool.submit(Device[device].compiler.compile_cached_many, sources))
+        compiles.jobs.update(((device, source), job) for source in sources)
 
-    for device, ast in todo:
-        spec = _render(device, ast)
-        if any(spec.name == other.name for _, other in batches.get(device, [])):
-            submit(device)  # one binary cannot hold two kernels of the same name
-        batches.setdefault(device, []).append((ast, spec))
-        if len(batches[device]) == (batch_size if Device[device].compiler.batches else 1):
+    try:
+        for device, ast in todo:
+            spec = _render(device, ast)
+            if (device, spec.source) not in compiles.kernels and Device[device].compiler.batches:
+                spec = _distinct_name(spec, {other.name for other in batches.get(device, [])}, device)
+            compiles.source_of[(device, ast)] = spec.source
+            if (device, spec.source) in compiles.kernels:
+                compiles.kernels[(device, spec.source)].append((ast, spec))
+                continue
+            compiles.kernels[(device, spec.source)] = [(ast, spec)]
+            batches.setdefault(device, []).append(spec)
+            if len(batches[device]) == (batch_size if Device[device].compiler.batches else 1):
+                submit(device)
+        for device in list(batches):
             submit(device)
-    for device in list(batches):
-        submit(device)
-    for device, batch, binaries in jobs:
-        for (ast, spec), binary in zip(batch, binaries.result()):
-            _kernel_cache[(device, ast)] = CompiledKernel(spec, Device[device].program(spec.name, binary))
+    except BaseException:
+        compiles.finish()
+        raise
+    return compiles
 
 
 def count_launch(name: str, seconds: float, flops: int, nbytes: int, extra: str = "", launches: int = 1) -> None:
@@ -137,14 +201,20 @@ capture_hooks: list[Callable[[ScheduleItem], None]] = []
 
 
 def run_schedule(schedule: list[ScheduleItem]) -> None:
-    compile_schedule(schedule)
-    for item in schedule:
-        run_item(item)
-        if item.writes is not None:
-            buf, version = item.writes
-            buf.version = max(buf.version, version)
-        for hook in capture_hooks:
-            hook(item)
+    """Run the items in order. Each kernel runs as soon as its batch is compiled, while later batches still compile.
+    Whatever happens, every compile started here has finished when this returns or raises."""
+    compiles = compile_schedule(schedule)
+    try:
+        for item in schedule:
+            compiles.ready(item)
+            run_item(item)
+            if item.writes is not None:
+                buf, version = item.writes
+                buf.version = max(buf.version, version)
+            for hook in capture_hooks:
+                hook(item)
+    finally:
+        compiles.finish()
 
 
 def run_item(item: ScheduleItem) -> None:

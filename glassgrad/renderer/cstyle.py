@@ -362,19 +362,32 @@ class CStyleLanguage:
 
 def index_stride(index: UOp, loop: UOp) -> int | None:
     """How far `index` moves when `loop` advances by one, if that is a constant (None if not affine in it)."""
-    if loop not in index.toposort():
-        return 0
-    if index is loop:
-        return 1
-    if index.op is Ops.ADD:
-        a, b = index_stride(index.src[0], loop), index_stride(index.src[1], loop)
-        return None if a is None or b is None else a + b
-    if index.op is Ops.MUL and index.src[1].op is Ops.CONST:
-        inner = index_stride(index.src[0], loop)
-        return None if inner is None else inner * index.src[1].arg
-    if index.op is Ops.CAST:
-        return index_stride(index.src[0], loop)
-    return None
+    return index_strides(index).get(loop, 0)
+
+
+def index_strides(index: UOp) -> dict[UOp, int | None]:
+    """`index_stride` along every loop (RANGE) that `index` depends on, from one walk over the index."""
+    strides: dict[UOp, dict[UOp, int | None]] = {}
+    for u in index.toposort():
+        inner = [strides[s] for s in u.src]
+        if u.op is Ops.RANGE:
+            strides[u] = {u: 1}
+        elif not any(inner):
+            strides[u] = {}
+        elif u.op is Ops.ADD:
+            a, b = inner
+            strides[u] = {r: _add_strides(a.get(r, 0), b.get(r, 0)) for r in {**a, **b}}
+        elif u.op is Ops.MUL and u.src[1].op is Ops.CONST:
+            strides[u] = {r: None if n is None else n * u.src[1].arg for r, n in inner[0].items()}
+        elif u.op is Ops.CAST:
+            strides[u] = inner[0]
+        else:
+            strides[u] = {r: None for moves in inner for r in moves}
+    return strides[index]
+
+
+def _add_strides(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a + b
 
 
 # gcc 12.2 vectorises an outer loop around a read that runs backwards wrongly (seen: the sum of a flipped 4x2 block
@@ -405,6 +418,28 @@ def _loop_end(program: list[UOp], position: int) -> int:
     loop = program[position]
     return next(i for i in range(position + 1, len(program)) if program[i].op is Ops.ENDRANGE and
                 program[i].src[0] is loop)
+
+
+# A kernel whose loop bodies run at most this many times in all is compiled by gcc without optimisation: it runs
+# for a few microseconds either way (launching it costs more), and its compile costs about a third of an -O2 one.
+TINY_KERNEL_ITERATIONS = 4096
+_UNOPTIMISED = ('#if defined(__GNUC__) && !defined(__clang__)\n'
+                '__attribute__((optimize("O0")))\n#endif')
+
+
+def _loop_iterations(program: list[UOp]) -> int | None:
+    """How many times loop bodies run in all (each loop counted once per run of the loops around it); None when a
+    loop's trip count is symbolic."""
+    total, nest = 0, [1]
+    for u in program:
+        if u.op is Ops.RANGE:
+            if u.src[0].op is not Ops.CONST:
+                return None
+            nest.append(nest[-1] * u.src[0].arg)
+            total += nest[-1]
+        elif u.op is Ops.ENDRANGE:
+            nest.pop()
+    return total
 
 
 _ORDERING = (Ops.BARRIER, Ops.ASYNC_COMMIT, Ops.ASYNC_WAIT)
@@ -569,6 +604,9 @@ class ClangRenderer(CStyleLanguage):
 
     def render(self, name: str, program: list[UOp]) -> str:
         source = super().render(name, program)
+        iterations = _loop_iterations(program)
+        if iterations is not None and iterations <= TINY_KERNEL_ITERATIONS:
+            return source.replace(f"void {name}(", f"{_UNOPTIMISED}\nvoid {name}(", 1)
         if not _reads_backwards_unvectorised(program, _simd_loops(program)):
             return source
         return source.replace(f"void {name}(", f"{_NO_AUTO_VECTORIZER}\nvoid {name}(", 1)
