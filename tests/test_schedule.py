@@ -923,6 +923,16 @@ def test_a_long_outer_reduction_of_a_matmul_is_not_merged() -> None:
     np.testing.assert_array_equal(out.numpy(), (a @ b).sum(0))
 
 
+def test_nested_reductions_over_an_empty_axis_are_not_merged() -> None:
+    """max over an empty axis is -inf; padded with zeros and maxed again it is 0, which a merged (empty) max is not."""
+    from glassgrad.schedule.rewrite import merge_nested_reduce
+    inner = Tensor.empty(3, 0).uop.reduce_axis(Ops.MAX, (1,))
+    outer = inner.pad(((1, 1), (0, 0))).reduce_axis(Ops.MAX, (0,))
+    assert merge_nested_reduce(outer, {}) is None
+    nonempty = Tensor.empty(3, 2).uop.reduce_axis(Ops.MAX, (1,)).pad(((1, 1), (0, 0))).reduce_axis(Ops.MAX, (0,))
+    assert merge_nested_reduce(nonempty, {}) is not None
+
+
 def test_nested_reduction_read_twice_keeps_its_buffer() -> None:
     """A second reader needs the inner result anyway: merging would compute it twice."""
     x = ints(4, 6)

@@ -83,6 +83,8 @@ def merge_nested_reduce(u: UOp, uses: dict[UOp, int]) -> UOp | None:
     x, inner_axes = inner.src[0], inner.arg[1]
     kept = [i for i in range(len(x.shape)) if i not in inner_axes]
     carried = tuple(x.shape[a] for a in inner_axes)
+    if 0 in carried:  # an empty inner reduction is its identity, which a pad's zeros reduced again are not (MAX)
+        return None
     # x with the inner reduction's axes moved to the end, then shaped as the inner result with them appended
     lifted = x.permute(tuple(kept + list(inner_axes))).reshape(inner.shape + carried)
     for movement in reversed(chain):
