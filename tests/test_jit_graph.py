@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
+from test_jit import run_steps
 
 from glassgrad import Context, Device, GlobalCounters, Tensor, TinyJit, Variable, nn, no_grad
 from glassgrad.device import Launch
@@ -206,13 +207,8 @@ def _train(steps: int, jit: bool) -> tuple[np.ndarray, list[np.ndarray], TinyJit
         return loss
 
     run = TinyJit(step) if jit else step
-    rng = np.random.default_rng(11)
-    losses = []
-    for _ in range(steps):
-        x = Tensor(rng.standard_normal((8, 1, 8, 8), dtype=np.float32))
-        y = Tensor(rng.integers(0, 5, 8).astype(np.int32))
-        losses.append(run(x, y).item())
-    return np.array(losses), [p.numpy() for p in params], run if isinstance(run, TinyJit) else None
+    losses = run_steps(run, steps, seed=11)
+    return losses, [p.numpy() for p in params], run if isinstance(run, TinyJit) else None
 
 
 def test_training_through_graphs_equals_eager(device: str) -> None:

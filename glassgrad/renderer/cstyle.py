@@ -10,6 +10,7 @@ Single-use arithmetic is inlined into its consumer; loads, accumulators and shar
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 
@@ -365,8 +366,10 @@ def index_stride(index: UOp, loop: UOp) -> int | None:
     return index_strides(index).get(loop, 0)
 
 
+@functools.lru_cache(maxsize=8192)  # asked of each load along each loop around it; UOps are hash-consed
 def index_strides(index: UOp) -> dict[UOp, int | None]:
-    """`index_stride` along every loop (RANGE) that `index` depends on, from one walk over the index."""
+    """`index_stride` along every loop (RANGE) that `index` depends on, from one walk over the index (shared
+    between callers: do not modify it)."""
     strides: dict[UOp, dict[UOp, int | None]] = {}
     for u in index.toposort():
         inner = [strides[s] for s in u.src]
