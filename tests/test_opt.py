@@ -120,9 +120,22 @@ def test_swap_equal_sizes() -> None:
     np.testing.assert_array_equal(run_with(ast, [Opt(OptOps.SWAP, 0, 1)]), run_with(ast, []))
 
 
+def conv_input_gradient() -> Tensor:
+    """The input gradient of a padded, dilated conv with a relu: a staged `relu'(y) * g` over a window footprint."""
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((2, 3, 7, 9), dtype=np.float32), requires_grad=True)
+    w = Tensor(rng.standard_normal((5, 3, 3, 3), dtype=np.float32))
+    x.conv2d(w, padding=2, dilation=2).relu().sum().backward()
+    assert x.grad is not None
+    return x.grad
+
+
 WORKLOADS = {
     "matmul": matmul,
     "conv": conv,
+    "conv_input_gradient": conv_input_gradient,
+    "strided_conv": lambda: Tensor(np.random.default_rng(0).standard_normal((2, 3, 9, 11), dtype=np.float32)).conv2d(
+        Tensor(np.random.default_rng(1).standard_normal((6, 3, 3, 3), dtype=np.float32)), padding=1, stride=2),
     "sum_rows": lambda: Tensor(np.random.default_rng(0).standard_normal((16, 64), dtype=np.float32)).sum(axis=1),
     "softmax": lambda: Tensor(np.random.default_rng(0).standard_normal((8, 32), dtype=np.float32)).softmax(-1),
     "int_cumulative": lambda: Tensor(np.arange(48, dtype=np.int32).reshape(6, 8)).max(axis=0) * 3,

@@ -7,6 +7,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from glassgrad import Tensor
 from glassgrad.codegen import get_program, optimize_ast
@@ -61,7 +63,9 @@ def test_padded_conv_stages_its_input_once_per_output_position() -> None:
     opts = hand_coded_optimizations(Kernel(ast, CPU.renderer))
     assert opts == [Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.SWAP, 1, 2)]
     source = get_program(ast, CPU.renderer, opts).source
-    assert "float smem0_[1152] __attribute__((aligned(64))); float* restrict smem0 = smem0_;" in source
+    # its footprint: 8 input channels x 3 kernel rows x 18 padded columns (a column x + kx is copied once, not once
+    # for each of the 16 x 3 pairs that read it)
+    assert "float smem0_[432] __attribute__((aligned(64))); float* restrict smem0 = smem0_;" in source
     copy = source[source.index("smem0 = smem0_;"):source.index("float acc0[")]
     assert " ? data1[" in copy and "smem0[" in copy and "#pragma omp simd" in copy
     loop = tile_loop(source)
@@ -70,11 +74,11 @@ def test_padded_conv_stages_its_input_once_per_output_position() -> None:
     staged = [u for u in spec.uops if u.op in (Ops.LOAD, Ops.STORE) and
               (u.src[0].op is Ops.DEFINE_LOCAL or u.src[0].op is Ops.BARRIER)]
     assert len(staged) == 2  # the copy's store and the tile's load, both inside the buffer
-    assert all(0 <= u.src[1].vmin and u.src[1].vmax < 1152 for u in staged)
-    # the copy (4 loops: input channels, kernel rows and columns, lanes) sits inside the loops over the batch and
-    # the output rows, outside the loop over the 2 blocks of 16 output channels
+    assert all(0 <= u.src[1].vmin and u.src[1].vmax < 432 for u in staged)
+    # the copy (3 loops: input channels, kernel rows, padded columns) sits inside the loops over the batch and the
+    # output rows, outside the loop over the 2 blocks of 16 output channels
     outer, blocks = copy.split("for (long long ridx2 = 0; ridx2 < 2; ridx2++) {")
-    assert outer.count("for (") == 2 + 4 and "smem0[" in outer and "for (" not in blocks
+    assert outer.count("for (") == 2 + 3 and "smem0[" in outer and "for (" not in blocks
 
 
 @pytest.mark.parametrize("x_shape, w_shape, padding, stride", [
@@ -105,7 +109,7 @@ def test_large_reduction_is_staged_inside_its_outer_loop(monkeypatch: pytest.Mon
     staged = stage_gated_loads(k.ast, k.upcast)
     barrier = next(u for u in staged.toposort() if u.op is Ops.BARRIER)
     local = barrier.src[0]
-    assert local.op is Ops.DEFINE_LOCAL and local.arg[1] == 3 * 3 * 16
+    assert local.op is Ops.DEFINE_LOCAL and local.arg[1] == 3 * 18  # kernel rows x (16 columns + 2 of padding)
     program = linearize(staged, k.upcast)
     reduce_loops = [u for u in program if u.op is Ops.RANGE and u.arg[1] == "reduce"]
     copy_loops = [u for u in program if u.op is Ops.RANGE and u.arg[1] == "stage"]
@@ -153,3 +157,83 @@ def test_partly_filled_vector_keeps_the_usual_tile() -> None:
     assert opts == [Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 1, 8)]
     tiled = k.copy().apply_opts(opts)
     assert stages_before_reduction(tiled.ast, tiled.upcast)  # staged all the same
+
+
+def conv_input_gradient_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, g: np.ndarray,
+                                  padding: int) -> np.ndarray:
+    """d/dx of sum(g * relu(conv2d(x, w, padding) + b)), by scattering each tap's products back to the input."""
+    pre = conv_reference(x, w, padding) + b[None, :, None, None]
+    upstream = np.where(pre > 0, g, 0).astype(np.float64)
+    n, cin, h, wd = x.shape
+    _, _, kh, kw = w.shape
+    _, _, oh, ow = upstream.shape
+    grad = np.zeros((n, cin, h + 2 * padding, wd + 2 * padding))
+    for i in range(kh):
+        for j in range(kw):
+            grad[:, :, i:i + oh, j:j + ow] += np.einsum("nohw,oc->nchw", upstream, w[:, :, i, j])
+    return grad[:, :, padding:padding + h, padding:padding + wd].astype(np.float32)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, padding", [
+    ((4, 32, 10, 10), (64, 32, 3, 3), 0),  # MNIST's third conv: 10 columns, 8 of output
+    ((2, 8, 9, 7), (16, 8, 3, 3), 1),
+    ((2, 4, 12, 12), (8, 4, 5, 5), 2),
+])
+def test_conv_input_gradient_stages_the_relu_gradient_once(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
+                                                           padding: int) -> None:
+    """The input gradient of `relu(conv(x) + b)`: the copy loops compute `relu'(conv + b) * g` over the padded
+    window's footprint, and the tile's loop is a plain multiply-add of the buffer and the weight (no gate, no
+    select); the gradient matches numpy (and PyTorch)."""
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal(x_shape, dtype=np.float32), rng.standard_normal(w_shape, dtype=np.float32)
+    b = rng.standard_normal(w_shape[0], dtype=np.float32)
+    out_shape = (x_shape[0], w_shape[0], x_shape[2] + 2 * padding - w_shape[2] + 1,
+                 x_shape[3] + 2 * padding - w_shape[3] + 1)
+    g = rng.standard_normal(out_shape, dtype=np.float32)
+    tx, tw, tb = Tensor(x, requires_grad=True), Tensor(w), Tensor(b)
+    ((tx.conv2d(tw, padding=padding) + tb.reshape(1, -1, 1, 1)).relu() * Tensor(g)).sum().backward()
+    assert tx.grad is not None
+    schedule, _ = create_schedule([tx.grad.uop])
+    ast = optimize_ast(schedule[-1].ast, CPU.renderer)
+    source = get_program(ast, CPU.renderer).source
+    loop = source[source.index("#pragma GCC unroll"):source.index("data0[")]  # the tile's rows, inside the reduction
+    assert "smem1" not in source and "?" not in loop and "= smem0[" in loop
+    assert re.search(r"acc0\[\(\w+\*\d+\+\w+\)\] \+ \(val\d+ \* val\d+\)", loop)
+    expected = conv_input_gradient_reference(x, w, b, g, padding)
+    np.testing.assert_allclose(tx.grad.numpy(), expected, rtol=1e-4, atol=1e-4)
+    if torch is not None:
+        t = torch.from_numpy(x).requires_grad_()
+        pre = torch.nn.functional.conv2d(t, torch.from_numpy(w), torch.from_numpy(b), padding=padding)
+        (pre.relu() * torch.from_numpy(g)).sum().backward()
+        assert t.grad is not None
+        np.testing.assert_allclose(tx.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _heuristic_agrees_with_unoptimised(ast: UOp) -> None:
+    from glassgrad.codegen.opt.search import random_inputs, run_program
+    inputs = random_inputs(ast)
+    outs = []
+    for opts in ([], None):
+        spec = get_program(ast, CPU.renderer, opts)
+        outs.append(run_program(CPU, spec, CPU.compiler.compile(spec.source), inputs)[1])
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 2), cin=st.integers(1, 5), cout=st.sampled_from([1, 3, 8, 16]), h=st.integers(3, 12),
+       w=st.integers(3, 19), k=st.sampled_from([1, 2, 3, 5]), padding=st.integers(0, 2), stride=st.integers(1, 2),
+       dilation=st.integers(1, 2))
+def test_staged_convolutions_agree_with_unoptimised(n: int, cin: int, cout: int, h: int, w: int, k: int, padding: int,
+                                                    stride: int, dilation: int) -> None:
+    """Any convolution's forward and input-gradient kernels (a relu between): the heuristic's kernel, staged over
+    window footprints, computes what the unoptimised kernel does on the same random inputs."""
+    span = dilation * (k - 1) + 1
+    if h + 2 * padding < span or w + 2 * padding < span:
+        return
+    x = Tensor.empty(n, cin, h, w).requires_grad_()
+    out = x.conv2d(Tensor.empty(cout, cin, k, k), padding=padding, stride=stride, dilation=dilation).relu()
+    out.sum().backward()
+    assert x.grad is not None
+    for tensor in (out, x.grad):
+        schedule, _ = create_schedule([tensor.uop])
+        _heuristic_agrees_with_unoptimised(optimize_ast(schedule[-1].ast, CPU.renderer))

@@ -1,6 +1,6 @@
-"""Staging (CPU): a gated load inside a register tile's reduction is copied into a small local buffer first.
+"""Staging (CPU): the gated values of a register tile's reduction are computed into a small local buffer first.
 
-In: an optimised kernel AST and its upcast ranges (`Kernel.upcast`). Out: the AST where each such load reads a
+In: an optimised kernel AST and its upcast ranges (`Kernel.upcast`). Out: the AST where each such value reads a
 staging buffer (`DEFINE_LOCAL`: an array on the thread's stack) instead, filled by a loop nest of its own just
 inside the outermost reduce loop it fits under. A padded convolution's input loads are gated (`valid ? x[i] : 0`):
 compiled as SIMD lanes they are masked loads, and gcc then keeps the register tile's accumulators in memory (a load
@@ -9,11 +9,18 @@ load reads). Staged, the masked loads run in the copy loops, the tile's loops re
 a `restrict` pointer, and the accumulators stay in registers.
 
     for ci:                                   for ci:
-      for kh, kw:                               for kh', kw', lane':          (copy loops, kind "stage")
-        for row, lane:                            stage[kh', kw', lane'] = valid ? x[...] : 0
+      for kh, kw:                               for kh', col':                (copy loops, kind "stage")
+        for row, lane:                            stage[kh', col'] = valid ? x[...] : 0
           acc[row, lane] += (valid ? x : 0) * w  for kh, kw:
                                                   for row, lane:
-                                                    acc[row, lane] += stage[kh, kw, lane] * w
+                                                    acc[row, lane] += stage[kh, kw + lane] * w
+
+What is staged is the largest part of the reduction's value around the gated loads that uses no tile loop they do
+not use: for a convolution's input gradient that is `relu'(y) * g` (two gated loads and the relu's mask), leaving a
+plain multiply-add in the tile. In a sum, a select by the padding's gate around a product with such a load is
+dropped first (the load is 0 there already). The buffer covers the value's *footprint*: loops that move every index
+and gate the same way (up to sign) share one axis of their sum, so a window's column `kw + lane` is one axis of
+16 + 2 values, not 3 x 16; the innermost tile loop counts up along its axis.
 
 In the IR the copy is `BARRIER(DEFINE_LOCAL, STORE(local, index, value))` with arg "stage", as a GPU tile copy
 is, except that its loops are RANGEs of kind "stage" under the BARRIER: the linearizer opens them around the
@@ -25,6 +32,7 @@ import math
 
 from glassgrad.dtype import dtypes
 from glassgrad.helpers import prod
+from glassgrad.renderer.cstyle import index_strides
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.symbolic import simplify
@@ -48,6 +56,36 @@ fold_gated_where = PatternMatcher([
 ])
 
 
+def _conjuncts(cond: UOp) -> set[UOp]:
+    return _conjuncts(cond.src[0]) | _conjuncts(cond.src[1]) if cond.op is Ops.AND else {cond}
+
+
+def _zero_unless(x: UOp, conds: set[UOp]) -> bool:
+    """Whether `x` is 0 wherever one of `conds` is false: a load gated by all of them, a product with such a
+    factor, or a select of such values."""
+    if x.op is Ops.LOAD:
+        return len(x.src) == 3 and conds <= _conjuncts(x.src[2])
+    if x.op is Ops.MUL:
+        return _zero_unless(x.src[0], conds) or _zero_unless(x.src[1], conds)
+    if x.op is Ops.CAST:
+        return _zero_unless(x.src[0], conds)
+    if x.op is Ops.WHERE:
+        return all(_is_positive_zero(v) or _zero_unless(v, conds) for v in x.src[1:])
+    return False
+
+
+def _drop_zero_select(g: UOp, x: UOp, zero: UOp) -> UOp | None:
+    return x if _is_positive_zero(zero) and x.dtype.is_float and _zero_unless(x, _conjuncts(g)) else None
+
+
+# In a sum: WHERE(g, x * w, 0) -> x * w when x is a load gated by g (at least): a padded input's zeros are zeros of
+# the product already. (Only a weight that is inf or NaN could tell them apart: 0 * inf is NaN, as in the unfused
+# `pad(x) * w`.) A convolution's input gradient selects its products by the padding's gate once per multiply-add.
+drop_zero_selects = PatternMatcher([
+    (UPat(Ops.WHERE, src=(UPat.var("g"), UPat.var("x"), UPat(Ops.CONST, name="zero"))), _drop_zero_select),
+])
+
+
 def _replace(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
     return graph_rewrite(root, PatternMatcher([(UPat(name="x"), lambda x: mapping.get(x))])) if mapping else root
 
@@ -65,26 +103,125 @@ def _tile_loops(red: UOp, upcast: tuple[UOp, ...]) -> tuple[list[UOp], list[UOp]
     return own, inner + [u for u in upcast if u in scope and u not in inner]
 
 
-def _staging_loops(load: UOp, reduce_loops: list[UOp], inner: list[UOp]) -> list[UOp] | None:
-    """The loops the staging buffer covers (its axes, outermost first): those of the load's loops inside the
-    outermost reduce loop under which the buffer fits in STAGE_MAX elements; None when no reduce loop is among them
-    (staging inside the innermost reduce loop would leave the masked loads in the tile's loop)."""
-    uses = _depends(load)
+# One axis of a staging buffer: its loops with their signs, the number of values it takes, and the offset that makes
+# the first one 0. A buffer axis of several loops holds their signed sum (a window's `x + kx`, or `y - ky` in a
+# transposed convolution), which the staged value depends on only through that sum.
+Dim = tuple[tuple[tuple[UOp, int], ...], int, int]
+
+
+def _is_root_candidate(n: UOp, inner: list[UOp], gated: list[UOp]) -> bool:
+    """A value the copy loops can compute instead of the tile's loop: no reduction, buffer or staging inside, and no
+    tile loop that its gated loads do not already depend on (those would multiply the copies, not share them)."""
+    if n.dtype.is_bool:
+        return False
+    if any(u.op in (Ops.REDUCE, Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.STORE) for u in n.toposort()):
+        return False
+    loaded = set().union(*(_depends(g) for g in gated))
+    return all(r in loaded for r in _depends(n) if r in inner)
+
+
+def _stage_roots(body: UOp, inner: list[UOp]) -> list[UOp]:
+    """The largest parts of a reduction's value that contain gated loads and can be staged whole (a padded
+    convolution's input, or its input gradient's `relu'(x) * g`): copied once, they leave only the multiply-add
+    with the other operand in the tile's loop."""
+    roots: list[UOp] = []
+    seen: set[UOp] = set()
+
+    def visit(n: UOp) -> None:
+        if n in seen or n.op is Ops.REDUCE:
+            return
+        seen.add(n)
+        gated = [u for u in n.toposort(stop=lambda x: x.op is Ops.REDUCE) if u.op is Ops.LOAD and len(u.src) == 3]
+        if not gated:
+            return
+        if n.op is not Ops.RANGE and _is_root_candidate(n, inner, gated):
+            roots.append(n)
+            return
+        for s in n.src:
+            visit(s)
+    visit(body)
+    return roots
+
+
+def _affine_leaves(root: UOp) -> list[UOp]:
+    """The integer expressions through which `root` uses its loops: load indices, and the operands of the gates'
+    comparisons (every use of a loop sits inside one)."""
+    leaves: list[UOp] = []
+    seen: set[UOp] = set()
+
+    def visit(n: UOp) -> None:
+        if n in seen:
+            return
+        seen.add(n)
+        if n.dtype.is_int:
+            leaves.append(n)
+            return
+        for s in n.src:
+            visit(s)
+    visit(root)
+    return leaves
+
+
+def _footprint(root: UOp, loops: list[UOp]) -> list[Dim]:
+    """The staging buffer's axes for `root` over `loops`: loops whose strides agree (up to sign) in every affine
+    leaf share one axis of their signed sum; a loop that no affine leaf shows is its own axis."""
+    leaves = [index_strides(leaf) for leaf in _affine_leaves(root)]
+    if any(s is None for leaf in leaves for s in leaf.values()):
+        return [(((r, 1),), r.src[0].arg, 0) for r in loops]  # not affine: one axis per loop
+    groups: list[list[tuple[UOp, int]]] = []
+    for r in loops:
+        for group in groups:
+            sign = _same_direction([leaf.get(group[0][0], 0) for leaf in leaves], [leaf.get(r, 0) for leaf in leaves])
+            if sign:
+                group.append((r, sign * group[0][1]))
+                break
+        else:
+            groups.append([(r, 1)])
+    dims: list[Dim] = []
+    for group in groups:
+        if group[-1][1] < 0:  # the innermost loop counts up (the tile's lanes then read forwards)
+            group = [(r, -sign) for r, sign in group]
+        extent = sum(r.src[0].arg - 1 for r, _ in group) + 1
+        offset = sum(r.src[0].arg - 1 for r, sign in group if sign < 0)
+        dims.append((tuple(group), extent, offset))
+    return dims
+
+
+def _same_direction(first: list[int | None], second: list[int | None]) -> int:
+    """+1 or -1 when `second` is `first` times it in every leaf (and not all zero), else 0."""
+    for sign in (1, -1):
+        if any(f for f in first) and all(s == sign * f for f, s in zip(first, second)):  # type: ignore[operator]
+            return sign
+    return 0
+
+
+def _staging_dims(root: UOp, reduce_loops: list[UOp], inner: list[UOp]) -> list[Dim] | None:
+    """The axes of `root`'s staging buffer (outermost first; the innermost tile loop's last): over the loops inside
+    the outermost reduce loop under which the buffer fits in STAGE_MAX elements; None when no reduce loop is among
+    them (staging inside the innermost reduce loop would leave the masked loads in the tile's loop)."""
+    uses = _depends(root)
+    order = reduce_loops + inner
     for split in range(len(reduce_loops)):
-        axes = [r for r in reduce_loops[split:] + inner if r in uses]
-        if prod(r.src[0].arg for r in axes) <= STAGE_MAX:
-            return axes if any(r in reduce_loops for r in axes) else None
+        loops = [r for r in order[split:] if r in uses]
+        dims = _footprint(root, loops)
+        if prod(extent for _, extent, _ in dims) <= STAGE_MAX:
+            if not any(r in reduce_loops for r in loops):
+                return None
+            return sorted(dims, key=lambda d: max(order.index(r) for r, _ in d[0]))
     return None
 
 
 def stages_before_reduction(ast: UOp, upcast: tuple[UOp, ...]) -> bool:
-    """Whether `stage_gated_loads` would copy some gated load for a whole reduction, before its loops: the copy then
+    """Whether `stage_gated_loads` would copy some gated value for a whole reduction, before its loops: the copy then
     depends on global loops only, and is made once for every position of the global loops it does not use."""
     for red in (u for u in ast.toposort() if u.op is Ops.REDUCE):
         reduce_loops, inner = _tile_loops(red, upcast)
-        for load in (u for u in red.src[0].toposort() if u.op is Ops.LOAD and len(u.src) == 3):
-            axes = _staging_loops(load, reduce_loops, inner) if inner and _constant(reduce_loops + inner) else None
-            if axes is not None and all(r in axes for r in reduce_loops if r in _depends(load)):
+        if not inner or not _constant(reduce_loops + inner):
+            continue
+        for root in _stage_roots(red.src[0], inner):
+            dims = _staging_dims(root, reduce_loops, inner)
+            covered = {r for members, _, _ in dims or [] for r, _ in members}
+            if dims is not None and all(r in covered for r in reduce_loops if r in _depends(root)):
                 return True
     return False
 
@@ -94,11 +231,14 @@ def _constant(loops: list[UOp]) -> bool:
 
 
 def stage_gated_loads(ast: UOp, upcast: tuple[UOp, ...]) -> UOp:
-    """Stage every gated load of a reduction that has a register tile (upcast or unrolled loops) into a local buffer
-    (see the module docstring). Loops of symbolic size are left as they are."""
+    """Stage the gated values of every reduction that has a register tile (upcast or unrolled loops) into a local
+    buffer (see the module docstring). Loops of symbolic size are left as they are."""
     ast = graph_rewrite(ast, fold_gated_where)
     if not upcast:
         return ast
+    sums = {red: red.replace(src=(graph_rewrite(red.src[0], drop_zero_selects), *red.src[1:]))
+            for red in ast.toposort() if red.op is Ops.REDUCE and red.arg is Ops.ADD}
+    ast = _replace(ast, {old: new for old, new in sums.items() if new is not old})
     next_id = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
     local_id = sum(1 for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL)
     mapping: dict[UOp, UOp] = {}
@@ -106,25 +246,51 @@ def stage_gated_loads(ast: UOp, upcast: tuple[UOp, ...]) -> UOp:
         reduce_loops, inner = _tile_loops(red, upcast)
         if not inner or not _constant(reduce_loops + inner):
             continue
-        for load in red.src[0].toposort(stop=lambda x: x.op is Ops.REDUCE):
-            if load.op is not Ops.LOAD or len(load.src) != 3 or load in mapping:
+        for root in _stage_roots(red.src[0], inner):
+            dims = _staging_dims(root, reduce_loops, inner) if root not in mapping else None
+            if dims is None:
                 continue
-            axes = _staging_loops(load, reduce_loops, inner)
-            if axes is None:
-                continue
-            copies = [UOp(Ops.RANGE, r.dtype, r.src, (next_id + i, "stage")) for i, r in enumerate(axes)]
-            next_id += len(axes)
-            local = UOp(Ops.DEFINE_LOCAL, load.dtype, (), (local_id, prod(r.src[0].arg for r in axes)))
+            copies = [_copy_loop(members[0][0], extent, next_id + i) for i, (members, extent, _) in enumerate(dims)]
+            next_id += len(dims)
+            local = UOp(Ops.DEFINE_LOCAL, root.dtype, (), (local_id, prod(extent for _, extent, _ in dims)))
             local_id += 1
-            store = UOp(Ops.STORE, dtypes.void, (local, _flat(copies), _replace(load, dict(zip(axes, copies)))))
-            staged = UOp(Ops.BARRIER, load.dtype, (local, store), "stage")
-            mapping[load] = UOp(Ops.LOAD, load.dtype, (staged, _flat(axes)))
+            value = _replace(root, _copy_values(dims, copies))
+            store = UOp(Ops.STORE, dtypes.void, (local, _flat(copies, dims), value))
+            staged = UOp(Ops.BARRIER, root.dtype, (local, store), "stage")
+            mapping[root] = UOp(Ops.LOAD, root.dtype, (staged, _flat([_position(d) for d in dims], dims)))
     return simplify(_replace(ast, mapping))
 
 
-def _flat(loops: list[UOp]) -> UOp:
-    """The row-major position of a combination of the loops' indices (the last one contiguous)."""
-    index = loops[0]
-    for r in loops[1:]:
-        index = index * UOp.const(r.dtype, r.src[0].arg) + r
+def _copy_loop(like: UOp, extent: int, loop_id: int) -> UOp:
+    return UOp(Ops.RANGE, like.dtype, (UOp.const(like.dtype, extent),), (loop_id, "stage"))
+
+
+def _copy_values(dims: list[Dim], copies: list[UOp]) -> dict[UOp, UOp]:
+    """The loop values at which the copy loops evaluate the staged value: for each axis, its first loop takes the
+    axis' signed sum and the others 0."""
+    values: dict[UOp, UOp] = {}
+    for (members, _, offset), copy in zip(dims, copies):
+        (first, sign), rest = members[0], members[1:]
+        total = copy - UOp.const(copy.dtype, offset) if offset else copy
+        values[first] = total if sign > 0 else total * UOp.const(copy.dtype, -1)
+        values.update({r: UOp.const(r.dtype, 0) for r, _ in rest})
+    return values
+
+
+def _position(dim: Dim) -> UOp:
+    """An axis' index in the tile's loop: the signed sum of its loops, plus its offset."""
+    members, _, offset = dim
+    total: UOp | None = None
+    for r, sign in members:
+        term = r if sign > 0 else r * UOp.const(r.dtype, -1)
+        total = term if total is None else total + term
+    assert total is not None
+    return total + UOp.const(total.dtype, offset) if offset else total
+
+
+def _flat(positions: list[UOp], dims: list[Dim]) -> UOp:
+    """The row-major position in the buffer of one position per axis (the last axis contiguous)."""
+    index = positions[0]
+    for position, (_, extent, _) in zip(positions[1:], dims[1:]):
+        index = index * UOp.const(position.dtype, extent) + position
     return index
