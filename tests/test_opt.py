@@ -4,6 +4,7 @@ disk cache."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -276,7 +277,9 @@ def test_heuristic_short_and_empty_rows_get_no_lanes() -> None:
 
 def test_heuristic_conv_weight_gradient_takes_lanes_along_output_rows() -> None:
     """A 3x3 conv's weight gradient: the only vector axis is the kernel width (3 lanes); the sum over an output row
-    of 8 positions, contiguous in both loads, gives 8 lanes instead. The gradient matches numpy's."""
+    of 8 positions, contiguous in both loads, gives 8 lanes instead, the innermost (SIMD) loop, with the kernel width
+    as rows around it (the input's row shifts by one per row, the gradient's is shared). The gradient matches
+    numpy's."""
     rng = np.random.default_rng(5)
     x, w = rng.standard_normal((4, 3, 10, 10), dtype=np.float32), rng.standard_normal((5, 3, 3, 3), dtype=np.float32)
     g = rng.standard_normal((4, 5, 8, 8), dtype=np.float32)
@@ -284,7 +287,13 @@ def test_heuristic_conv_weight_gradient_takes_lanes_along_output_rows() -> None:
     (grad,) = (Tensor(x).conv2d(weight) * Tensor(g)).sum().gradient(weight)
     k = kernel_of(grad)
     assert k.describe() == "global:5 global:3 global:3 global:3 reduce:4 reduce:8 reduce:8"
-    assert hand_coded_optimizations(k) == [Opt(OptOps.UNROLL, 6, 0)]
+    opts = hand_coded_optimizations(k)
+    assert opts == [Opt(OptOps.UNROLL, 6, 0), Opt(OptOps.UPCAST, 3, 0)]
+    tile = k.copy().apply_opts(opts)
+    assert [r.src[0].arg for r in tile.upcast] == [3, 8] and tile.upcast[-1].arg[1] == "unroll"
+    source = get_program(k.ast, CPU.renderer, opts).source
+    assert re.search(r"#pragma GCC unroll 3\n\s*for \(long long \w+ = 0; \w+ < 3;.*\n\s*#pragma omp simd\n"
+                     r"\s*for \(long long \w+ = 0; \w+ < 8;", source)
     windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))  # n, c, 8, 8, 3, 3
     np.testing.assert_allclose(grad.numpy(), np.einsum("nohw,nchwij->ocij", g, windows), rtol=1e-4, atol=1e-4)
 

@@ -33,12 +33,13 @@ import math
 from glassgrad.dtype import dtypes
 from glassgrad.helpers import prod
 from glassgrad.renderer.cstyle import index_strides
-from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.ops import GroupOp, Ops, UOp
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.symbolic import simplify
 
 STAGE_MAX = 16384  # elements of one staging buffer (64 KB of float32 on the stack: read once per 8-16 FMAs, L2 is
 #                   fast enough; a 3x3 convolution over 64 input channels with 16 lanes is 9216)
+SHARE_MIN = 4      # an ungated value is staged when the tile would compute each of its values this many times
 
 
 def _is_positive_zero(c: UOp) -> bool:
@@ -109,33 +110,41 @@ def _tile_loops(red: UOp, upcast: tuple[UOp, ...]) -> tuple[list[UOp], list[UOp]
 Dim = tuple[tuple[tuple[UOp, int], ...], int, int]
 
 
-def _is_root_candidate(n: UOp, inner: list[UOp], gated: list[UOp]) -> bool:
+def _is_root_candidate(n: UOp, inner: list[UOp], loads: list[UOp]) -> bool:
     """A value the copy loops can compute instead of the tile's loop: no reduction, buffer or staging inside, and no
-    tile loop that its gated loads do not already depend on (those would multiply the copies, not share them)."""
+    tile loop that its loads do not already depend on (those would multiply the copies, not share them)."""
     if n.dtype.is_bool:
         return False
     if any(u.op in (Ops.REDUCE, Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.STORE) for u in n.toposort()):
         return False
-    loaded = set().union(*(_depends(g) for g in gated))
+    loaded = set().union(*(_depends(load) for load in loads))
     return all(r in loaded for r in _depends(n) if r in inner)
 
 
-def _stage_roots(body: UOp, inner: list[UOp]) -> list[UOp]:
-    """The largest parts of a reduction's value that contain gated loads and can be staged whole (a padded
-    convolution's input, or its input gradient's `relu'(x) * g`): copied once, they leave only the multiply-add
-    with the other operand in the tile's loop."""
-    roots: list[UOp] = []
+def _stage_roots(body: UOp, reduce_loops: list[UOp], inner: list[UOp]) -> list[tuple[UOp, list[Dim]]]:
+    """The largest parts of a reduction's value that can be staged whole, with their buffers' axes: one with gated
+    loads (a padded convolution's input, or its input gradient's `relu'(x) * g`) is staged to take the masked loads
+    out of the tile's loop; one with loads and arithmetic but no gate (a fused `relu(x + b)` that the tile evaluates
+    for each of its rows and each tap of the window) only when its footprint is much smaller than the tile's
+    evaluations of it. Either leaves the multiply-add with the other operand in the tile's loop."""
+    roots: list[tuple[UOp, list[Dim]]] = []
     seen: set[UOp] = set()
 
     def visit(n: UOp) -> None:
         if n in seen or n.op is Ops.REDUCE:
             return
         seen.add(n)
-        gated = [u for u in n.toposort(stop=lambda x: x.op is Ops.REDUCE) if u.op is Ops.LOAD and len(u.src) == 3]
-        if not gated:
+        loads = [u for u in n.toposort(stop=lambda x: x.op is Ops.REDUCE) if u.op is Ops.LOAD]
+        if not loads:
             return
-        if n.op is not Ops.RANGE and _is_root_candidate(n, inner, gated):
-            roots.append(n)
+        gated = [u for u in loads if len(u.src) == 3]
+        if gated and _is_root_candidate(n, inner, gated):
+            if (dims := _staging_dims(n, reduce_loops, inner, False)) is not None:
+                roots.append((n, dims))
+            return
+        if not gated and n.op in GroupOp.ALU and _is_root_candidate(n, inner, loads) and \
+                (dims := _staging_dims(n, reduce_loops, inner, True)) is not None:
+            roots.append((n, dims))
             return
         for s in n.src:
             visit(s)
@@ -195,17 +204,20 @@ def _same_direction(first: list[int | None], second: list[int | None]) -> int:
     return 0
 
 
-def _staging_dims(root: UOp, reduce_loops: list[UOp], inner: list[UOp]) -> list[Dim] | None:
+def _staging_dims(root: UOp, reduce_loops: list[UOp], inner: list[UOp], to_share: bool) -> list[Dim] | None:
     """The axes of `root`'s staging buffer (outermost first; the innermost tile loop's last): over the loops inside
     the outermost reduce loop under which the buffer fits in STAGE_MAX elements; None when no reduce loop is among
-    them (staging inside the innermost reduce loop would leave the masked loads in the tile's loop)."""
+    them (staging inside the innermost reduce loop would leave the masked loads in the tile's loop), or, `to_share`,
+    when the tile's loops inside that point evaluate it fewer than SHARE_MIN times per staged value."""
     uses = _depends(root)
     order = reduce_loops + inner
     for split in range(len(reduce_loops)):
         loops = [r for r in order[split:] if r in uses]
         dims = _footprint(root, loops)
-        if prod(extent for _, extent, _ in dims) <= STAGE_MAX:
-            if not any(r in reduce_loops for r in loops):
+        size = prod(extent for _, extent, _ in dims)
+        if size <= STAGE_MAX:
+            if not any(r in reduce_loops for r in loops) or \
+                    (to_share and prod(r.src[0].arg for r in order[split:]) < SHARE_MIN * size):
                 return None
             return sorted(dims, key=lambda d: max(order.index(r) for r, _ in d[0]))
     return None
@@ -218,10 +230,9 @@ def stages_before_reduction(ast: UOp, upcast: tuple[UOp, ...]) -> bool:
         reduce_loops, inner = _tile_loops(red, upcast)
         if not inner or not _constant(reduce_loops + inner):
             continue
-        for root in _stage_roots(red.src[0], inner):
-            dims = _staging_dims(root, reduce_loops, inner)
-            covered = {r for members, _, _ in dims or [] for r, _ in members}
-            if dims is not None and all(r in covered for r in reduce_loops if r in _depends(root)):
+        for root, dims in _stage_roots(red.src[0], reduce_loops, inner):
+            covered = {r for members, _, _ in dims for r, _ in members}
+            if all(r in covered for r in reduce_loops if r in _depends(root)):
                 return True
     return False
 
@@ -246,9 +257,8 @@ def stage_gated_loads(ast: UOp, upcast: tuple[UOp, ...]) -> UOp:
         reduce_loops, inner = _tile_loops(red, upcast)
         if not inner or not _constant(reduce_loops + inner):
             continue
-        for root in _stage_roots(red.src[0], inner):
-            dims = _staging_dims(root, reduce_loops, inner) if root not in mapping else None
-            if dims is None:
+        for root, dims in _stage_roots(red.src[0], reduce_loops, inner):
+            if root in mapping:
                 continue
             copies = [_copy_loop(members[0][0], extent, next_id + i) for i, (members, extent, _) in enumerate(dims)]
             next_id += len(dims)
