@@ -61,8 +61,8 @@ def test_axes_by_kind() -> None:
     assert k.describe() == "global:32 global:24 reduce:16"
     k.apply_opts([Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.UPCAST, 0, 4)])
     assert k.describe() == "global:8 global:3 reduce:4 unroll:4 upcast:8 upcast:4"  # by kind, then creation
-    # the tile: the reduction's lanes outermost, then the upcast from the outer output axis, then the inner one
-    assert [r.arg[1] for r in k.upcast] == ["unroll", "upcast", "upcast"]
+    # the tile: the latest opt outermost, the first (the SIMD loop) innermost
+    assert [r.arg[1] for r in k.upcast] == ["upcast", "unroll", "upcast"]
     assert [r.src[0].arg for r in k.upcast] == [4, 4, 8]
 
 
@@ -94,7 +94,7 @@ def test_wrong_opts_raise(opt: Opt, message: str | None) -> None:
 
 def test_register_tile_limit() -> None:
     k = kernel_of(matmul(64, 64, 64))
-    k.apply_opts([Opt(OptOps.UPCAST, 0, 32), Opt(OptOps.UPCAST, 1, 8)])
+    k.apply_opts([Opt(OptOps.UPCAST, 0, 32), Opt(OptOps.UPCAST, 1, 16)])
     with pytest.raises(KernelOptError, match="register tile"):
         k.apply_opt(Opt(OptOps.UPCAST, 1, 2))
 

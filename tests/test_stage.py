@@ -149,14 +149,26 @@ def test_lane_loop_of_20_is_written_as_16_and_4() -> None:
     np.testing.assert_allclose(out.numpy(), conv_reference(x, w, 0), rtol=1e-4, atol=1e-4)
 
 
-def test_partly_filled_vector_keeps_the_usual_tile() -> None:
-    """A staged conv with 10 output columns (8 + 2 lanes: two registers per row) keeps 8 rows and its loop order."""
+def test_partly_filled_vector_gives_packed_channel_lanes() -> None:
+    """A padded conv with 10 output columns (8 + 2 lanes would leave registers partly empty): the output channels
+    become the 16 SIMD lanes, the weights are packed once per block of 16 channels with the lanes contiguous, the
+    output columns (10) and 2 output rows become 20 rows of the tile, and the tile's loop reads the two staging
+    buffers only: a broadcast input value times a vector of weights."""
     ast = conv_ast((2, 8, 10, 10), (32, 8, 3, 3), padding=1)
-    k = Kernel(ast, CPU.renderer)
-    opts = hand_coded_optimizations(k)
-    assert opts == [Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 1, 8)]
-    tiled = k.copy().apply_opts(opts)
-    assert stages_before_reduction(tiled.ast, tiled.upcast)  # staged all the same
+    opts = hand_coded_optimizations(Kernel(ast, CPU.renderer))
+    assert opts == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 2, 2)]
+    source = get_program(ast, CPU.renderer, opts).source
+    assert "float smem1_[1152]" in source  # 8 input channels x 3 x 3 taps x 16 output channels
+    pack = source[source.index("smem1 = smem1_;"):source.index("float acc0[")]
+    lanes_last = r"smem1\[\(+ridx\d+ \* 144\) \+ \(ridx\d+ \* 48\)\) \+ \(ridx\d+ \* 16\)\) \+ ridx\d+\)\] = val"
+    assert re.search(lanes_last, pack)
+    loop = source[source.index("#pragma GCC unroll 2"):source.index("data0[")]
+    assert "data" not in loop and "?" not in loop and "= smem0[" in loop and "= smem1[" in loop
+    assert loop.index("= smem0[") < loop.index("#pragma omp simd") < loop.index("= smem1[")
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((2, 8, 10, 10), dtype=np.float32), rng.standard_normal((32, 8, 3, 3), dtype=np.float32)
+    np.testing.assert_allclose(Tensor(x).conv2d(Tensor(w), padding=1).numpy(), conv_reference(x, w, 1),
+                               rtol=1e-4, atol=1e-4)
 
 
 def conv_input_gradient_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, g: np.ndarray,
@@ -197,8 +209,8 @@ def test_conv_input_gradient_stages_the_relu_gradient_once(x_shape: tuple[int, .
     ast = optimize_ast(schedule[-1].ast, CPU.renderer)
     source = get_program(ast, CPU.renderer).source
     loop = source[source.index("#pragma GCC unroll"):source.index("data0[")]  # the tile's rows, inside the reduction
-    assert "smem1" not in source and "?" not in loop and "= smem0[" in loop
-    assert re.search(r"acc0\[\(\w+\*\d+\+\w+\)\] \+ \(val\d+ \* val\d+\)", loop)
+    assert "?" not in loop and "= smem0[" in loop
+    assert re.search(r"acc0\[[^]]+\] = acc0\[[^]]+\] \+ \(val\d+ \* val\d+\);", loop)
     expected = conv_input_gradient_reference(x, w, b, g, padding)
     np.testing.assert_allclose(tx.grad.numpy(), expected, rtol=1e-4, atol=1e-4)
     if torch is not None:

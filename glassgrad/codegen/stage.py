@@ -146,10 +146,27 @@ def _stage_roots(body: UOp, reduce_loops: list[UOp], inner: list[UOp]) -> list[t
                 (dims := _staging_dims(n, reduce_loops, inner, True)) is not None:
             roots.append((n, dims))
             return
+        if n.op is Ops.LOAD and (dims := _pack_dims(n, reduce_loops, inner)) is not None:
+            roots.append((n, dims))
+            return
         for s in n.src:
             visit(s)
     visit(body)
     return roots
+
+
+def _pack_dims(load: UOp, reduce_loops: list[UOp], inner: list[UOp]) -> list[Dim] | None:
+    """A *pack*: an ungated load that the tile's SIMD loop (the innermost, `inner[-1]`) reads with a stride other than
+    0 or 1 (a convolution's weight `w[co, ci, kh, kw]` with the output channels as lanes) is copied whole, for every
+    reduce loop it depends on, with the lanes contiguous: made once before the reduction, it turns a gather per
+    multiply-add into one vector load."""
+    if len(load.src) == 3 or not inner or index_strides(load.src[1]).get(inner[-1], 0) in (0, 1):
+        return None
+    dims = _staging_dims(load, reduce_loops, inner, False)
+    covered = {r for members, _, _ in dims or [] for r, _ in members}
+    if dims is None or any(r in reduce_loops and r not in covered for r in _depends(load)):
+        return None
+    return dims
 
 
 def _affine_leaves(root: UOp) -> list[UOp]:

@@ -384,12 +384,14 @@ def _split_reduce(u: UOp) -> UOp:
     op, axes = u.arg
     src = u.src[0]
     keep = [i for i in range(len(src.shape)) if i not in axes]
-    reduced = prod(src.shape[a] for a in axes)
+    sizes = [src.shape[a] for a in axes]
     factor = _split_factor(u)
     assert factor is not None
-    grouped = src.permute(tuple(keep + list(axes))).reshape(tuple(src.shape[i] for i in keep) +
-                                                            (factor, reduced // factor))
-    partial = grouped.reduce_axis(op, (len(keep) + 1,))
+    # parts of the outermost reduced axis keep the others as they are (the kernel's indices stay affine in each);
+    # otherwise the reduced axes are flattened first
+    inner = (sizes[0] // factor, *sizes[1:]) if sizes[0] % factor == 0 else (prod(sizes) // factor,)
+    grouped = src.permute(tuple(keep + list(axes))).reshape(tuple(src.shape[i] for i in keep) + (factor, *inner))
+    partial = grouped.reduce_axis(op, tuple(range(len(keep) + 1, len(keep) + 1 + len(inner))))
     return partial.reduce_axis(op, (len(keep),)).reshape(u.shape)
 
 

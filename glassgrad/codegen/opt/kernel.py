@@ -18,10 +18,9 @@ from glassgrad.uop.sint import render_sint
 KIND_ORDER = ("global", "local", "reduce", "group", "unroll", "upcast")
 MAX_UPCAST = 64          # iterations of one upcast axis
 MAX_UNROLL = 32          # iterations of one unrolled axis
-MAX_REGISTER_TILE = 256  # accumulators (product of the upcast sizes) and unrolled copies of the loop body
+MAX_REGISTER_TILE = 512  # accumulators (product of the upcast sizes) and unrolled copies of the loop body
 MAX_THREADS = 1024       # threads of one work-group (CUDA and Metal)
 MAX_SHARED = 48 * 1024   # bytes of (static) shared memory per work-group
-VECTOR_ORIGIN = 1 << 30  # the origin key that sorts unrolled SIMD lanes innermost in `Kernel.upcast`
 
 
 class Kernel:
@@ -52,9 +51,8 @@ class Kernel:
 
     @property
     def upcast(self) -> tuple[UOp, ...]:
-        """The ranges of the register tile, outermost first: the lanes of unrolled reductions, then the upcast ranges
-        in the order of the loops they came from (a loop split twice has its first, finest part innermost); a first
-        UNROLL along a contiguous reduce axis (before any UPCAST) is the innermost, the SIMD loop."""
+        """The ranges of the register tile (upcast and unrolled), outermost first: the latest opt outermost, the first
+        innermost. The first is the SIMD loop (the vector axis), each later one a row of the tile around it."""
         rngs = [r for r in self.axes if r.arg[1] in ("upcast", "unroll")]
         return tuple(sorted(rngs, key=lambda r: self._upcast_origin.get(r, (r.arg[0], 0))))
 
@@ -134,15 +132,10 @@ class Kernel:
         check(self.register_tile() * amount <= MAX_REGISTER_TILE,
               f"{opt}: the register tile would be {self.register_tile() * amount} > {MAX_REGISTER_TILE}")
         new_kind = "upcast" if opt.op is OptOps.UPCAST else "unroll"
-        vector_lanes = new_kind == "unroll" and not self.axes_of("upcast", "unroll") and \
-            _contiguous(self.strides(opt.axis))
         inner = self._split(rng, amount, size, new_kind)
         if new_kind == "unroll":
             self.ast = _lanes_of_reductions(self.ast, inner)
-        # the tile's order: unrolled lanes outermost, upcast loops by the loops they came from, except that a first
-        # UNROLL along which every load is contiguous is the SIMD loop, innermost (a weight gradient's row of x)
-        origin = rng.arg[0] if new_kind == "upcast" else VECTOR_ORIGIN if vector_lanes else -1
-        self._upcast_origin[inner] = (origin, -len(self._upcast_origin))
+        self._upcast_origin[inner] = (0, -len(self._upcast_origin))  # the tile's order: the first one innermost
 
     def _thread_split(self, opt: Opt, rng: UOp, kind: str, size: int | None) -> None:
         """LOCAL: the inner `amount` of a global axis become threads of a work-group (the outer part stays the
@@ -206,11 +199,6 @@ class Kernel:
         for mapping in (temporary, final):
             self.ast = graph_rewrite(self.ast, PatternMatcher([(UPat(Ops.RANGE, name="x"),
                                                                 lambda x, m=mapping: m.get(x))]))
-
-
-def _contiguous(strides: list[int | None]) -> bool:
-    """Every load reads the axis contiguously (stride 1) or not at all (stride 0), and some load reads it."""
-    return 1 in strides and all(s in (0, 1) for s in strides)
 
 
 def _lanes_of_reductions(ast: UOp, lane: UOp) -> UOp:
