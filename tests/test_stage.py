@@ -249,3 +249,26 @@ def test_staged_convolutions_agree_with_unoptimised(n: int, cin: int, cout: int,
     for tensor in (out, x.grad):
         schedule, _ = create_schedule([tensor.uop])
         _heuristic_agrees_with_unoptimised(optimize_ast(schedule[-1].ast, CPU.renderer))
+
+
+def test_weight_gradient_packs_each_image_once_for_many_outputs() -> None:
+    """A conv's weight gradient on a CPU (12,800 outputs, each a sum over 64 x 16 x 16 positions) is reduced one
+    image at a time (the parts outermost), then summed; the first stage takes 16 input channels as lanes, the kernel
+    width and 4 output channels as rows, and packs `relu(x)` for an image once for every block of output channels
+    (the blocks innermost). The gradient matches numpy's (and PyTorch's)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((64, 16, 20, 20), dtype=np.float32)
+    w = rng.standard_normal((32, 16, 5, 5), dtype=np.float32)
+    g = rng.standard_normal((64, 32, 16, 16), dtype=np.float32)
+    tw = Tensor(w, requires_grad=True)
+    (Tensor(x).relu().conv2d(tw) * Tensor(g)).sum().backward()
+    assert tw.grad is not None
+    from glassgrad.kernels import kernels
+    specs = kernels(tw.grad, device="CPU")
+    assert [s.name for s in specs[-2:]] == ["r_64_32_16_5_5_16_16", "r_32_16_5_5_64"]
+    # (the 16 input channels upcast whole: the axes after them move up by one)
+    assert specs[-2].opts == (Opt(OptOps.UPCAST, 2, 0), Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 1, 4),
+                              Opt(OptOps.SWAP, 1, 2))
+    windows = np.lib.stride_tricks.sliding_window_view(np.maximum(x, 0).astype(np.float64), (5, 5), axis=(2, 3))
+    expected = np.einsum("boyx,bcyxij->ocij", g.astype(np.float64), windows)
+    np.testing.assert_allclose(tw.grad.numpy(), expected, rtol=1e-4, atol=1e-3)

@@ -345,16 +345,30 @@ SPLIT_PARTIALS = 1 << 22          # their first stage has at most about this man
 
 def _should_split(u: UOp) -> bool:
     """A GPU reduces a few outputs in work-groups, so only very long reductions into them are split; with more
-    outputs each one is a thread's (or a tile's) loop, and a long loop over few threads leaves the GPU idle (split
-    on GPUs only)."""
+    outputs each one is a thread's (or a tile's) loop, and a long loop over few threads leaves the GPU idle. A CPU
+    splits such a reduction over several axes (a convolution's weight gradient, over the batch and the image) by its
+    outermost axis (`_batch_parts`)."""
     if u.op is not Ops.REDUCE_AXIS:
         return False
     reduced = prod(u.src[0].shape[a] for a in u.arg[1])
     if not isinstance(reduced, int) or not isinstance(u.size, int):
         return False  # symbolic reductions stay one stage
-    long_enough = reduced >= SPLIT_MIN_REDUCE if u.size <= SPLIT_MAX_OUTPUTS else \
-        reduced >= SPLIT_MIN_REDUCE_WIDE and u.size <= SPLIT_MAX_OUTPUTS_WIDE and _thread_per_output(u.device)
-    return long_enough and _split_factor(u) is not None
+    if u.size <= SPLIT_MAX_OUTPUTS:
+        return reduced >= SPLIT_MIN_REDUCE and _split_factor(u) is not None
+    if reduced < SPLIT_MIN_REDUCE_WIDE or u.size > SPLIT_MAX_OUTPUTS_WIDE:
+        return False
+    return _split_factor(u) is not None if _thread_per_output(u.device) else _batch_parts(u) is not None
+
+
+def _batch_parts(u: UOp) -> int | None:
+    """On a CPU: the parts of a wide reduction over several axes, one per index of its outermost reduced axis (an
+    image of the batch), when the partial results fit SPLIT_PARTIALS. Each first-stage step then reads one image's
+    slice of the inputs, which stays in cache for all of its outputs (a weight gradient reduced in one stage reads the
+    whole batch again for every block of its outputs), and the kernel can pack that slice once for many of them."""
+    sizes = [u.src[0].shape[a] for a in u.arg[1]]
+    if len(sizes) < 2 or not isinstance(sizes[0], int) or sizes[0] < 2 or sizes[0] * u.size > SPLIT_PARTIALS:
+        return None
+    return sizes[0]
 
 
 @functools.cache
@@ -385,14 +399,18 @@ def _split_reduce(u: UOp) -> UOp:
     src = u.src[0]
     keep = [i for i in range(len(src.shape)) if i not in axes]
     sizes = [src.shape[a] for a in axes]
-    factor = _split_factor(u)
+    batch = u.size > SPLIT_MAX_OUTPUTS and not _thread_per_output(u.device)
+    factor = _batch_parts(u) if batch else _split_factor(u)
     assert factor is not None
     # parts of the outermost reduced axis keep the others as they are (the kernel's indices stay affine in each);
     # otherwise the reduced axes are flattened first
     inner = (sizes[0] // factor, *sizes[1:]) if sizes[0] % factor == 0 else (prod(sizes) // factor,)
     grouped = src.permute(tuple(keep + list(axes))).reshape(tuple(src.shape[i] for i in keep) + (factor, *inner))
-    partial = grouped.reduce_axis(op, tuple(range(len(keep) + 1, len(keep) + 1 + len(inner))))
-    return partial.reduce_axis(op, (len(keep),)).reshape(u.shape)
+    n = len(keep)
+    if batch:  # the parts outermost: the CPU's threads and loops go image by image
+        grouped = grouped.permute((n, *range(n), *range(n + 1, n + 1 + len(inner))))
+    partial = grouped.reduce_axis(op, tuple(range(n + 1, n + 1 + len(inner))))
+    return partial.reduce_axis(op, (0 if batch else n,)).reshape(u.shape)
 
 
 def _split_rule(u: UOp, uses: dict[UOp, int]) -> UOp | None:

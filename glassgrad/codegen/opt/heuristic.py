@@ -45,6 +45,7 @@ MIN_REDUCE = 4               # a register tile pays only for reductions of at le
 MIN_OUTPUT_LANES = 8         # a vector axis of fewer output lanes loses to lanes along a short contiguous row,
 SHORT_ROW = (6, 32)          # of this many iterations, when the kernel has one
 ACCUMULATOR_REGISTERS = 24   # SIMD registers of accumulators in such a tile (of AVX-512's 32)
+SHIFT_ROWS = 8               # rows of a packed tile along which the packed values shift (a kernel width)
 MIN_PACKED_REDUCE = 64       # and so does a reduction this long or longer (the tile's stores are 16 scalars a row)
 
 
@@ -109,6 +110,11 @@ def _packed_channel_tile(k: Kernel, vector: tuple[int, int] | None) -> list[Opt]
         opts = [Opt(OptOps.UPCAST, axis, VECTOR_WIDTH if size > VECTOR_WIDTH else 0)]
         tile = k.copy().apply_opts(opts)
         budget = ACCUMULATOR_REGISTERS
+        shift = _shift_axis(tile, packed)
+        if shift is not None:
+            opts.append(Opt(OptOps.UPCAST, shift, 0))
+            budget //= tile.size(shift) or 1
+            tile.apply_opt(opts[-1])
         for row_axis in reversed(tile.axes_of("global")):
             row_strides, row_size = tile.strides(row_axis), tile.size(row_axis) or 1
             if any(s != 0 for load, s in zip(tile.loads, row_strides) if load.src[0].arg in packed) or \
@@ -121,10 +127,30 @@ def _packed_channel_tile(k: Kernel, vector: tuple[int, int] | None) -> list[Opt]
             opts.append(Opt(OptOps.UPCAST, row_axis, 0 if rows == row_size else rows))
             tile.apply_opt(opts[-1])
             budget //= rows
+            if rows < row_size and shift is not None and row_axis != tile.axes_of("global")[-1]:
+                # its blocks innermost: the pack (which does not depend on them) is made once for all of them
+                opts.append(Opt(OptOps.SWAP, row_axis, tile.axes_of("global")[-1]))
             if budget < 2 or rows < row_size:
                 break
         return opts if len(opts) > 1 else []
     return []
+
+
+def _shift_axis(k: Kernel, packed: set[int]) -> int | None:
+    """An output axis (at most SHIFT_ROWS long, not the threads' outermost) along which every packed load moves as
+    it does along one of the reduce axes: a window's kernel width in a weight gradient (`x[b, ci, y+kh, x+kw]`), whose
+    rows then read one packed buffer at shifted places. Of several, the one moving the loads least far."""
+    reduce_axes = k.axes_of("reduce")
+    candidates = []
+    for axis in k.axes_of("global")[1:]:
+        size, strides = k.size(axis), k.strides(axis)
+        moves = [s for load, s in zip(k.loads, strides) if load.src[0].arg in packed]
+        if size is None or not 2 <= size <= SHIFT_ROWS or any(s in (0, None) for s in moves):
+            continue
+        if all(any(k.strides(r)[i] == strides[i] for r in reduce_axes)
+               for i, load in enumerate(k.loads) if load.src[0].arg in packed):
+            candidates.append((max(abs(s or 0) for s in moves), axis))
+    return min(candidates)[1] if candidates else None
 
 
 def _packable(k: Kernel, buffers: set[int]) -> bool:
