@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from glassgrad import Tensor
-from glassgrad.codegen import optimize_ast
+from glassgrad.codegen import get_program, optimize_ast
 from glassgrad.codegen.linearize import linearize, split_range
 from glassgrad.device import Device
 from glassgrad.schedule import create_schedule
@@ -111,3 +111,18 @@ def test_loads_hoisted_out_of_upcast_loops(mats: tuple[np.ndarray, np.ndarray]) 
     source = Device["CPU"].renderer.render("k", program)
     assert f"acc0[(ridx{ui.arg[0]}*16+ridx{uj.arg[0]})]" in source  # rows padded to 16: aligned
     assert "#pragma GCC unroll 4" in source and "#pragma omp simd" in source
+
+
+def test_values_of_outer_loops_are_computed_there() -> None:
+    """A per-channel value (`1/sqrt(v[c])`) of a kernel over (batch, channel, position) is computed once per
+    channel, in a variable before the loop over positions, not inlined into it; the result matches numpy."""
+    rng = np.random.default_rng(0)
+    x, v = rng.standard_normal((4, 8, 16), dtype=np.float32), rng.random(8, dtype=np.float32) + 0.5
+    out = Tensor(x) * Tensor(v).sqrt().reciprocal().reshape(1, 8, 1)
+    schedule, _ = create_schedule([out.uop])
+    source = get_program(schedule[-1].ast, Device["CPU"].renderer).source
+    lines = source.splitlines()
+    inner = max(i for i, text in enumerate(lines) if text.lstrip().startswith("for ("))
+    assert any("sqrtf(" in text and " = " in text for text in lines[:inner])
+    assert not any("sqrtf(" in text for text in lines[inner:])
+    np.testing.assert_allclose(out.numpy(), x / np.sqrt(v)[None, :, None], rtol=1e-5)

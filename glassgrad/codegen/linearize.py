@@ -209,11 +209,15 @@ def linearize(sink: UOp, upcast: tuple[UOp, ...] = ()) -> list[UOp]:
         emitter.add(local)
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global" and u not in upcast),
                            key=lambda u: u.arg[0])
+    all_ranges = frozenset(u for u in nodes if u.op is Ops.RANGE)
     for i, r in enumerate(global_ranges):
         emitter.emit_reductions_outside(row_reductions, frozenset(global_ranges[i:]) | frozenset(upcast))
         if r.src[0].op is not Ops.CONST:
             emitter.emit(r.src[0])  # a symbolic trip count
         emitter.add(r)
+        # what the kernel needs that depends on no loop inside this one: once per iteration of this loop (a batch
+        # norm's 1/sqrt(var + eps) per channel, not per output position)
+        emitter.emit_hoisted([sink, *(red.src[0] for red in reduces)], all_ranges - frozenset(global_ranges[:i + 1]))
     if upcast:
         for red in reduces:  # the outermost reductions, before the upcast loops
             if red not in emitter.emitted and not any(r.arg[1] in ("reduce", "unroll") and r not in upcast

@@ -5,8 +5,9 @@ everything the C-like languages share (expressions, loops, accumulators, constan
 overrides only what differs: the function signature, type names, math function names, the outer-loop
 convention, and `extra_matcher`, rewrite rules run before linearising (e.g. compute float16 in float32).
 
-Single-use arithmetic is inlined into its consumer; loads, accumulators and shared values get named variables
-(`val3`, `acc0`, `alu7`), so the printed kernel reads like hand-written C.
+Single-use arithmetic is inlined into its consumer (unless the consumer is inside a loop the value is not); loads,
+accumulators and shared values get named variables (`val3`, `acc0`, `alu7`), so the printed kernel reads like
+hand-written C.
 """
 from __future__ import annotations
 
@@ -222,6 +223,7 @@ class CStyleLanguage:
 
     def render(self, name: str, program: list[UOp]) -> str:
         uses = Counter(s for u in program for s in u.src)
+        hoisted = _hoisted_values(program)
         names: dict[UOp, str] = {}
         counters: Counter[str] = Counter()
         body: list[str] = []
@@ -347,7 +349,7 @@ class CStyleLanguage:
                     expr = self.render_alu(u, a)
                     if u.dtype in _NARROW_INTS and u.op not in GroupOp.Comparison:
                         expr = f"(({self.render_dtype(u.dtype)}){expr})"  # C computes in int: wrap like numpy
-                if uses[u] == 1:
+                if uses[u] == 1 and u not in hoisted:
                     names[u] = expr
                 else:
                     names[u] = new_name("alu")
@@ -500,6 +502,21 @@ def _independent_lanes(program: list[UOp], position: int) -> bool:
         if u.op is Ops.ENDRANGE and u.src[0] is loop:
             return True
     return True
+
+
+def _hoisted_values(program: list[UOp]) -> set[UOp]:
+    """Values the linearizer placed outside a loop that their consumer is inside: they get a variable where they
+    are computed (inlined into the consumer they would be computed on every iteration: a batch norm's
+    `1/sqrt(var + eps)` per element of a max-pool, 3.7 -> 0.5 ms)."""
+    depth_at: dict[UOp, int] = {}
+    depth = 0
+    for u in program:
+        if u.op is Ops.ENDRANGE:
+            depth -= 1
+        depth_at[u] = depth
+        if u.op is Ops.RANGE:
+            depth += 1
+    return {s for u in program for s in u.src if depth_at.get(s, depth_at[u]) < depth_at[u]}
 
 
 def _elementwise_lanes(program: list[UOp], position: int) -> bool:
