@@ -339,3 +339,14 @@ def test_elementwise_inner_loop_is_simd_when_its_iterations_are_independent() ->
     total = (Tensor(a) * up).sum(axis=1)
     assert "#pragma omp simd reduction(+:" in get_program(last_kernel(total).ast, CPU.renderer).source
     np.testing.assert_allclose(total.numpy(), (a * np.repeat(b, 2, axis=1)).sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_max_pool_takes_lanes_along_its_strided_columns() -> None:
+    """A 2x2 max-pool reads columns 2x and 2x + 1 for output column x: no axis is contiguous, and the window is too
+    short for lanes; the output columns become the lanes (gcc gathers even and odd columns with shuffles). The result
+    matches numpy."""
+    x = np.random.default_rng(7).standard_normal((2, 3, 20, 20), dtype=np.float32)
+    out = Tensor(x).max_pool2d(2)
+    k = kernel_of(out)
+    assert hand_coded_optimizations(k) == [Opt(OptOps.UPCAST, len(k.axes_of("global")) - 1, 0)]
+    np.testing.assert_array_equal(out.numpy(), x.reshape(2, 3, 10, 2, 10, 2).max(axis=(3, 5)))

@@ -60,7 +60,8 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     if (packed := _packed_channel_tile(k, vector)):
         return packed
     if vector is None:  # (lanes along a lone short reduction would only add a horizontal sum)
-        return _lanes_for_reduction(k) or (_reduce_lane_tile(k) if len(k.axes_of("reduce")) > 1 else [])
+        return _lanes_for_reduction(k) or (_reduce_lane_tile(k) if len(k.axes_of("reduce")) > 1 else []) or \
+            _strided_lanes(k)
     axis, amount = vector
     if (amount or k.size(axis) or VECTOR_WIDTH) < MIN_OUTPUT_LANES and (lanes := _reduce_lane_tile(k)):
         return lanes
@@ -165,6 +166,19 @@ def _packable(k: Kernel, buffers: set[int]) -> bool:
                 prod(m or 1 for m in moving) * VECTOR_WIDTH > STAGE_MAX:
             return False
     return True
+
+
+def _strided_lanes(k: Kernel) -> list[Opt]:
+    """Output lanes read with a stride of 2 (a 2x2 max-pool: each output reads columns 2x and 2x + 1): the innermost
+    such output axis, whole when short, else by 16; gcc gathers the even and odd columns with two shuffles. MNIST's
+    max-pool of a batch norm at batch 128 (10 output columns): 3.5 -> 0.56 ms."""
+    axis = k.axes_of("global")[-1] if len(k.axes_of("global")) > 1 else None
+    if axis is None or (size := k.size(axis)) is None or size < MIN_OUTPUT_LANES // 2:
+        return []
+    if any(s not in (0, 1, 2) for s in k.strides(axis)) or 2 not in k.strides(axis):
+        return []
+    amount = 0 if size <= VECTOR_WHOLE_MAX else VECTOR_WIDTH if size % VECTOR_WIDTH == 0 else None
+    return [] if amount is None else [Opt(OptOps.UPCAST, axis, amount)]
 
 
 def _lanes_for_reduction(k: Kernel) -> list[Opt]:
