@@ -129,3 +129,18 @@ def test_values_of_outer_loops_are_computed_there() -> None:
     assert any("sqrtf(" in text and " = " in text for text in lines[:inner])
     assert not any("sqrtf(" in text for text in lines[inner:])
     np.testing.assert_allclose(out.numpy(), x / np.sqrt(v)[None, :, None], rtol=1e-5)
+
+
+def test_hoisting_leaves_reductions_in_their_tiles() -> None:
+    """Values computed from a reduction are not hoisted with the loop-invariant ones: a row sum with accumulator
+    lanes (and softmax: a max and a sum per row) reads each input once, in its lane loops, not again in a scalar
+    loop emitted early; the results match numpy."""
+    a = np.random.default_rng(1).standard_normal((8, 256), dtype=np.float32)
+    shifted = np.exp(a - a.max(1, keepdims=True))
+    for out, expected in ((Tensor(a).sum(axis=1), a.sum(axis=1)),
+                          (Tensor(a).softmax(-1), shifted / shifted.sum(1, keepdims=True))):
+        for item in create_schedule([out.uop])[0]:
+            source = get_program(item.ast, Device["CPU"].renderer).source
+            inputs = {u.arg for u in item.ast.toposort() if u.op is Ops.DEFINE_GLOBAL and u.arg > 0}
+            assert all(source.count(f"data{n}[") == 1 for n in inputs), source
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)

@@ -133,6 +133,19 @@ class _Emitter:
                 if n not in self.emitted and n.op is not Ops.RANGE and not self.scopes(n) & inner:
                     self.emit(n)
 
+    def emit_outer_values(self, roots: list[UOp], pending: frozenset[UOp]) -> None:
+        """Emit the plain values (loads and arithmetic, not reductions, stores or anything computed from them) that
+        `roots` need and that depend on none of the `pending` loops (not yet open)."""
+        blocked: set[UOp] = set()
+        for root in roots:
+            for n in root.toposort(stop=lambda x: x in self.emitted or x.op in _NOT_HOISTED or _is_stage(x)):
+                if n in self.emitted:
+                    continue
+                if n.op in _NOT_HOISTED or _is_stage(n) or n.op is Ops.RANGE or any(s in blocked for s in n.src):
+                    blocked.add(n)
+                elif not self.scopes(n) & pending:
+                    self.emit(n)
+
     def open_nest(self, roots: list[UOp], loops: list[UOp]) -> None:
         """Open `loops` outermost first; before each, emit the part of `roots` that it and the loops inside it do
         not change (so a load that depends on the reduce loop but not on the upcast loops sits between them, and a
@@ -163,6 +176,9 @@ class _Emitter:
         for red in reds:
             self.emitted.add(red)  # the accumulator now holds the REDUCE's value (its consumers read it)
             self.frames[-1].append(red)
+
+
+_NOT_HOISTED = (Ops.REDUCE, Ops.GROUP_REDUCE, Ops.STORE, Ops.SINK, Ops.DEFINE_ACC, Ops.ACCUMULATE, Ops.BARRIER)
 
 
 def _is_stage(u: UOp) -> bool:
@@ -210,14 +226,16 @@ def linearize(sink: UOp, upcast: tuple[UOp, ...] = ()) -> list[UOp]:
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global" and u not in upcast),
                            key=lambda u: u.arg[0])
     all_ranges = frozenset(u for u in nodes if u.op is Ops.RANGE)
+    outer_roots = [s for u in nodes if u.op is Ops.STORE for s in u.src[1:]] + [red.src[0] for red in reduces]
     for i, r in enumerate(global_ranges):
         emitter.emit_reductions_outside(row_reductions, frozenset(global_ranges[i:]) | frozenset(upcast))
         if r.src[0].op is not Ops.CONST:
             emitter.emit(r.src[0])  # a symbolic trip count
         emitter.add(r)
-        # what the kernel needs that depends on no loop inside this one: once per iteration of this loop (a batch
+        # values the kernel needs that depend on no loop inside this one: once per iteration of this loop (a batch
         # norm's 1/sqrt(var + eps) per channel, not per output position)
-        emitter.emit_hoisted([sink, *(red.src[0] for red in reduces)], all_ranges - frozenset(global_ranges[:i + 1]))
+        pending = all_ranges - frozenset(global_ranges[:i + 1])
+        emitter.emit_outer_values(outer_roots, pending)
     if upcast:
         for red in reduces:  # the outermost reductions, before the upcast loops
             if red not in emitter.emitted and not any(r.arg[1] in ("reduce", "unroll") and r not in upcast
