@@ -125,25 +125,19 @@ class _Emitter:
             if red not in self.emitted and not scope & loops and all(r.arg[1] == "global" for r in scope):
                 self.emit(red)
 
-    def emit_hoisted(self, roots: list[UOp], inner: frozenset[UOp]) -> None:
+    def emit_hoisted(self, roots: list[UOp], inner: frozenset[UOp], values_only: bool = False) -> None:
         """Emit what `roots` need that depends on none of the loops in `inner` (not yet open): it is computed once
-        here instead of on every iteration of those loops."""
-        for root in roots:
-            for n in root.toposort(stop=lambda x: x in self.emitted or x.op is Ops.REDUCE or _is_stage(x)):
-                if n not in self.emitted and n.op is not Ops.RANGE and not self.scopes(n) & inner:
-                    self.emit(n)
-
-    def emit_outer_values(self, roots: list[UOp], pending: frozenset[UOp]) -> None:
-        """Emit the plain values (loads and arithmetic, not reductions, stores or anything computed from them) that
-        `roots` need and that depend on none of the `pending` loops (not yet open)."""
+        here instead of on every iteration of those loops. `values_only`: only loads and arithmetic, not reductions,
+        stores or anything computed from them (those stay where their own loops put them)."""
+        held = (Ops.REDUCE, *(_NOT_HOISTED if values_only else ()))
         blocked: set[UOp] = set()
         for root in roots:
-            for n in root.toposort(stop=lambda x: x in self.emitted or x.op in _NOT_HOISTED or _is_stage(x)):
-                if n in self.emitted:
+            for n in root.toposort(stop=lambda x: x in self.emitted or x.op in held or _is_stage(x)):
+                if n in self.emitted or n.op is Ops.RANGE:
                     continue
-                if n.op in _NOT_HOISTED or _is_stage(n) or n.op is Ops.RANGE or any(s in blocked for s in n.src):
+                if values_only and (n.op in held or _is_stage(n) or any(s in blocked for s in n.src)):
                     blocked.add(n)
-                elif not self.scopes(n) & pending:
+                elif not self.scopes(n) & inner:
                     self.emit(n)
 
     def open_nest(self, roots: list[UOp], loops: list[UOp]) -> None:
@@ -235,7 +229,7 @@ def linearize(sink: UOp, upcast: tuple[UOp, ...] = ()) -> list[UOp]:
         # values the kernel needs that depend on no loop inside this one: once per iteration of this loop (a batch
         # norm's 1/sqrt(var + eps) per channel, not per output position)
         pending = all_ranges - frozenset(global_ranges[:i + 1])
-        emitter.emit_outer_values(outer_roots, pending)
+        emitter.emit_hoisted(outer_roots, pending, values_only=True)
     if upcast:
         for red in reduces:  # the outermost reductions, before the upcast loops
             if red not in emitter.emitted and not any(r.arg[1] in ("reduce", "unroll") and r not in upcast

@@ -11,10 +11,20 @@ In: a `Kernel`. Out: a list of `Opt`s (`NOOPT=1` skips this: no opts at all). Fo
    loads `codegen/stage.py` will copy for its whole reduction (a padded conv) and whose vector fills whole registers
    gets up to 16 rows, and the blocks of its blocking axis innermost: one copy then serves all of them.
 
+Three other tile shapes come first where they fit (the first opt is always the tile's SIMD loop):
+
+* *packed channel lanes* (`_packed_channel_tile`): when the vector axis does not fill whole registers (a conv's
+  output row of 24, 20, 10, 8 or 6), 16 output channels are the lanes, their strided loads (the weight) are packed
+  by `codegen/stage.py`, and up to 24 rows of output columns go around them;
+* *reduce lanes* (`_reduce_lane_tile`): when the vector axis has fewer than 8 lanes, or there is none, lanes along a
+  short contiguous reduce axis (a conv weight gradient's output row) with rows of output axes that move disjoint
+  loads; a row sum of 6-32 elements keeps such lanes across its outer loops;
+* *strided lanes* (`_strided_lanes`): with no contiguous axis at all, an output axis read with a stride of 2 (a
+  max-pool).
+
 A kernel with no vector axis that reduces over a contiguous row gets 16 accumulator lanes (`UNROLL`), one SIMD
-register, and 4 such registers for a long row (independent chains); one whose vector axis would have fewer than 4
-lanes gets lanes along a short contiguous reduce axis instead, when it has one (a 3x3 conv's weight gradient).
-Elementwise kernels vectorise as they are.
+register, and 4 such registers for a long row (independent chains). Elementwise kernels vectorise as they are
+(the C renderer marks their innermost loop `omp simd`).
 
 GPU kernels (`gpu_launch_opts`): the *flat* and *grouped* launch shapes of `codegen/gpudims.py`, written as opts where
 their sizes divide exactly: `LOCAL`s of the innermost output axes making 256 threads (and an `UPCAST` of 4 for large
@@ -46,7 +56,7 @@ MIN_OUTPUT_LANES = 8         # a vector axis of fewer output lanes loses to lane
 SHORT_ROW = (6, 32)          # of this many iterations, when the kernel has one
 ACCUMULATOR_REGISTERS = 24   # SIMD registers of accumulators in such a tile (of AVX-512's 32)
 SHIFT_ROWS = 8               # rows of a packed tile along which the packed values shift (a kernel width)
-MIN_PACKED_REDUCE = 64       # and so does a reduction this long or longer (the tile's stores are 16 scalars a row)
+MIN_PACKED_REDUCE = 64       # packed channel lanes pay for reductions this long (their stores are 16 scalars a row)
 
 
 def hand_coded_optimizations(k: Kernel) -> list[Opt]:
@@ -121,8 +131,8 @@ def _packed_channel_tile(k: Kernel, vector: tuple[int, int] | None) -> list[Opt]
             if any(s != 0 for load, s in zip(tile.loads, row_strides) if load.src[0].arg in packed) or \
                     all(s == 0 for s in row_strides):
                 continue
-            limit = row_size // 2 if row_axis == tile.axes_of("global")[0] else row_size
-            rows = next((d for d in range(min(budget, limit), 1, -1) if row_size % d == 0), None)
+            rows = _largest_divisor(row_size, min(budget, row_size // 2 if row_axis == tile.axes_of("global")[0]
+                                                  else row_size))
             if rows is None:
                 break
             opts.append(Opt(OptOps.UPCAST, row_axis, 0 if rows == row_size else rows))
@@ -166,6 +176,11 @@ def _packable(k: Kernel, buffers: set[int]) -> bool:
                 prod(m or 1 for m in moving) * VECTOR_WIDTH > STAGE_MAX:
             return False
     return True
+
+
+def _largest_divisor(size: int, limit: int) -> int | None:
+    """The largest divisor of `size` from 2 to `limit`, if there is one."""
+    return next((d for d in range(limit, 1, -1) if size % d == 0), None)
 
 
 def _strided_lanes(k: Kernel) -> list[Opt]:
@@ -249,8 +264,7 @@ def _lane_rows(k: Kernel, lanes: int, moved: set[int], budget: int) -> tuple[int
         axis, size, moves = min(whole, key=lambda c: (c[1], sum(abs(s or 0) for s in k.strides(c[0]))))
         return axis, 0, size, moves
     for axis, size, moves in sorted(candidates, key=lambda c: -c[1]):
-        amount = next((d for d in range(min(budget, size // 2), 1, -1) if size % d == 0), None)
-        if amount is not None:
+        if (amount := _largest_divisor(size, min(budget, size // 2))) is not None:
             return axis, amount, amount, moves
     return None
 
