@@ -163,10 +163,13 @@ def _pack_dims(load: UOp, reduce_loops: list[UOp], inner: list[UOp]) -> list[Dim
     if len(load.src) == 3 or not inner or index_strides(load.src[1]).get(inner[-1], 0) in (0, 1):
         return None
     dims = _staging_dims(load, reduce_loops, inner, False)
-    covered = {r for members, _, _ in dims or [] for r, _ in members}
-    if dims is None or any(r in reduce_loops and r not in covered for r in _depends(load)):
-        return None
-    return dims
+    return dims if dims is not None and _covers_reduction(load, dims, reduce_loops) else None
+
+
+def _covers_reduction(root: UOp, dims: list[Dim], reduce_loops: list[UOp]) -> bool:
+    """Whether the buffer's axes hold every reduce loop `root` depends on: it is staged before the reduction."""
+    covered = {r for members, _, _ in dims for r, _ in members}
+    return all(r in covered for r in reduce_loops if r in _depends(root))
 
 
 def _affine_leaves(root: UOp) -> list[UOp]:
@@ -247,10 +250,9 @@ def stages_before_reduction(ast: UOp, upcast: tuple[UOp, ...]) -> bool:
         reduce_loops, inner = _tile_loops(red, upcast)
         if not inner or not _constant(reduce_loops + inner):
             continue
-        for root, dims in _stage_roots(red.src[0], reduce_loops, inner):
-            covered = {r for members, _, _ in dims for r, _ in members}
-            if all(r in covered for r in reduce_loops if r in _depends(root)):
-                return True
+        if any(_covers_reduction(root, dims, reduce_loops)
+               for root, dims in _stage_roots(red.src[0], reduce_loops, inner)):
+            return True
     return False
 
 

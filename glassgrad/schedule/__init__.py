@@ -343,21 +343,25 @@ SPLIT_MAX_OUTPUTS_WIDE = 1 << 16  # ... into at most this many outputs too (a co
 SPLIT_PARTIALS = 1 << 22          # their first stage has at most about this many outputs
 
 
-def _should_split(u: UOp) -> bool:
-    """A GPU reduces a few outputs in work-groups, so only very long reductions into them are split; with more
-    outputs each one is a thread's (or a tile's) loop, and a long loop over few threads leaves the GPU idle. A CPU
+def _split_parts(u: UOp) -> tuple[int, bool] | None:
+    """How a long reduction is split in two stages, if it is: (parts, whether the parts are the outermost axis of the
+    first stage). A GPU reduces a few outputs in work-groups, so only very long reductions into them are split; with
+    more outputs each one is a thread's (or a tile's) loop, and a long loop over few threads leaves the GPU idle. A CPU
     splits such a reduction over several axes (a convolution's weight gradient, over the batch and the image) by its
-    outermost axis (`_batch_parts`)."""
+    outermost axis, the parts outermost (`_batch_parts`)."""
     if u.op is not Ops.REDUCE_AXIS:
-        return False
+        return None
     reduced = prod(u.src[0].shape[a] for a in u.arg[1])
     if not isinstance(reduced, int) or not isinstance(u.size, int):
-        return False  # symbolic reductions stay one stage
+        return None  # symbolic reductions stay one stage
     if u.size <= SPLIT_MAX_OUTPUTS:
-        return reduced >= SPLIT_MIN_REDUCE and _split_factor(u) is not None
+        factor = _split_factor(u) if reduced >= SPLIT_MIN_REDUCE else None
+        return None if factor is None else (factor, False)
     if reduced < SPLIT_MIN_REDUCE_WIDE or u.size > SPLIT_MAX_OUTPUTS_WIDE:
-        return False
-    return _split_factor(u) is not None if _thread_per_output(u.device) else _batch_parts(u) is not None
+        return None
+    if _thread_per_output(u.device):
+        return None if (factor := _split_factor(u)) is None else (factor, False)
+    return None if (factor := _batch_parts(u)) is None else (factor, True)
 
 
 def _batch_parts(u: UOp) -> int | None:
@@ -392,16 +396,14 @@ def _split_factor(u: UOp) -> int | None:
     return None
 
 
-def _split_reduce(u: UOp) -> UOp:
+def _split_reduce(u: UOp, factor: int, batch: bool) -> UOp:
     """reduce(x, axes) with few outputs -> reduce(reduce(x viewed as (..., K, n/K)) over n/K) over K: the first
-    stage has K times more outputs, so its work spreads over threads (CPU) or work-groups (GPU)."""
+    stage has K times more outputs, so its work spreads over threads (CPU) or work-groups (GPU). `batch`: the K parts
+    are the first stage's outermost axis."""
     op, axes = u.arg
     src = u.src[0]
     keep = [i for i in range(len(src.shape)) if i not in axes]
     sizes = [src.shape[a] for a in axes]
-    batch = u.size > SPLIT_MAX_OUTPUTS and not _thread_per_output(u.device)
-    factor = _batch_parts(u) if batch else _split_factor(u)
-    assert factor is not None
     # parts of the outermost reduced axis keep the others as they are (the kernel's indices stay affine in each);
     # otherwise the reduced axes are flattened first
     inner = (sizes[0] // factor, *sizes[1:]) if sizes[0] % factor == 0 else (prod(sizes) // factor,)
@@ -414,8 +416,8 @@ def _split_reduce(u: UOp) -> UOp:
 
 
 def _split_rule(u: UOp, uses: dict[UOp, int]) -> UOp | None:
-    """Split a long, few-output reduction in two stages (see `_should_split`)."""
-    return _split_reduce(u) if _should_split(u) else None
+    """Split a long, few-output reduction in two stages (see `_split_parts`)."""
+    return None if (parts := _split_parts(u)) is None else _split_reduce(u, *parts)
 
 
 def _kernel_item(node: UOp, out: Buffer, version: int, view_of: Callable[[UOp], UOp | None]) -> ScheduleItem:

@@ -29,13 +29,13 @@ class Kernel:
         self.renderer = renderer
         self.applied: list[Opt] = []
         # an upcast or local range -> (id of the loop it came from, -order)
-        self._upcast_origin: dict[UOp, tuple[int, int]] = {}
+        self._tile_order: dict[UOp, int] = {}  # an upcast or unrolled range -> how many opts made one before it
         self._local_origin: dict[UOp, tuple[int, int]] = {}
 
     def copy(self) -> Kernel:
         new = Kernel(self.ast, self.renderer)
         new.applied = list(self.applied)
-        new._upcast_origin = dict(self._upcast_origin)
+        new._tile_order = dict(self._tile_order)
         new._local_origin = dict(self._local_origin)
         return new
 
@@ -54,7 +54,7 @@ class Kernel:
         """The ranges of the register tile (upcast and unrolled), outermost first: the latest opt outermost, the first
         innermost. The first is the SIMD loop (the vector axis), each later one a row of the tile around it."""
         rngs = [r for r in self.axes if r.arg[1] in ("upcast", "unroll")]
-        return tuple(sorted(rngs, key=lambda r: self._upcast_origin.get(r, (r.arg[0], 0))))
+        return tuple(sorted(rngs, key=lambda r: -self._tile_order.get(r, 0)))
 
     @property
     def local_order(self) -> tuple[UOp, ...]:
@@ -135,7 +135,7 @@ class Kernel:
         inner = self._split(rng, amount, size, new_kind)
         if new_kind == "unroll":
             self.ast = _lanes_of_reductions(self.ast, inner)
-        self._upcast_origin[inner] = (0, -len(self._upcast_origin))  # the tile's order: the first one innermost
+        self._tile_order[inner] = len(self._tile_order)  # the tile's order: the first one innermost
 
     def _thread_split(self, opt: Opt, rng: UOp, kind: str, size: int | None) -> None:
         """LOCAL: the inner `amount` of a global axis become threads of a work-group (the outer part stays the
