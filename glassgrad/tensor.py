@@ -1184,7 +1184,7 @@ class Tensor(_CastShortcuts, NNOps):
             x._resolve_axes(axis)  # nothing to normalise, but a bad axis is still an error
             return x
         e = (x - x.max(axis, keepdim=True)).exp()
-        return e / e.sum(axis, keepdim=True)
+        return e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element
 
     def log_softmax(self, axis: int = -1) -> Tensor:
         x = self._float()

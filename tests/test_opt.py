@@ -95,8 +95,24 @@ def test_wrong_opts_raise(opt: Opt, message: str | None) -> None:
 def test_register_tile_limit() -> None:
     k = kernel_of(matmul(64, 64, 64))
     k.apply_opts([Opt(OptOps.UPCAST, 0, 32), Opt(OptOps.UPCAST, 1, 16)])
+    before = k.ast
     with pytest.raises(KernelOptError, match="register tile"):
         k.apply_opt(Opt(OptOps.UPCAST, 1, 2))
+    assert k.ast is before and k.register_tile() == 512
+
+
+def test_register_tile_is_per_loop_nest() -> None:
+    """Softmax's max and sum are loops of their own before the loop over the row: each has its own 4x16 lane tile
+    (and the row its 16 lanes); the tile is the largest of them, 64, not their product."""
+    x = np.random.default_rng(0).standard_normal((8, 1024)).astype(np.float32)
+    ast = last_kernel(Tensor(x).softmax()).ast
+    opts = [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UNROLL, 2, 16), Opt(OptOps.UNROLL, 2, 4),
+            Opt(OptOps.UNROLL, 3, 16), Opt(OptOps.UNROLL, 3, 4)]
+    k = Kernel(optimize_ast(ast, CPU.renderer), CPU.renderer).apply_opts(opts)
+    assert k.register_tile() == 64
+    inputs = random_inputs(ast)[1][1].reshape(8, 1024)
+    e = np.exp(inputs - inputs.max(1, keepdims=True))
+    np.testing.assert_allclose(run_with(ast, opts), (e / e.sum(1, keepdims=True)).ravel(), rtol=1e-5, atol=1e-7)
 
 
 def test_not_an_opt() -> None:

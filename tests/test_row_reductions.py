@@ -1,7 +1,7 @@
 """Row reductions fused into the kernel that broadcasts them (softmax, log_softmax, layernorm: one kernel).
 
-The scheduler fuses them for GPUs (a CPU keeps its vectorised max kernel). Without a GPU: the C rendering of such a
-kernel computes each row's reductions once, before its loop over the row; the CUDA kernel
+Without a GPU: the C rendering of such a kernel computes each row's reductions once, with SIMD accumulator lanes,
+before its loop over the row; the CUDA kernel
 is one work-group per row with a group reduction per reduction, every thread storing a strided share of the row,
 and every access in bounds; hypothesis property tests of softmax/log_softmax/layernorm against numpy (on the
 emulated Metal device, `DEV=METAL GLASSGRAD_METAL_EMULATION=1`, these run the fused kernels). With a GPU
@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_schedule import check_access
+from test_schedule import check_access, count_kernels
 
 from glassgrad import Tensor
 from glassgrad.codegen import ProgramSpec, get_program
+from glassgrad.codegen.opt import OptOps
 from glassgrad.kernels import kernels, renderer_for
 from glassgrad.schedule import create_schedule
 from glassgrad.uop.ops import Ops
@@ -51,18 +52,32 @@ ROW_OPS: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[np.ndarray], np.n
 }
 
 
-def test_cpu_code_of_a_row_kernel_computes_the_reductions_before_the_loop_over_the_row() -> None:
-    """The scheduler fuses row reductions for GPUs only; the C renderer still gets such a kernel right."""
-    schedule, _ = create_schedule([Tensor.empty(16, 256, device="CUDA").softmax().uop])
+def test_cpu_row_kernel_computes_each_reduction_once_before_the_loop_over_the_row() -> None:
+    """On a CPU too, softmax is one kernel: per row, a max loop and a sum loop, each with SIMD accumulator lanes
+    (4 chains of 16, as a reduction kernel of its own gets), then the loop over the row that stores."""
+    t = Tensor.empty(16, 256, device="CPU").softmax()
+    schedule, _ = create_schedule([t.uop])
     assert len(schedule) == 1
     spec = get_program(schedule[0].ast, renderer_for("CPU"))
+    assert [o.op for o in spec.opts] == [OptOps.UPCAST] + [OptOps.UNROLL] * 4
     program = list(spec.uops)
     reduce_loops = [i for i, u in enumerate(program) if u.op is Ops.RANGE and u.arg[1] == "reduce"]
     row_loops = [i for i, u in enumerate(program) if u.op is Ops.RANGE and u.arg[1] in ("global", "upcast")][1:]
-    closes = [i for i, u in enumerate(program) if u.op is Ops.ENDRANGE and u.src[0].arg[1] == "reduce"]
+    closes = [i for i, u in enumerate(program) if u.op is Ops.ENDRANGE and u.src[0].arg[1] in ("reduce", "unroll")]
     assert len(reduce_loops) == 2 and row_loops
     assert max(closes) < min(row_loops)  # max and sum are done (once per row) before the outputs are computed
+    assert sum(u.op is Ops.LOAD for u in program) == 3  # each pass reads the row once: no reduction emitted twice
+    assert sum(u.op is Ops.DEFINE_ACC and len(u.src) == 3 for u in program) == 2  # a 4x16 lane tile each
     assert spec.work == 2 * 16 * 256  # two passes over each row (what the CPU runtime splits across threads)
+
+
+@pytest.mark.parametrize("op", list(ROW_OPS))
+@pytest.mark.parametrize("shape", [(16, 2048), (8, 1000), (3, 7), (2, 3, 96)])
+def test_cpu_row_kernel_numbers(op: str, shape: tuple[int, ...]) -> None:
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32) * 4
+    out = ROW_OPS[op][0](Tensor(x, device="CPU"))
+    assert count_kernels(out) == 1
+    np.testing.assert_allclose(out.numpy(), ROW_OPS[op][1](x), rtol=1e-5, atol=1e-6)
 
 
 def cuda_row_kernel(shape: tuple[int, ...], op: str = "softmax") -> tuple[ProgramSpec, int]:

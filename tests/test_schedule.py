@@ -206,11 +206,11 @@ def gpu_kernel_count(t: Tensor) -> int:
     return len(kernels(t, device="CUDA"))
 
 
-def test_softmax_over_the_last_axis_is_one_gpu_kernel() -> None:
+def test_softmax_over_the_last_axis_is_one_kernel() -> None:
     x = np.random.default_rng(0).standard_normal((4, 7)).astype(np.float32)
     assert gpu_kernel_count(Tensor(x).softmax()) == 1  # max and sum are row reductions of the normalising kernel
     out = Tensor(x, device="CPU").softmax()
-    assert count_kernels(out) == 3  # a CPU keeps max, sum and the normalising kernel (its max kernel is vectorised)
+    assert count_kernels(out) == 1  # on a CPU too: each row's max and sum are loops before the loop over the row
     e = np.exp(x - x.max(-1, keepdims=True))
     np.testing.assert_allclose(out.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
 

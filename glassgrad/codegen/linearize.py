@@ -58,8 +58,9 @@ class _Emitter:
     """Builds the linear program. Tracks which values exist in the current loop scope: a value computed inside a
     loop is gone when that loop closes, so a later use outside recomputes it."""
 
-    def __init__(self, program: list[UOp], scopes: Scopes, reduces: list[UOp]) -> None:
+    def __init__(self, program: list[UOp], scopes: Scopes, reduces: list[UOp], tile: tuple[UOp, ...] = ()) -> None:
         self.program = program
+        self.tile = tile  # the register tile's loops, outermost first
         self.scopes = scopes
         self.reduces = reduces
         self.emitted: set[UOp] = set(program)
@@ -123,7 +124,17 @@ class _Emitter:
         for red in reductions:
             scope = self.scopes(red)
             if red not in self.emitted and not scope & loops and all(r.arg[1] == "global" for r in scope):
-                self.emit(red)
+                self.emit_with_lanes(red)
+
+    def emit_with_lanes(self, root: UOp) -> None:
+        """Emit `root`, first each reduction under it whose value keeps loops of the register tile (an unrolled
+        reduction's lanes, `REDUCE(REDUCE(x, r, lane), lane)`) as a tile of accumulators, those loops innermost: a
+        fused row reduction gets the SIMD lanes of a kernel of its own."""
+        for n in root.toposort(stop=lambda x: x in self.emitted):
+            if n.op is Ops.REDUCE and n not in self.emitted and (lanes := tuple(u for u in self.tile
+                                                                                 if u in self.scopes(n))):
+                self.emit_reduce([n], lanes)
+        self.emit(root)
 
     def emit_hoisted(self, roots: list[UOp], inner: frozenset[UOp], values_only: bool = False) -> None:
         """Emit what `roots` need that depends on none of the loops in `inner` (not yet open): it is computed once
@@ -210,7 +221,7 @@ def linearize(sink: UOp, upcast: tuple[UOp, ...] = ()) -> list[UOp]:
     program: list[UOp] = sorted((u for u in nodes if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
     program += sorted((u for u in nodes if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0])  # int parameters
     reduces = [u for u in nodes if u.op is Ops.REDUCE]
-    emitter = _Emitter(program, scopes, reduces)
+    emitter = _Emitter(program, scopes, reduces, upcast)
     # row reductions, and staging copies (codegen/stage.py), go between the global loops they are inside of
     row_reductions = [u for u in nodes if u.op in (Ops.REDUCE, Ops.GROUP_REDUCE) or _is_stage(u)]
     for special in sorted((u for u in nodes if u.op is Ops.SPECIAL), key=lambda u: u.arg[0]):  # GPU ids come first

@@ -6,9 +6,9 @@ materialised, its buffer view (`BUFFER.reshape(shape)`), which the caller swaps 
 What gets materialised (a kernel writes it to memory):
   * the requested outputs, every CONTIGUOUS node, every COPY between devices (and a COPY's source);
   * a REDUCE_AXIS that would otherwise be recomputed: one reached from its consumer through an EXPAND or
-    through another reduction, or one that more than one kernel reads. On a GPU, not a row reduction (over the
-    last axis, broadcast back over it to a kernel that runs over the same rows): that kernel computes it once per
-    row, so softmax's max and sum live in the softmax kernel;
+    through another reduction, or one that more than one kernel reads. Not a row reduction (over the last axis,
+    broadcast back over it to a kernel that runs over the same rows): that kernel computes it once per row, so
+    softmax's max and sum live in the softmax kernel;
   * costly elementwise work (divisions, square roots, long chains) reached through an EXPAND: a convolution's
     backward reads its incoming gradient once per weight, which must not recompute BatchNorm's backward each time.
 Everything else fuses into the kernel that consumes it: elementwise chains, movement ops (as index math on
@@ -143,12 +143,12 @@ WalkState = tuple[UOp, bool, bool, RowMode, "tuple[sint, ...] | None"]  # node, 
 
 
 def _row_reduce(node: UOp, row_shape: tuple[sint, ...] | None) -> bool:
-    """A reduction over the last axis of the root's rows: on a GPU it can be computed in the root's kernel, once per
-    row (a work-group's group reduction). A CPU keeps it a kernel of its own: its separate max kernel is vectorised
-    (accumulator lanes), which the fused kernel's max loop is not yet, and the row is read from cache either way."""
+    """A reduction over the last axis of the root's rows: it can be computed in the root's kernel, once per row (on
+    a GPU a work-group's group reduction; on a CPU a loop with SIMD accumulator lanes before the loop over the row,
+    which then reads the row from L1: softmax 1024x2048 in one kernel, 1.3 -> 0.65 ms on 2 cores)."""
     return (row_shape is not None and node.op is Ops.REDUCE_AXIS and node.src[0].shape == row_shape and
             node.arg[1] == (len(row_shape) - 1,) and all(isinstance(d, int) for d in row_shape) and
-            1 < row_shape[-1] <= ROW_FUSE_MAX and _thread_per_output(node.device))  # type: ignore[operator]
+            1 < row_shape[-1] <= ROW_FUSE_MAX)  # type: ignore[operator]
 
 
 def _walk_start(root: UOp) -> tuple[bool, RowMode, tuple[sint, ...] | None]:

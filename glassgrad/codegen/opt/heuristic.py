@@ -35,6 +35,7 @@ chooses their shape.
 from __future__ import annotations
 
 from glassgrad.codegen.gpudims import ELEMENTS_PER_THREAD, LOCAL_SIZE, MANY_ELEMENTS, automatic_shape
+from glassgrad.codegen.linearize import Scopes
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
 from glassgrad.codegen.opt.kernel import Kernel
 from glassgrad.codegen.stage import STAGE_MAX, stages_before_reduction
@@ -77,6 +78,8 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         return lanes
     opts.append(Opt(OptOps.UPCAST, axis, amount))
     k.apply_opt(opts[-1])
+    if (rows := _row_reduction_lanes(k)):
+        return opts + rows
     tile = k.register_tile()
     reduce_size = prod(k.size(a) or MIN_REDUCE for a in k.axes_of("reduce"))  # a symbolic one counts as long
     block = _blocking_axis(k, k.axes.index(k.upcast[-1]))
@@ -196,15 +199,33 @@ def _strided_lanes(k: Kernel) -> list[Opt]:
     return [] if amount is None else [Opt(OptOps.UPCAST, axis, amount)]
 
 
-def _lanes_for_reduction(k: Kernel) -> list[Opt]:
-    """A sum, product or max over a contiguous row: 16 accumulator lanes (one SIMD register), then, for a long row,
-    CHAINS such registers (independent chains: one add or max per register per step waits for the previous one,
-    3-4 cycles), combined after the loop. A lone `omp simd reduction` gives one register, and a max with NaN checks
-    is not vectorised at all without lanes."""
+def _row_reduction_lanes(k: Kernel) -> list[Opt]:
+    """Lanes for each row reduction of a kernel (one computed once per row, before the loop over the row, so outside
+    the tile: softmax's max and sum), as `_lanes_for_reduction` gives a reduction kernel of its own."""
+    scopes = Scopes()
+    tile = set(k.upcast)
+    rows = [u for u in k.ast.toposort() if u.op is Ops.REDUCE and not scopes(u) & tile]
+    if not tile or len(rows) != len([u for u in k.ast.toposort() if u.op is Ops.REDUCE]):
+        return []
+    k = k.copy()
+    opts: list[Opt] = []
+    for red in rows:
+        axis = k.axes.index(max(red.src[1:], key=lambda r: r.arg[0]))  # its innermost loop
+        lanes = _lanes_for_reduction(k, axis)
+        k.apply_opts(lanes)
+        opts += lanes
+    return opts
+
+
+def _lanes_for_reduction(k: Kernel, axis: int | None = None) -> list[Opt]:
+    """A sum, product or max over a contiguous row (`axis`, default the innermost reduce axis): 16 accumulator lanes
+    (one SIMD register), then, for a long row, CHAINS such registers (independent chains: one add or max per
+    register per step waits for the previous one, 3-4 cycles), combined after the loop. A lone `omp simd reduction`
+    gives one register, and a max with NaN checks is not vectorised at all without lanes."""
     reduce_axes = k.axes_of("reduce")
     if not reduce_axes or not any(u.op is Ops.REDUCE for u in k.ast.toposort()):
         return []
-    axis = reduce_axes[-1]
+    axis = reduce_axes[-1] if axis is None else axis
     strides = k.strides(axis)
     size = k.size(axis)
     if any(s not in (0, 1) for s in strides) or 1 not in strides or size is None or size % LANES or size <= LANES:

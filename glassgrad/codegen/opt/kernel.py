@@ -7,7 +7,7 @@ otherwise, leaving the kernel as it was.
 """
 from __future__ import annotations
 
-from glassgrad.codegen.linearize import range_size, split_range
+from glassgrad.codegen.linearize import Scopes, range_size, split_range
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps, check
 from glassgrad.helpers import prod
 from glassgrad.renderer.cstyle import CStyleLanguage, index_stride
@@ -16,6 +16,7 @@ from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.sint import render_sint
 
 KIND_ORDER = ("global", "local", "reduce", "group", "unroll", "upcast")
+TILE_KINDS = ("upcast", "unroll")
 MAX_UPCAST = 64          # iterations of one upcast axis
 MAX_UNROLL = 32          # iterations of one unrolled axis
 MAX_REGISTER_TILE = 512  # accumulators (product of the upcast sizes) and unrolled copies of the loop body
@@ -81,7 +82,13 @@ class Kernel:
         return any(u.op is Ops.REDUCE for u in self.ast.toposort())
 
     def register_tile(self) -> int:
-        return prod(r.src[0].arg for r in self.axes if r.arg[1] in ("upcast", "unroll"))
+        """The largest register tile of one loop nest: over the kernel's reductions and stores, the product of the
+        upcast and unrolled loops that one evaluation of its value runs (a kernel with row reductions before its
+        store, a fused softmax, has a tile per nest, not their product)."""
+        scopes = Scopes()
+        tiles = [prod(r.src[0].arg for r in scopes(u.src[0] if u.op is Ops.REDUCE else u) if r.arg[1] in TILE_KINDS)
+                 for u in self.ast.toposort() if u.op in (Ops.REDUCE, Ops.STORE)]
+        return max(tiles, default=1)
 
     def describe(self) -> str:
         """The axes as `kind:size`, e.g. 'global:128 global:64 reduce:1024 upcast:8 upcast:16'."""
@@ -129,12 +136,14 @@ class Kernel:
         check(size % amount == 0, f"{opt}: {amount} does not divide the axis' {size} iterations")
         check(not self.axes_of("group"), f"{opt}: a GROUP kernel's reduction is combined in shared memory, one value "
                                          f"per thread; {opt.op.name} (a register tile) does not combine with it")
-        check(self.register_tile() * amount <= MAX_REGISTER_TILE,
-              f"{opt}: the register tile would be {self.register_tile() * amount} > {MAX_REGISTER_TILE}")
+        before = self.ast
         new_kind = "upcast" if opt.op is OptOps.UPCAST else "unroll"
         inner = self._split(rng, amount, size, new_kind)
         if new_kind == "unroll":
             self.ast = _lanes_of_reductions(self.ast, inner)
+        if (tile := self.register_tile()) > MAX_REGISTER_TILE:
+            self.ast = before
+            check(False, f"{opt}: the register tile would be {tile} > {MAX_REGISTER_TILE}")
         self._tile_order[inner] = len(self._tile_order)  # the tile's order: the first one innermost
 
     def _thread_split(self, opt: Opt, rng: UOp, kind: str, size: int | None) -> None:
