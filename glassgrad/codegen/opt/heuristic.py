@@ -78,8 +78,8 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         return lanes
     opts.append(Opt(OptOps.UPCAST, axis, amount))
     k.apply_opt(opts[-1])
-    if (rows := _row_reduction_lanes(k)):
-        return opts + rows
+    if (row_lanes := _row_reduction_lanes(k)):
+        return opts + row_lanes
     tile = k.register_tile()
     reduce_size = prod(k.size(a) or MIN_REDUCE for a in k.axes_of("reduce"))  # a symbolic one counts as long
     block = _blocking_axis(k, k.axes.index(k.upcast[-1]))
