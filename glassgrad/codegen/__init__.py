@@ -13,7 +13,7 @@ from glassgrad.codegen.linearize import estimate_flops, linearize, loop_iteratio
 from glassgrad.codegen.opt import Opt
 from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
 from glassgrad.codegen.opt.kernel import Kernel
-from glassgrad.codegen.stage import stage_gated_loads
+from glassgrad.codegen.stage import stage_gated_loads, stage_row_values
 from glassgrad.helpers import NOOPT
 from glassgrad.renderer.cstyle import CStyleLanguage
 from glassgrad.schedule.indexing import kernel_name
@@ -77,7 +77,7 @@ def get_program(ast: UOp, renderer: CStyleLanguage, opts: list[Opt] | None = Non
     if renderer.has_local:  # GPUs: loops become threads and work-groups
         ast, global_size, local_size = gpu_dims(ast, kernel.local_order, tensor_cores=renderer.tensor_cores)
     else:  # CPUs: the outermost loop is split across threads by the runtime
-        ast = stage_gated_loads(ast, upcast)
+        ast = stage_row_values(stage_gated_loads(ast, upcast))
         global_ranges = sorted((r for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "global"),
                                key=lambda r: r.arg[0])
         global_size = (range_size(global_ranges[0]),) if global_ranges else (1,)
