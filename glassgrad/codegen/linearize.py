@@ -123,7 +123,12 @@ class _Emitter:
         the inner global loops (a convolution's output channels) is made once for all of them."""
         for red in reductions:
             scope = self.scopes(red)
-            if red not in self.emitted and not scope & loops and all(r.arg[1] == "global" for r in scope):
+            if red in self.emitted or scope & loops:
+                continue
+            # a reduction may keep loops of the register tile (one accumulator per lane: a softmax over a transposed
+            # view whose lanes are 16 rows), which open around its own loops, not the kernel's
+            tiled = red.op is Ops.REDUCE and all(r in self.tile for r in scope if r.arg[1] != "global")
+            if tiled or all(r.arg[1] == "global" for r in scope):
                 self.emit_with_lanes(red)
 
     def emit_with_lanes(self, root: UOp) -> None:
@@ -233,7 +238,7 @@ def linearize(sink: UOp, upcast: tuple[UOp, ...] = ()) -> list[UOp]:
     all_ranges = frozenset(u for u in nodes if u.op is Ops.RANGE)
     outer_roots = [s for u in nodes if u.op is Ops.STORE for s in u.src[1:]] + [red.src[0] for red in reduces]
     for i, r in enumerate(global_ranges):
-        emitter.emit_reductions_outside(row_reductions, frozenset(global_ranges[i:]) | frozenset(upcast))
+        emitter.emit_reductions_outside(row_reductions, frozenset(global_ranges[i:]))
         if r.src[0].op is not Ops.CONST:
             emitter.emit(r.src[0])  # a symbolic trip count
         emitter.add(r)

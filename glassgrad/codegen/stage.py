@@ -372,8 +372,8 @@ def stage_row_values(ast: UOp) -> UOp:
 def _canonical(n: UOp, outer: frozenset[UOp], scopes: Scopes, placeholder: int) -> tuple[UOp, UOp] | None:
     """(`n` with its loops other than `outer` replaced by one position along the row (a loop of id `placeholder`,
     as long as the row), `n`'s index along the row), or None when those loops do not enumerate a row of at most
-    STAGE_MAX values exactly once in order (strides of a mixed radix, the same in every index and gate of `n`), or
-    when `n` uses a reduction computed inside the row, or staging already."""
+    STAGE_MAX values exactly once in order (strides of a mixed radix times the innermost loop's, the same in every
+    index and gate of `n`), or when `n` uses a reduction computed inside the row, or staging already."""
     scope = scopes(n)
     inside = n.toposort(stop=lambda x: x.op is Ops.REDUCE)  # (a reduction's inside is its own)
     if not outer <= scope or any(u.op in (Ops.DEFINE_LOCAL, Ops.BARRIER) for u in inside) or \
@@ -389,10 +389,11 @@ def _canonical(n: UOp, outer: frozenset[UOp], scopes: Scopes, placeholder: int) 
         if len(moves) != 1 or None in moves or any(leaf.get(r, 0) == 0 for leaf in leaves if leaf):
             return None
         strides[r] = moves.pop()  # type: ignore[assignment]
-    order = sorted(loops, key=lambda r: -strides[r])
+    order = sorted(loops, key=lambda r: -abs(strides[r]))
+    unit = strides[order[-1]]  # a row along a strided axis (a softmax of a transposed view) moves by its stride
     size = 1
-    for r in reversed(order):  # the innermost moves by 1, each other by the product of the sizes inside it
-        if strides[r] != size:
+    for r in reversed(order):  # the innermost moves by one unit, each other by the sizes inside it
+        if strides[r] != size * unit:
             return None
         size *= r.src[0].arg
     if size > STAGE_MAX:
@@ -400,5 +401,5 @@ def _canonical(n: UOp, outer: frozenset[UOp], scopes: Scopes, placeholder: int) 
     dtype = order[0].dtype
     position = UOp(Ops.RANGE, dtype, (UOp.const(dtype, size),), (placeholder, "stage"))
     form = simplify(_replace(n, {r: position if r is order[-1] else UOp.const(r.dtype, 0) for r in loops}))
-    index = sum((r * UOp.const(dtype, strides[r]) for r in order[:-1]), start=order[-1])  # type: ignore[arg-type]
+    index = sum((r * UOp.const(dtype, strides[r] // unit) for r in order[:-1]), start=order[-1])  # type: ignore
     return form, index
