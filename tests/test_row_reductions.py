@@ -97,6 +97,28 @@ def test_cpu_transposed_softmax_reduces_each_row_once() -> None:
     np.testing.assert_allclose(t.numpy(), np_softmax(x.T), rtol=1e-5, atol=1e-7)
 
 
+VIEW_ROWS: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[np.ndarray], np.ndarray]]] = {
+    "pad": (lambda t: t.pad(((0, 0), (5, 7))), lambda a: np.pad(a, ((0, 0), (5, 7)))),
+    "pad_rows_too": (lambda t: t.pad(((1, 2), (3, 4))), lambda a: np.pad(a, ((1, 2), (3, 4)))),
+    "shrink": (lambda t: t[:, 17:251], lambda a: a[:, 17:251]),
+    "flip": (lambda t: t.flip(1), lambda a: a[:, ::-1]),
+    "stride2": (lambda t: t[:, ::2], lambda a: a[:, ::2]),
+    "expand": (lambda t: t[:, :1].expand(24, 64), lambda a: np.broadcast_to(a[:, :1], (24, 64))),
+    "permute": (lambda t: t.reshape(24, 20, 15).permute(0, 2, 1), lambda a: a.reshape(24, 20, 15).transpose(0, 2, 1)),
+}
+
+
+@pytest.mark.parametrize("view", list(VIEW_ROWS))
+def test_cpu_softmax_of_views_is_one_kernel_and_right(view: str) -> None:
+    """Rows that are padded (gated loads), shrunk, flipped (negative strides), strided, broadcast or permuted: one
+    kernel each, against numpy (the staged exp's canonical form must see the same row in the sum and the output)."""
+    x = (np.random.default_rng(5).standard_normal((24, 300)) * 3).astype(np.float32)
+    make, ref = VIEW_ROWS[view]
+    out = make(Tensor(x, device="CPU")).softmax()
+    assert count_kernels(out) == 1
+    np.testing.assert_allclose(out.numpy(), np_softmax(ref(x)), rtol=1e-5, atol=1e-7)
+
+
 def test_cpu_softmax_computes_each_exp_once() -> None:
     """softmax's `exp(x - max)` is needed by the sum and by the output: the CPU kernel computes it once per row into
     a staging buffer (one exp2f call in the source), which both passes read."""
