@@ -272,3 +272,26 @@ def test_weight_gradient_packs_each_image_once_for_many_outputs() -> None:
     windows = np.lib.stride_tricks.sliding_window_view(np.maximum(x, 0).astype(np.float64), (5, 5), axis=(2, 3))
     expected = np.einsum("boyx,bcyxij->ocij", g.astype(np.float64), windows)
     np.testing.assert_allclose(tw.grad.numpy(), expected, rtol=1e-4, atol=1e-3)
+
+
+def test_weight_gradient_packs_the_incoming_gradient_per_image() -> None:
+    """A 3x3 weight gradient of 64 -> 64 channels on 6x6 outputs (MNIST's fourth conv): 16 output channels are the
+    lanes, the incoming gradient `g[b, co, y, x]` is packed one image at a time (36 x 16 values, remade per image),
+    and the window's 9 taps times 2 input channels are 18 rows sharing each packed vector. The gradient matches
+    numpy's. (At a batch whose inputs fit a pack whole, the input channels are the lanes instead.)"""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((32, 64, 8, 8), dtype=np.float32)
+    w = rng.standard_normal((64, 64, 3, 3), dtype=np.float32) * 0.1
+    g = rng.standard_normal((32, 64, 6, 6), dtype=np.float32)
+    tw = Tensor(w, requires_grad=True)
+    (Tensor(x).conv2d(tw) * Tensor(g)).sum().backward()
+    assert tw.grad is not None
+    from glassgrad.kernels import kernels
+    spec = kernels(tw.grad, device="CPU")[-1]
+    assert spec.name == "r_64_64_3_3_32_6_6"
+    assert spec.opts == (Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 2, 0),
+                         Opt(OptOps.UPCAST, 1, 2))
+    assert re.search(r"smem\d+\[\(\(\(\w+ \* 96\) \+ \(\w+ \* 16\)\) \+ \w+\)\] = ", spec.source), spec.source
+    windows = np.lib.stride_tricks.sliding_window_view(x.astype(np.float64), (3, 3), axis=(2, 3))
+    expected = np.einsum("boyx,bcyxij->ocij", g.astype(np.float64), windows)
+    np.testing.assert_allclose(tw.grad.numpy(), expected, rtol=1e-4, atol=1e-3)

@@ -43,6 +43,7 @@ from glassgrad.uop.symbolic import simplify
 
 STAGE_MAX = 16384  # elements of one staging buffer (64 KB of float32 on the stack: read once per 8-16 FMAs, L2 is
 #                   fast enough; a 3x3 convolution over 64 input channels with 16 lanes is 9216)
+PACK_REUSE = 8     # a pack inside the reduction (remade per outer step) pays when this many tile rows share it
 SHARE_MIN = 4      # an ungated value is staged when the tile would compute each of its values this many times
 COSTLY = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.FDIV, Ops.POW})  # worth a row buffer to compute once
 
@@ -165,10 +166,12 @@ def _pack_dims(load: UOp, reduce_loops: list[UOp], inner: list[UOp]) -> list[Dim
     0 or 1 (a convolution's weight `w[co, ci, kh, kw]` with the output channels as lanes) is copied whole, for every
     reduce loop it depends on, with the lanes contiguous: made once before the reduction, it turns a gather per
     multiply-add into one vector load."""
-    if len(load.src) == 3 or not inner or index_strides(load.src[1]).get(inner[-1], 0) in (0, 1):
+    strides = index_strides(load.src[1])
+    if len(load.src) == 3 or not inner or strides.get(inner[-1], 0) in (0, 1):
         return None
     dims = _staging_dims(load, reduce_loops, inner, False)
-    return dims if dims is not None and _covers_reduction(load, dims, reduce_loops) else None
+    reuse = prod(r.src[0].arg for r in inner if strides.get(r, 0) == 0)  # tile rows that share each packed vector
+    return dims if dims is not None and (_covers_reduction(load, dims, reduce_loops) or reuse >= PACK_REUSE) else None
 
 
 def _covers_reduction(root: UOp, dims: list[Dim], reduce_loops: list[UOp]) -> bool:
