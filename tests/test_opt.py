@@ -366,3 +366,18 @@ def test_max_pool_takes_lanes_along_its_strided_columns() -> None:
     k = kernel_of(out)
     assert hand_coded_optimizations(k) == [Opt(OptOps.UPCAST, len(k.axes_of("global")) - 1, 0)]
     np.testing.assert_array_equal(out.numpy(), x.reshape(2, 3, 10, 2, 10, 2).max(axis=(3, 5)))
+
+
+@pytest.mark.parametrize("width", [20, 6])
+def test_heuristic_lanes_gather_only_along_a_full_register(width: int) -> None:
+    """A sum over rows that read `g[x // 2]` (a max-pool's gradient, broadcast over its windows): a row of 20 gets 20
+    accumulator lanes, gathering g (faster than no lanes); a row of 6 gets none (gathers into 6 lanes measured slower).
+    Both match numpy."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((4, 8, width), dtype=np.float32)
+    g = rng.standard_normal((4, 8, width // 2), dtype=np.float32)
+    spread = Tensor(g).reshape(4, 8, width // 2, 1).expand(4, 8, width // 2, 2).reshape(4, 8, width)
+    out = (Tensor(a) * spread).sum(axis=(0, 2))
+    opts = hand_coded_optimizations(kernel_of(out))
+    assert opts == ([Opt(OptOps.UNROLL, 2, 0)] if width >= 16 else [])
+    np.testing.assert_allclose(out.numpy(), (a * np.repeat(g, 2, axis=2)).sum(axis=(0, 2)), rtol=1e-4, atol=1e-4)

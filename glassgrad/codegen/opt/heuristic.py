@@ -271,14 +271,17 @@ def _reduce_lane_tile(k: Kernel) -> list[Opt]:
     ACCUMULATOR_REGISTERS allow. A convolution's weight gradient sums over rows of output positions that both of its
     loads read contiguously: its tile is the kernel width (the input's row shifts, the gradient's stays) times a few
     output channels (the gradient's row changes, the input's stays). MNIST's three weight gradients at batch 128, 2
-    threads: 74 -> 35 ms (5x5, 20 lanes), 11 -> 4.1 ms and 24 -> 11 ms (3x3, 8 and 6 lanes)."""
+    threads: 74 -> 35 ms (5x5, 20 lanes), 11 -> 4.1 ms and 24 -> 11 ms (3x3, 8 and 6 lanes). A row of 16 or more may
+    also gather (a max-pool's gradient `g[x // 2]`: MNIST's batch-norm gradient sums, 2.3 -> 1.75 ms each); a shorter
+    one measured slower with gathers than without lanes."""
     reduce_axes = k.axes_of("reduce")
     if not reduce_axes:
         return []
     axis = reduce_axes[-1]
     strides, size = k.strides(axis), k.size(axis)
-    if size is None or not SHORT_ROW[0] <= size <= SHORT_ROW[1] or any(s not in (0, 1) for s in strides) \
-            or 1 not in strides:
+    gathers_pay = size is not None and size >= VECTOR_WIDTH  # a gathered load (`g[x // 2]` in a max-pool's gradient)
+    if size is None or not SHORT_ROW[0] <= size <= SHORT_ROW[1] or 1 not in strides or \
+            any(s not in (0, 1) and not (s is None and gathers_pay) for s in strides):
         return []
     opts = [Opt(OptOps.UNROLL, axis, 0)]
     k = k.copy().apply_opts(opts)
