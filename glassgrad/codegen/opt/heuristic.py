@@ -134,8 +134,8 @@ def _channel_lanes(k: Kernel, axis: int, fit: str) -> list[Opt] | None:
     the opts, [] when it has no rows, or None when the axis does not qualify. With a pack remade at each step of the
     outer reduce loop (a weight gradient's incoming gradient, `g[b, co, y, x]` for one image, output channels as
     lanes) the rows must share each packed vector PACK_REUSE times: the window's taps times a few input channels.
-    MNIST's 3x3 weight gradients at batch 128, 2 threads: 10.2 -> 3.4 ms (64 -> 64 channels) and 10.0 -> 7.1 ms
-    (32 -> 64); the 5x5 one of its first conv: 3.0 -> 1.9 ms."""
+    MNIST's 3x3 weight gradients at batch 128, 2 threads: 10.2 -> 3.4 ms (64 -> 64 channels) and 10.0 -> 4.6-7.1 ms
+    (32 -> 64); the 5x5 one of its first conv (25 rows: PACKED_ROWS): 3.1 -> 1.5 ms."""
     size, strides = k.size(axis), k.strides(axis)
     packed = {load.src[0].arg for load, s in zip(k.loads, strides) if s != 0 and s != 1}
     if size is None or size % VECTOR_WIDTH or not packed or _pack_fit(k, packed) != fit:
@@ -232,8 +232,9 @@ def _row_reduction_lanes(k: Kernel) -> list[Opt]:
     the tile: softmax's max and sum), as `_lanes_for_reduction` gives a reduction kernel of its own."""
     scopes = Scopes()
     tile = set(k.upcast)
-    rows = [u for u in k.ast.toposort() if u.op is Ops.REDUCE and not scopes(u) & tile]
-    if not tile or len(rows) != len([u for u in k.ast.toposort() if u.op is Ops.REDUCE]):
+    reductions = [u for u in k.ast.toposort() if u.op is Ops.REDUCE]
+    rows = [u for u in reductions if not scopes(u) & tile]
+    if not tile or len(rows) != len(reductions):
         return []
     k = k.copy()
     opts: list[Opt] = []
