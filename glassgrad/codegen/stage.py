@@ -376,7 +376,8 @@ def _canonical(n: UOp, outer: frozenset[UOp], scopes: Scopes, placeholder: int) 
     """(`n` with its loops other than `outer` replaced by one position along the row (a loop of id `placeholder`,
     as long as the row), `n`'s index along the row), or None when those loops do not enumerate a row of at most
     STAGE_MAX values exactly once in order (strides of a mixed radix times the innermost loop's, the same in every
-    index and gate of `n`), or when `n` uses a reduction computed inside the row, or staging already."""
+    index and gate of `n` that they move), or when `n` uses a reduction computed inside the row, or staging
+    already."""
     scope = scopes(n)
     inside = n.toposort(stop=lambda x: x.op is Ops.REDUCE)  # (a reduction's inside is its own)
     if not outer <= scope or any(u.op in (Ops.DEFINE_LOCAL, Ops.BARRIER) for u in inside) or \
@@ -385,13 +386,16 @@ def _canonical(n: UOp, outer: frozenset[UOp], scopes: Scopes, placeholder: int) 
     loops = [r for r in scope if r not in outer]
     if not loops or any(r.src[0].op is not Ops.CONST for r in loops):
         return None
-    leaves = [index_strides(leaf) for leaf in _affine_leaves(n)]
     strides: dict[UOp, int] = {}
-    for r in loops:
-        moves = {leaf.get(r, 0) for leaf in leaves} - {0}
-        if len(moves) != 1 or None in moves or any(leaf.get(r, 0) == 0 for leaf in leaves if leaf):
+    for leaf in (index_strides(leaf) for leaf in _affine_leaves(n)):  # (one that no such loop moves is per row)
+        moves = {r: leaf.get(r, 0) for r in loops}
+        if not any(moves.values()):
+            continue
+        if any(not m for m in moves.values()) or (strides and moves != strides):
             return None
-        strides[r] = moves.pop()  # type: ignore[assignment]
+        strides = moves  # type: ignore[assignment]
+    if not strides:
+        return None
     order = sorted(loops, key=lambda r: -abs(strides[r]))
     unit = strides[order[-1]]  # a row along a strided axis (a softmax of a transposed view) moves by its stride
     size = 1
