@@ -277,8 +277,7 @@ def stage_gated_loads(ast: UOp, upcast: tuple[UOp, ...]) -> UOp:
     sums = {red: red.replace(src=(graph_rewrite(red.src[0], drop_zero_selects), *red.src[1:]))
             for red in ast.toposort() if red.op is Ops.REDUCE and red.arg is Ops.ADD}
     ast = _replace(ast, {old: new for old, new in sums.items() if new is not old})
-    next_id = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
-    local_id = sum(1 for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL)
+    next_id, local_id = _fresh_ids(ast)
     mapping: dict[UOp, UOp] = {}
     for red in (u for u in ast.toposort() if u.op is Ops.REDUCE):
         reduce_loops, inner = _tile_loops(red, upcast)
@@ -289,13 +288,23 @@ def stage_gated_loads(ast: UOp, upcast: tuple[UOp, ...]) -> UOp:
                 continue
             copies = [_copy_loop(members[0][0], extent, next_id + i) for i, (members, extent, _) in enumerate(dims)]
             next_id += len(dims)
-            local = UOp(Ops.DEFINE_LOCAL, root.dtype, (), (local_id, prod(extent for _, extent, _ in dims)))
+            staged = _stage_buffer(local_id, prod(extent for _, extent, _ in dims), _flat(copies, dims),
+                                   _replace(root, _copy_values(dims, copies)))
             local_id += 1
-            value = _replace(root, _copy_values(dims, copies))
-            store = UOp(Ops.STORE, dtypes.void, (local, _flat(copies, dims), value))
-            staged = UOp(Ops.BARRIER, root.dtype, (local, store), "stage")
             mapping[root] = UOp(Ops.LOAD, root.dtype, (staged, _flat([_position(d) for d in dims], dims)))
     return simplify(_replace(ast, mapping))
+
+
+def _fresh_ids(ast: UOp) -> tuple[int, int]:
+    """The first loop id and staging-buffer id that `ast` does not use yet."""
+    nodes = ast.toposort()
+    return max(u.arg[0] for u in nodes if u.op is Ops.RANGE) + 1, sum(1 for u in nodes if u.op is Ops.DEFINE_LOCAL)
+
+
+def _stage_buffer(local_id: int, size: int, index: UOp, value: UOp) -> UOp:
+    """A staging copy: `BARRIER(local, STORE(local, index, value))`, readable once the BARRIER is placed."""
+    local = UOp(Ops.DEFINE_LOCAL, value.dtype, (), (local_id, size))
+    return UOp(Ops.BARRIER, value.dtype, (local, UOp(Ops.STORE, dtypes.void, (local, index, value))), "stage")
 
 
 def _copy_loop(like: UOp, extent: int, loop_id: int) -> UOp:
@@ -346,10 +355,10 @@ def stage_row_values(ast: UOp) -> UOp:
     rows = [u for u in nodes if u.op is Ops.REDUCE and scopes(u) and all(r.arg[1] == "global" for r in scopes(u))]
     if not rows:
         return ast
-    placeholder = max(u.arg[0] for u in nodes if u.op is Ops.RANGE) + 1  # the position's loop id in canonical forms
+    placeholder, local_id = _fresh_ids(ast)  # (the placeholder: the position's loop id in canonical forms)
     next_id = placeholder + 1
-    local_id = sum(1 for u in nodes if u.op is Ops.DEFINE_LOCAL)
     mapping: dict[UOp, UOp] = {}
+    covered: set[UOp] = set()  # the staged values and everything inside them
     for red in rows:
         forms: dict[UOp, list[tuple[UOp, UOp]]] = {}  # canonical form -> uses (node, its index along the row)
         for n in reversed(nodes):  # users before their sources: the largest values first
@@ -358,17 +367,15 @@ def stage_row_values(ast: UOp) -> UOp:
                 forms.setdefault(canonical[0], []).append((n, canonical[1]))
         body = set(red.src[0].toposort())
         for form, uses in forms.items():
-            if len(uses) < 2 or not any(n in body for n, _ in uses) or \
-                    any(n in mapping or any(n in m.toposort() for m in mapping) for n, _ in uses):
+            if len(uses) < 2 or not any(n in body for n, _ in uses) or any(n in covered for n, _ in uses):
                 continue
             position = next(u for u in form.toposort() if u.op is Ops.RANGE and u.arg[0] == placeholder)
-            copy = UOp(Ops.RANGE, position.dtype, position.src, (next_id, "stage"))
+            copy = _copy_loop(position, position.src[0].arg, next_id)
             next_id += 1
-            local = UOp(Ops.DEFINE_LOCAL, form.dtype, (), (local_id, position.src[0].arg))
+            barrier = _stage_buffer(local_id, position.src[0].arg, copy, _replace(form, {position: copy}))
             local_id += 1
-            store = UOp(Ops.STORE, dtypes.void, (local, copy, _replace(form, {position: copy})))
-            barrier = UOp(Ops.BARRIER, form.dtype, (local, store), "stage")
             mapping.update({n: UOp(Ops.LOAD, form.dtype, (barrier, index)) for n, index in uses})
+            covered.update(m for n, _ in uses for m in n.toposort())
     return simplify(_replace(ast, mapping)) if mapping else ast
 
 
