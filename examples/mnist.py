@@ -100,19 +100,19 @@ def progress(steps: int) -> Iterable[int]:
         return range(steps)
 
 
+@Tensor.train()
 def train_step(model: Model, opt: optim.Optimizer, x: Tensor, y: Tensor) -> Tensor:
-    """One Adam step on a batch, run eagerly: forward, backward, the update written into the parameters."""
-    with Tensor.train():
-        opt.zero_grad()
-        loss = model(x).sparse_categorical_crossentropy(y).backward()
-        with no_grad():
-            Tensor.realize_all(loss, *opt.schedule_step())
-    return loss
+    """One Adam step on a batch, written as tinygrad's beautiful_mnist writes it: forward, backward, and the loss
+    realized together with the update (one schedule)."""
+    opt.zero_grad()
+    loss = model(x).sparse_categorical_crossentropy(y).backward()
+    return loss.realize(*opt.schedule_step())
 
 
 def train_step_fn(model: Model, opt: optim.Optimizer) -> Callable[[Tensor, Tensor], Tensor]:
-    """`train_step` as a TinyJit (tinygrad's beautiful_mnist): from the third call on, its kernels are replayed
-    without Python building or scheduling the graph. The returned loss is overwritten by the next call."""
+    """`train_step` as a TinyJit (beautiful_mnist's `@TinyJit @Tensor.train() def step()`): from the third call on,
+    its kernels are replayed without Python building or scheduling the graph. The returned loss is overwritten by
+    the next call."""
     @TinyJit
     def step(x: Tensor, y: Tensor) -> Tensor:
         return train_step(model, opt, x, y)

@@ -24,9 +24,19 @@ from glassgrad.engine.realize import run_schedule
 from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import normalize_axis, prod
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
+from glassgrad.schedule.versions import StaleReaders, overwritten_versions
 from glassgrad.tensor_nn import NNOps
-from glassgrad.uop.ops import Ops, UOp, _arg_key, sint
-from glassgrad.uop.sint import as_sint, render_sint, sint_eval, sint_min, sint_prod, sint_sub, unbound_variables
+from glassgrad.uop.ops import GroupOp, Ops, UOp, _arg_key, sint
+from glassgrad.uop.sint import (
+    as_sint,
+    render_sint,
+    sint_add,
+    sint_eval,
+    sint_min,
+    sint_prod,
+    sint_sub,
+    unbound_variables,
+)
 
 # realized buffer view -> the graph it was computed from, so gradients flow through realized tensors
 LINEAGE: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
@@ -36,6 +46,36 @@ ASSIGN_TARGETS: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDict
 
 Scalar = int | float | bool
 AxisArg = int | Sequence[int] | None
+
+
+class _LazyTensors:
+    """The tensors that may still be lazy: before an assign overwrites a buffer, those that read its old contents are
+    realized (a tensor keeps the value it had when it was built; see schedule/versions.py). Every op's result joins,
+    so adding is one weak reference appended to a list; dead and settled entries (realized into a buffer that is
+    never written in place) are dropped whenever the list doubles, and whenever it is read."""
+
+    def __init__(self) -> None:
+        self.refs: list[weakref.ref[Tensor]] = []
+        self.limit = 4096
+
+    def add(self, t: Tensor) -> None:
+        self.refs.append(weakref.ref(t))
+        if len(self.refs) > self.limit:
+            self.tensors()
+
+    def tensors(self) -> list[Tensor]:
+        """The live, unsettled tensors, each once."""
+        alive: dict[int, Tensor] = {}
+        for ref in self.refs:
+            t = ref()
+            if t is not None and not (is_buffer_view(t.uop) and not t.uop.base.arg[0].owned):
+                alive[id(t)] = t
+        self.refs = [weakref.ref(t) for t in alive.values()]
+        self.limit = max(4096, 2 * len(self.refs))
+        return list(alive.values())
+
+
+_LAZY = _LazyTensors()
 
 
 class _RNG:
@@ -60,17 +100,19 @@ class _CastShortcuts:
 
 class Tensor(_CastShortcuts, NNOps):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
-    __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
+    __slots__ = ("uop", "requires_grad", "grad", "_view_of", "__weakref__")
     training: ClassVar[bool] = False
     no_grad: ClassVar[bool] = False
     uop: UOp
     grad: Tensor | None
+    _view_of: tuple[Tensor, UOp] | None  # (the tensor a movement op made this from, its node then): assign writes there
     requires_grad: bool | None
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None) -> None:
         if type(data) is UOp and device is None and dtype is None and requires_grad is None:  # every op's result
-            self.uop, self.grad, self.requires_grad = data, None, None
+            self.uop, self.grad, self.requires_grad, self._view_of = data, None, None, None
+            _LAZY.add(self)
             return
         device = Device.canonicalize(device or Device.DEFAULT)
         want = to_dtype(dtype) if dtype is not None else None
@@ -85,7 +127,9 @@ class Tensor(_CastShortcuts, NNOps):
             uop = _uop_from_array(data, want, device)
         if want is not None and uop.dtype != want:
             uop = uop.cast(want)
-        self.uop, self.grad, self.requires_grad = uop, None, None
+        self.uop, self.grad, self.requires_grad, self._view_of = uop, None, None, None
+        if not is_buffer_view(uop):
+            _LAZY.add(self)
         if requires_grad:
             self.requires_grad_(True)
         elif requires_grad is False:
@@ -161,17 +205,11 @@ class Tensor(_CastShortcuts, NNOps):
         pending = [t for t in tensors if not is_buffer_view(t.uop)]
         if not pending:
             return
+        pending += _readers_of_overwritten(pending)
         schedule, views = create_schedule([t.uop for t in pending])
         run_schedule(schedule)
-        keep_lineage = not Tensor.no_grad
-        assigned = False
-        for node, view in views.items():
-            REALIZED[node] = view
-            assigned = assigned or node.op is Ops.ASSIGN
-            if keep_lineage and not is_buffer_view(node):  # movement ops of a buffer are computed too
-                # an assign's gradient is its value's (and the value's graph does not hold the ASSIGN node, which
-                # REALIZED keeps the view for: no cycle between the two maps)
-                LINEAGE[view] = node.src[1] if node.op is Ops.ASSIGN else node
+        _record_realized(views, not Tensor.no_grad)
+        assigned = any(node.op is Ops.ASSIGN for node in views)
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
         if assigned:  # an assign realized as part of a larger graph: its target tensor holds the new version now
@@ -229,8 +267,24 @@ class Tensor(_CastShortcuts, NNOps):
             except ValueError:
                 raise ValueError(f"assign: value of shape {value.shape} does not fit tensor of shape "
                                  f"{self.shape}") from None
+        if self._view_of is not None:
+            return self._assign_through_view(value.cast(self.dtype))
         self._take_own_buffer()
         self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, value.cast(self.dtype).uop))
+        _LAZY.add(self)
+        return self
+
+    def _assign_through_view(self, value: Tensor) -> Tensor:
+        """`t[1:3].assign(v)`, `t.T.assign(v)`: this tensor is a movement-op view of another, so the write goes there
+        (as a PyTorch view shares its base's storage): the parent gets `v` at the elements this view shows and keeps
+        the others, and this tensor becomes the same view of the parent's new value."""
+        parent, parent_uop = self._view_of  # type: ignore[misc]
+        chain = _movement_chain(self.uop, parent_uop)
+        full, inside = _place_in_parent(chain, value.uop)
+        parent.assign(Tensor(inside).where(Tensor(full), parent))
+        self.uop = _rebuild_chain(chain, parent.uop)
+        self._view_of = (parent, parent.uop)
+        _LAZY.add(self)
         return self
 
     def _take_own_buffer(self) -> None:
@@ -243,6 +297,7 @@ class Tensor(_CastShortcuts, NNOps):
             own = buffer_view(Buffer(self.device, self.numel(), self.dtype, owned=True), self.shape)
             self.uop = UOp(Ops.ASSIGN, self.dtype, (own, self.uop))
             self.realize()
+        self._view_of = None  # a buffer of its own: no longer a view of another tensor
         ASSIGN_TARGETS[id(self)] = self
 
     def to(self, device: str | None) -> Tensor:
@@ -265,6 +320,19 @@ class Tensor(_CastShortcuts, NNOps):
     def _wrap(self, uop: UOp) -> Tensor:
         """A new tensor over `uop` (the one place results of ops are made)."""
         return Tensor(uop)
+
+    def _shows(self, other: Tensor) -> bool:
+        """Whether this tensor is `other` or a chain of movement-op views of it (an assign here writes into it)."""
+        t: Tensor | None = self
+        while t is not None and t is not other:
+            t = t._view_of[0] if t._view_of is not None else None
+        return t is other
+
+    def _view(self, uop: UOp) -> Tensor:
+        """A new tensor over `uop`, a movement op of this tensor's node: an assign to it writes into this tensor."""
+        out = Tensor(uop)
+        out._view_of = (self, self.uop)
+        return out
 
     # ------------------------------------------------------------------ autograd
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
@@ -773,6 +841,7 @@ class Tensor(_CastShortcuts, NNOps):
         if result.shape != self.shape:
             raise ValueError(f"in-place op would change shape {self.shape} to {result.shape}")
         self.uop = result.cast(self.dtype).uop
+        _LAZY.add(self)
         return self
 
     # ------------------------------------------------------------------ movement
@@ -782,7 +851,7 @@ class Tensor(_CastShortcuts, NNOps):
         padded = (1,) * (len(shape) - self.ndim) + self.shape
         if len(padded) != len(shape) or any(s not in (1, t) for s, t in zip(padded, shape)):
             raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
-        return self._wrap(self.uop.reshape(padded).expand(shape))
+        return self._view(self.uop.reshape(padded).expand(shape))
 
     def reshape(self, *shape: Any) -> Tensor:
         dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
@@ -806,7 +875,7 @@ class Tensor(_CastShortcuts, NNOps):
         dims = tuple(int(d) for d in dims)
         if prod(dims) != numel:
             raise ValueError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) into {dims}")
-        return self if dims == self.shape else self._wrap(self.uop.reshape(dims))
+        return self if dims == self.shape else self._view(self.uop.reshape(dims))
 
     view = reshape
 
@@ -823,7 +892,7 @@ class Tensor(_CastShortcuts, NNOps):
                                                                                       sint_prod(dims))) != 0:
             raise ValueError(f"cannot reshape symbolic shape ({', '.join(render_sint(d) for d in self.shape)}) into "
                              f"({', '.join(render_sint(d) for d in dims)}): the sizes differ for some variable values")
-        return self if dims == self.shape else self._wrap(self.uop.reshape(dims))
+        return self if dims == self.shape else self._view(self.uop.reshape(dims))
 
     def expand(self, *shape: Any) -> Tensor:
         dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
@@ -838,7 +907,7 @@ class Tensor(_CastShortcuts, NNOps):
         norm = tuple(normalize_axis(a, self.ndim) for a in axes)
         if sorted(norm) != list(range(self.ndim)):
             raise ValueError(f"permute order {axes} is not a permutation of the {self.ndim} dimensions")
-        return self._wrap(self.uop.permute(norm))
+        return self._view(self.uop.permute(norm))
 
     def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
         order = list(range(self.ndim))
@@ -852,7 +921,7 @@ class Tensor(_CastShortcuts, NNOps):
 
     def flip(self, axis: AxisArg = None) -> Tensor:
         axes = self._resolve_axes(axis)
-        return self._wrap(self.uop.flip(tuple(i in axes for i in range(self.ndim))))
+        return self._view(self.uop.flip(tuple(i in axes for i in range(self.ndim))))
 
     def shrink(self, bounds: Sequence[tuple[sint, sint] | None]) -> Tensor:
         """Keep [start, end) of each dimension (None keeps it all). Bounds may be bound Variables (`(0, v)`)."""
@@ -868,7 +937,7 @@ class Tensor(_CastShortcuts, NNOps):
                 # symbolic bounds: one kernel serves every value, so they must fit for all of them
                 raise ValueError(f"shrink bounds ({render_sint(b)}, {render_sint(e)}) do not fit dimension "
                                  f"{render_sint(s)} for every value of their Variables (their [min, max] ranges)")
-        return self._wrap(self.uop.shrink(full))
+        return self._view(self.uop.shrink(full))
 
     def pad(self, padding: Sequence[Any], value: Scalar = 0.0, mode: str = "constant") -> Tensor:
         """Pad with `value`. `padding` is ((before, after), ...) per dim, or PyTorch's flat (left, right, top, ...)."""
@@ -882,7 +951,7 @@ class Tensor(_CastShortcuts, NNOps):
         if any(b < 0 or a < 0 for b, a in pads):
             cropped = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pads, self.shape)))
             return cropped.pad(tuple((max(b, 0), max(a, 0)) for b, a in pads), value)
-        padded = self._wrap(self.uop.pad(pads))
+        padded = self._view(self.uop.pad(pads))
         if value == 0:
             return padded
         inside = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device).pad(pads)
@@ -976,7 +1045,16 @@ class Tensor(_CastShortcuts, NNOps):
         return getitem(self, index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        raise TypeError("glassgrad tensors are immutable: build a new tensor (e.g. with where) or use assign")
+        """`t[1:3] = v`, `t[0, ::2] = 5`, `t[mask] = 0` (a bool mask of t's shape): lazily, like `assign`, into this
+        tensor's own buffer. Indices that select by tensors or lists (a gather) raise: use `scatter` or `where`."""
+        if isinstance(index, Tensor) and index.dtype == dtypes.bool and index.shape == self.shape:
+            self.assign(index.where(value, self))
+            return
+        view = self[index]
+        if not view._shows(self):
+            raise NotImplementedError("t[index] = value with tensor or list indices (advanced indexing) is not "
+                                      "supported: use t.scatter(...) or t.assign(mask.where(value, t))")
+        view.assign(value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype))
 
     def gather(self, dim: int, index: Tensor) -> Tensor:
         """out[i][j][k] = self[index[i][j][k]][j][k] for dim=0 (PyTorch's gather)."""
@@ -1339,6 +1417,113 @@ def _index_tensor(n: int, device: str | None) -> Tensor:
     """0, 1, ..., n-1 as int32: the ARANGE leaf, which a kernel evaluates as its loop index (no memory read)."""
     dev = UOp(Ops.DEVICE, dtypes.void, (), Device.canonicalize(device or Device.DEFAULT))
     return Tensor(UOp(Ops.ARANGE, dtypes.int32, (dev,), n))
+
+
+def _movement_chain(top: UOp, bottom: UOp) -> list[UOp]:
+    """The movement nodes from `top` down to (not including) `bottom`, top first."""
+    chain, node = [], top
+    while node is not bottom:
+        if node.op not in GroupOp.Movement:
+            raise RuntimeError("internal error: a view's node is not a chain of movement ops over its parent's")
+        chain.append(node)
+        node = node.src[0]
+    return chain
+
+
+def _place_in_parent(chain: list[UOp], value: UOp) -> tuple[UOp, UOp]:
+    """Undo `chain` (top first) on `value`: the parent-shaped tensor holding `value` where the view shows, and a bool
+    mask of those elements."""
+    inside = UOp.const(dtypes.bool, True, value.device).reshape((1,) * len(value.shape)).expand(value.shape)
+    for node in chain:
+        value, inside = _undo_movement(node, value), _undo_movement(node, inside)
+    return value, inside
+
+
+def _undo_movement(node: UOp, u: UOp) -> UOp:
+    """`u`, shaped like movement node `node`, taken back to the shape of the node's source. An expanded (broadcast)
+    view shows one element in several places, so it cannot be written; what lands in a PAD's padding is dropped."""
+    below = node.src[0].shape
+    if node.op is Ops.RESHAPE:
+        return u.reshape(below)
+    if node.op is Ops.PERMUTE:
+        return u.permute(tuple(int(i) for i in np.argsort(node.arg)))
+    if node.op is Ops.FLIP:
+        return u.flip(node.arg)
+    if node.op is Ops.SHRINK:
+        return u.pad(tuple((b, sint_sub(s, e)) for (b, e), s in zip(node.arg, below)))
+    if node.op is Ops.PAD:
+        return u.shrink(tuple((b, sint_add(b, s)) for (b, _), s in zip(node.arg, below)))
+    raise RuntimeError(f"cannot assign through a broadcast view: {below} expanded to {node.shape} shows each "
+                       "element several times")
+
+
+def _rebuild_chain(chain: list[UOp], bottom: UOp) -> UOp:
+    """The same movement ops as `chain` (top first), applied to another node of the same shape."""
+    node = bottom
+    for op in reversed(chain):
+        node = UOp(op.op, op.dtype, (node,), op.arg)
+    return node
+
+
+def _record_realized(views: dict[UOp, UOp], keep_lineage: bool) -> None:
+    """Remember each realized node's buffer view (REALIZED) and, with gradients on, the graph it came from (LINEAGE).
+
+    An assign's view gets its value's graph (gradients flow through `y.assign(w * 2)`, as through PyTorch's `copy_`),
+    and the value node itself is known to be realized there (a backward that needs the value loads it, instead of
+    recomputing it from the target's old contents, which the write replaced). An assign into a tensor that requires
+    a gradient records no lineage: a parameter stays a leaf, whatever its optimiser writes into it. The target's old
+    version forgets its lineage, since nothing can read that version any more: no chain of steps builds up."""
+    leaves = {id(t.uop) for t in list(ASSIGN_TARGETS.values()) if t.requires_grad and t.uop.op is Ops.ASSIGN}
+    for node, view in views.items():
+        REALIZED[node] = view
+        if node.op is Ops.ASSIGN:
+            LINEAGE.pop(node.src[0], None)
+            if keep_lineage and id(node) not in leaves:
+                # (the value's graph does not hold the ASSIGN node, which REALIZED keeps the view for: no cycle)
+                LINEAGE[view] = node.src[1]
+                REALIZED[node.src[1]] = view
+        elif keep_lineage and not is_buffer_view(node):  # movement ops of a buffer are computed too
+            LINEAGE[view] = node
+
+
+def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
+    """The lazy tensors (besides `pending`) that read a buffer version which realizing `pending` overwrites: they are
+    realized in the same schedule, before the write (the scheduler orders readers of version v first). Nothing to
+    do, and nearly free, while no assign is pending."""
+    if not any(t.uop.op is Ops.ASSIGN for t in list(ASSIGN_TARGETS.values())):
+        return []
+    chosen = {id(t) for t in pending}
+    outs, extra = [t.uop for t in pending], list[Tensor]()
+    while overwritten := overwritten_versions(outs, REALIZED.get):
+        writing = {u for t in (*pending, *extra) if (u := t.uop).op is Ops.ASSIGN}
+        found = _lazy_readers(StaleReaders(overwritten, REALIZED.get, writing), chosen)
+        if not found:
+            break
+        extra += found
+        outs = [t.uop for t in found]  # their graphs may hold assigns of their own
+    return extra
+
+
+def realize_readers_of(overwritten: set[tuple[Buffer, int]]) -> None:
+    """Before something other than a schedule (a TinyJit replay) overwrites these buffer versions in place, realize
+    the lazy tensors that read them."""
+    if found := _lazy_readers(StaleReaders(overwritten, REALIZED.get, set()), set()):
+        with no_grad():
+            Tensor.realize_all(*found)
+
+
+def _lazy_readers(readers: StaleReaders, skip: set[int]) -> list[Tensor]:
+    """The tensors of `_LAZY` (but those in `skip`, which the found ones join) whose graphs read an overwritten
+    version. A tensor that is a mere view of such a version (an alias of the old contents) is given a copy of its
+    own."""
+    found = []
+    for t in _LAZY.tensors():
+        if id(t) not in skip and readers.reads_old(t.uop):
+            if is_buffer_view(t.uop):
+                t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,))
+            found.append(t)
+            skip.add(id(t))
+    return found
 
 
 def _with_lineage(u: UOp) -> UOp:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
@@ -100,14 +101,27 @@ def test_many_steps_keep_the_graph_small() -> None:
     assert len(p.uop.toposort()) <= 2
 
 
-def test_reading_a_version_overwritten_by_assign_raises() -> None:
-    """A lazy graph built on a buffer's old contents cannot be computed once an assign overwrote them: error, not
-    silently new numbers."""
+def test_a_lazy_tensor_keeps_its_value_when_its_input_is_assigned() -> None:
+    """A tensor means the value it had when it was built: a lazy graph on a buffer's old contents is computed
+    before the assign overwrites them (in the same schedule), not with the new numbers and not with an error."""
     r = Tensor(np.arange(3, dtype=np.float32)).realize()
     old = r * 1
     r.assign(r * 10).realize()
+    np.testing.assert_array_equal(old.numpy(), [0, 1, 2])
+    np.testing.assert_array_equal(r.numpy(), [0, 10, 20])
+
+
+def test_a_gradient_needing_overwritten_contents_raises() -> None:
+    """What truly cannot be honoured: a backward through a result realized before an in-place write to one of its
+    inputs needs that input's old contents, which are gone (PyTorch raises here too). A clear error, not new numbers."""
+    w = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    s = Tensor([1.0, 1.0, 1.0]).realize()
+    y = (w * s).sum().realize()
+    s.assign(s * 2).realize()
     with pytest.raises(RuntimeError, match="before an assign overwrote it"):
-        old.numpy()
+        y.backward()
+        assert w.grad is not None
+        w.grad.numpy()
 
 
 def test_equal_graphs_do_not_share_an_assigned_buffer() -> None:
@@ -243,3 +257,84 @@ def test_state_assigned_inside_a_jit_and_read_by_the_result() -> None:
     for i in range(1, 6):
         np.testing.assert_array_equal(step(Tensor([1.0, 1.0])).numpy(), [2 * (1 + i), 2 * (2 + i)])
         np.testing.assert_array_equal(state.numpy(), [1 + i, 2 + i])
+
+
+# ---------------------------------------------------------------------- assign through views, __setitem__
+def test_assign_into_a_slice_writes_the_tensor_it_was_taken_from() -> None:
+    """`c[:, 2:3].assign(x)` writes into c (as a PyTorch view shares its base's storage), never into a lost copy."""
+    c = Tensor.zeros(2, 8, 3).contiguous().realize()
+    expected = np.zeros((2, 8, 3), np.float32)
+    c[:, 2:3].assign(Tensor.ones(2, 1, 3)).realize()
+    expected[:, 2:3] = 1
+    np.testing.assert_array_equal(c.numpy(), expected)
+
+
+@pytest.mark.parametrize("index", [(slice(1, 3),), (0, slice(None, None, 2)), (Ellipsis, 1), (slice(None, None, -1),),
+                                   (slice(1, None), slice(0, 2)), (-1,), (slice(None), None, 2)])
+def test_setitem_matches_numpy(index: Any) -> None:
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((4, 5)).astype(np.float32)
+    t = Tensor(base.copy())
+    expected = base.copy()
+    target_shape = expected[index].shape
+    value = rng.standard_normal(target_shape).astype(np.float32)
+    expected[index] = value
+    t[index] = Tensor(value)
+    np.testing.assert_array_equal(t.numpy(), expected)
+
+
+def test_setitem_scalar_broadcast_and_bool_mask() -> None:
+    t = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    t[1] = 7
+    t[t > 9] = -1
+    expected = np.arange(12, dtype=np.float32).reshape(3, 4)
+    expected[1] = 7
+    expected[expected > 9] = -1
+    np.testing.assert_array_equal(t.numpy(), expected)
+
+
+def test_assign_through_permute_and_reshape_views() -> None:
+    t = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    t.T[1].assign(Tensor([7.0, 8.0]))
+    t.reshape(6)[5:].assign(Tensor([9.0]))
+    np.testing.assert_array_equal(t.numpy(), [[0, 7, 2], [3, 8, 9]])
+
+
+def test_a_view_taken_before_a_slice_write_keeps_its_value() -> None:
+    """Value semantics still hold for other tensors: a lazy copy of the slice built before the write keeps the old
+    numbers; the view written through shows the new ones."""
+    c = Tensor(np.zeros((2, 4), np.float32))
+    before = c[0] + 0
+    row = c[0]
+    row.assign(Tensor.ones(4))
+    np.testing.assert_array_equal(before.numpy(), np.zeros(4))
+    np.testing.assert_array_equal(row.numpy(), np.ones(4))
+    np.testing.assert_array_equal(c.numpy(), [[1, 1, 1, 1], [0, 0, 0, 0]])
+
+
+def test_assign_through_a_broadcast_view_or_a_gather_raises() -> None:
+    c = Tensor.zeros(3).contiguous().realize()
+    with pytest.raises(RuntimeError, match="broadcast"):
+        c.reshape(1, 3).expand(2, 3).assign(Tensor.ones(2, 3))
+    with pytest.raises(NotImplementedError, match="advanced indexing"):
+        c[Tensor([0, 2])] = 1.0
+
+
+def test_slice_assign_with_a_variable_position_in_a_jit() -> None:
+    """A KV cache's write: `cache[:, pos:pos+1].assign(k)` with a bound Variable, replayed by a TinyJit."""
+    from glassgrad import Variable
+    from glassgrad.engine.jit import TinyJit
+    cache = Tensor.zeros(2, 8, 3).contiguous().realize()
+    pos = Variable("pos", 0, 7)
+
+    @TinyJit
+    def write(k: Tensor, p: Any) -> Tensor:
+        cache[:, p:p + 1].assign(k)
+        return cache.sum(axis=(0, 2)).realize()
+
+    expected = np.zeros((2, 8, 3), np.float32)
+    for i in range(5):
+        out = write(Tensor.full((2, 1, 3), float(i + 1)), pos.bind(i))
+        expected[:, i] = i + 1
+        np.testing.assert_array_equal(out.numpy(), expected.sum(axis=(0, 2)))
+    np.testing.assert_array_equal(cache.numpy(), expected)

@@ -231,7 +231,9 @@ class KernelBuilder:
             buf: Buffer = node.arg[0]
             if node.arg[1] < buf.version:
                 raise RuntimeError(f"this computation reads {buf} as it was before an assign overwrote it (version "
-                                   f"{node.arg[1]}, now {buf.version}); realize it before assigning to that tensor")
+                                   f"{node.arg[1]}, now {buf.version}), and no tensor holds those contents any more; "
+                                   "typically a backward() through a result realized before an in-place write to one "
+                                   "of its inputs: call backward() before the write (as before an optimizer step)")
             self.reads.add(node.arg)
             return UOp(Ops.LOAD, buf.dtype, (self.global_for(buf), idxs[0]) + ((gate,) if gate is not None else ()))
         if op is Ops.CONST:  # a symbolic scalar (e.g. a symbolic mean's count) holds its size as the arg

@@ -1,0 +1,88 @@
+"""Buffer versions: which lazy graphs read a buffer's contents that an in-place write is about to replace.
+
+In: the tensor-graph nodes about to be realized, and the nodes of other lazy tensors still alive. Out: the set of
+`(buffer, version)` the realize overwrites (`overwritten_versions`), and which of the other nodes read one of those
+versions (`StaleReaders`), so the caller can compute them in the same schedule, before the write.
+
+This is how a tensor keeps the value it had when it was built: `Tensor.assign` writes a buffer in place (its
+identity matters to optimisers and the JIT), a tensor-graph `BUFFER` node names one version of that buffer, and a
+graph that still needs an old version is realized together with the write (the scheduler orders every reader of
+version v before the write that makes version v+1). Nothing is copied unless a tensor is a mere view of the old
+version itself (then it is given a copy). See docs/ARCHITECTURE.md, "What a tensor means: assign and versions".
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from glassgrad.device import Buffer
+from glassgrad.uop.ops import Ops, UOp
+
+BufferVersion = tuple[Buffer, int]
+
+
+def _without_reshapes(u: UOp) -> UOp:
+    while u.op is Ops.RESHAPE:
+        u = u.src[0]
+    return u
+
+
+def overwritten_versions(outs: Iterable[UOp], realized: Callable[[UOp], UOp | None]) -> set[BufferVersion]:
+    """The buffer versions that the ASSIGN nodes among `outs`' lazy graphs write over (`realized(node)` gives the
+    view of a node computed before, where the walk stops)."""
+    found: set[BufferVersion] = set()
+    seen: set[UOp] = set()
+    stack = list(outs)
+    while stack:
+        node = stack.pop()
+        if node in seen or node.op is Ops.BUFFER or realized(node) is not None:
+            continue
+        seen.add(node)
+        if node.op is Ops.ASSIGN:
+            found.add(_without_reshapes(node.src[0]).arg)
+        stack.extend(node.src)
+    return found
+
+
+class StaleReaders:
+    """Tells which lazy graphs read one of `overwritten`'s buffer versions (one memo for every graph asked about).
+
+    The walk stops at nodes computed before (`realized`): such a node reads its buffer view, which is stale when
+    that view's version is overwritten. It stops at the ASSIGN nodes being realized too (`writing`): a graph above
+    one reads the new value, which the write gives it. An ASSIGN's target (its first source) is written, not read."""
+
+    def __init__(self, overwritten: set[BufferVersion], realized: Callable[[UOp], UOp | None],
+                 writing: set[UOp]) -> None:
+        self.overwritten, self.realized, self.writing = overwritten, realized, writing
+        self._memo: dict[UOp, bool] = {}
+
+    def reads_old(self, root: UOp) -> bool:
+        memo = self._memo
+        stack: list[tuple[UOp, bool]] = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if node in memo:
+                continue
+            leaf = self._leaf_answer(node)
+            if leaf is not None:
+                memo[node] = leaf
+                continue
+            sources = node.src[1:] if node.op is Ops.ASSIGN else node.src
+            if expanded:
+                memo[node] = any(memo[s] for s in sources)
+                continue
+            stack.append((node, True))
+            stack.extend((s, False) for s in sources if s not in memo)
+        return memo[root]
+
+    def _leaf_answer(self, node: UOp) -> bool | None:
+        """The answer for a node the walk does not go below, or None to walk its sources."""
+        if node in self.writing:
+            return False
+        if node.op is Ops.BUFFER:
+            return node.arg in self.overwritten
+        view = self.realized(node)
+        if view is not None:
+            base = _without_reshapes(view)
+            base = base.src[0] if base.op is Ops.SHRINK else base
+            return base.op is Ops.BUFFER and base.arg in self.overwritten
+        return None
