@@ -179,6 +179,14 @@ def test_from_pretrained_round_trip(model: GPT2, tmp_path: Path) -> None:
     assert GPT2.from_pretrained(path).config == TINY
 
 
+def test_save_pretrained_keeps_the_config(model: GPT2, tmp_path: Path) -> None:
+    """n_head of TINY cannot be inferred from shapes (32 // 64): it comes from the file's metadata."""
+    model.save_pretrained(tmp_path / "tiny.safetensors")
+    loaded = GPT2.from_pretrained(tmp_path / "tiny.safetensors")
+    assert loaded.config == TINY
+    np.testing.assert_array_equal(loaded.h[1].mlp.c_fc.weight.numpy(), model.h[1].mlp.c_fc.weight.numpy())
+
+
 def test_from_pretrained_infers_the_config(tmp_path: Path) -> None:
     cfg = GPT2Config(vocab_size=40, n_ctx=8, n_embd=128, n_head=2, n_layer=3)
     Tensor.manual_seed(1)

@@ -26,7 +26,7 @@ import math
 import os
 import pathlib
 import re
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ import numpy as np
 from glassgrad import nn
 from glassgrad.dtype import dtypes
 from glassgrad.engine.jit import TinyJit
-from glassgrad.nn.state import get_state_dict, load_state_dict, safe_load
+from glassgrad.nn.state import get_state_dict, load_state_dict, safe_load, safe_load_metadata, safe_save
 from glassgrad.tensor import Tensor, no_grad
 from glassgrad.uop.ops import UOp
 from glassgrad.uop.sint import Variable
@@ -81,6 +81,7 @@ CONFIGS: dict[str, GPT2Config] = {
     "byte-tiny": GPT2Config(vocab_size=256, n_ctx=128, n_embd=128, n_head=4, n_layer=2),   # 0.45M, for tests
 }
 
+_METADATA_KEY = "glassgrad.gpt2.config"  # save_pretrained's config, as JSON, in the safetensors metadata
 _CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
@@ -259,17 +260,24 @@ class GPT2:
     @staticmethod
     def from_pretrained(path: str | os.PathLike[str], config: GPT2Config | str | None = None) -> GPT2:
         """Load Hugging Face's GPT-2 weights from a local `model.safetensors` (or a folder holding one). The config
-        is `config`, else the `config.json` beside the file, else inferred from the shapes (head_dim 64, as in
-        every published GPT-2)."""
+        is `config`, else the one `save_pretrained` put in the file's metadata, else the `config.json` beside the
+        file, else inferred from the shapes (head_dim 64, as in every published GPT-2)."""
         file = pathlib.Path(path)
         if file.is_dir():
             file = file / "model.safetensors"
         state = hf_to_glassgrad(safe_load(file))
         if config is None:
-            config = _config_from_json(file.parent / "config.json") or config_from_state(state)
+            config = _config_from_metadata(file) or _config_from_json(file.parent / "config.json") or \
+                config_from_state(state)
         model = GPT2(config, init=False)
         load_state_dict(model, state)
         return model
+
+    def save_pretrained(self, path: str | os.PathLike[str]) -> None:
+        """Write the weights as Hugging Face lays them out (Conv1D weights (in, out)), the config in the metadata,
+        so `from_pretrained` (or HF's loader, given a config.json) reads them back."""
+        config = json.dumps(asdict(self.config))
+        safe_save(glassgrad_to_hf(self), path, metadata={"format": "pt", _METADATA_KEY: config})
 
 
 def hf_to_glassgrad(weights: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -298,6 +306,11 @@ def config_from_state(state: dict[str, Tensor]) -> GPT2Config:
     layers = {int(m.group(1)) for k in state if (m := re.match(r"h\.(\d+)\.", k))}
     return GPT2Config(vocab_size=vocab, n_ctx=state["wpe.weight"].shape[0], n_embd=n_embd,
                       n_head=max(1, n_embd // 64), n_layer=len(layers))
+
+
+def _config_from_metadata(path: pathlib.Path) -> GPT2Config | None:
+    raw = safe_load_metadata(path).get("__metadata__", {}).get(_METADATA_KEY)
+    return None if raw is None else GPT2Config(**json.loads(raw))
 
 
 def _config_from_json(path: pathlib.Path) -> GPT2Config | None:
