@@ -1,0 +1,293 @@
+"""Train a byte-level GPT-2 on the Python standard library's source, offline, and generate text with a KV cache.
+
+    python examples/gpt2.py train --steps 300 --save stdlib.safetensors --plot loss.png
+    python examples/gpt2.py generate --load stdlib.safetensors --prompt "def " --temperature 0.8 --top-k 40
+    python examples/gpt2.py generate --weights gpt2/model.safetensors --prompt "Hello"   # Hugging Face's GPT-2
+
+train. In: every `*.py` file under `sysconfig.get_paths()["stdlib"]` (site-/dist-packages left out), sorted by path;
+every 20th file is held out. Out: a tqdm bar with the training loss, the held-out loss every `--eval-every` steps,
+the loss curve printed at the end (and drawn into `--plot FILE` when matplotlib is installed), the weights
+(`--save`, safetensors in Hugging Face's layout with the config in the metadata). Vocabulary: the 256 byte values.
+The step is tinygrad's beautiful_mnist step: a TinyJit of forward, backward and the AdamW update.
+
+generate. In: `--load` (a model saved by `train`) or `--weights` (Hugging Face GPT-2's model.safetensors, with
+its config.json beside it or inferred); or `--random CONFIG` for untrained weights. Out: the prompt and its
+continuation, and the tokens/s of the cached steps. GPT-2 text is tokenized with tiktoken when installed; without
+it, the prompt is encoded byte by byte into GPT-2's single-byte tokens and decoded with the vocab.json beside the
+weights when there is one (byte-level BPE without merges: valid input, but not how GPT-2 saw text in training).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import sysconfig
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from glassgrad import Device, Tensor, TinyJit, no_grad
+from glassgrad.models.gpt2 import CONFIGS, GPT2, Generator, GPT2Config
+from glassgrad.nn import optim
+from glassgrad.nn.state import get_parameters
+
+
+# ---------------------------------------------------------------------- data
+def stdlib_files() -> list[pathlib.Path]:
+    """The standard library's .py files, sorted by their path below it (the same order on every run)."""
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages"}
+    return sorted((f for f in root.rglob("*.py") if f.is_file() and not skip & set(f.relative_to(root).parts)),
+                  key=lambda f: f.relative_to(root).as_posix())
+
+
+def load_corpus(held_out_every: int = 20) -> tuple[np.ndarray, np.ndarray, str]:
+    """(train bytes, held-out bytes) as uint8 arrays, files joined by blank lines, and a line describing them."""
+    files = stdlib_files()
+    if len(files) < held_out_every:
+        sys.exit(f"found only {len(files)} .py files under {sysconfig.get_paths()['stdlib']}")
+    parts: tuple[list[bytes], list[bytes]] = ([], [])
+    for i, f in enumerate(files):
+        parts[i % held_out_every == 0].append(f.read_bytes() + b"\n\n")
+    train, held = (np.frombuffer(b"".join(p), np.uint8) for p in parts)
+    return train, held, (f"{len(files)} stdlib files: {train.size / 1e6:.1f} MB train, {held.size / 1e6:.1f} MB "
+                         f"held out (every {held_out_every}th file)")
+
+
+def batches(data: np.ndarray, batch: int, context: int, rng: np.random.Generator) -> tuple[Tensor, Tensor]:
+    """Random windows: inputs (batch, context) and the next bytes (batch, context), int32."""
+    starts = rng.integers(0, data.size - context - 1, batch)
+    windows = np.stack([data[s:s + context + 1] for s in starts]).astype(np.int32)
+    return Tensor(windows[:, :-1]), Tensor(windows[:, 1:])
+
+
+# ---------------------------------------------------------------------- training
+def make_train_step(model: GPT2, opt: optim.Optimizer) -> Callable[[Tensor, Tensor], Tensor]:
+    """tinygrad's beautiful_mnist step: forward, backward and the optimiser update, all realized together."""
+    @TinyJit
+    @Tensor.train()
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        opt.zero_grad()
+        loss = model(x).sparse_categorical_crossentropy(y).backward()
+        with no_grad():
+            return loss.realize(*opt.schedule_step())
+    return step
+
+
+def evaluate(model: GPT2, data: np.ndarray, batch: int, context: int, batches_n: int = 4) -> float:
+    """Mean loss on `batches_n` fixed windows of `data` (the same windows every time)."""
+    rng = np.random.default_rng(0)
+    losses = []
+    with no_grad(), Tensor.test():
+        for _ in range(batches_n):
+            x, y = batches(data, batch, context, rng)
+            losses.append(float(model(x).sparse_categorical_crossentropy(y).item()))
+    return float(np.mean(losses))
+
+
+def progress(steps: int) -> Iterable[int]:
+    try:
+        from tqdm import trange
+        return trange(steps)
+    except ImportError:
+        return range(steps)
+
+
+def train(args: argparse.Namespace) -> None:
+    train_data, held_data, description = load_corpus()
+    print(description)
+    Tensor.manual_seed(args.seed)
+    model = GPT2.from_pretrained(args.load) if args.load else GPT2(byte_config(args))
+    c = model.config
+    if c.vocab_size != 256 or args.context > c.n_ctx:
+        sys.exit(f"train needs a byte-level model (vocab 256) with n_ctx >= --context; this one is {c}")
+    print(f"model: {c.n_layer} layers, width {c.n_embd}, {c.n_head} heads, context {args.context}, "
+          f"{c.num_params() / 1e6:.2f}M params; device {Device.DEFAULT}")
+    opt = optim.AdamW(get_parameters(model), lr=args.lr, weight_decay=args.weight_decay)
+    step = make_train_step(model, opt)
+    rng = np.random.default_rng(args.seed)
+    curve: list[tuple[int, float, float | None]] = []
+    bar = progress(args.steps)
+    start = time.perf_counter()
+    for i in bar:
+        loss = float(step(*batches(train_data, args.batch, args.context, rng)).item())
+        held = evaluate(model, held_data, args.batch, args.context) \
+            if (i + 1) % args.eval_every == 0 or i + 1 == args.steps else None
+        curve.append((i + 1, loss, held))
+        if hasattr(bar, "set_description"):
+            bar.set_description(f"loss {loss:.3f}" + (f" held-out {held:.3f}" if held is not None else ""))
+    elapsed = time.perf_counter() - start
+    print_curve(curve, args.batch * args.context, elapsed)
+    if args.plot:
+        plot_curve(curve, args.plot)
+    if args.save:
+        model.save_pretrained(args.save)
+        print(f"saved the weights to {args.save}")
+
+
+def byte_config(args: argparse.Namespace) -> GPT2Config:
+    base = CONFIGS[args.config]
+    return GPT2Config(vocab_size=256, n_ctx=max(base.n_ctx, args.context), n_embd=args.width or base.n_embd,
+                      n_head=args.heads or base.n_head, n_layer=args.layers or base.n_layer)
+
+
+def print_curve(curve: Sequence[tuple[int, float, float | None]], tokens_per_step: int, elapsed: float) -> None:
+    """The loss curve as a table: training loss averaged over each stretch between held-out evaluations."""
+    print(f"{'step':>6} {'train loss':>11} {'held-out':>9}   (nats per byte; uniform over 256 bytes: 5.545)")
+    since = 0
+    for i, (step, _, held) in enumerate(curve):
+        if held is not None:
+            mean = np.mean([loss for _, loss, _ in curve[since:i + 1]])
+            print(f"{step:6d} {mean:11.3f} {held:9.3f}")
+            since = i + 1
+    print(f"{len(curve)} steps in {elapsed:.1f} s ({len(curve) * tokens_per_step / elapsed:,.0f} tokens/s)")
+
+
+def plot_curve(curve: Sequence[tuple[int, float, float | None]], path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: no plot written to {path}")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([s for s, _, _ in curve], [loss for _, loss, _ in curve], label="train", alpha=0.6)
+    held = [(s, h) for s, _, h in curve if h is not None]
+    ax.plot([s for s, _ in held], [h for _, h in held], "o-", label="held out")
+    ax.set(xlabel="step", ylabel="loss (nats per byte)", title="byte-level GPT-2 on the Python stdlib")
+    ax.legend()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    print(f"loss curve written to {path}")
+
+
+# ---------------------------------------------------------------------- tokenizers
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """Bytes are tokens (vocab 256)."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(int(i) for i in ids).decode(errors="replace")
+
+
+def gpt2_byte_order() -> list[int]:
+    """GPT-2's tokens 0..255 are the 256 bytes in this order: the printable ones first (`bytes_to_unicode`)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    return printable + [b for b in range(256) if b not in set(printable)]
+
+
+class GPT2ByteFallback:
+    """GPT-2's vocabulary without tiktoken: text in as single-byte tokens; ids out through vocab.json when found."""
+
+    def __init__(self, vocab_json: pathlib.Path | None) -> None:
+        order = gpt2_byte_order()
+        self.byte_to_id = {b: i for i, b in enumerate(order)}
+        char_to_byte = {chr(b if i < 188 else 256 + i - 188): b for i, b in enumerate(order)}
+        self.id_to_bytes: dict[int, bytes] = {i: bytes([b]) for i, b in enumerate(order)}
+        if vocab_json is not None and vocab_json.is_file():
+            for piece, i in json.loads(vocab_json.read_text()).items():
+                self.id_to_bytes[int(i)] = bytes(char_to_byte.get(ch, ord("?")) for ch in piece)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.byte_to_id[b] for b in text.encode()]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return b"".join(self.id_to_bytes.get(int(i), f"<{int(i)}>".encode()) for i in ids).decode(errors="replace")
+
+
+def tokenizer_for(config: GPT2Config, weights: str | None) -> Tokenizer:
+    if config.vocab_size == 256:
+        return ByteTokenizer()
+    try:
+        import tiktoken
+        return tiktoken.get_encoding("gpt2")  # type: ignore[no-any-return]
+    except Exception:  # not installed, or its BPE files cannot be fetched offline
+        vocab = pathlib.Path(weights).parent / "vocab.json" if weights else None
+        print("tiktoken unavailable: prompt encoded byte by byte" +
+              (", decoded with vocab.json" if vocab and vocab.is_file() else ", no vocab.json: ids >= 256 as <id>"))
+        return GPT2ByteFallback(vocab)
+
+
+# ---------------------------------------------------------------------- generation
+def generate(args: argparse.Namespace) -> None:
+    Tensor.manual_seed(args.seed)
+    source = args.load or args.weights
+    model = GPT2.from_pretrained(source) if source else GPT2(args.random)
+    tok = tokenizer_for(model.config, args.weights)
+    prompt = tok.encode(args.prompt) or [0]
+    context = min(model.config.n_ctx, args.max_context or len(prompt) + args.max_new)
+    gen = Generator(model, batch=1, max_context=max(2, context))
+    rng = np.random.default_rng(args.seed)
+    start = time.perf_counter()
+    out = gen.generate([prompt], args.max_new, args.temperature, args.top_k, rng)
+    elapsed = time.perf_counter() - start
+    print(tok.decode(out[0].tolist()))
+    print(f"--- {args.max_new} tokens in {elapsed:.2f} s, including the prompt and the first (compiling) steps")
+    timed_generation(gen, out[0], args)
+
+
+def timed_generation(gen: Generator, seq: np.ndarray, args: argparse.Namespace) -> None:
+    """tokens/s of the replayed step alone, over the positions just generated."""
+    gen.prefill(seq[None, :len(seq) - args.max_new])
+    positions = range(len(seq) - args.max_new, len(seq) - 1)
+    if len(positions) < 3:
+        return
+    start = time.perf_counter()
+    for pos in positions:
+        gen.next_logits(seq[pos:pos + 1], pos)
+    elapsed = time.perf_counter() - start
+    print(f"cached steps: {len(positions) / elapsed:.1f} tokens/s (batch 1, {Device.DEFAULT})")
+
+
+# ---------------------------------------------------------------------- command line
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a byte-level GPT-2 on the stdlib's source")
+    t.add_argument("--steps", type=int, default=300)
+    t.add_argument("--batch", type=int, default=16)
+    t.add_argument("--context", type=int, default=128)
+    t.add_argument("--config", default="byte-small", choices=sorted(CONFIGS), help="sizes (vocab becomes 256)")
+    t.add_argument("--width", type=int, default=None)
+    t.add_argument("--heads", type=int, default=None)
+    t.add_argument("--layers", type=int, default=None)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--weight-decay", type=float, default=0.01)
+    t.add_argument("--eval-every", type=int, default=50)
+    t.add_argument("--load", default=None, help="continue from a model saved by train")
+    t.add_argument("--save", default=None, help="write the weights here (safetensors)")
+    t.add_argument("--plot", default=None, help="draw the loss curve into this PNG (needs matplotlib)")
+    g = sub.add_parser("generate", help="sample text with a KV cache")
+    g.add_argument("--load", default=None, help="a model saved by train")
+    g.add_argument("--weights", default=None, help="Hugging Face GPT-2 model.safetensors (or its folder)")
+    g.add_argument("--random", default="byte-small", choices=sorted(CONFIGS), help="untrained, when no weights")
+    g.add_argument("--prompt", default="def ")
+    g.add_argument("--max-new", type=int, default=100)
+    g.add_argument("--max-context", type=int, default=None)
+    g.add_argument("--temperature", type=float, default=0.8)
+    g.add_argument("--top-k", type=int, default=40)
+    for p in (t, g):
+        p.add_argument("--device", default=None, help="CPU (default), CUDA, METAL")
+        p.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> Any:
+    args = parse(argv)
+    if args.device:
+        Device.DEFAULT = Device.canonicalize(args.device)
+    return train(args) if args.command == "train" else generate(args)
+
+
+if __name__ == "__main__":
+    main()
