@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from glassgrad import Device, Tensor, TinyJit, no_grad
+from glassgrad import Device, Tensor, TinyJit
 from glassgrad.models.gpt2 import GPT2, Generator, GPT2Config
 from glassgrad.nn import optim
 from glassgrad.nn.state import get_parameters
@@ -92,8 +92,7 @@ def gg_train_step(cfg: GPT2Config, batch: int, context: int, device: str) -> Cal
     def step(x: Tensor, y: Tensor) -> Tensor:
         opt.zero_grad()
         loss = model(x).sparse_categorical_crossentropy(y).backward()
-        with no_grad():
-            return loss.realize(*opt.schedule_step())
+        return loss.realize(*opt.schedule_step())
 
     calls = 0
 

@@ -1504,10 +1504,10 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
     return extra
 
 
-def realize_readers_of(overwritten: set[tuple[Buffer, int]]) -> None:
+def realize_readers_of(overwritten: set[tuple[Buffer, int]], writers: list[Tensor]) -> None:
     """Before something other than a schedule (a TinyJit replay) overwrites these buffer versions in place, realize
-    the lazy tensors that read them."""
-    if found := _lazy_readers(StaleReaders(overwritten, REALIZED.get, set()), set()):
+    the lazy tensors that read them. `writers`: the tensors that own those buffers and move to the new versions."""
+    if found := _lazy_readers(StaleReaders(overwritten, REALIZED.get, set()), {id(t) for t in writers}):
         with no_grad():
             Tensor.realize_all(*found)
 

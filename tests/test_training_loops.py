@@ -276,3 +276,25 @@ def test_many_steps_keep_lineage_and_graphs_bounded() -> None:
     assert sizes[-1] <= sizes[2], sizes
     for p in get_parameters(model):
         assert len(p.uop.toposort()) <= 2
+
+
+def test_a_jit_replay_runs_only_its_captured_kernels() -> None:
+    """Value semantics cost a replay nothing: the parameters the replay moves to new versions are not copied."""
+    from glassgrad import GlobalCounters
+    model, opt = fresh("adam")
+    x, y = (Tensor(a) for a in batches(1)[0])
+
+    @TinyJit
+    @Tensor.train()
+    def step() -> Tensor:
+        opt.zero_grad()
+        loss = model(x).sparse_categorical_crossentropy(y).backward()
+        return loss.realize(*opt.schedule_step())
+
+    for _ in range(3):
+        step()
+    capture = step.capture_of()
+    assert capture is not None
+    GlobalCounters.reset()
+    step()
+    assert GlobalCounters.kernel_count == len(capture.steps)

@@ -366,8 +366,10 @@ class _Capture:
     def replay(self, tensors: list[Tensor], inputs: list[Buffer], var_vals: dict[str, int]) -> Any:
         self._apply_pending_state()
         # lazy tensors built on what the replay overwrites keep their values: they are computed first
+        owners = [t for ref, _ in self.owners if (t := ref()) is not None]
         realize_readers_of({(inputs[i], inputs[i].version) for i, _ in self.written_inputs} |
-                           {(buf, buf.version) for buf, _ in self.written_state})
+                           {(buf, buf.version) for buf, _ in self.written_state},
+                           owners + [tensors[i] for i, _ in self.written_inputs])
         handles = [b.handle for b in inputs]
         wait = DEBUG >= 2 or bool(TIMING)
         for step in self.steps:

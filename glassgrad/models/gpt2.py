@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from glassgrad import nn
-from glassgrad.dtype import dtypes
 from glassgrad.engine.jit import TinyJit
 from glassgrad.nn.state import get_state_dict, load_state_dict, safe_load, safe_load_metadata, safe_save
 from glassgrad.tensor import Tensor, no_grad
@@ -137,32 +136,24 @@ class KVCache:
         return [*self.keys, *self.values]
 
     def write(self, layer: int, k: Tensor, v: Tensor, start_pos: Position) -> tuple[Tensor, Tensor]:
-        """Store k, v (B, H, T, Dh) at positions [start_pos, start_pos + T); return the layer's keys and values
-        (B, H, start_pos + T, Dh). With a symbolic start_pos, T must be 1.
-
-        The write is an assign of the whole cache, `where(position in range, new, old)`: glassgrad's assign needs a
-        whole tensor of int shape (no assign into a slice yet), and one kernel per cache serves every position."""
-        region, k_new, v_new = self._placed(k, v, start_pos)
+        """Store k, v (B, H, T, Dh) at positions [start_pos, start_pos + T) (an assign into a slice of the cache,
+        which writes the cache's buffer in place); return the layer's keys and values (B, H, start_pos + T, Dh). With
+        a symbolic start_pos, T must be 1: one kernel serves every position."""
+        self._check(k.shape[2], start_pos)
         cache_k, cache_v = self.keys[layer], self.values[layer]
-        cache_k.assign(region.where(k_new, cache_k))
-        cache_v.assign(region.where(v_new, cache_v))
         end = start_pos + k.shape[2]
+        cache_k[:, :, start_pos:end].assign(k)
+        cache_v[:, :, start_pos:end].assign(v)
         return cache_k[:, :, :end], cache_v[:, :, :end]
 
-    def _placed(self, k: Tensor, v: Tensor, start_pos: Position) -> tuple[Tensor, Tensor, Tensor]:
-        """(mask (1, 1, M, 1) of the positions written, k and v broadcastable to the cache's shape)."""
-        t, m = k.shape[2], self.max_context
-        where = Tensor.arange(m, dtype=dtypes.int32)
+    def _check(self, t: int, start_pos: Position) -> None:
+        """The positions [start_pos, start_pos + t) must fit the cache; a symbolic start_pos writes one at a time."""
         if isinstance(start_pos, UOp):
             if t != 1:
                 raise ValueError(f"KVCache.write: a symbolic start_pos writes one position at a time, got {t}")
-            region = where == self.positions[start_pos:start_pos + 1]
-            return region.reshape(1, 1, m, 1), k, v
-        if not 0 <= start_pos <= m - t:
-            raise ValueError(f"KVCache.write: positions [{start_pos}, {start_pos + t}) do not fit max_context {m}")
-        region = (where >= start_pos) & (where < start_pos + t)
-        pads = ((0, 0), (0, 0), (start_pos, m - start_pos - t), (0, 0))
-        return region.reshape(1, 1, m, 1), k.pad(pads), v.pad(pads)
+        elif not 0 <= start_pos <= self.max_context - t:
+            raise ValueError(f"KVCache.write: positions [{start_pos}, {start_pos + t}) do not fit max_context "
+                             f"{self.max_context}")
 
 
 class Attention:
