@@ -23,7 +23,7 @@ from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper
 from glassgrad.engine.realize import run_schedule
 from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import normalize_axis, prod
-from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
+from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view, without_reshapes
 from glassgrad.schedule.versions import StaleReaders, overwritten_versions
 from glassgrad.tensor_nn import NNOps
 from glassgrad.uop.ops import GroupOp, Ops, UOp, _arg_key, sint
@@ -65,14 +65,23 @@ class _LazyTensors:
 
     def tensors(self) -> list[Tensor]:
         """The live, unsettled tensors, each once."""
-        alive: dict[int, Tensor] = {}
+        alive: dict[int, tuple[Tensor, weakref.ref[Tensor]]] = {}
         for ref in self.refs:
             t = ref()
-            if t is not None and not (is_buffer_view(t.uop) and not t.uop.base.arg[0].owned):
-                alive[id(t)] = t
-        self.refs = [weakref.ref(t) for t in alive.values()]
+            if t is not None and not _settled(t):
+                alive[id(t)] = (t, ref)
+        self.refs = [ref for _, ref in alive.values()]
         self.limit = max(4096, 2 * len(self.refs))
-        return list(alive.values())
+        return [t for t, _ in alive.values()]
+
+
+def _settled(t: Tensor) -> bool:
+    """A tensor that can never read an overwritten version: realized into a buffer that is never written in place,
+    or the owner of a buffer written in place, at its current version (its writes move it to the next one)."""
+    if not is_buffer_view(t.uop):
+        return False
+    buf, version = t.uop.base.arg
+    return not buf.owned or (version == buf.version and ASSIGN_TARGETS.get(id(t)) is t)
 
 
 _LAZY = _LazyTensors()
@@ -1494,7 +1503,7 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
         return []
     chosen = {id(t) for t in pending}
     outs, extra = [t.uop for t in pending], list[Tensor]()
-    while overwritten := overwritten_versions(outs, REALIZED.get):
+    while overwritten := _overwritten_by(outs):
         writing = {u for t in (*pending, *extra) if (u := t.uop).op is Ops.ASSIGN}
         found = _lazy_readers(StaleReaders(overwritten, REALIZED.get, writing), chosen)
         if not found:
@@ -1502,6 +1511,15 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
         extra += found
         outs = [t.uop for t in found]  # their graphs may hold assigns of their own
     return extra
+
+
+def _overwritten_by(outs: list[UOp]) -> set[tuple[Buffer, int]]:
+    """The buffer versions realizing `outs` overwrites. An optimizer step realizes every pending assign as an output
+    of its own: then no walk through the graphs is needed to find them."""
+    pending = {id(u): u for t in list(ASSIGN_TARGETS.values()) if (u := t.uop).op is Ops.ASSIGN}
+    if all(id(u) in {id(o) for o in outs} for u in pending.values()):
+        return {without_reshapes(u.src[0]).arg for u in outs if u.op is Ops.ASSIGN}
+    return overwritten_versions(outs, REALIZED.get)
 
 
 def realize_readers_of(overwritten: set[tuple[Buffer, int]], writers: list[Tensor]) -> None:
@@ -1526,9 +1544,19 @@ def _lazy_readers(readers: StaleReaders, skip: set[int]) -> list[Tensor]:
     return found
 
 
+def _is_leaf_view(u: UOp) -> bool:
+    """A buffer (or reshapes of one) with no lineage on any of its nodes: a leaf, nothing to substitute (a parameter;
+    asked of every tensor that requires a gradient at each backward)."""
+    while u.op is Ops.RESHAPE:
+        if u in LINEAGE:
+            return False
+        u = u.src[0]
+    return u.op is Ops.BUFFER and u not in LINEAGE
+
+
 def _with_lineage(u: UOp) -> UOp:
     """Replace realized buffer views by the graphs that computed them (so gradients reach the leaves)."""
-    if not LINEAGE:
+    if not LINEAGE or _is_leaf_view(u):
         return u
     from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
     pm = PatternMatcher([(UPat(Ops.RESHAPE, name="x"), lambda x: LINEAGE.get(x)),
