@@ -88,8 +88,60 @@ _LAZY = _LazyTensors()
 
 
 class _RNG:
-    """The host random generator behind rand/randn/randint/dropout. `Tensor.manual_seed(n)` makes runs repeat."""
-    generator = np.random.default_rng(0)
+    """Random numbers on the device, so that a TinyJit replays a step (dropout, `Tensor.randint` batches) with fresh
+    numbers, as tinygrad's do. Counter-based: a draw of n numbers is `_mix(_mix(index ^ key) + key)` for n
+    consecutive indices, `_mix` a 32-bit integer hash (a xor-shift-multiply finaliser) and the key a hash of the seed
+    and an *epoch*, both held per device in a uint32 buffer `[seed, epoch]`.
+
+    Draws made between two realizes share an epoch and take consecutive index ranges (host offsets, constants of the
+    graph); the next realize advances the epoch in place (an assign, in the same schedule, after every draw that
+    reads the old epoch: see "What a tensor means" in docs/ARCHITECTURE.md). A TinyJit capture holds that assign, so
+    each replay draws from a new epoch. `Tensor.manual_seed(n)` starts over: runs with one seed repeat."""
+    seed = 0
+    states: dict[str, Tensor] = {}   # device -> its [seed, epoch] buffer
+    pending: dict[str, int] = {}     # device -> numbers drawn in the current epoch
+
+    @staticmethod
+    def bits(count: int, device: str) -> Tensor:
+        """`count` random uint32 values (a lazy tensor of shape (count,))."""
+        if count >= 1 << 32:
+            raise ValueError(f"cannot draw {count} random numbers at once (at most 2**32 - 1)")
+        if _RNG.pending.get(device, 0) + count >= 1 << 32:
+            _RNG.advance_now(device)
+        state = _RNG.states.get(device)
+        if state is None:
+            state = _RNG.states[device] = Tensor(np.array([_RNG.seed & 0xFFFFFFFF, 0], np.uint32), device=device)
+        offset = _RNG.pending.get(device, 0)
+        _RNG.pending[device] = offset + count
+        key = _mix(state[0:1] ^ _mix(state[1:2] + 0x9E3779B9))
+        index = Tensor.arange(count, dtype=dtypes.uint32, device=device) + offset if count else \
+            Tensor.zeros(0, dtype=dtypes.uint32, device=device)
+        return _mix(_mix(index ^ key) + key)
+
+    @staticmethod
+    def advances() -> list[Tensor]:
+        """The epoch advances that a realize must run (and forget): one per device that was drawn from."""
+        out = []
+        for device, drawn in list(_RNG.pending.items()):
+            if drawn and (state := _RNG.states.get(device)) is not None:
+                state.assign(state + Tensor(np.array([0, 1], np.uint32), device=device))
+                out.append(state)
+            _RNG.pending[device] = 0
+        return out
+
+    @staticmethod
+    def advance_now(device: str) -> None:
+        if (state := _RNG.states.get(device)) is not None:
+            state.realize()
+
+
+def _mix(x: Tensor) -> Tensor:
+    """A 32-bit integer hash (xor-shift-multiply, "lowbias32"): every input bit moves every output bit."""
+    x = x ^ (x >> 16)
+    x = x * Tensor(0x7FEB352D, dtype=dtypes.uint32, device=x.device)
+    x = x ^ (x >> 15)
+    x = x * Tensor(0x846CA68B, dtype=dtypes.uint32, device=x.device)
+    return x ^ (x >> 16)
 
 
 class _CastShortcuts:
@@ -214,6 +266,7 @@ class Tensor(_CastShortcuts, NNOps):
         pending = [t for t in tensors if not is_buffer_view(t.uop)]
         if not pending:
             return
+        pending += _RNG.advances()
         pending += _readers_of_overwritten(pending)
         schedule, views = create_schedule([t.uop for t in pending])
         run_schedule(schedule)
@@ -380,7 +433,8 @@ class Tensor(_CastShortcuts, NNOps):
     # ------------------------------------------------------------------ creation
     @staticmethod
     def manual_seed(seed: int = 0) -> None:
-        _RNG.generator = np.random.default_rng(seed)
+        """Start the random numbers over from `seed` (on every device): runs with one seed repeat."""
+        _RNG.seed, _RNG.states, _RNG.pending = int(seed), {}, {}
 
     @staticmethod
     def _shape_arg(shape: tuple[Any, ...], symbolic: bool = False) -> tuple[int, ...]:
@@ -465,37 +519,53 @@ class Tensor(_CastShortcuts, NNOps):
     @staticmethod
     def rand(*shape: Any, dtype: DType | str | None = None, device: str | None = None,
              requires_grad: bool | None = None) -> Tensor:
-        """Uniform in [0, 1). Drawn on the host from the seeded generator (see `manual_seed`)."""
+        """Uniform in [0, 1), 24 random bits each, drawn on the device (see `_RNG`, `manual_seed`)."""
         dims = Tensor._shape_arg(shape)
-        return Tensor._from_host(_RNG.generator.random(dims, dtype=np.float32), dtype, device, requires_grad)
+        dev = Device.canonicalize(device or Device.DEFAULT)
+        bits = _RNG.bits(prod(dims), dev)
+        out = ((bits >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))).reshape(dims)
+        return Tensor._random_result(out, dtype, requires_grad)
+
+    @staticmethod
+    def _random_result(values: Tensor, dtype: DType | str | None, requires_grad: bool | None) -> Tensor:
+        out = Tensor(values.cast(to_dtype(dtype or dtypes.default_float)).uop)  # not a view of the drawn bits
+        return out.requires_grad_(True) if requires_grad else out
 
     @staticmethod
     def randn(*shape: Any, dtype: DType | str | None = None, device: str | None = None,
               requires_grad: bool | None = None) -> Tensor:
+        """Standard normal (Box-Muller on two uniforms), drawn on the device."""
         dims = Tensor._shape_arg(shape)
-        return Tensor._from_host(_RNG.generator.standard_normal(dims, dtype=np.float32), dtype, device, requires_grad)
+        u = Tensor.rand(2, *dims, device=device)
+        values = (-2.0 * (1.0 - u[0]).log()).sqrt() * (u[1] * (2 * math.pi)).cos()
+        return Tensor._random_result(values, dtype, requires_grad)
 
     @staticmethod
     def randint(*shape: Any, low: int = 0, high: int = 10, dtype: DType | str | None = None,
                 device: str | None = None) -> Tensor:
+        """Integers in [low, high), drawn on the device."""
         if high <= low:
             raise ValueError(f"randint needs low < high, got low={low}, high={high}")
+        if high - low > 1 << 32:
+            raise ValueError(f"randint: the range [{low}, {high}) is wider than 2**32")
         dims = Tensor._shape_arg(shape)
-        return Tensor._from_host(_RNG.generator.integers(low, high, dims), dtype or dtypes.int32, device, None)
+        dev = Device.canonicalize(device or Device.DEFAULT)
+        bits = _RNG.bits(prod(dims), dev).cast(dtypes.uint64)
+        span = Tensor(high - low, dtype=dtypes.uint64, device=dev)
+        values = (bits % span).cast(dtypes.int64) + low
+        return Tensor._random_result(values.reshape(dims), dtype or dtypes.int32, None)
 
     @staticmethod
     def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, dtype: DType | str | None = None,
                 device: str | None = None, requires_grad: bool | None = None) -> Tensor:
-        dims = Tensor._shape_arg(shape)
-        values = _RNG.generator.random(dims, dtype=np.float32) * np.float32(high - low) + np.float32(low)
-        return Tensor._from_host(values, dtype, device, requires_grad)
+        values = Tensor.rand(*shape, device=device) * (high - low) + low
+        return Tensor._random_result(values, dtype, requires_grad)
 
     @staticmethod
     def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, dtype: DType | str | None = None,
                device: str | None = None, requires_grad: bool | None = None) -> Tensor:
-        dims = Tensor._shape_arg(shape)
-        values = _RNG.generator.standard_normal(dims, dtype=np.float32) * np.float32(std) + np.float32(mean)
-        return Tensor._from_host(values, dtype, device, requires_grad)
+        values = Tensor.randn(*shape, device=device) * std + mean
+        return Tensor._random_result(values, dtype, requires_grad)
 
     def full_like(self, fill_value: Scalar, dtype: DType | str | None = None) -> Tensor:
         return Tensor.full(self.shape, fill_value, dtype or self.dtype, self.device)

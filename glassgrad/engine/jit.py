@@ -54,7 +54,7 @@ from glassgrad.engine.memory import allocate_blocks, plan_memory
 from glassgrad.engine.realize import compile_kernel, count_launch, run_copy
 from glassgrad.helpers import CUDAGRAPH, DEBUG, JIT, TIMING
 from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
-from glassgrad.tensor import _RNG, ASSIGN_TARGETS, Tensor, no_grad, realize_readers_of
+from glassgrad.tensor import ASSIGN_TARGETS, Tensor, no_grad, realize_readers_of
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import rebind, sint_eval, unbind
 
@@ -473,16 +473,12 @@ class TinyJit(Generic[ReturnType]):
     def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: list[Buffer]) -> _Capture:
         items: list[ScheduleItem] = []
         hook = items.append
-        generator, rng_state = _RNG.generator, _RNG.generator.bit_generator.state
         realize.capture_hooks.append(hook)
         try:
             with REALIZED.isolated():
                 ret = self._run_eagerly(args, kwargs)
         finally:
             realize.capture_hooks.remove(hook)
-        if _RNG.generator is not generator or _RNG.generator.bit_generator.state != rng_state:
-            raise JitError(f"{self.fn.__name__} draws random numbers on the host (Tensor.rand/randn/dropout): a "
-                           "replay would repeat the same numbers. Draw them outside and pass them as inputs")
         input_ids = {id(b) for b in inputs}
         for t in _returned_tensors(ret):
             if id(t.uop.base.arg[0]) in input_ids:

@@ -38,7 +38,8 @@ IntOrInts = int | Sequence[int]
 def _uniform(shape: tuple[int, ...], fan_in: int) -> Tensor:
     """U(-1/sqrt(fan_in), 1/sqrt(fan_in)) in a fresh buffer (PyTorch's default for weights and biases)."""
     bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
-    return Tensor.uniform(*shape, low=-bound, high=bound)
+    with no_grad():  # drawn on the device, straight into the parameter's own buffer
+        return Tensor.empty(*shape).assign(Tensor.uniform(*shape, low=-bound, high=bound)).realize()
 
 
 def _filled(shape: tuple[int, ...], value: float, dtype: type = np.float32,
@@ -275,7 +276,8 @@ class Embedding:
 
     def __init__(self, vocab_size: int, embed_size: int) -> None:
         self.vocab_sz, self.embed_sz = vocab_size, embed_size
-        self.weight = Tensor.randn(vocab_size, embed_size)
+        with no_grad():
+            self.weight = Tensor.empty(vocab_size, embed_size).assign(Tensor.randn(vocab_size, embed_size)).realize()
 
     def __call__(self, idx: Tensor) -> Tensor:
         return idx.embedding(self.weight)
