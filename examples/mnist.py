@@ -49,7 +49,7 @@ def load_data(folder: str | None) -> tuple[Data, str]:
     places = [p for p in (folder, os.environ.get("MNIST_DIR")) if p] or [None]
     for place in places:
         try:
-            xtr, ytr, xte, yte = (t.numpy() for t in datasets.mnist(place))
+            xtr, ytr, xte, yte = (t.numpy() for t in datasets.mnist(directory=place))
             return (xtr, ytr, xte, yte), f"MNIST: {len(xtr)} train, {len(xte)} test images"
         except (RuntimeError, ValueError, OSError):
             pass

@@ -105,3 +105,44 @@ def normalize_axis(axis: int, ndim: int, name: str = "axis") -> int:
     if not lo <= axis <= hi:
         raise IndexError(f"{name} {axis} is out of range for a tensor with {ndim} dimensions (expected {lo}..{hi})")
     return axis % max(ndim, 1)
+
+
+# ---------------------------------------------------------------------- tinygrad's small conveniences
+_COLORS = ("black", "red", "green", "yellow", "blue", "magenta", "cyan", "white")
+
+
+def colored(text: str, color: str | None, background: bool = False) -> str:
+    """`text` in an ANSI terminal colour (tinygrad's helper; a `bright_` prefix is the bright variant)."""
+    if color is None:
+        return text
+    bright = color.startswith("bright_")
+    name = color.removeprefix("bright_")
+    if name not in _COLORS:
+        raise ValueError(f"colored: unknown colour {color!r}; one of {', '.join(_COLORS)} (optionally bright_)")
+    code = _COLORS.index(name) + (60 if bright else 0) + (40 if background else 30)
+    return f"\u001b[{code}m{text}\u001b[0m"
+
+
+class _PlainRange:
+    """`trange` without tqdm: the same iteration, `set_description` prints nothing."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def set_description(self, desc: str) -> None:
+        pass
+
+
+def trange(n: int, **kwargs: Any) -> Any:
+    """`range(n)` with a progress bar (tqdm's, when installed; tinygrad's helper)."""
+    try:
+        from tqdm import trange as tqdm_trange
+    except ImportError:
+        return _PlainRange(n)
+    return tqdm_trange(n, **kwargs)

@@ -110,7 +110,8 @@ class _RNG:
             _RNG.advance_now(device)
         state = _RNG.states.get(device)
         if state is None:
-            state = _RNG.states[device] = Tensor(np.array([_RNG.seed & 0xFFFFFFFF, 0], np.uint32), device=device)
+            state = _RNG.states[device] = Tensor(np.array([_RNG.seed & 0xFFFFFFFF, 0], np.uint32), device=device,
+                                                 requires_grad=False)
         offset = _RNG.pending.get(device, 0)
         _RNG.pending[device] = offset + count
         key = _mix(state[0:1] ^ _mix(state[1:2] + 0x9E3779B9))
@@ -1550,9 +1551,10 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool) -> None:
     An assign's view gets its value's graph (gradients flow through `y.assign(w * 2)`, as through PyTorch's `copy_`),
     and the value node itself is known to be realized there (a backward that needs the value loads it, instead of
     recomputing it from the target's old contents, which the write replaced). An assign into a tensor that requires
-    a gradient records no lineage: a parameter stays a leaf, whatever its optimiser writes into it. The target's old
+    a gradient records no lineage: a parameter stays a leaf, whatever its optimiser writes into it; nor does one into
+    a tensor marked `requires_grad=False` (running statistics, the random generator's state). The target's old
     version forgets its lineage, since nothing can read that version any more: no chain of steps builds up."""
-    leaves = {id(t.uop) for t in list(ASSIGN_TARGETS.values()) if t.requires_grad and t.uop.op is Ops.ASSIGN}
+    leaves = {id(t.uop) for t in list(ASSIGN_TARGETS.values()) if t.requires_grad is not None and t.uop.op is Ops.ASSIGN}
     for node, view in views.items():
         REALIZED[node] = view
         if node.op is Ops.ASSIGN:
@@ -1560,7 +1562,7 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool) -> None:
             if keep_lineage and id(node) not in leaves:
                 # (the value's graph does not hold the ASSIGN node, which REALIZED keeps the view for: no cycle)
                 LINEAGE[view] = node.src[1]
-                REALIZED[node.src[1]] = view
+                REALIZED.set_assigned_value(node.src[1], view)
         elif keep_lineage and not is_buffer_view(node):  # movement ops of a buffer are computed too
             LINEAGE[view] = node
 

@@ -125,7 +125,7 @@ def test_mnist_from_a_directory(tmp_path: Path) -> None:
     train, test = fake_split(12, seed=1), fake_split(5, seed=2)
     write_split(tmp_path / "d", "train", *train)
     write_split(tmp_path / "d", "t10k", *test, gz=False)  # unzipped files work too
-    X_train, Y_train, X_test, Y_test = mnist(tmp_path / "d", download=False)
+    X_train, Y_train, X_test, Y_test = mnist(directory=tmp_path / "d", download=False)
     assert X_train.shape == (12, 1, 28, 28) and X_train.dtype == dtypes.uint8
     assert Y_train.shape == (12,) and Y_train.dtype == dtypes.uint8
     assert X_test.shape == (5, 1, 28, 28) and Y_test.shape == (5,)
@@ -140,7 +140,7 @@ def test_mnist_test_needs_only_the_test_files(tmp_path: Path) -> None:
     X, Y = mnist_test(tmp_path, download=False)
     assert X.shape == (3, 1, 28, 28) and Y.tolist() == [0, 1, 2]
     with pytest.raises(RuntimeError, match="train-images-idx3-ubyte.gz not found"):
-        mnist(tmp_path, download=False)
+        mnist(directory=tmp_path, download=False)
 
 
 def test_search_order_directory_then_env_then_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -306,3 +306,11 @@ def test_real_mnist_test_set() -> None:
     images = X.numpy()
     assert images.max() == 255 and images.min() == 0
     assert 0.1 < (images > 0).mean() < 0.25  # digits cover roughly a fifth of each image
+
+
+def test_mnist_takes_tinygrads_arguments(tmp_path: Path) -> None:
+    """`mnist(device=None, fashion=False)` as in tinygrad; a folder goes in `directory=`, and clear errors otherwise."""
+    with pytest.raises(TypeError, match="directory="):
+        mnist(str(tmp_path / "x"))
+    with pytest.raises(NotImplementedError, match="Fashion-MNIST"):
+        mnist(fashion=True)

@@ -299,3 +299,45 @@ def test_a_jit_replay_runs_only_its_captured_kernels() -> None:
         GlobalCounters.reset()
         step()
         assert GlobalCounters.kernel_count == captured
+
+
+def test_beautiful_mnist_as_tinygrad_writes_it() -> None:
+    """tinygrad's examples/beautiful_mnist.py train step, line for line: `@function` on the model, `@TinyJit` over
+    `@Tensor.train()` on a method, the batch drawn inside the step with `Tensor.randint` and gathered with `X[samples]`.
+    Every replay draws a new batch, and the TinyJit's losses equal an eager run's (JIT=0) bit for bit."""
+    from glassgrad import function
+    from glassgrad.helpers import Context
+
+    rng = np.random.default_rng(5)
+    images = Tensor(rng.integers(0, 255, (40, 1, 8, 8)).astype(np.uint8))
+    labels = Tensor(rng.integers(0, 5, 40).astype(np.uint8))
+
+    class Model:
+        def __init__(self) -> None:
+            self.layers = [nn.Conv2d(1, 4, 3), Tensor.relu, nn.BatchNorm(4), Tensor.max_pool2d,
+                           lambda x: x.flatten(1), nn.Linear(36, 5)]
+
+        @function
+        def __call__(self, x: Tensor) -> Tensor:
+            return x.sequential(self.layers)
+
+        @TinyJit
+        @Tensor.train()
+        def train_step(self, x_train: Tensor, y_train: Tensor) -> Tensor:
+            opt.zero_grad()
+            samples = Tensor.randint(8, high=x_train.shape[0])
+            loss = self(x_train[samples]).sparse_categorical_crossentropy(y_train[samples]).backward()
+            return loss.realize(*opt.schedule_step())
+
+    def run(jit: int) -> list[float]:
+        nonlocal opt
+        Tensor.manual_seed(1)
+        model = Model()
+        opt = optim.Adam(get_parameters(model))
+        with Context(JIT=jit):
+            return [model.train_step(images, labels).item() for _ in range(6)]
+
+    opt: optim.Optimizer
+    jitted, eager = run(1), run(0)
+    assert len(set(jitted)) == 6  # a new batch every step
+    np.testing.assert_array_equal(jitted, eager)

@@ -60,9 +60,17 @@ PathLike = str | os.PathLike[str]
 
 
 # ---------------------------------------------------------------------------------------------- public API
-def mnist(directory: PathLike | None = None, download: bool = True,
-          device: str | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """`(X_train, Y_train, X_test, Y_test)`: uint8 images (N, 1, 28, 28) and uint8 labels (N,) in 0..9."""
+def mnist(device: str | None = None, fashion: bool | int = False, *, directory: PathLike | None = None,
+          download: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`(X_train, Y_train, X_test, Y_test)`: uint8 images (N, 1, 28, 28) and uint8 labels (N,) in 0..9, on `device`
+    (tinygrad's signature). Fashion-MNIST (`fashion=True`) is not packaged here: it raises, naming what to do."""
+    if fashion:
+        raise NotImplementedError("mnist(fashion=True): Fashion-MNIST is not available in glassgrad (no known "
+                                  "checksums to verify a download against); use the digits, or load the idx files "
+                                  "with glassgrad.nn.datasets.parse_idx")
+    if device is not None and (isinstance(device, os.PathLike) or os.sep in device):
+        raise TypeError(f"mnist(): the first argument is the device, as in tinygrad; pass the folder as "
+                        f"directory={str(device)!r}")
     x_train, y_train = _load_split(TRAIN_IMAGES, TRAIN_LABELS, directory, download)
     x_test, y_test = _load_split(TEST_IMAGES, TEST_LABELS, directory, download)
     return (Tensor(x_train, device=device), Tensor(y_train, device=device),

@@ -58,18 +58,31 @@ class RealizedMap:
 
     def __init__(self) -> None:
         self._map: dict[int, tuple[weakref.ref[UOp], Callable[[], UOp | None]]] = {}
+        # an assign's value node -> the target buffer's view after the write: state, kept through `isolated()`
+        self._assigned: dict[int, tuple[weakref.ref[UOp], Callable[[], UOp | None]]] = {}
 
     def __setitem__(self, node: UOp, view: UOp) -> None:
-        key, table = id(node), self._map
+        self._put(self._map, node, (lambda: view) if node.op is Ops.ASSIGN else weakref.ref(view))
+
+    def set_assigned_value(self, value: UOp, view: UOp) -> None:
+        """`value` was written into an assign target, whose buffer holds it at `view` (while the view lives). Unlike
+        other results, this one is loaded inside `isolated()` too: it is state (a JIT replay reads that buffer), and
+        its graph may read the target's old contents, which no longer exist."""
+        self._put(self._assigned, value, weakref.ref(view))
+
+    @staticmethod
+    def _put(table: dict[int, tuple[weakref.ref[UOp], Callable[[], UOp | None]]], node: UOp,
+             view: Callable[[], UOp | None]) -> None:
+        key = id(node)
 
         def forget(node_ref: weakref.ref[UOp]) -> None:
             entry = table.get(key)
             if entry is not None and entry[0] is node_ref:
                 del table[key]
-        table[key] = (weakref.ref(node, forget), (lambda: view) if node.op is Ops.ASSIGN else weakref.ref(view))
+        table[key] = (weakref.ref(node, forget), view)
 
     def get(self, node: UOp) -> UOp | None:
-        entry = self._map.get(id(node))
+        entry = self._map.get(id(node)) or self._assigned.get(id(node))
         if entry is None or entry[0]() is not node:
             return None
         return entry[1]()
