@@ -1554,7 +1554,8 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool) -> None:
     a gradient records no lineage: a parameter stays a leaf, whatever its optimiser writes into it; nor does one into
     a tensor marked `requires_grad=False` (running statistics, the random generator's state). The target's old
     version forgets its lineage, since nothing can read that version any more: no chain of steps builds up."""
-    leaves = {id(t.uop) for t in list(ASSIGN_TARGETS.values()) if t.requires_grad is not None and t.uop.op is Ops.ASSIGN}
+    leaves = {id(t.uop) for t in list(ASSIGN_TARGETS.values())
+              if t.requires_grad is not None and t.uop.op is Ops.ASSIGN}
     for node, view in views.items():
         REALIZED[node] = view
         if node.op is Ops.ASSIGN:
