@@ -89,51 +89,48 @@ _LAZY = _LazyTensors()
 
 class _RNG:
     """Random numbers on the device, so that a TinyJit replays a step (dropout, `Tensor.randint` batches) with fresh
-    numbers, as tinygrad's do. Counter-based: a draw of n numbers is `_mix(_mix(index ^ key) + key)` for n
-    consecutive indices, `_mix` a 32-bit integer hash (a xor-shift-multiply finaliser) and the key a hash of the seed
-    and an *epoch*, both held per device in a uint32 buffer `[seed, epoch]`.
+    numbers, as tinygrad's do. Counter-based: the k-th number since the seed is `_mix(_mix(lo ^ key) + key)`, where
+    lo and hi are the two 32-bit halves of k, `_mix` a 32-bit integer hash (a xor-shift-multiply finaliser) and the
+    key a hash of the seed and hi. Per device, a uint64 buffer `[seed, count]` holds the seed and how many numbers
+    were drawn before the current batch of draws.
 
-    Draws made between two realizes share an epoch and take consecutive index ranges (host offsets, constants of the
-    graph); the next realize advances the epoch in place (an assign, in the same schedule, after every draw that
-    reads the old epoch: see "What a tensor means" in docs/ARCHITECTURE.md). A TinyJit capture holds that assign, so
-    each replay draws from a new epoch. `Tensor.manual_seed(n)` starts over: runs with one seed repeat."""
+    Draws made between two realizes take consecutive ranges after `count` (host offsets, constants of the graph); the
+    next realize adds what they took to `count` in place (an assign, in the same schedule, after every draw that reads
+    the old count: see "What a tensor means" in docs/ARCHITECTURE.md). So the k-th number drawn is the same whatever
+    was realized in between, and a TinyJit capture holds that assign, so each replay draws the next numbers.
+    `Tensor.manual_seed(n)` starts over: the same seed and the same draws give the same numbers."""
     seed = 0
-    states: dict[str, Tensor] = {}   # device -> its [seed, epoch] buffer
-    pending: dict[str, int] = {}     # device -> numbers drawn in the current epoch
+    states: dict[str, Tensor] = {}   # device -> its [seed, count] buffer
+    pending: dict[str, int] = {}     # device -> numbers drawn since its count was last advanced
 
     @staticmethod
     def bits(count: int, device: str) -> Tensor:
         """`count` random uint32 values (a lazy tensor of shape (count,))."""
-        if count >= 1 << 32:
-            raise ValueError(f"cannot draw {count} random numbers at once (at most 2**32 - 1)")
-        if _RNG.pending.get(device, 0) + count >= 1 << 32:
-            _RNG.advance_now(device)
         state = _RNG.states.get(device)
         if state is None:
-            state = _RNG.states[device] = Tensor(np.array([_RNG.seed & 0xFFFFFFFF, 0], np.uint32), device=device,
+            state = _RNG.states[device] = Tensor(np.array([_RNG.seed % (1 << 64), 0], np.uint64), device=device,
                                                  requires_grad=False)
         offset = _RNG.pending.get(device, 0)
         _RNG.pending[device] = offset + count
-        key = _mix(state[0:1] ^ _mix(state[1:2] + 0x9E3779B9))
-        index = Tensor.arange(count, dtype=dtypes.uint32, device=device) + offset if count else \
-            Tensor.zeros(0, dtype=dtypes.uint32, device=device)
-        return _mix(_mix(index ^ key) + key)
+        if count == 0:
+            return Tensor.zeros(0, dtype=dtypes.uint32, device=device)
+        k = state[1:2] + Tensor.arange(count, dtype=dtypes.uint64, device=device) + offset
+        lo = (k & Tensor(0xFFFFFFFF, dtype=dtypes.uint64, device=device)).cast(dtypes.uint32)
+        hi = (k >> 32).cast(dtypes.uint32)
+        seed = (state[0:1] ^ (state[0:1] >> 32)).cast(dtypes.uint32)
+        key = _mix(seed ^ _mix(hi + 0x9E3779B9))
+        return _mix(_mix(lo ^ key) + key)
 
     @staticmethod
     def advances() -> list[Tensor]:
-        """The epoch advances that a realize must run (and forget): one per device that was drawn from."""
+        """The count advances that a realize must run (and forget): one per device that was drawn from."""
         out = []
         for device, drawn in list(_RNG.pending.items()):
+            _RNG.pending[device] = 0  # first: an advance still pending is realized by the assign below
             if drawn and (state := _RNG.states.get(device)) is not None:
-                state.assign(state + Tensor(np.array([0, 1], np.uint32), device=device))
+                state.assign(state + Tensor(np.array([0, drawn], np.uint64), device=device))
                 out.append(state)
-            _RNG.pending[device] = 0
         return out
-
-    @staticmethod
-    def advance_now(device: str) -> None:
-        if (state := _RNG.states.get(device)) is not None:
-            state.realize()
 
 
 def _mix(x: Tensor) -> Tensor:
