@@ -40,7 +40,9 @@ from glassgrad.uop.sint import (
 
 # realized buffer view -> the graph it was computed from, so gradients flow through realized tensors
 LINEAGE: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
-_REQUIRES_GRAD: weakref.WeakSet[Tensor] = weakref.WeakSet()
+# tensors that may get a gradient (requires_grad True, or a layer's parameter): id(tensor) -> tensor. Not a WeakSet,
+# whose membership test would compare tensors with the elementwise ==
+_REQUIRES_GRAD: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 # tensors that own a buffer written in place (assign targets): a TinyJit replay moves them to the new version
 ASSIGN_TARGETS: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()  # id(tensor) -> tensor
 
@@ -250,7 +252,7 @@ class Tensor(_CastShortcuts, NNOps):
         if value:
             if not self.dtype.is_float:
                 raise RuntimeError(f"only floating point tensors can require gradients, this one is {self.dtype}")
-            _REQUIRES_GRAD.add(self)
+            _REQUIRES_GRAD[id(self)] = self
         return self
 
     # ------------------------------------------------------------------ realizing
@@ -421,7 +423,8 @@ class Tensor(_CastShortcuts, NNOps):
         if gradient is not None and gradient.shape != self.shape:
             raise ValueError(f"backward(): gradient shape {gradient.shape} does not match tensor shape {self.shape}")
         root_nodes = set(_with_lineage(self.uop).toposort())
-        targets = [t for t in list(_REQUIRES_GRAD) if t.requires_grad and _with_lineage(t.uop) in root_nodes]
+        targets = [t for t in list(_REQUIRES_GRAD.values()) if t.requires_grad is not False and
+                   _with_lineage(t.uop) in root_nodes]
         if not targets:
             raise RuntimeError("backward(): no tensor with requires_grad=True is part of this computation")
         for t, g in zip(targets, self.gradient(*targets, gradient=gradient)):
@@ -1540,6 +1543,13 @@ def _rebuild_chain(chain: list[UOp], bottom: UOp) -> UOp:
     for op in reversed(chain):
         node = UOp(op.op, op.dtype, (node,), op.arg)
     return node
+
+
+def mark_trainable(t: Tensor) -> Tensor:
+    """A layer's parameter (requires_grad None, as in tinygrad, until an optimizer turns it on): `backward()` fills
+    its `.grad` too, as tinygrad's backward does for the tensors of the graph."""
+    _REQUIRES_GRAD[id(t)] = t
+    return t
 
 
 def _record_realized(views: dict[UOp, UOp], keep_lineage: bool) -> None:

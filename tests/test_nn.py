@@ -481,3 +481,27 @@ def test_layer_kernel_counts() -> None:
     assert len(kernels(nn.ConvTranspose2d(3, 4, 3, stride=2)(x))) == 1
     assert len(kernels(nn.Linear(8, 5)(x))) == 1
     assert len(kernels(nn.Embedding(10, 4)(Tensor(np.array([[1, 2], [3, 9]], np.int32))))) == 1
+
+
+def test_backward_fills_layer_gradients_without_an_optimizer() -> None:
+    """tinygrad's test_tiny `test_mnist_backward`: layer parameters (requires_grad None until an optimizer turns it
+    on) get `.grad` from a plain `backward()`; running statistics and inputs do not."""
+    layers = [nn.Conv2d(1, 4, 3), Tensor.relu, nn.BatchNorm(4), nn.Conv2d(4, 2, 3)]
+    x = Tensor(np.random.default_rng(0).standard_normal((2, 1, 8, 8)).astype(np.float32))
+    with Tensor.train():
+        x.sequential(layers).sum().backward()
+    params = get_parameters(layers)
+    trained = [p for p in params if p.requires_grad is not False]
+    assert len(trained) == 6 and all(p.grad is not None and p.grad.shape == p.shape for p in trained)
+    assert all(p.grad is None for p in params if p.requires_grad is False)
+    assert x.grad is None
+
+
+def test_requires_grad_twice_on_a_tensor() -> None:
+    """A second requires_grad_() on the same tensor (as users do with layer parameters) is harmless."""
+    w = Tensor([1.0, 2.0, 3.0])
+    w.requires_grad_()
+    w.requires_grad_()
+    (w * w).sum().backward()
+    assert w.grad is not None
+    np.testing.assert_array_equal(w.grad.numpy(), [2, 4, 6])

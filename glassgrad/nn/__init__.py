@@ -8,8 +8,9 @@ Layers are plain objects: their tensors are attributes named as in PyTorch (`wei
 `running_var`, `num_batches_tracked`), so `glassgrad.nn.state.get_state_dict(model)` gives PyTorch's keys and
 `get_parameters(model)` finds everything an optimiser needs. Every tensor is created realized, in a buffer of its
 own (random ones by `Tensor.uniform`/`Tensor.randn`, constant ones from a host array), so in-place updates of one
-never touch another. Trained weights start with `requires_grad=None`, as in tinygrad: an optimiser turns them on;
-running statistics are `requires_grad=False` buffers.
+never touch another. Trained weights start with `requires_grad=None`, as in tinygrad: an optimiser turns them on,
+and `backward()` fills their `.grad` anyway (tinygrad's backward does so for the tensors of the graph); running
+statistics are `requires_grad=False` buffers.
 
 Initialisation is PyTorch's default: Linear and convolution weights and biases ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))
 (`kaiming_uniform_(a=sqrt(5))` works out to that bound), norm weights 1 and biases 0, Embedding ~ N(0, 1).
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from glassgrad.dtype import dtypes
-from glassgrad.tensor import Tensor, no_grad
+from glassgrad.tensor import Tensor, mark_trainable, no_grad
 from glassgrad.tensor_nn import _tuple
 
 __all__ = ["Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm", "BatchNorm1d",
@@ -39,13 +40,15 @@ def _uniform(shape: tuple[int, ...], fan_in: int) -> Tensor:
     """U(-1/sqrt(fan_in), 1/sqrt(fan_in)) in a fresh buffer (PyTorch's default for weights and biases)."""
     bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
     with no_grad():  # drawn on the device, straight into the parameter's own buffer
-        return Tensor.empty(*shape).assign(Tensor.uniform(*shape, low=-bound, high=bound)).realize()
+        return mark_trainable(Tensor.empty(*shape).assign(Tensor.uniform(*shape, low=-bound, high=bound)).realize())
 
 
 def _filled(shape: tuple[int, ...], value: float, dtype: type = np.float32,
             requires_grad: bool | None = None) -> Tensor:
-    """A realized tensor of `value` in a buffer of its own (never the shared node that `Tensor.full` would be)."""
-    return Tensor(np.full(shape, value, dtype=dtype), requires_grad=requires_grad)
+    """A realized tensor of `value` in a buffer of its own (never the shared node that `Tensor.full` would be); a
+    trainable parameter unless `requires_grad=False`."""
+    t = Tensor(np.full(shape, value, dtype=dtype), requires_grad=requires_grad)
+    return t if requires_grad is False else mark_trainable(t)
 
 
 # ---------------------------------------------------------------------- dense and convolutional layers
@@ -277,7 +280,8 @@ class Embedding:
     def __init__(self, vocab_size: int, embed_size: int) -> None:
         self.vocab_sz, self.embed_sz = vocab_size, embed_size
         with no_grad():
-            self.weight = Tensor.empty(vocab_size, embed_size).assign(Tensor.randn(vocab_size, embed_size)).realize()
+            self.weight = mark_trainable(Tensor.empty(vocab_size, embed_size).assign(
+                Tensor.randn(vocab_size, embed_size)).realize())
 
     def __call__(self, idx: Tensor) -> Tensor:
         return idx.embedding(self.weight)
