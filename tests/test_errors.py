@@ -109,7 +109,8 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("slice step zero", lambda: ones(2, 3)[::0], ValueError, "step cannot be zero"),
     ("slice float bound", lambda: ones(2, 3)[0.5:], TypeError, "slice"),
     ("index shapes", lambda: ones(2, 3)[[0, 1], [0, 1, 2]], IndexError, esc("[(2,), (3,)]")),
-    ("setitem", lambda: ones(2, 3).__setitem__(0, 1.0), TypeError, "immutable"),
+    ("setitem advanced", lambda: ones(2, 3).__setitem__(T([0, 1]), 1.0), NotImplementedError, "advanced indexing"),
+    ("setitem broadcast", lambda: ones(2, 3).__setitem__(0, T([1.0, 2.0])), ValueError, esc("(2,)")),
     ("gather index dims", lambda: ones(2, 3).gather(0, T([0, 1])), ValueError, "2 dims.*int32 " + esc("(2,)")),
     ("gather float index", lambda: ones(2, 3).gather(0, T([[0.0]])), ValueError, "float32"),
     ("gather index too big", lambda: ones(2, 3).gather(0, T([[0, 1, 1, 1]])), ValueError, esc("(1, 4)") + ".*" +
