@@ -201,6 +201,18 @@ def test_token_and_position_embeddings_are_one_kernel() -> None:
     np.testing.assert_allclose(out.numpy(), tok[idx] + pos[None], rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_gather_feeds_a_matmul(dtype: Any) -> None:
+    """Rows picked by an index, multiplied by a matrix: the lookup is a load of the matmul's left operand."""
+    table = RNG.standard_normal((100, 64)).astype(dtype)
+    w = RNG.standard_normal((64, 48)).astype(dtype)
+    idx = RNG.integers(-100, 100, 128).astype(np.int32)
+    out = Tensor(table)[Tensor(idx)] @ Tensor(w)
+    want = table.astype(np.float32)[idx] @ w.astype(np.float32)
+    np.testing.assert_allclose(out.numpy().astype(np.float32), want, rtol=2e-2 if dtype == np.float16 else 1e-4,
+                               atol=2e-1 if dtype == np.float16 else 1e-4)
+
+
 def test_picked_log_probabilities_keep_the_batch_reduction() -> None:
     """A cross-entropy sums the picked log-probabilities over the batch: the class axis becomes a lookup, the batch
     axis stays a reduction."""

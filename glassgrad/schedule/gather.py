@@ -129,6 +129,8 @@ def _selections(terms: list[UOp], axes: tuple[int, ...], shape: tuple[int, ...])
         if term.op is not Ops.CMPEQ or not all(_lowerable(s) for s in term.src) or not term.src[0].dtype.is_int:
             continue
         for index, other in (term.src, term.src[::-1]):
+            if not _arange_like(other):
+                continue
             axis = _arange_axis(simplify(builder.lower(other, ranges, None)), ranges, axes, taken)
             if axis is not None:
                 candidates.append((position, Selection(axis, index), simplify(builder.lower(index, ranges, None))))
@@ -140,6 +142,27 @@ def _selections(terms: list[UOp], axes: tuple[int, ...], shape: tuple[int, ...])
         if len(kept) == len(candidates):
             return [(p, s) for p, s, _ in kept]
         candidates = kept
+
+
+ARANGE_OPS = GroupOp.Movement | frozenset({Ops.CAST, Ops.ADD, Ops.MUL, Ops.NEG, Ops.CONST, Ops.DEVICE})
+ARANGE_MAX_NODES = 64
+
+
+def _arange_like(u: UOp) -> bool:
+    """A cheap test before the trial lowering: `u` is a small graph of arithmetic and movement ops on an ARANGE
+    (what `Tensor.arange` builds), not, say, the other side of `x == x.max()` (a max-pool's backward)."""
+    seen: set[UOp] = set()
+    stack, found = [u], False
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if len(seen) > ARANGE_MAX_NODES or (n.op is not Ops.ARANGE and n.op not in ARANGE_OPS):
+            return False
+        found = found or n.op is Ops.ARANGE
+        stack.extend(n.src)
+    return found
 
 
 def _lowerable(u: UOp) -> bool:
