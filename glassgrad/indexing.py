@@ -9,7 +9,8 @@ Two phases:
     view it as (count, s), keep column 0); then one `reshape` drops int dims and inserts None dims;
   * advanced indexing (lists, arrays, integer tensors) is a gather written as a one-hot mask:
     `(idx.unsqueeze(-1) == arange(n))` for each indexed dim, AND-ed together, then `where(mask, x, 0).sum(...)`,
-    which the scheduler fuses into a single reduction kernel (and which autograd differentiates for free).
+    which autograd differentiates for free, and which the scheduler turns into a direct load of the selected element
+    (a GATHER node, glassgrad/schedule/gather.py), fused with whatever reads it.
 
 Semantics follow numpy: negative ints and negative tensor entries count from the end; index tensors broadcast
 together; the broadcast dims replace the indexed dims in place when all advanced indices (ints count as advanced

@@ -38,6 +38,7 @@ from glassgrad.dtype import dtypes
 from glassgrad.engine.memory import SchedulePlan
 from glassgrad.helpers import SCACHE, prod
 from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, structure_key
+from glassgrad.schedule.gather import gather_one_hot
 from glassgrad.schedule.indexing import KernelBuilder
 from glassgrad.schedule.rewrite import merge_nested_reduce, rebuild
 from glassgrad.uop.ops import GroupOp, Ops, UOp, sint
@@ -299,7 +300,7 @@ def _schedule_graph(outs: list[UOp], originals: list[UOp], sink: UOp, nodes: lis
 
     A reshape keeps row-major order, so an output that is a reshape of some node costs no kernel of its own: the
     node under the reshapes is materialised (unless it already is) and the output becomes a view of its buffer."""
-    for rule in (merge_nested_reduce, _split_rule):  # graph rewrites (schedule/rewrite.py)
+    for rule in (gather_one_hot, merge_nested_reduce, _split_rule):  # graph rewrites (schedule/rewrite.py)
         if (rewritten := rebuild(nodes, rule, _materialised)) is not None:
             sink = rewritten
             nodes = sink.toposort(stop=_materialised)

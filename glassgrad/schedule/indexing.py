@@ -250,6 +250,8 @@ class KernelBuilder:
             return (yield (node.src[0], idxs, gate))
         if op is Ops.REDUCE_AXIS:
             return (yield from self._lower_reduce(node, idxs, gate))
+        if op is Ops.GATHER:
+            return (yield from self._lower_gather(node, idxs, gate))
         if op is Ops.PAD:
             return (yield from self._lower_pad(node, idxs, gate))
         if op in GroupOp.Movement:
@@ -316,6 +318,31 @@ class KernelBuilder:
             src_idxs[a] = next(loops) if src_shape[a] != 1 else UOp.const(self.index_dtype, 0)
         value = yield (node.src[0], tuple(src_idxs), gate)
         return UOp(Ops.REDUCE, node.dtype, (value, *ranges), reduce_op)
+
+
+    def _lower_gather(self, node: UOp, idxs: Index, gate: UOp | None) -> LoweringStep:
+        """GATHER(x, a_1, ...) (schedule/gather.py): x at the element whose index along axis k_i is a_i's value, or 0
+        where some a_i is outside [0, n_i). Each a_i is clamped into that range before it becomes an index, so the load
+        of x never leaves its buffer and the index keeps a small value range (the select discards the clamped ones)."""
+        x = node.src[0]
+        src_idxs = list(idxs)
+        outside: UOp | None = None
+        for axis, index_node in zip(node.arg, node.src[1:]):
+            value = yield (index_node, idxs, gate)
+            last = UOp.const(value.dtype, x.shape[axis] - 1)
+            bad = last < value if value.dtype.is_unsigned else (value < UOp.const(value.dtype, 0)).alu(Ops.OR,
+                                                                                                        last < value)
+            outside = bad if outside is None else outside.alu(Ops.OR, bad)
+            src_idxs[axis] = self._clamp(value.cast(self.index_dtype), x.shape[axis])
+        picked = yield (x, tuple(src_idxs), gate)
+        assert outside is not None
+        return outside.where(UOp.const(node.dtype, 0), picked)
+
+    def _clamp(self, i: UOp, n: int) -> UOp:
+        """i clamped into [0, n): max(i, 0), then min(., n-1) as -max(-., 1-n), whose value range is [0, n-1]."""
+        dt = self.index_dtype
+        low = i.maximum(UOp.const(dt, 0))
+        return -((-low).maximum(UOp.const(dt, 1 - n)))
 
 
 def kernel_name(ast: UOp) -> str:

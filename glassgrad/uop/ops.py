@@ -29,6 +29,9 @@ class Ops(Enum):
     # movement (tensor graph only)
     RESHAPE = auto(); EXPAND = auto(); PERMUTE = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()  # noqa: E702
     REDUCE_AXIS = auto()
+    # a one-hot reduction recognised as a lookup (schedule/gather.py): src (x, index_1, ...), arg the axes of x
+    # each index selects along; the value is x at the selected element, or 0 where an index is out of range
+    GATHER = auto()
     # dtype changes
     CAST = auto(); BITCAST = auto()  # noqa: E702
     # unary
@@ -374,6 +377,8 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
         return sizes
     if op is Ops.REDUCE_AXIS:
         return tuple(1 if i in arg[1] else s for i, s in enumerate(src))
+    if op is Ops.GATHER:
+        return tuple(1 if i in arg else s for i, s in enumerate(src))
     if op is Ops.BITCAST and u.dtype.itemsize != u.src[0].dtype.itemsize:
         return (*src[:-1], src[-1] * u.src[0].dtype.itemsize // u.dtype.itemsize)
     # elementwise: every shaped source has the same shape (the Tensor layer broadcasts first)
@@ -381,8 +386,8 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
 
 
 _SAME_SHAPE_AS_SOURCES = GroupOp.ALU | {Ops.CAST}
-_SHAPED = GroupOp.Movement | GroupOp.Elementwise | {Ops.BUFFER, Ops.ARANGE, Ops.REDUCE_AXIS, Ops.COPY, Ops.CONTIGUOUS,
-                                                   Ops.DETACH, Ops.ASSIGN}
+_SHAPED = GroupOp.Movement | GroupOp.Elementwise | {Ops.BUFFER, Ops.ARANGE, Ops.REDUCE_AXIS, Ops.GATHER, Ops.COPY,
+                                                   Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN}
 
 
 sint = int | UOp  # a size: an int, or an int expression of Variables (see uop/sint.py)
