@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from glassgrad.dtype import dtypes
+from glassgrad.errors import ArgumentError, ShapeError
 
 if TYPE_CHECKING:
     from glassgrad.tensor import Tensor
@@ -70,7 +71,7 @@ class NNOps:
         size = t.shape[-1]
         out = (size - dilation * (kernel - 1) - 1) // stride + 1
         if out <= 0:
-            raise ValueError(f"window of {kernel} (dilation {dilation}) does not fit a dimension of size {size}")
+            raise ShapeError(f"window of {kernel} (dilation {dilation}) does not fit a dimension of size {size}")
         lead = t.shape[:-1]
         if dilation == 1 and kernel <= stride:  # windows that do not overlap (a 2x2 pool): cut the row into strides
             row = t.pad(((0, 0),) * len(lead) + ((0, max(0, out * stride - size)),))
