@@ -30,3 +30,7 @@ class IndexTypeError(IndexError, TypeError):
 
 class ModeError(TypeError, ValueError):
     """A mode or reduce argument outside the allowed names where tinygrad raises TypeError (scatter's reduce)."""
+
+
+class UnknownModeError(ValueError, NotImplementedError):
+    """A mode name no op implements (pad's mode: PyTorch raises NotImplementedError)."""

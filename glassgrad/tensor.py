@@ -21,7 +21,7 @@ import numpy as np
 from glassgrad.device import Buffer, Device
 from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper_dtype, to_dtype
 from glassgrad.engine.realize import run_schedule
-from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError
+from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import normalize_axis, prod
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
@@ -732,9 +732,15 @@ class Tensor(_CastShortcuts, NNOps):
         positive = self > 0
         return positive.where(self, alpha * (positive.where(0.0, self._float()).exp() - 1))  # exp never overflows
 
-    def gelu(self) -> Tensor:
-        """The tanh approximation, as tinygrad (PyTorch: gelu(x, approximate='tanh'))."""
+    def gelu(self, approximate: str = "tanh") -> Tensor:
+        """approximate="tanh" (the default, as tinygrad's): PyTorch's gelu(x, approximate='tanh');
+        approximate="none": the exact x * Phi(x) = x/2 * (1 + erf(x / sqrt 2)), PyTorch's default."""
         x = self._float()
+        if approximate == "none":
+            from glassgrad.special import _erf
+            return 0.5 * x * (1 + _erf(x * (1 / math.sqrt(2))))
+        if approximate != "tanh":
+            raise ArgumentError(f"gelu: approximate must be 'tanh' or 'none', got {approximate!r}")
         return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
 
     def quick_gelu(self) -> Tensor: return self * (self * 1.702).sigmoid()  # noqa: E704
@@ -881,23 +887,51 @@ class Tensor(_CastShortcuts, NNOps):
                                  f"{render_sint(s)} for every value of their Variables (their [min, max] ranges)")
         return self._wrap(self.uop.shrink(full))
 
-    def pad(self, padding: Sequence[Any], value: Scalar = 0.0, mode: str = "constant") -> Tensor:
-        """Pad with `value`. `padding` is ((before, after), ...) per dim, or PyTorch's flat (left, right, top, ...)."""
-        if mode != "constant":
-            raise NotImplementedError(f"pad mode {mode!r}: only 'constant' is implemented")
+    def pad(self, padding: Sequence[Any], mode: str = "constant", value: Scalar = 0.0) -> Tensor:
+        """Pad each dim. `padding` is ((before, after), ...) per dim, or PyTorch's flat (left, right, top, ...) for
+        the last dims; a negative amount crops. mode "constant" fills with `value`; "reflect" mirrors the values
+        next to the edge (less than the dim's size), "replicate" repeats the edge value, "circular" wraps around
+        (at most the dim's size), all as PyTorch's F.pad: a crop applies after reflect and replicate padding is made
+        from the input, and before circular padding wraps around what is left."""
+        if mode not in PAD_MODES:
+            raise UnknownModeError(f"pad mode must be one of {PAD_MODES}, got {mode!r} (the fill value is `value=`)")
         try:
             pads = _normalize_padding(padding, self.ndim)
         except TypeError:
             _no_symbolic("pad", tuple(x for p in padding for x in (p if isinstance(p, (tuple, list)) else [p])))
             raise
+        if mode != "constant":
+            return self._pad_from_input(pads, mode)
         if any(b < 0 or a < 0 for b, a in pads):
             cropped = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pads, self.shape)))
-            return cropped.pad(tuple((max(b, 0), max(a, 0)) for b, a in pads), value)
+            return cropped.pad(tuple((max(b, 0), max(a, 0)) for b, a in pads), value=value)
         padded = self._wrap(self.uop.pad(pads))
         if value == 0:
             return padded
         inside = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device).pad(pads)
         return inside.where(padded, value)
+
+    def _pad_from_input(self, pads: tuple[tuple[int, int], ...], mode: str) -> Tensor:
+        """reflect/replicate/circular padding: per dim, copies of the input's edge (movement ops, joined with zero
+        pads and adds as `cat` does), and the crops of negative amounts."""
+        x = self
+        for d, (before, after) in enumerate(pads):
+            if mode == "circular" and (before < 0 or after < 0):
+                x = x.shrink(tuple((-min(before, 0), x.shape[d] + min(after, 0)) if i == d else None
+                                   for i in range(x.ndim)))
+                before, after = max(before, 0), max(after, 0)
+            size = x.shape[d]
+            grow = (max(before, 0), max(after, 0))
+            limit = size - 1 if mode == "reflect" else size if mode == "circular" else None
+            if (grow[0] or grow[1]) and (size == 0 or (limit is not None and max(grow) > limit)):
+                raise ShapeError(f"pad mode {mode!r}: padding {pads[d]} of dim {d} (size {size}) must be at most "
+                                 f"{limit}")
+            if grow != (0, 0):
+                x = _join_along(x, d, _edge_copy(x, d, grow[0], mode, True), _edge_copy(x, d, grow[1], mode, False))
+            if before < 0 or after < 0:
+                n = x.shape[d]
+                x = x.shrink(tuple((-min(before, 0), n + min(after, 0)) if i == d else None for i in range(x.ndim)))
+        return x
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         if self.ndim == 0:
@@ -1339,6 +1373,40 @@ def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
             raise ShapeError(f"shapes {a} and {b} cannot be broadcast together")
         out.append(y if x == 1 else x)
     return tuple(out)
+
+
+PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def _edge_copy(x: Tensor, d: int, count: int, mode: str, left: bool) -> Tensor | None:
+    """The `count` values `mode` puts before (left) or after the input along dim d, or None for none."""
+    if count == 0:
+        return None
+    size = x.shape[d]
+
+    def span(lo: int, hi: int) -> Tensor:
+        return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
+
+    if mode == "reflect":  # x[count], ..., x[1] | x | x[-2], ..., x[-count-1]
+        return (span(1, count + 1) if left else span(size - 1 - count, size - 1)).flip(d)
+    if mode == "circular":  # x[-count:] | x | x[:count]
+        return span(size - count, size) if left else span(0, count)
+    edge = span(0, 1) if left else span(size - 1, size)  # replicate
+    return edge.expand(tuple(count if i == d else s for i, s in enumerate(x.shape)))
+
+
+def _join_along(x: Tensor, d: int, before: Tensor | None, after: Tensor | None) -> Tensor:
+    """before | x | after along dim d, as zero-padded pieces added up (a fused view, as `cat` builds it)."""
+    pieces = [p for p in (before, x, after) if p is not None]
+    total = sum(p.shape[d] for p in pieces)
+    out: Tensor | None = None
+    offset = 0
+    for p in pieces:
+        placed = p.pad(tuple((offset, total - offset - p.shape[d]) if i == d else (0, 0) for i in range(x.ndim)))
+        out = placed if out is None else out + placed
+        offset += p.shape[d]
+    assert out is not None
+    return out
 
 
 def _normalize_padding(padding: Sequence[Any], ndim: int) -> tuple[tuple[int, int], ...]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_ops import DEVICE, T, check, rand, torch
+from test_ops import DEVICE, F, T, check, rand, torch
 
 from glassgrad import Tensor, dtypes
 from glassgrad.dtype import to_dtype
@@ -172,3 +172,200 @@ def test_int_to_int_power_stays_int() -> None:
     out = T(np.array([-2, 0, 2], np.int32)) ** 2
     assert out.dtype == dtypes.int32
     np.testing.assert_array_equal(out.numpy(), [4, 0, 4])
+
+
+# ---------------------------------------------------------------------- pooling
+def _np_pool(x: np.ndarray, kernel: tuple[int, ...], stride: tuple[int, ...], pad: tuple[int, ...],
+             dilation: tuple[int, ...], ceil_mode: bool, op: str, count_include_pad: bool = True) -> np.ndarray:
+    """PyTorch's pooling rules, one window at a time: ceil_mode keeps a last window that starts inside the input or
+    its left padding; a mean divides by the window's positions inside the input (and, with count_include_pad,
+    inside the padding; never past it). 'argmax' gives the first maximum's flat index into the pooled dims."""
+    n = len(kernel)
+    spatial = x.shape[-n:]
+    outs = []
+    for size, k, s, p, d in zip(spatial, kernel, stride, pad, dilation):
+        span = size + 2 * p - d * (k - 1) - 1
+        o = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (o - 1) * s >= size + p:
+            o -= 1
+        outs.append(o)
+    out = np.zeros(x.shape[:-n] + tuple(outs), np.int32 if op == "argmax" else x.dtype)
+    for lead in np.ndindex(*x.shape[:-n]):
+        for pos in np.ndindex(*outs):
+            taps = [[o * s - p + i * d for i in range(k)] for o, s, p, d, k in zip(pos, stride, pad, dilation, kernel)]
+            inside = [[t for t in tap if 0 <= t < size] for tap, size in zip(taps, spatial)]
+            values = x[lead][np.ix_(*inside)] if all(inside) else np.zeros(0, x.dtype)
+            if op == "max":
+                out[lead + pos] = values.max()
+            elif op == "argmax":
+                coords = [c.reshape(-1) for c in np.meshgrid(*inside, indexing="ij")]
+                flat = np.ravel_multi_index(coords, spatial)
+                out[lead + pos] = flat[np.argmax(values.reshape(-1))]
+            else:
+                padded = [[t for t in tap if -p <= t < size + p] for tap, size, p in zip(taps, spatial, pad)]
+                count = math.prod(len(t) for t in (padded if count_include_pad else inside))
+                out[lead + pos] = values.sum() / count
+    return out
+
+
+POOLS = [  # (input shape, kernel, stride, padding, dilation)
+    ((1, 1, 6, 6), (3, 3), (3, 3), (1, 1), (1, 1)),
+    ((1, 1, 6, 6), (3, 2), (3, 3), (1, 1), (1, 1)),
+    ((1, 1, 6, 6), (4, 4), (3, 3), (1, 1), (1, 1)),
+    ((1, 1, 5, 5), (3, 3), (3, 3), (1, 1), (1, 1)),
+    ((2, 3, 7, 7), (2, 2), (2, 2), (0, 0), (1, 1)),
+    ((1, 2, 9, 8), (3, 2), (2, 3), (1, 0), (2, 1)),
+]
+
+
+@pytest.mark.parametrize("shape,kernel,stride,padding,dilation", POOLS)
+def test_max_pool_ceil_mode(shape: tuple[int, ...], kernel: tuple[int, int], stride: tuple[int, int],
+                            padding: tuple[int, int], dilation: tuple[int, int]) -> None:
+    kw = dict(kernel_size=kernel, stride=stride, padding=padding, dilation=dilation, ceil_mode=True)
+    check(lambda x: x.max_pool2d(**kw), lambda x: _np_pool(x, kernel, stride, padding, dilation, True, "max"),
+          [shape], grad=True, torch_fn=lambda x: F.max_pool2d(x, **kw))
+
+
+@pytest.mark.parametrize("count_include_pad", [True, False])
+@pytest.mark.parametrize("shape,kernel,stride,padding,dilation", [p for p in POOLS if p[4] == (1, 1)])
+def test_avg_pool_ceil_mode(shape: tuple[int, ...], kernel: tuple[int, int], stride: tuple[int, int],
+                            padding: tuple[int, int], dilation: tuple[int, int], count_include_pad: bool) -> None:
+    kw = dict(kernel_size=kernel, stride=stride, padding=padding, ceil_mode=True, count_include_pad=count_include_pad)
+    check(lambda x: x.avg_pool2d(**kw),
+          lambda x: _np_pool(x, kernel, stride, padding, dilation, True, "avg", count_include_pad),
+          [shape], grad=True, torch_fn=lambda x: F.avg_pool2d(x, **kw))
+
+
+def test_avg_pool_dilation_is_the_third_argument() -> None:
+    """tinygrad's order: (kernel_size, stride, dilation, padding, ...)."""
+    x = rand((1, 1, 7, 7))
+    out = T(x).avg_pool2d((2, 2), 1, 2).numpy()
+    np.testing.assert_allclose(out, _np_pool(x, (2, 2), (1, 1), (0, 0), (2, 2), False, "avg"), rtol=1e-6)
+
+
+def test_pools_3d_and_1d() -> None:
+    """The pooled dims are the last len(kernel_size) ones."""
+    x = rand((1, 2, 9, 8, 7))
+    kw = dict(kernel_size=(3, 3, 3), stride=2, padding=1)
+    check(lambda t: t.avg_pool2d(count_include_pad=False, **kw),
+          lambda t: _np_pool(t, (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), False, "avg", False),
+          inputs=[x], torch_fn=lambda t: F.avg_pool3d(t, count_include_pad=False, **kw))
+    check(lambda t: t.max_pool2d(**kw), lambda t: _np_pool(t, (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), False, "max"),
+          inputs=[x], torch_fn=lambda t: F.max_pool3d(t, **kw))
+    y = rand((2, 3, 10))
+    check(lambda t: t.max_pool2d((3,), 2), lambda t: _np_pool(t, (3,), (2,), (0,), (1,), False, "max"), inputs=[y],
+          torch_fn=lambda t: F.max_pool1d(t, 3, 2))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint8, np.int64])
+def test_max_pool_of_ints_stays_int(dtype: Any) -> None:
+    x = rand((2, 2, 6, 9), 0, 100, dtype)
+    out = T(x).max_pool2d((2, 2), padding=1)
+    assert out.dtype == dtypes.from_np(np.dtype(dtype))
+    np.testing.assert_array_equal(out.numpy(), _np_pool(x, (2, 2), (2, 2), (1, 1), (1, 1), False, "max"))
+
+
+INDEX_POOLS = [  # (input, kernel, stride, padding, dilation, ceil_mode)
+    (rand((2, 3, 6, 6)), (2, 2), (2, 2), (0, 0), (1, 1), False),
+    (rand((1, 1, 10, 10)), (3, 2), (3, 2), (0, 0), (2, 3), False),
+    (rand((1, 1, 5, 5)), (3, 3), (3, 3), (1, 1), (1, 1), False),
+    (rand((1, 1, 7, 7)), (2, 2), (2, 2), (0, 0), (1, 1), True),
+    (rand((1, 1, 12, 13)), (12, 13), (12, 13), (0, 0), (1, 1), False),
+    (np.ones((1, 1, 6, 6), np.float32), (3, 3), (1, 1), (0, 0), (1, 1), False),
+    (np.tile(np.array([1, 2], np.float32), (1, 1, 6, 3)), (2, 2), (1, 1), (0, 0), (1, 1), False),
+]
+
+
+@pytest.mark.parametrize("case", range(len(INDEX_POOLS)))
+def test_max_pool_return_indices(case: int) -> None:
+    x, kernel, stride, padding, dilation, ceil_mode = INDEX_POOLS[case]
+    kw = dict(kernel_size=kernel, stride=stride, padding=padding, dilation=dilation, ceil_mode=ceil_mode)
+    values, indices = T(x).max_pool2d(return_indices=True, **kw)
+    assert indices.dtype == dtypes.int32
+    np.testing.assert_array_equal(values.numpy(), _np_pool(x, kernel, stride, padding, dilation, ceil_mode, "max"))
+    np.testing.assert_array_equal(indices.numpy(), _np_pool(x, kernel, stride, padding, dilation, ceil_mode, "argmax"))
+    if torch is not None:
+        t_values, t_indices = F.max_pool2d(torch.from_numpy(x), return_indices=True, **kw)
+        np.testing.assert_array_equal(indices.numpy(), t_indices.numpy())
+
+
+# ---------------------------------------------------------------------- attention, gelu, pad modes
+def _np_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return (weights / weights.sum(-1, keepdims=True)) @ v
+
+
+def test_attention_grouped_query() -> None:
+    """enable_gqa: 8 query heads over 2 key/value heads, each serving 4 query heads in a row."""
+    q, k, v = rand((2, 8, 5, 4), seed=1), rand((2, 2, 5, 4), seed=2), rand((2, 2, 5, 3), seed=3)
+    check(lambda a, b, c: a.scaled_dot_product_attention(b, c, enable_gqa=True),
+          lambda a, b, c: _np_attention(a, np.repeat(b, 4, axis=1), np.repeat(c, 4, axis=1)), inputs=[q, k, v],
+          grad=True, torch_fn=lambda a, b, c: F.scaled_dot_product_attention(a, b, c, enable_gqa=True))
+
+
+def test_attention_grouped_query_errors() -> None:
+    q, k = Tensor.ones(2, 7, 5, 4, device=DEVICE), Tensor.ones(2, 2, 5, 4, device=DEVICE)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        q.scaled_dot_product_attention(k, k, enable_gqa=True)
+    with pytest.raises(RuntimeError, match="not both"):
+        k.scaled_dot_product_attention(k, k, attn_mask=Tensor.ones(5, 5, device=DEVICE), is_causal=True)
+
+
+@pytest.mark.parametrize("low,high", [(-3.0, 3.0), (300.0, 400.0), (-400.0, -300.0), (-1e-3, 1e-3)])
+def test_gelu_exact(low: float, high: float) -> None:
+    """approximate="none": x * Phi(x), with erf from its series near 0 and an erfc fit elsewhere."""
+    erf = np.vectorize(math.erf)
+
+    def np_gelu(x: np.ndarray) -> np.ndarray:
+        return (0.5 * x * (1 + erf(x / math.sqrt(2)))).astype(x.dtype)
+
+    check(lambda x: x.gelu(approximate="none"), np_gelu, [(7, 9)], low=low, high=high, grad=True, atol=2e-6,
+          rtol=1e-5, torch_fn=lambda x: F.gelu(x, approximate="none"))
+
+
+def test_gelu_tanh_is_default() -> None:
+    x = rand((3, 4))
+    np.testing.assert_array_equal(T(x).gelu().numpy(), T(x).gelu(approximate="tanh").numpy())
+    with pytest.raises(ValueError, match="approximate"):
+        T(x).gelu(approximate="erf")
+
+
+def _np_pad_mode(x: np.ndarray, flat: tuple[int, ...], mode: str) -> np.ndarray:
+    """PyTorch's F.pad for reflect/replicate/circular with numpy: reflect and replicate pad first and then crop
+    negative amounts; circular crops first and wraps around what is left."""
+    pairs = [(0, 0)] * (x.ndim - len(flat) // 2) + [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)][::-1]
+    crop = tuple(slice(max(-b, 0), x.shape[d] + max(b, 0) + max(a, 0) - max(-a, 0)) for d, (b, a) in enumerate(pairs))
+    grow = [(max(b, 0), max(a, 0)) for b, a in pairs]
+    np_mode = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
+    if mode == "circular":
+        cut = tuple(slice(max(-b, 0), x.shape[d] - max(-a, 0)) for d, (b, a) in enumerate(pairs))
+        return np.pad(x[cut], grow, mode=np_mode)
+    return np.pad(x, grow, mode=np_mode)[crop]
+
+
+PADS = [((1, 1, 5, 5), (0, 2, 3, 2)), ((5, 5, 5), (0, 2)), ((1, 1, 5, 5, 5), (1, 2, 3, 4, 1, 2)),
+        ((3, 3, 3, 3), (-1, 2, 2, -1)), ((1, 1, 5, 5), (3, -3, 0, -3)), ((1, 1, 5, 5), (3, -5, 1, -5)),
+        ((1, 1, 5, 5), (4, 4, 0, 4)), ((1, 1, 5, 5), (1, -2, 2, -1))]
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+@pytest.mark.parametrize("shape,flat", PADS)
+def test_pad_modes(mode: str, shape: tuple[int, ...], flat: tuple[int, ...]) -> None:
+    pairs = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)][::-1]
+    left = [size - max(-b, 0) - max(-a, 0) for size, (b, a) in zip(shape[len(shape) - len(pairs):], pairs)]
+    if mode == "circular" and any(max(b, a) > n for n, (b, a) in zip(left, pairs)):
+        pytest.skip("wraps around more than once: an error, tested below")
+    check(lambda x: x.pad(flat, mode=mode), lambda x: _np_pad_mode(x, flat, mode), [shape], grad=True,
+          torch_fn=lambda x: F.pad(x, flat, mode=mode))
+
+
+def test_pad_mode_errors() -> None:
+    x = Tensor.ones(1, 1, 5, 5, device=DEVICE)
+    with pytest.raises(RuntimeError, match="reflect"):
+        x.pad((3, 5, 0, 0), mode="reflect")
+    with pytest.raises(ValueError, match="circular"):
+        x.pad((3, 6, 0, 0), mode="circular")
+    with pytest.raises(NotImplementedError, match="typo"):
+        x.pad((3, 0), mode="typo")
+    np.testing.assert_array_equal(x.pad((1, 1), value=2.0).numpy()[0, 0, 0], [2, 1, 1, 1, 1, 1, 2])
