@@ -366,7 +366,7 @@ class NNOps:
         if align_corners and mode.startswith("nearest"):
             raise ValueError("interpolate: align_corners only applies to the linear modes")
         x = t
-        for axis in range(t.ndim - len(sizes), t.ndim):
+        for axis in reversed(range(t.ndim - len(sizes), t.ndim)):  # the last dim first, as PyTorch's uint8 path
             out = sizes[axis - (t.ndim - len(sizes))]
             if out != x.shape[axis]:
                 x = x.transpose(axis, -1)._resize_last(out, mode, align_corners).transpose(axis, -1)
@@ -383,6 +383,10 @@ class NNOps:
             if out % size == 0 and np.array_equal(_nearest_sources(size, out, mode), np.arange(out) // k):
                 return t.unsqueeze(-1).expand(*t.shape, k).reshape(*t.shape[:-1], out)
             return _nearest_mask(size, out, mode, t.device).where(row, 0).sum(-1, dtype=t.dtype)
+        if t.dtype == dtypes.uint8:
+            weights, precision = _uint8_linear_weights(size, out, align_corners)
+            acc = (row.cast(dtypes.int32) * _tensor_class()(weights, device=t.device)).sum(-1)
+            return ((acc + (1 << (precision - 1))) >> precision).clip(0, 255).cast(dtypes.uint8)
         if not t.dtype.is_float:
             row = row.cast(dtypes.default_float)
         (hit0, lam0), (hit1, lam1) = _linear_taps(size, out, align_corners, t.device)
@@ -397,6 +401,24 @@ def _repeat_heads(kv: Tensor, q: Tensor, name: str) -> Tensor:
     times = q.shape[-3] // kv.shape[-3]
     lead, (heads, s, e) = kv.shape[:-3], kv.shape[-3:]
     return kv.reshape(*lead, heads, 1, s, e).expand(*lead, heads, times, s, e).reshape(*lead, heads * times, s, e)
+
+
+def _uint8_linear_weights(size: int, out: int, align_corners: bool) -> tuple[np.ndarray, int]:
+    """PyTorch's uint8 linear resizing, which a uint8 result must match exactly: (out, size) int32 weights in fixed
+    point with `precision` fraction bits, the most that keep the largest weight below 2^15, each rounded half up
+    (so a row's weights need not add up to exactly 1). Computed on the host in float64, as PyTorch does."""
+    scale = ((size - 1) / (out - 1) if out > 1 else 0.0) if align_corners else size / out
+    delta = 0.5 if align_corners else 0.0
+    weights = np.zeros((out, size))
+    for i in range(out):
+        center = scale * (i + 0.5 - delta) + delta
+        taps = np.arange(max(int(center - 0.5), 0), min(int(center + 1.5), size))
+        w = np.maximum(0.0, 1 - np.abs(taps - center + 0.5))
+        weights[i, taps] = w / w.sum() if w.sum() else w
+    precision = 0
+    while precision < 22 and int(0.5 + weights.max() * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    return np.floor(weights * (1 << precision) + 0.5).astype(np.int32), max(precision, 1)
 
 
 def _nearest_sources(size: int, out: int, mode: str) -> np.ndarray:

@@ -369,3 +369,75 @@ def test_pad_mode_errors() -> None:
     with pytest.raises(NotImplementedError, match="typo"):
         x.pad((3, 0), mode="typo")
     np.testing.assert_array_equal(x.pad((1, 1), value=2.0).numpy()[0, 0, 0], [2, 1, 1, 1, 1, 1, 2])
+
+
+# ---------------------------------------------------------------------- interpolate of uint8
+U8 = np.array([[[[0, 255, 17, 200, 3], [90, 91, 250, 1, 128], [7, 77, 177, 255, 0]]]], np.uint8)
+U8_BILINEAR_4x7 = [[0, 146, 187, 17, 148, 116, 3], [56, 112, 155, 163, 101, 78, 81], [59, 75, 125, 223, 132, 89, 80],
+                   [7, 47, 106, 177, 233, 146, 0]]  # PyTorch 2.13's F.interpolate(U8, (4, 7), mode="bilinear")
+
+
+def test_interpolate_uint8_is_pytorchs_fixed_point() -> None:
+    """uint8 stays uint8, with PyTorch's own rounding (fixed-point weights, the last dim first)."""
+    out = T(U8).interpolate((4, 7), mode="linear")
+    assert out.dtype == dtypes.uint8
+    np.testing.assert_array_equal(out.numpy()[0, 0], U8_BILINEAR_4x7)
+    corners = T(U8).interpolate((2, 3), mode="linear", align_corners=True).numpy()
+    np.testing.assert_array_equal(corners[0, 0], [[0, 17, 3], [7, 177, 0]])
+
+
+@pytest.mark.parametrize("shape,size", [((2, 3, 64, 64), (10, 10)), ((1, 2, 7, 9), (13, 20)),
+                                        ((1, 1, 12, 20), (9, 31)), ((1, 1, 31, 9), (20, 12))])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_interpolate_uint8(shape: tuple[int, ...], size: tuple[int, int], align_corners: bool) -> None:
+    x = rand(shape, 0, 256, np.uint8, seed=9)
+    out = T(x).interpolate(size, mode="linear", align_corners=align_corners).numpy()
+    as_float = T(x.astype(np.float32)).interpolate(size, mode="linear", align_corners=align_corners).numpy()
+    assert np.abs(out.astype(np.float32) - as_float).max() <= 1.0
+    if torch is not None:
+        t = F.interpolate(torch.from_numpy(x), size=size, mode="bilinear", align_corners=align_corners)
+        np.testing.assert_array_equal(out, t.numpy())
+
+
+# ---------------------------------------------------------------------- indexing
+def _torch_rule(x: np.ndarray, index: tuple[Any, ...]) -> np.ndarray:
+    """numpy indexing with PyTorch's placement: ints select first (numpy counts them as advanced indices, which
+    moves the broadcast dims to the front when an int separates index arrays)."""
+    ints = [(i, v) for i, v in enumerate(index) if isinstance(v, int)]
+    skipped = 0
+    for i, v in ints:
+        x = x[(slice(None),) * (i - skipped) + (v,)]
+        skipped += 1
+    return x[tuple(v for v in index if not isinstance(v, int))]
+
+
+FANCY = [(1, slice(None), slice(3, 11, 2), "d", slice(0, 2)), (1, "b", "c", "d", "e"), ("a", "b", 3, "d", "e"),
+         (1, "b", 2, "d", 2), ("a", 2, 2, 2, "e"), ("a", slice(None), "c")]
+
+
+@pytest.mark.parametrize("index", FANCY, ids=str)
+def test_fancy_index_placement(index: tuple[Any, ...]) -> None:
+    """tinygrad's test_slice_fancy_indexing_dim_collapse_int, against numpy with PyTorch's placement rule."""
+    rng = np.random.default_rng(3)
+    arrays = {"a": rng.integers(-1, 1, (2, 1, 1, 1, 1, 1)), "b": rng.integers(0, 1, (1, 3, 1, 1, 1, 1)),
+              "c": rng.integers(-5, 5, (1, 1, 4, 1, 1, 1)), "d": rng.integers(0, 4, (2, 1, 1, 5, 1, 1)),
+              "e": rng.integers(0, 1, (1, 1, 1, 1, 6, 1))}
+    np_index = tuple(arrays[v] if isinstance(v, str) else v for v in index)
+    index_fn = (lambda i: i if not isinstance(i, np.ndarray) else T(i.astype(np.int32)))
+    t_fn = None if torch is None else (
+        lambda x: x[tuple(torch.from_numpy(i) if isinstance(i, np.ndarray) else i for i in np_index)])
+    check(lambda x: x[tuple(index_fn(i) for i in np_index)], lambda x: _torch_rule(x, np_index), [(2, 5, 6, 5, 3, 4)],
+          grad=True, torch_fn=t_fn)
+
+
+@pytest.mark.parametrize("index", [lambda: T(1.1), lambda: [1.1], lambda: T([True, False]), lambda: [True, False]],
+                         ids=["float tensor", "float list", "bool tensor", "bool list"])
+def test_index_kind_errors(index: Any) -> None:
+    """Indices that are neither ints nor int arrays raise IndexError, as in tinygrad (also a TypeError for bools)."""
+    with pytest.raises(IndexError):
+        Tensor.ones(10, 11, 12, device=DEVICE)[index()]
+
+
+def test_mixed_bool_int_list_is_an_int_index() -> None:
+    x = rand((5, 6))
+    np.testing.assert_array_equal(T(x)[[True, False, 2]].numpy(), x[[1, 0, 2]])
