@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_ops import DEVICE, F, T, check, rand, torch
 
-from glassgrad import Tensor, dtypes
+from glassgrad import Context, Tensor, dtypes
 from glassgrad.dtype import to_dtype
 
 
@@ -441,3 +441,37 @@ def test_index_kind_errors(index: Any) -> None:
 def test_mixed_bool_int_list_is_an_int_index() -> None:
     x = rand((5, 6))
     np.testing.assert_array_equal(T(x)[[True, False, 2]].numpy(), x[[1, 0, 2]])
+
+
+# ---------------------------------------------------------------------- Context flags
+def test_context_accepts_ignore_beam_cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tinygrad's `with Context(BEAM=2, IGNORE_BEAM_CACHE=1)`: the search runs again instead of reading its cache."""
+    from test_opt import CPU, last_kernel, matmul
+
+    from glassgrad.codegen.opt.search import beam_search
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    ast = last_kernel(matmul(16, 16, 16)).ast
+    opts = beam_search(ast, "CPU", 2)
+    compiled: list[str] = []
+    original = CPU.compiler.compile
+    monkeypatch.setattr(CPU.compiler, "compile", lambda src: compiled.append(src) or original(src))
+    assert beam_search(ast, "CPU", 2) == opts and not compiled  # a cache hit
+    with Context(BEAM=2, IGNORE_BEAM_CACHE=1):
+        beam_search(ast, "CPU", 2)
+    assert compiled
+
+
+def test_context_tinygrad_aliases_and_errors() -> None:
+    from glassgrad.helpers import MEMPLAN
+    with Context(NO_MEMORY_PLANNER=1):
+        assert not MEMPLAN
+    assert MEMPLAN
+    with pytest.raises(KeyError, match="'TRANSCENDENTAL' is one of tinygrad's"):
+        with Context(TRANSCENDENTAL=2):
+            pass
+    from glassgrad.helpers import DEBUG
+    before = DEBUG.value
+    with pytest.raises(KeyError, match="unknown flag 'NOT_A_FLAG'"):
+        with Context(DEBUG=before + 3, NOT_A_FLAG=1):
+            pass
+    assert DEBUG.value == before  # a Context with a bad flag sets none of its flags
