@@ -4,8 +4,8 @@ In: a kernel AST and a device name. Out: the list of `Opt`s to apply. Each round
 by one more legal action, compiles the new candidates in parallel (the C compiler runs in subprocesses), runs each
 on random inputs, drops any whose output differs from the unoptimised kernel's on the same inputs, times the rest
 (best of a few runs) and keeps the `n` fastest; it stops when a round finds nothing faster. The winner is written
-to `<cache dir>/beam/<hash of device, compiler, width, kernel>.json`, so the next run pays nothing (`IGNORE_BEAM_CACHE=1`,
-as in tinygrad: search again, and write the new winner).
+to `<cache dir>/beam/<hash of device, compiler, width, kernel>.json`, so the next run pays nothing
+(`IGNORE_BEAM_CACHE=1`, as in tinygrad: search again, and write the new winner).
 """
 from __future__ import annotations
 
