@@ -33,7 +33,7 @@ import numpy as np
 
 from glassgrad.errors import IndexTypeError
 from glassgrad.uop.ops import UOp
-from glassgrad.uop.sint import render_sint, sint, sint_min
+from glassgrad.uop.sint import render_sint, sint, sint_eval
 
 if TYPE_CHECKING:
     from glassgrad.tensor import Tensor
@@ -158,10 +158,10 @@ def _basic(t: Tensor, items: list[_Item]) -> tuple[Tensor, list[int]]:
 
 
 def _check_int(i: int, dim: int, size: sint) -> int:
-    if isinstance(size, UOp):  # a symbolic dimension: only indices below its smallest size are always valid
-        if not 0 <= i < sint_min(size):
+    if isinstance(size, UOp):  # a symbolic dimension: an index below its bound size (what shrink accepts)
+        if not 0 <= i < sint_eval(size):
             raise IndexError(f"index {i} into symbolic dimension {dim} of size {render_sint(size)} must be in "
-                             f"[0, {sint_min(size)}) (the smallest size its Variables allow)")
+                             f"[0, {sint_eval(size)}) (the size its Variables are bound to)")
         return i
     if not -size <= i < size:
         raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")

@@ -881,6 +881,12 @@ class Tensor(_CastShortcuts, NNOps):
             if isinstance(b, int) and isinstance(e, int) and isinstance(s, int):
                 if not 0 <= b <= e <= s:
                     raise ShapeError(f"shrink bounds {full} do not fit shape {self.shape}")
+            elif isinstance(b, int) and isinstance(e, int):
+                # int bounds of a symbolic dimension (as tinygrad): they must fit its bound value. Its buffer holds
+                # the largest size, which the bound value never exceeds, so no value of the Variables reads past it
+                if not 0 <= b <= e <= sint_eval(s):
+                    raise ShapeError(f"shrink bounds ({b}, {e}) do not fit dimension {render_sint(s)} of bound size "
+                                     f"{sint_eval(s)}")
             elif sint_min(b) < 0 or sint_min(sint_sub(e, b)) < 0 or sint_min(sint_sub(s, e)) < 0:
                 # symbolic bounds: one kernel serves every value, so they must fit for all of them
                 raise ShapeError(f"shrink bounds ({render_sint(b)}, {render_sint(e)}) do not fit dimension "

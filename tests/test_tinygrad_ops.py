@@ -475,3 +475,18 @@ def test_context_tinygrad_aliases_and_errors() -> None:
         with Context(DEBUG=before + 3, NOT_A_FLAG=1):
             pass
     assert DEBUG.value == before  # a Context with a bad flag sets none of its flags
+
+
+# ---------------------------------------------------------------------- symbolic shapes
+def test_int_slice_of_bound_symbolic_dim() -> None:
+    """tinygrad's `ones[:i.bind(2)] + 1` then `[:2]`: int bounds that fit the bound value are allowed."""
+    from glassgrad import Variable
+    i = Variable("i", 1, 10)
+    ret = (Tensor.ones(10, device=DEVICE).contiguous()[:i.bind(2)] + 1).contiguous()
+    np.testing.assert_array_equal(ret[:2].numpy(), [2.0, 2.0])
+    np.testing.assert_array_equal(ret[1:2].numpy(), [2.0])
+    assert ret[1].item() == 2.0
+    with pytest.raises(ValueError, match="bound size 2"):
+        ret[:3]
+    with pytest.raises(IndexError, match="bound to"):
+        ret[2]
