@@ -640,8 +640,8 @@ class Tensor(_CastShortcuts, NNOps):
     def logical_not(self) -> Tensor:
         return self == 0 if not self.dtype.is_bool else self != True  # noqa: E712
 
-    def lshift(self, x: int | Tensor) -> Tensor: return self._bitwise(Ops.SHL, x)  # noqa: E704
-    def rshift(self, x: int | Tensor) -> Tensor: return self._bitwise(Ops.SHR, x)  # noqa: E704
+    def lshift(self, x: int | Tensor, reverse: bool = False) -> Tensor: return self._bitwise(Ops.SHL, x, reverse)  # noqa
+    def rshift(self, x: int | Tensor, reverse: bool = False) -> Tensor: return self._bitwise(Ops.SHR, x, reverse)  # noqa
 
     # ------------------------------------------------------------------ unary math
     def neg(self) -> Tensor:
@@ -1214,11 +1214,14 @@ class Tensor(_CastShortcuts, NNOps):
         return out.transpose(a, -1) if a != self.ndim - 1 else out
 
     # ------------------------------------------------------------------ linear algebra and functional
-    def dot(self, w: Tensor) -> Tensor:
-        return self.matmul(w)
+    def dot(self, w: Tensor, dtype: DType | str | None = None) -> Tensor:
+        return self.matmul(w, dtype=dtype)
 
-    def matmul(self, w: Tensor) -> Tensor:
-        """Matrix product with numpy's rules: 1-D operands are vectors; leading dims broadcast."""
+    def matmul(self, w: Tensor, reverse: bool = False, dtype: DType | str | None = None) -> Tensor:
+        """Matrix product with numpy's rules: 1-D operands are vectors; leading dims broadcast. reverse: w @ self;
+        dtype: the dtype to accumulate in and return (tinygrad's keywords)."""
+        if reverse:
+            return w.matmul(self, dtype=dtype) if isinstance(w, Tensor) else self.matmul(w)
         if not isinstance(w, Tensor):
             raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
         if self.ndim == 0 or w.ndim == 0:
@@ -1234,7 +1237,7 @@ class Tensor(_CastShortcuts, NNOps):
             raise ShapeError(f"matmul batch dims {x.shape[:-2]} and {y.shape[:-2]} cannot be broadcast together "
                              f"(shapes {self.shape} @ {w.shape})") from None
         # (..., n, 1, k) * (..., 1, m, k) summed over k
-        out = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1)
+        out = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1, dtype=dtype)
         if self.ndim == 1:
             out = out.squeeze(-2)
         if w.ndim == 1:
@@ -1245,16 +1248,17 @@ class Tensor(_CastShortcuts, NNOps):
         out = self.matmul(weight) if weight.ndim != 1 else self * weight
         return out + bias if bias is not None else out
 
-    def softmax(self, axis: int = -1) -> Tensor:
-        x = self._float()
+    def softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        """softmax along axis, computed in `dtype` when given (tinygrad's keyword), else in self's float dtype."""
+        x = self._float() if dtype is None else self.cast(dtype)
         if x.numel() == 0:
             x._resolve_axes(axis)  # nothing to normalise, but a bad axis is still an error
             return x
         e = (x - x.max(axis, keepdim=True)).exp()
         return e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element
 
-    def log_softmax(self, axis: int = -1) -> Tensor:
-        x = self._float()
+    def log_softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        x = self._float() if dtype is None else self.cast(dtype)
         if x.numel() == 0:
             x._resolve_axes(axis)
             return x
@@ -1304,9 +1308,14 @@ class Tensor(_CastShortcuts, NNOps):
         loss = -(Y * _clamped_log(self) + (1 - Y) * _clamped_log(1 - self))
         return _reduce_loss(loss, reduction)
 
-    def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean") -> Tensor:
-        loss = self.maximum(0) - Y * self + (1 + (-self.abs()).exp()).log()
-        return _reduce_loss(loss, reduction)
+    def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None
+                                   ) -> Tensor:
+        """Binary cross-entropy of sigmoid(self) against Y, computed stably from the logits; pos_weight (one per
+        class, the last dim) weighs the positive term, as PyTorch's BCEWithLogitsLoss."""
+        softplus_neg = (-self).maximum(0) + (1 + (-self.abs()).exp()).log()  # -log(sigmoid(x)), never overflowing
+        if pos_weight is None:
+            return _reduce_loss((1 - Y) * self + softplus_neg, reduction)
+        return _reduce_loss((1 - Y) * self + (1 + (pos_weight - 1) * Y) * softplus_neg, reduction)
 
     def layernorm(self, axis: AxisArg = -1, eps: float = 1e-5) -> Tensor:
         centered = self - self.mean(axis, keepdim=True)

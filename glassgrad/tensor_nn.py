@@ -163,9 +163,9 @@ class NNOps:
 
     def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
                stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
-               padding: int | Sequence[int] = 0) -> Tensor:
+               padding: int | Sequence[int] = 0, dtype: DType | str | None = None) -> Tensor:
         """PyTorch's conv2d (and conv1d/conv3d by the weight's rank): x (N, Cin, *spatial), weight
-        (Cout, Cin/groups, *kernel), optional bias (Cout,)."""
+        (Cout, Cin/groups, *kernel), optional bias (Cout,). dtype: accumulate in (and return) it (tinygrad's)."""
         t = self._t
         n = weight.ndim - 2
         if n < 1 or t.ndim != n + 2:
@@ -184,7 +184,7 @@ class NNOps:
         xs = windows.reshape(batch, groups, 1, cin_group, *out_sp, *kernel)
         ws = weight.reshape(1, groups, cout // groups, cin_group, *([1] * n), *kernel)
         axes = (3, *range(4 + n, 4 + 2 * n))
-        out = (xs * ws).sum(axes).reshape(batch, cout, *out_sp)
+        out = (xs * ws).sum(axes, dtype=dtype).reshape(batch, cout, *out_sp)
         return out if bias is None else out + bias.reshape(1, cout, *([1] * n))
 
     def _pool(self, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None,

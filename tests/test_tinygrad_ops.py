@@ -490,3 +490,33 @@ def test_int_slice_of_bound_symbolic_dim() -> None:
         ret[:3]
     with pytest.raises(IndexError, match="bound to"):
         ret[2]
+
+
+# ---------------------------------------------------------------------- tinygrad's keyword arguments
+def test_bce_logits_pos_weight() -> None:
+    pos_weight = np.array([0.25, 0.5, 0.75, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], np.float32)
+    y = rand((32, 10), 0, 1, seed=8)
+
+    def np_loss(x: np.ndarray) -> np.ndarray:
+        log_sig, log_sig_neg = -np.logaddexp(0, -x), -np.logaddexp(0, x)
+        return np.mean(-(pos_weight * y * log_sig + (1 - y) * log_sig_neg))
+
+    check(lambda x: x.binary_crossentropy_logits(T(y), pos_weight=T(pos_weight)), np_loss, [(32, 10)], grad=True,
+          torch_fn=lambda x: F.binary_cross_entropy_with_logits(x, torch.from_numpy(y),
+                                                                 pos_weight=torch.from_numpy(pos_weight)))
+
+
+def test_matmul_softmax_conv_dtype_and_reverse_keywords() -> None:
+    a, b = rand((3, 4), seed=1), rand((4, 5), seed=2)
+    out = T(a).matmul(T(b), dtype=dtypes.float64)
+    assert out.dtype == dtypes.float64
+    np.testing.assert_allclose(out.numpy(), a.astype(np.float64) @ b, rtol=1e-6)
+    np.testing.assert_allclose(T(b).matmul(T(a), reverse=True).numpy(), a @ b, rtol=1e-5)
+    assert T(a).dot(T(b), dtype="float64").dtype == dtypes.float64
+    soft = T(a).softmax(-1, dtype=dtypes.float64)
+    assert soft.dtype == dtypes.float64 and T(a).log_softmax(0, dtype="float64").dtype == dtypes.float64
+    np.testing.assert_allclose(soft.numpy(), np.exp(a) / np.exp(a).sum(-1, keepdims=True), rtol=1e-6)
+    x, w = rand((1, 2, 5, 5), seed=3), rand((3, 2, 3, 3), seed=4)
+    assert T(x).conv2d(T(w), dtype=dtypes.float64).dtype == dtypes.float64
+    np.testing.assert_array_equal(T([1, 2]).lshift(2, reverse=True).numpy(), [4, 8])
+    np.testing.assert_array_equal(T([1, 2]).rshift(64, reverse=True).numpy(), [32, 16])
