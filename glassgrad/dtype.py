@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from glassgrad.errors import UnknownDTypeError
+
 
 @dataclass(frozen=True, eq=False)
 class DType:
@@ -156,7 +158,7 @@ def to_dtype(x: DType | str | type | np.dtype) -> DType:
     try:
         return dtypes.from_np(x)  # type: ignore[arg-type]
     except TypeError:
-        raise TypeError(f"unknown dtype {x!r}; use one of {sorted(DTYPE_BY_NAME)}") from None
+        raise UnknownDTypeError(f"unknown dtype {x!r}; use one of {sorted(DTYPE_BY_NAME)}") from None
 
 
 def truncate(value: float | int | bool, dtype: DType) -> float | int | bool:

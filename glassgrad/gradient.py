@@ -20,6 +20,10 @@ def _c(like: UOp, value: float) -> UOp:
     return UOp.const(like.dtype, value, like.device).reshape((1,) * len(like.shape)).expand(like.shape)
 
 
+def _true(like: UOp) -> UOp:
+    return UOp.const(dtypes.bool, True, like.device).reshape((1,) * len(like.shape)).expand(like.shape)
+
+
 def _sum_to(g: UOp, shape: tuple[int, ...]) -> UOp:
     """Undo an EXPAND: sum the broadcast dimensions back to `shape`."""
     axes = tuple(i for i, (a, b) in enumerate(zip(shape, g.shape)) if a != b)
@@ -59,8 +63,11 @@ def _pow_grad(g: UOp, node: UOp) -> Grads:
     slope = b.alu(Ops.MUL, a.alu(Ops.POW, b.alu(Ops.ADD, _c(b, -1.0))))
     da = b.alu(Ops.CMPEQ, _c(b, 0.0)).where(_c(g, 0.0), g.alu(Ops.MUL, slope))
     ln_a = a.alu(Ops.LOG2).alu(Ops.MUL, _c(a, math.log(2)))
-    # d/db a^b = a^b ln a; define it as 0 where a == 0 (as PyTorch does), not NaN
-    db = a.alu(Ops.CMPEQ, _c(a, 0.0)).where(_c(a, 0.0), g.alu(Ops.MUL, node.alu(Ops.MUL, ln_a)))
+    # d/db a^b = a^b ln a. Where a == 0 and b >= 0 that is 0 * -inf: define it as 0, as PyTorch does; for b < 0 it is
+    # inf * -inf = -inf (PyTorch's value too), which the formula gives
+    db = g.alu(Ops.MUL, node.alu(Ops.MUL, ln_a))
+    zero_base_flat = a.alu(Ops.CMPEQ, _c(a, 0.0)).alu(Ops.AND, b.alu(Ops.CMPLT, _c(b, 0.0)).alu(Ops.XOR, _true(b)))
+    db = zero_base_flat.where(_c(g, 0.0), db)
     return (da, db)
 
 

@@ -9,7 +9,7 @@ import functools
 import math
 import os
 import pathlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 
@@ -59,16 +59,44 @@ CUDAGRAPH = ContextVar("CUDAGRAPH", 1)  # CUDAGRAPH=0: TinyJit replays launch ke
 MEMPLAN = ContextVar("MEMPLAN", 1)  # intermediates of a schedule share memory when their lifetimes do not overlap
 SCACHE = ContextVar("SCACHE", 1)  # reuse the schedule of a graph with the structure of one seen before
 TIMING = ContextVar("TIMING", 0)  # time every kernel on the device (adds a sync per kernel); DEBUG>=2 implies it
+IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0)  # BEAM searches again instead of reading its disk cache
+
+# tinygrad's flags that glassgrad has under another name: tinygrad's name -> (glassgrad's, value conversion)
+FLAG_ALIASES: dict[str, tuple[str, Callable[[int], int]]] = {
+    "NO_MEMORY_PLANNER": ("MEMPLAN", lambda v: int(not v)),
+}
+# tinygrad's flags (tinygrad/helpers.py) that mean nothing here: other backends, features glassgrad does not have
+TINYGRAD_ONLY_FLAGS = frozenset({
+    "IMAGE", "FLOAT16", "OPENPILOT_HACKS", "JIT_BATCH_SIZE", "WINO", "CAPTURING", "TRACEMETA", "NO_COLOR", "TRAINING",
+    "TC", "TC_SELECT", "TC_OPT", "TRANSCENDENTAL", "NOLOCALS", "SPLIT_REDUCEOP", "LRU", "RING", "ALL2ALL",
+    "ALLREDUCE_CAST", "VALIDATE_WITH_CPU", "DISABLE_FAST_IDIV", "FUSE_OPTIM", "ALLOW_DEVICE_USAGE", "MAX_BUFFER_SIZE",
+    "MAX_KERNEL_BUFFERS", "EMULATED_DTYPES", "DEFAULT_FLOAT", "DEFAULT_INT", "CAPTURE_PROCESS_REPLAY",
+    "NUM_CPU_THREADS", "NULL_ALLOW_COPYOUT", "VIZ", "PARALLEL", "PROFILE", "SPEC", "CHECK_OOB", "PCONTIG",
+    "DEBUG_RANGEIFY", "TUPLE_ORDER", "CCACHE", "ALLOW_TF32", "USE_ATOMICS", "DISALLOW_BROADCAST",
+})
+
+
+def _resolve_flag(key: str, value: int) -> tuple[str, int]:
+    """A flag name given to Context -> (glassgrad's flag, its value); KeyError naming the flag if it has none."""
+    if key in FLAG_ALIASES:
+        name, convert = FLAG_ALIASES[key]
+        return name, convert(value)
+    if key in ContextVar._registry:
+        return key, value
+    if key in TINYGRAD_ONLY_FLAGS:
+        raise KeyError(f"flag {key!r} is one of tinygrad's, but has no meaning in glassgrad; glassgrad's flags: "
+                       f"{sorted(ContextVar._registry)}")
+    raise KeyError(f"unknown flag {key!r}; known: {sorted(ContextVar._registry)}")
 
 
 @contextlib.contextmanager
 def Context(**flags: int) -> Iterator[None]:
-    """Temporarily set flags: `with Context(DEBUG=2): ...`."""
-    old = {}
-    for key, value in flags.items():
-        if key not in ContextVar._registry:
-            raise KeyError(f"unknown flag {key!r}; known: {sorted(ContextVar._registry)}")
-        old[key] = ContextVar._registry[key].value
+    """Temporarily set flags: `with Context(DEBUG=2): ...`. tinygrad's names for glassgrad's flags work too
+    (NO_MEMORY_PLANNER=1 is MEMPLAN=0); a tinygrad flag with no meaning here raises a KeyError that says so."""
+    resolved = [_resolve_flag(key, value) for key, value in flags.items()]  # all checked before any is set
+    old: dict[str, int] = {}
+    for key, value in resolved:
+        old.setdefault(key, ContextVar._registry[key].value)
         ContextVar._registry[key].value = value
     try:
         yield

@@ -12,12 +12,14 @@ Two phases:
     which autograd differentiates for free, and which the scheduler turns into a direct load of the selected element
     (a GATHER node, glassgrad/schedule/gather.py), fused with whatever reads it.
 
-Semantics follow numpy: negative ints and negative tensor entries count from the end; index tensors broadcast
-together; the broadcast dims replace the indexed dims in place when all advanced indices (ints count as advanced
-once any array index is present) sit next to each other, else they go in front. Out-of-range ints and list entries
+Semantics follow numpy, with PyTorch's (and tinygrad's) placement: negative ints and negative tensor entries count
+from the end; index tensors broadcast together; the broadcast dims replace the indexed dims in place when the index
+tensors sit next to each other (ints between them do not separate them: an int selects first, as in PyTorch; numpy
+counts it as an advanced index), else they go in front. Out-of-range ints and list entries
 raise IndexError naming the dim and its size; entries of a lazy index Tensor cannot be checked without computing
 them, so an out-of-range entry there selects nothing and yields 0 (documented difference from numpy).
-Boolean masks are not supported (a TypeError says so).
+Boolean masks are not supported: a bool tensor, list or array index raises IndexError (as tinygrad), which is also a
+TypeError.
 Symbolic slices: a bound Variable (or an int expression of one) as a slice's start or stop, `t[:v]`, `t[v:v+2]`,
 is a shrink with symbolic bounds (step 1, no negative bounds); a dimension that is already symbolic takes such
 slices and in-range ints.
@@ -30,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from glassgrad.errors import IndexTypeError
 from glassgrad.uop.ops import UOp
-from glassgrad.uop.sint import render_sint, sint, sint_min
+from glassgrad.uop.sint import render_sint, sint, sint_eval
 
 if TYPE_CHECKING:
     from glassgrad.tensor import Tensor
@@ -79,7 +82,7 @@ def _classify(t: Tensor, entry: Any) -> _Item:
     if entry is Ellipsis:
         return _Item("ellipsis")
     if isinstance(entry, (bool, np.bool_)):
-        raise TypeError("boolean indices are not supported; use where() or an integer index instead")
+        raise IndexTypeError("boolean indices are not supported; use where() or an integer index instead")
     if isinstance(entry, (int, np.integer)):
         return _Item("int", int(entry))
     if isinstance(entry, slice):
@@ -91,7 +94,7 @@ def _classify(t: Tensor, entry: Any) -> _Item:
         return _Item("slice", entry)
     if isinstance(entry, Tensor):
         if entry.dtype.is_bool:
-            raise TypeError("boolean mask indexing is not supported; use where() or an integer index tensor")
+            raise IndexTypeError("boolean mask indexing is not supported; use where() or an integer index tensor")
         if not entry.dtype.is_int:
             raise IndexError(f"tensors used as indices must be integer tensors, got {entry.dtype}")
         if entry.device != t.device:
@@ -115,7 +118,7 @@ def _host_index(entry: Any, device: str) -> _HostIndex:
     from glassgrad.tensor import Tensor
     array = np.asarray(entry)
     if array.dtype == np.bool_:
-        raise TypeError("boolean mask indexing is not supported; use where() or an integer index")
+        raise IndexTypeError("boolean mask indexing is not supported; use where() or an integer index")
     if array.size == 0 and array.dtype.kind == "f":
         array = array.astype(np.int32)  # [] is an empty list of indices, as in numpy
     if array.dtype.kind not in "iu":
@@ -156,10 +159,10 @@ def _basic(t: Tensor, items: list[_Item]) -> tuple[Tensor, list[int]]:
 
 
 def _check_int(i: int, dim: int, size: sint) -> int:
-    if isinstance(size, UOp):  # a symbolic dimension: only indices below its smallest size are always valid
-        if not 0 <= i < sint_min(size):
+    if isinstance(size, UOp):  # a symbolic dimension: an index below its bound size (what shrink accepts)
+        if not 0 <= i < sint_eval(size):
             raise IndexError(f"index {i} into symbolic dimension {dim} of size {render_sint(size)} must be in "
-                             f"[0, {sint_min(size)}) (the smallest size its Variables allow)")
+                             f"[0, {sint_eval(size)}) (the size its Variables are bound to)")
         return i
     if not -size <= i < size:
         raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
@@ -274,13 +277,15 @@ def _index_tensor(value: Any, dim: int, size: int) -> Tensor:
 
 
 def _adjacent_at(items: list[_Item]) -> int | None:
-    """Output position of the broadcast dims when the advanced indices are adjacent, else None (they go first).
+    """Output position of the broadcast dims when the index tensors are adjacent, else None (they go first).
 
-    numpy counts int indices as advanced once any array index is present, so `x[0, :, [1, 2]]` puts them first."""
-    advanced = [i for i, it in enumerate(items) if it.kind in ("tensor", "int")]
+    Ints do not count (PyTorch's rule: they select before the gather), so `x[0, :, [1, 2]]` keeps the broadcast
+    dims in place and `x[[0, 1], 0, [1, 2]]` too; numpy would put both first."""
+    kept = [it for it in items if it.kind != "int"]
+    advanced = [i for i, it in enumerate(kept) if it.kind == "tensor"]
     if advanced != list(range(advanced[0], advanced[-1] + 1)):
         return None
-    return sum(1 for it in items[:advanced[0]] if it.kind in ("slice", "none"))
+    return advanced[0]
 
 
 def _place(out: Tensor, n_rest: int, n_b: int, at: int | None) -> Tensor:

@@ -21,6 +21,7 @@ import numpy as np
 from glassgrad.device import Buffer, Device
 from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper_dtype, to_dtype
 from glassgrad.engine.realize import run_schedule
+from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import normalize_axis, prod
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view, without_reshapes
@@ -488,6 +489,8 @@ class Tensor(_CastShortcuts, NNOps):
         is_float = any(isinstance(v, float) for v in (start, stop, step))
         int_dt = max((_scalar_dtype(v) for v in (start, stop, step)), key=lambda d: d.priority)  # int64 past int32
         dt = to_dtype(dtype) if dtype is not None else (dtypes.default_float if is_float else int_dt)
+        if dt.is_int and count:
+            _check_fits(dt, (start, start + (count - 1) * step), "arange")
         # index i -> start + i*step, built from a cumulative count so it stays one fused kernel
         idx = _index_tensor(count, device)
         return (idx.cast(dt if dt.is_float else dtypes.int64) * step + start).cast(dt)
@@ -498,6 +501,8 @@ class Tensor(_CastShortcuts, NNOps):
         if steps < 0:
             raise ValueError(f"linspace needs steps >= 0, got {steps}")
         dt = to_dtype(dtype or dtypes.default_float)
+        if dt.is_bool:
+            raise ArgumentError("linspace cannot make a bool tensor: pass an int or float dtype")
         if steps == 1:
             return Tensor.full((1,), start, dt, device)
         idx = _index_tensor(steps, device).cast(dtypes.float64 if dt == dtypes.float64 else dtypes.float32)
@@ -656,7 +661,7 @@ class Tensor(_CastShortcuts, NNOps):
             return a._wrap(a.uop.alu(Ops.IDIV, b.uop)) if not a.dtype.is_float else a.div(b).trunc()
         if rounding_mode == "floor":
             return a.floordiv(b)
-        raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+        raise ArgumentError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
 
     def floordiv(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """Floor division like numpy's `//`: rounds toward minus infinity."""
@@ -694,8 +699,14 @@ class Tensor(_CastShortcuts, NNOps):
         return ((r != 0) & ((r < 0) != (b < 0))).where(r + b, r)
 
     def pow(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool) and x == 2:
-            return self * self
+        """self ** x. An int tensor to a float power is float; to a negative int constant is an error (as in
+        PyTorch and tinygrad: the answer is not an int)."""
+        if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool):
+            if x == 2 and (isinstance(x, int) or self.dtype.is_float):
+                return self * self
+            if isinstance(x, int) and x < 0 and not self.dtype.is_float:
+                raise ArgumentError(f"an int tensor ({self.dtype}) to a negative int power ({x}) is not an int; "
+                                    "cast the tensor to a float dtype first")
         a, b = self._broadcasted(x, reverse)
         if not a.dtype.is_float:
             if (b.dtype.is_int and a.dtype.is_int) or a.dtype.is_bool:
@@ -728,7 +739,7 @@ class Tensor(_CastShortcuts, NNOps):
         """Limit to [min_, max_] (max_ wins if min_ > max_; NaN stays NaN). Built from `where`, so at a bound the
         gradient goes to self, as in PyTorch (maximum/minimum would split it)."""
         if min_ is None and max_ is None:
-            raise ValueError("clip needs at least one of min_ or max_")
+            raise ArgumentError("clip needs at least one of min_ or max_")
         out = self if min_ is None else (self < min_).where(min_, self)
         return out if max_ is None else (out > max_).where(max_, out)
 
@@ -761,7 +772,7 @@ class Tensor(_CastShortcuts, NNOps):
     def _bitwise(self, op: Ops, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         a, b = self._broadcasted(x, reverse)
         if a.dtype.is_float:
-            raise TypeError(f"{op.name.lower()} needs int or bool tensors, got {a.dtype}")
+            raise DTypeError(f"{op.name.lower()} needs int or bool tensors, got {a.dtype}")
         return a._wrap(a.uop.alu(op, b.uop))
 
     def bitwise_and(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.AND, x)  # noqa: E704
@@ -770,15 +781,15 @@ class Tensor(_CastShortcuts, NNOps):
 
     def bitwise_not(self) -> Tensor:
         if self.dtype.is_float:
-            raise TypeError(f"bitwise_not needs int or bool tensors, got {self.dtype}")
+            raise DTypeError(f"bitwise_not needs int or bool tensors, got {self.dtype}")
         return self.logical_not() if self.dtype.is_bool else self ^ -1 if not self.dtype.is_unsigned else \
             self ^ int(self.dtype.max())
 
     def logical_not(self) -> Tensor:
         return self == 0 if not self.dtype.is_bool else self != True  # noqa: E712
 
-    def lshift(self, x: int | Tensor) -> Tensor: return self._bitwise(Ops.SHL, x)  # noqa: E704
-    def rshift(self, x: int | Tensor) -> Tensor: return self._bitwise(Ops.SHR, x)  # noqa: E704
+    def lshift(self, x: int | Tensor, reverse: bool = False) -> Tensor: return self._bitwise(Ops.SHL, x, reverse)  # noqa
+    def rshift(self, x: int | Tensor, reverse: bool = False) -> Tensor: return self._bitwise(Ops.SHR, x, reverse)  # noqa
 
     # ------------------------------------------------------------------ unary math
     def neg(self) -> Tensor:
@@ -869,9 +880,15 @@ class Tensor(_CastShortcuts, NNOps):
         positive = self > 0
         return positive.where(self, alpha * (positive.where(0.0, self._float()).exp() - 1))  # exp never overflows
 
-    def gelu(self) -> Tensor:
-        """The tanh approximation, as tinygrad (PyTorch: gelu(x, approximate='tanh'))."""
+    def gelu(self, approximate: str = "tanh") -> Tensor:
+        """approximate="tanh" (the default, as tinygrad's): PyTorch's gelu(x, approximate='tanh');
+        approximate="none": the exact x * Phi(x) = x/2 * (1 + erf(x / sqrt 2)), PyTorch's default."""
         x = self._float()
+        if approximate == "none":
+            from glassgrad.special import _erf
+            return 0.5 * x * (1 + _erf(x * (1 / math.sqrt(2))))
+        if approximate != "tanh":
+            raise ArgumentError(f"gelu: approximate must be 'tanh' or 'none', got {approximate!r}")
         return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
 
     def quick_gelu(self) -> Tensor: return self * (self * 1.702).sigmoid()  # noqa: E704
@@ -930,7 +947,7 @@ class Tensor(_CastShortcuts, NNOps):
             return self
         padded = (1,) * (len(shape) - self.ndim) + self.shape
         if len(padded) != len(shape) or any(s not in (1, t) for s, t in zip(padded, shape)):
-            raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
+            raise ShapeError(f"cannot broadcast shape {self.shape} to {shape}")
         return self._view(self.uop.reshape(padded).expand(shape))
 
     def reshape(self, *shape: Any) -> Tensor:
@@ -944,17 +961,17 @@ class Tensor(_CastShortcuts, NNOps):
                 return self._symbolic_reshape(dims)
             raise TypeError(f"reshape needs int dimensions, got {dims}")
         if sum(1 for d in dims if d == -1) > 1:
-            raise ValueError(f"reshape: only one dimension can be -1, got {dims}")
+            raise ShapeError(f"reshape: only one dimension can be -1, got {dims}")
         if any(d < -1 for d in dims):
-            raise ValueError(f"reshape: negative dimension in {dims}")
+            raise ShapeError(f"reshape: negative dimension in {dims}")
         if -1 in dims:
             known = prod(d for d in dims if d != -1)
             if known == 0 or numel % known:
-                raise ValueError(f"cannot reshape tensor of shape {self.shape} into {dims}")
+                raise ShapeError(f"cannot reshape tensor of shape {self.shape} into {dims}")
             dims = tuple(numel // known if d == -1 else d for d in dims)
         dims = tuple(int(d) for d in dims)
         if prod(dims) != numel:
-            raise ValueError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) into {dims}")
+            raise ShapeError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) into {dims}")
         return self if dims == self.shape else self._view(self.uop.reshape(dims))
 
     view = reshape
@@ -970,14 +987,14 @@ class Tensor(_CastShortcuts, NNOps):
         dims = tuple(as_sint(d) if isinstance(d, UOp) else int(d) for d in dims)
         if sint_min(sint_sub(sint_prod(dims), self.numel())) != 0 or sint_min(sint_sub(self.numel(),
                                                                                       sint_prod(dims))) != 0:
-            raise ValueError(f"cannot reshape symbolic shape ({', '.join(render_sint(d) for d in self.shape)}) into "
+            raise ShapeError(f"cannot reshape symbolic shape ({', '.join(render_sint(d) for d in self.shape)}) into "
                              f"({', '.join(render_sint(d) for d in dims)}): the sizes differ for some variable values")
         return self if dims == self.shape else self._view(self.uop.reshape(dims))
 
     def expand(self, *shape: Any) -> Tensor:
         dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
         if len(dims) < self.ndim:
-            raise ValueError(f"expand: target {dims} has fewer dimensions than the tensor's shape {self.shape}")
+            raise ShapeError(f"expand: target {dims} has fewer dimensions than the tensor's shape {self.shape}")
         padded = (1,) * (len(dims) - self.ndim) + self.shape
         dims = tuple(s if d == -1 else d for s, d in zip(padded, dims))
         return self._broadcast_to(dims)
@@ -986,7 +1003,7 @@ class Tensor(_CastShortcuts, NNOps):
         axes = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
         norm = tuple(normalize_axis(a, self.ndim) for a in axes)
         if sorted(norm) != list(range(self.ndim)):
-            raise ValueError(f"permute order {axes} is not a permutation of the {self.ndim} dimensions")
+            raise ShapeError(f"permute order {axes} is not a permutation of the {self.ndim} dimensions")
         return self._view(self.uop.permute(norm))
 
     def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
@@ -1006,36 +1023,70 @@ class Tensor(_CastShortcuts, NNOps):
     def shrink(self, bounds: Sequence[tuple[sint, sint] | None]) -> Tensor:
         """Keep [start, end) of each dimension (None keeps it all). Bounds may be bound Variables (`(0, v)`)."""
         if len(bounds) != self.ndim:
-            raise ValueError(f"shrink needs one (start, end) per dimension ({self.ndim}), got {bounds}")
+            raise ShapeError(f"shrink needs one (start, end) per dimension ({self.ndim}), got {bounds}")
         full = tuple((0, s) if b is None else (_shrink_bound(b[0]), _shrink_bound(b[1])) for b, s in
                      zip(bounds, self.shape))
         for (b, e), s in zip(full, self.shape):
             if isinstance(b, int) and isinstance(e, int) and isinstance(s, int):
                 if not 0 <= b <= e <= s:
-                    raise ValueError(f"shrink bounds {full} do not fit shape {self.shape}")
+                    raise ShapeError(f"shrink bounds {full} do not fit shape {self.shape}")
+            elif isinstance(b, int) and isinstance(e, int):
+                # int bounds of a symbolic dimension (as tinygrad): they must fit its bound value. Its buffer holds
+                # the largest size, which the bound value never exceeds, so no value of the Variables reads past it
+                if not 0 <= b <= e <= sint_eval(s):
+                    raise ShapeError(f"shrink bounds ({b}, {e}) do not fit dimension {render_sint(s)} of bound size "
+                                     f"{sint_eval(s)}")
             elif sint_min(b) < 0 or sint_min(sint_sub(e, b)) < 0 or sint_min(sint_sub(s, e)) < 0:
                 # symbolic bounds: one kernel serves every value, so they must fit for all of them
-                raise ValueError(f"shrink bounds ({render_sint(b)}, {render_sint(e)}) do not fit dimension "
+                raise ShapeError(f"shrink bounds ({render_sint(b)}, {render_sint(e)}) do not fit dimension "
                                  f"{render_sint(s)} for every value of their Variables (their [min, max] ranges)")
         return self._view(self.uop.shrink(full))
 
-    def pad(self, padding: Sequence[Any], value: Scalar = 0.0, mode: str = "constant") -> Tensor:
-        """Pad with `value`. `padding` is ((before, after), ...) per dim, or PyTorch's flat (left, right, top, ...)."""
-        if mode != "constant":
-            raise NotImplementedError(f"pad mode {mode!r}: only 'constant' is implemented")
+    def pad(self, padding: Sequence[Any], mode: str = "constant", value: Scalar = 0.0) -> Tensor:
+        """Pad each dim. `padding` is ((before, after), ...) per dim, or PyTorch's flat (left, right, top, ...) for
+        the last dims; a negative amount crops. mode "constant" fills with `value`; "reflect" mirrors the values
+        next to the edge (less than the dim's size), "replicate" repeats the edge value, "circular" wraps around
+        (at most the dim's size), all as PyTorch's F.pad: a crop applies after reflect and replicate padding is made
+        from the input, and before circular padding wraps around what is left."""
+        if mode not in PAD_MODES:
+            raise UnknownModeError(f"pad mode must be one of {PAD_MODES}, got {mode!r} (the fill value is `value=`)")
         try:
             pads = _normalize_padding(padding, self.ndim)
         except TypeError:
             _no_symbolic("pad", tuple(x for p in padding for x in (p if isinstance(p, (tuple, list)) else [p])))
             raise
+        if mode != "constant":
+            return self._pad_from_input(pads, mode)
         if any(b < 0 or a < 0 for b, a in pads):
             cropped = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pads, self.shape)))
-            return cropped.pad(tuple((max(b, 0), max(a, 0)) for b, a in pads), value)
+            return cropped.pad(tuple((max(b, 0), max(a, 0)) for b, a in pads), value=value)
         padded = self._view(self.uop.pad(pads))
         if value == 0:
             return padded
         inside = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device).pad(pads)
         return inside.where(padded, value)
+
+    def _pad_from_input(self, pads: tuple[tuple[int, int], ...], mode: str) -> Tensor:
+        """reflect/replicate/circular padding: per dim, copies of the input's edge (movement ops, joined with zero
+        pads and adds as `cat` does), and the crops of negative amounts."""
+        x = self
+        for d, (before, after) in enumerate(pads):
+            if mode == "circular" and (before < 0 or after < 0):
+                x = x.shrink(tuple((-min(before, 0), x.shape[d] + min(after, 0)) if i == d else None
+                                   for i in range(x.ndim)))
+                before, after = max(before, 0), max(after, 0)
+            size = x.shape[d]
+            grow = (max(before, 0), max(after, 0))
+            limit = size - 1 if mode == "reflect" else size if mode == "circular" else None
+            if (grow[0] or grow[1]) and (size == 0 or (limit is not None and max(grow) > limit)):
+                raise ShapeError(f"pad mode {mode!r}: padding {pads[d]} of dim {d} (size {size}) must be at most "
+                                 f"{limit}")
+            if grow != (0, 0):
+                x = _join_along(x, d, _edge_copy(x, d, grow[0], mode, True), _edge_copy(x, d, grow[1], mode, False))
+            if before < 0 or after < 0:
+                n = x.shape[d]
+                x = x.shrink(tuple((-min(before, 0), n + min(after, 0)) if i == d else None for i in range(x.ndim)))
+        return x
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         if self.ndim == 0:
@@ -1046,7 +1097,7 @@ class Tensor(_CastShortcuts, NNOps):
     def unflatten(self, dim: int, sizes: Sequence[int]) -> Tensor:
         d = normalize_axis(dim, self.ndim)
         if -1 not in sizes and prod(sizes) != self.shape[d]:  # with a -1, reshape infers it (or says why not)
-            raise ValueError(f"unflatten: sizes {tuple(sizes)} do not multiply to dim {dim}'s size {self.shape[d]} "
+            raise ShapeError(f"unflatten: sizes {tuple(sizes)} do not multiply to dim {dim}'s size {self.shape[d]} "
                              f"(shape {self.shape})")
         return self.reshape(*self.shape[:d], *sizes, *self.shape[d + 1:])
 
@@ -1063,7 +1114,7 @@ class Tensor(_CastShortcuts, NNOps):
     def repeat(self, *repeats: Any) -> Tensor:
         reps = tuple(repeats[0]) if len(repeats) == 1 and isinstance(repeats[0], (tuple, list)) else tuple(repeats)
         if len(reps) < self.ndim:
-            raise ValueError(f"repeat needs at least {self.ndim} repeat counts, got {reps}")
+            raise ShapeError(f"repeat needs at least {self.ndim} repeat counts, got {reps}")
         base = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
         expanded = base.reshape(tuple(x for s in base.shape for x in (1, s)))
         expanded = expanded.expand(tuple(x for r, s in zip(reps, base.shape) for x in (r, s)))
@@ -1106,7 +1157,7 @@ class Tensor(_CastShortcuts, NNOps):
                 raise ValueError(f"split size must be positive, got {sizes}")
             sizes = [min(sizes, n - i) for i in range(0, n, sizes)] or [0]
         if sum(sizes) != n:
-            raise ValueError(f"split sizes {list(sizes)} do not add up to dimension {d}'s size {n}")
+            raise ShapeError(f"split sizes {list(sizes)} do not add up to dimension {d}'s size {n}")
         out, start = [], 0
         for s in sizes:
             out.append(self.shrink(tuple((start, start + s) if i == d else None for i in range(self.ndim))))
@@ -1140,10 +1191,10 @@ class Tensor(_CastShortcuts, NNOps):
         """out[i][j][k] = self[index[i][j][k]][j][k] for dim=0 (PyTorch's gather)."""
         d = normalize_axis(dim, self.ndim, "dim")
         if index.ndim != self.ndim or index.dtype.is_float:
-            raise ValueError(f"gather: index must be an int tensor with {self.ndim} dims, got {index.dtype} "
+            raise ShapeError(f"gather: index must be an int tensor with {self.ndim} dims, got {index.dtype} "
                              f"{index.shape}")
         if any(index.shape[i] > self.shape[i] for i in range(self.ndim) if i != d):
-            raise ValueError(f"gather: index shape {index.shape} is larger than {self.shape} outside dim {d}")
+            raise ShapeError(f"gather: index shape {index.shape} is larger than {self.shape} outside dim {d}")
         n = self.shape[d]
         src = self.shrink(tuple(None if i == d else (0, index.shape[i]) for i in range(self.ndim)))
         src = src.unsqueeze(-1).transpose(d, -1)  # dim d -> size 1, candidates on the last axis
@@ -1153,31 +1204,47 @@ class Tensor(_CastShortcuts, NNOps):
     def scatter(self, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str | None = None) -> Tensor:
         """self with self[index[i][j]][j] = src[i][j] for dim=0 (PyTorch's scatter); reduce 'add' or 'multiply'.
 
-        Without `reduce`, positions named by several index entries get the sum of their values (PyTorch leaves which
-        one wins unspecified); pass distinct indices for plain assignment."""
+        Without `reduce`, where several index entries name one position the last of them along `dim` wins (what
+        PyTorch's and tinygrad's CPU loops leave there)."""
+        if reduce not in (None, "add", "multiply"):
+            raise ModeError(f"scatter reduce must be None, 'add' or 'multiply', got {reduce!r}")
         d = normalize_axis(dim, self.ndim, "dim")
-        if index.ndim != self.ndim or index.dtype.is_float:
-            raise ValueError(f"scatter: index must be an int tensor with {self.ndim} dims")
-        if any(index.shape[i] > self.shape[i] for i in range(self.ndim) if i != d):
-            raise ValueError(f"scatter: index shape {index.shape} is larger than {self.shape} outside dim {d}")
-        values = src if isinstance(src, Tensor) else Tensor.full(index.shape, src, self.dtype, self.device)
-        values = values.shrink(tuple((0, s) for s in index.shape)).cast(self.dtype)
-        n = self.shape[d]
-        hit = index.unsqueeze(-1) == Tensor.arange(n, device=self.device)  # index.shape + (n,)
+        values = self._scatter_source(d, index, src)
+        if index.shape[d] == 0:
+            return self
+        hit = index.unsqueeze(-1) == Tensor.arange(self.shape[d], device=self.device)  # index.shape + (n,)
         moved = list(range(self.ndim + 1))
         moved[d], moved[-1] = moved[-1], moved[d]
         pad_back = tuple((0, 0) if i == d else (0, self.shape[i] - index.shape[i]) for i in range(self.ndim))
-        any_hit = hit.any(d, keepdim=True).permute(moved).squeeze(-1).pad(pad_back, value=False)
+
+        def onto_self(t: Tensor, fill: Scalar) -> Tensor:  # (..., 1 at d, ..., n) -> self's shape
+            return t.permute(moved).squeeze(-1).pad(pad_back, value=fill)
+
+        any_hit = onto_self(hit.any(d, keepdim=True), False)
         if reduce == "multiply":
-            prod_vals = hit.where(values.unsqueeze(-1), 1).prod(d, keepdim=True).permute(moved).squeeze(-1)
-            return any_hit.where(self * prod_vals.pad(pad_back, value=1), self)
-        summed = hit.where(values.unsqueeze(-1), 0).sum(d, keepdim=True, dtype=self.dtype).permute(moved).squeeze(-1)
-        summed = summed.pad(pad_back)
-        if reduce == "add":
-            return self + summed
-        if reduce is not None:
-            raise ValueError(f"scatter reduce must be None, 'add' or 'multiply', got {reduce!r}")
-        return any_hit.where(summed, self)
+            return any_hit.where(self * onto_self(hit.where(values.unsqueeze(-1), 1).prod(d, keepdim=True), 1), self)
+        if reduce is None:  # keep only the last entry along d that names each target
+            k = index.shape[d]
+            order = Tensor.arange(k, device=self.device).reshape((k,) + (1,) * (self.ndim - d))
+            hit = hit & (order == hit.where(order, -1).max(d, keepdim=True))
+        summed = onto_self(hit.where(values.unsqueeze(-1), 0).sum(d, keepdim=True, dtype=self.dtype), 0)
+        return self + summed if reduce == "add" else any_hit.where(summed, self)
+
+    def _scatter_source(self, d: int, index: Tensor, src: Tensor | Scalar) -> Tensor:
+        """scatter's checked values, cut to the index's shape: PyTorch's rules (index fits self outside dim d and
+        src everywhere; a tensor src has self's dtype)."""
+        if index.ndim != self.ndim or not index.dtype.is_int:
+            raise ShapeError(f"scatter: index must be an int tensor with {self.ndim} dims, got {index.dtype} "
+                             f"{index.shape}")
+        if any(index.shape[i] > self.shape[i] for i in range(self.ndim) if i != d):
+            raise ShapeError(f"scatter: index shape {index.shape} is larger than {self.shape} outside dim {d}")
+        if not isinstance(src, Tensor):
+            return Tensor.full(index.shape, src, self.dtype, self.device)
+        if src.dtype != self.dtype:
+            raise DTypeError(f"scatter: src has dtype {src.dtype}, self has {self.dtype}; cast one of them")
+        if src.ndim != self.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
+            raise ShapeError(f"scatter: index shape {index.shape} is larger than src shape {src.shape}")
+        return src.shrink(tuple((0, s) for s in index.shape))
 
     # ------------------------------------------------------------------ reductions
     def _resolve_axes(self, axis: AxisArg) -> tuple[int, ...]:
@@ -1189,7 +1256,7 @@ class Tensor(_CastShortcuts, NNOps):
         axes = (axis,) if isinstance(axis, int) else tuple(axis)
         norm = tuple(normalize_axis(a, self.ndim) for a in axes)
         if len(set(norm)) != len(norm):
-            raise ValueError(f"axis {axis} names a dimension twice")
+            raise ShapeError(f"axis {axis} names a dimension twice")
         return tuple(sorted(norm)) if self.ndim else ()
 
     def _reduce(self, op: Ops, axis: AxisArg, keepdim: bool) -> Tensor:
@@ -1305,27 +1372,30 @@ class Tensor(_CastShortcuts, NNOps):
         return out.transpose(a, -1) if a != self.ndim - 1 else out
 
     # ------------------------------------------------------------------ linear algebra and functional
-    def dot(self, w: Tensor) -> Tensor:
-        return self.matmul(w)
+    def dot(self, w: Tensor, dtype: DType | str | None = None) -> Tensor:
+        return self.matmul(w, dtype=dtype)
 
-    def matmul(self, w: Tensor) -> Tensor:
-        """Matrix product with numpy's rules: 1-D operands are vectors; leading dims broadcast."""
+    def matmul(self, w: Tensor, reverse: bool = False, dtype: DType | str | None = None) -> Tensor:
+        """Matrix product with numpy's rules: 1-D operands are vectors; leading dims broadcast. reverse: w @ self;
+        dtype: the dtype to accumulate in and return (tinygrad's keywords)."""
+        if reverse:
+            return w.matmul(self, dtype=dtype) if isinstance(w, Tensor) else self.matmul(w)
         if not isinstance(w, Tensor):
             raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
         if self.ndim == 0 or w.ndim == 0:
-            raise ValueError(f"matmul needs tensors with at least 1 dim, got shapes {self.shape} and {w.shape}")
+            raise ShapeError(f"matmul needs tensors with at least 1 dim, got shapes {self.shape} and {w.shape}")
         x = self.unsqueeze(0) if self.ndim == 1 else self
         y = w.unsqueeze(-1) if w.ndim == 1 else w
         if x.shape[-1] != y.shape[-2]:
-            raise ValueError(f"matmul shape mismatch: {self.shape} @ {w.shape} (inner dims {x.shape[-1]} != "
+            raise ShapeError(f"matmul shape mismatch: {self.shape} @ {w.shape} (inner dims {x.shape[-1]} != "
                              f"{y.shape[-2]})")
         try:
             _broadcast_shape(x.shape[:-2], y.shape[:-2])
         except ValueError:
-            raise ValueError(f"matmul batch dims {x.shape[:-2]} and {y.shape[:-2]} cannot be broadcast together "
+            raise ShapeError(f"matmul batch dims {x.shape[:-2]} and {y.shape[:-2]} cannot be broadcast together "
                              f"(shapes {self.shape} @ {w.shape})") from None
         # (..., n, 1, k) * (..., 1, m, k) summed over k
-        out = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1)
+        out = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1, dtype=dtype)
         if self.ndim == 1:
             out = out.squeeze(-2)
         if w.ndim == 1:
@@ -1336,16 +1406,17 @@ class Tensor(_CastShortcuts, NNOps):
         out = self.matmul(weight) if weight.ndim != 1 else self * weight
         return out + bias if bias is not None else out
 
-    def softmax(self, axis: int = -1) -> Tensor:
-        x = self._float()
+    def softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        """softmax along axis, computed in `dtype` when given (tinygrad's keyword), else in self's float dtype."""
+        x = self._float() if dtype is None else self.cast(dtype)
         if x.numel() == 0:
             x._resolve_axes(axis)  # nothing to normalise, but a bad axis is still an error
             return x
         e = (x - x.max(axis, keepdim=True)).exp()
         return e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element
 
-    def log_softmax(self, axis: int = -1) -> Tensor:
-        x = self._float()
+    def log_softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        x = self._float() if dtype is None else self.cast(dtype)
         if x.numel() == 0:
             x._resolve_axes(axis)
             return x
@@ -1354,7 +1425,7 @@ class Tensor(_CastShortcuts, NNOps):
 
     def one_hot(self, num_classes: int = -1) -> Tensor:
         if self.dtype.is_float:
-            raise TypeError(f"one_hot needs an int tensor, got {self.dtype}")
+            raise DTypeError(f"one_hot needs an int tensor, got {self.dtype}")
         if num_classes == -1:
             num_classes = int(self.max().item()) + 1
         return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).where(1, 0)
@@ -1369,7 +1440,7 @@ class Tensor(_CastShortcuts, NNOps):
         else:
             target = Y
         if target.shape != self.shape:
-            raise ValueError(f"cross_entropy: logits {self.shape} do not match targets {Y.shape}")
+            raise ShapeError(f"cross_entropy: logits {self.shape} do not match targets {Y.shape}")
         target = target * (1 - label_smoothing) + label_smoothing / classes
         loss = -(self.log_softmax(axis) * target).sum(axis)
         return _reduce_loss(loss, reduction)
@@ -1395,9 +1466,14 @@ class Tensor(_CastShortcuts, NNOps):
         loss = -(Y * _clamped_log(self) + (1 - Y) * _clamped_log(1 - self))
         return _reduce_loss(loss, reduction)
 
-    def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean") -> Tensor:
-        loss = self.maximum(0) - Y * self + (1 + (-self.abs()).exp()).log()
-        return _reduce_loss(loss, reduction)
+    def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None
+                                   ) -> Tensor:
+        """Binary cross-entropy of sigmoid(self) against Y, computed stably from the logits; pos_weight (one per
+        class, the last dim) weighs the positive term, as PyTorch's BCEWithLogitsLoss."""
+        softplus_neg = (-self).maximum(0) + (1 + (-self.abs()).exp()).log()  # -log(sigmoid(x)), never overflowing
+        if pos_weight is None:
+            return _reduce_loss((1 - Y) * self + softplus_neg, reduction)
+        return _reduce_loss((1 - Y) * self + (1 + (pos_weight - 1) * Y) * softplus_neg, reduction)
 
     def layernorm(self, axis: AxisArg = -1, eps: float = 1e-5) -> Tensor:
         centered = self - self.mean(axis, keepdim=True)
@@ -1467,9 +1543,43 @@ def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     out = []
     for x, y in zip(pa, pb):
         if x != y and x != 1 and y != 1:
-            raise ValueError(f"shapes {a} and {b} cannot be broadcast together")
+            raise ShapeError(f"shapes {a} and {b} cannot be broadcast together")
         out.append(y if x == 1 else x)
     return tuple(out)
+
+
+PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def _edge_copy(x: Tensor, d: int, count: int, mode: str, left: bool) -> Tensor | None:
+    """The `count` values `mode` puts before (left) or after the input along dim d, or None for none."""
+    if count == 0:
+        return None
+    size = x.shape[d]
+
+    def span(lo: int, hi: int) -> Tensor:
+        return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
+
+    if mode == "reflect":  # x[count], ..., x[1] | x | x[-2], ..., x[-count-1]
+        return (span(1, count + 1) if left else span(size - 1 - count, size - 1)).flip(d)
+    if mode == "circular":  # x[-count:] | x | x[:count]
+        return span(size - count, size) if left else span(0, count)
+    edge = span(0, 1) if left else span(size - 1, size)  # replicate
+    return edge.expand(tuple(count if i == d else s for i, s in enumerate(x.shape)))
+
+
+def _join_along(x: Tensor, d: int, before: Tensor | None, after: Tensor | None) -> Tensor:
+    """before | x | after along dim d, as zero-padded pieces added up (a fused view, as `cat` builds it)."""
+    pieces = [p for p in (before, x, after) if p is not None]
+    total = sum(p.shape[d] for p in pieces)
+    out: Tensor | None = None
+    offset = 0
+    for p in pieces:
+        placed = p.pad(tuple((offset, total - offset - p.shape[d]) if i == d else (0, 0) for i in range(x.ndim)))
+        out = placed if out is None else out + placed
+        offset += p.shape[d]
+    assert out is not None
+    return out
 
 
 def _normalize_padding(padding: Sequence[Any], ndim: int) -> tuple[tuple[int, int], ...]:
@@ -1706,6 +1816,13 @@ def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:
     if array.size:
         buf.copyin(array)
     return buffer_view(buf, array.shape)
+
+
+def _check_fits(dtype: DType, values: Sequence[Scalar], op: str) -> None:
+    """OverflowError when a value an int tensor would hold does not fit its dtype (numpy and PyTorch wrap)."""
+    for v in values:
+        if not dtype.min() <= v <= dtype.max():
+            raise OverflowError(f"{op}: value {v} does not fit {dtype.name} (range {dtype.min()}..{dtype.max()})")
 
 
 def _check_bound(x: UOp, where: str) -> None:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from glassgrad.dtype import dtypes
+from glassgrad.dtype import DType, dtypes
+from glassgrad.errors import ArgumentError, ShapeError
 
 if TYPE_CHECKING:
     from glassgrad.tensor import Tensor
@@ -55,6 +57,62 @@ def _conv_padding(padding: int | Sequence[int], n: int) -> list[tuple[int, int]]
     raise ValueError(f"padding must be an int, {n} ints or {2 * n} ints (per side, last dim first), got {padding!r}")
 
 
+def _lowest(dtype: DType) -> float | int | bool:
+    """The value a max never picks over a real one: -inf, the int dtype's minimum, False."""
+    return -math.inf if dtype.is_float else dtype.min()
+
+
+@dataclass(frozen=True)
+class _PoolGeometry:
+    """Where a pool's windows lie: per pooled dim the kernel, stride, dilation, the user's padding and the extra end
+    padding that ceil_mode adds."""
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads: tuple[tuple[int, int], ...]
+    extra: tuple[int, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.kernel)
+
+    @property
+    def full_pads(self) -> tuple[tuple[int, int], ...]:
+        return tuple((b, a + e) for (b, a), e in zip(self.pads, self.extra))
+
+    @staticmethod
+    def of(shape: tuple[int, ...], kernel_size: int | Sequence[int], stride: int | Sequence[int] | None,
+           dilation: int | Sequence[int], padding: int | Sequence[int], ceil_mode: bool) -> _PoolGeometry:
+        n = 2 if isinstance(kernel_size, int) else len(kernel_size)
+        if len(shape) < n:
+            raise ShapeError(f"a {n}-D pool needs at least {n} dims, got shape {shape}")
+        kernel = _tuple(kernel_size, n, "kernel_size")
+        strides = kernel if stride is None else _tuple(stride, n, "stride")
+        dils = _tuple(dilation, n, "dilation")
+        pads = tuple(_conv_padding(padding, n))
+        extra = tuple(_ceil_extra(size, k, s, d, p) if ceil_mode else 0
+                      for size, k, s, d, p in zip(shape[-n:], kernel, strides, dils, pads))
+        return _PoolGeometry(kernel, strides, dils, pads, extra)
+
+    def counts(self, spatial: tuple[int, ...], include_pad: bool, device: str) -> Tensor:
+        """How many positions of each window a mean divides by: those in the input (and its padding)."""
+        ones = _tensor_class().ones(*spatial, device=device)
+        inside = ones.pad(self.pads, value=1.0 if include_pad else 0.0).pad(tuple((0, e) for e in self.extra))
+        return inside._windows(self.kernel, self.strides, self.dilations).sum(tuple(range(-self.n, 0)))
+
+
+def _ceil_extra(size: int, k: int, s: int, d: int, pad: tuple[int, int]) -> int:
+    """ceil_mode's extra end padding: enough for one more, partial, window, unless that window would start past the
+    input and its left padding (PyTorch drops it then)."""
+    span = size + pad[0] + pad[1] - d * (k - 1) - 1
+    if span < 0:
+        return 0  # no window fits: _windows says so
+    out = -(-span // s) + 1
+    if (out - 1) * s >= size + pad[0]:
+        out -= 1
+    return max(0, (out - 1) * s + d * (k - 1) + 1 - (size + pad[0] + pad[1]))
+
+
 class NNOps:
     """Mixed into Tensor. Methods use only the public Tensor API."""
     __slots__ = ()
@@ -70,7 +128,7 @@ class NNOps:
         size = t.shape[-1]
         out = (size - dilation * (kernel - 1) - 1) // stride + 1
         if out <= 0:
-            raise ValueError(f"window of {kernel} (dilation {dilation}) does not fit a dimension of size {size}")
+            raise ShapeError(f"window of {kernel} (dilation {dilation}) does not fit a dimension of size {size}")
         lead = t.shape[:-1]
         if dilation == 1 and kernel <= stride:  # windows that do not overlap (a 2x2 pool): cut the row into strides
             row = t.pad(((0, 0),) * len(lead) + ((0, max(0, out * stride - size)),))
@@ -105,9 +163,9 @@ class NNOps:
 
     def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
                stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
-               padding: int | Sequence[int] = 0) -> Tensor:
+               padding: int | Sequence[int] = 0, dtype: DType | str | None = None) -> Tensor:
         """PyTorch's conv2d (and conv1d/conv3d by the weight's rank): x (N, Cin, *spatial), weight
-        (Cout, Cin/groups, *kernel), optional bias (Cout,)."""
+        (Cout, Cin/groups, *kernel), optional bias (Cout,). dtype: accumulate in (and return) it (tinygrad's)."""
         t = self._t
         n = weight.ndim - 2
         if n < 1 or t.ndim != n + 2:
@@ -126,35 +184,54 @@ class NNOps:
         xs = windows.reshape(batch, groups, 1, cin_group, *out_sp, *kernel)
         ws = weight.reshape(1, groups, cout // groups, cin_group, *([1] * n), *kernel)
         axes = (3, *range(4 + n, 4 + 2 * n))
-        out = (xs * ws).sum(axes).reshape(batch, cout, *out_sp)
+        out = (xs * ws).sum(axes, dtype=dtype).reshape(batch, cout, *out_sp)
         return out if bias is None else out + bias.reshape(1, cout, *([1] * n))
 
-    def _pool(self, n: int, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None,
-              dilation: int | Sequence[int], padding: int | Sequence[int], pad_value: float) -> Tensor:
-        """Windows over the last `n` dims, after padding them with `pad_value`."""
+    def _pool(self, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None,
+              dilation: int | Sequence[int], padding: int | Sequence[int], ceil_mode: bool,
+              pad_value: float | int | bool) -> tuple[Tensor, _PoolGeometry]:
+        """Windows over the last dims (2 for an int kernel_size, else one per kernel entry), after padding them
+        with `pad_value`; with ceil_mode, the padding at the end grows so that a last partial window exists."""
         t = self._t
-        kernel = _tuple(kernel_size, n, "kernel_size")
-        strides = kernel if stride is None else _tuple(stride, n, "stride")
-        pads = _conv_padding(padding, n)
-        x = t.pad(((0, 0),) * (t.ndim - n) + tuple(pads), value=pad_value) if any(p != (0, 0) for p in pads) \
-            else t
-        return x._windows(kernel, strides, _tuple(dilation, n, "dilation"))
+        geo = _PoolGeometry.of(t.shape, kernel_size, stride, dilation, padding, ceil_mode)
+        pads = ((0, 0),) * (t.ndim - geo.n) + geo.full_pads
+        x = t.pad(pads, value=pad_value) if any(p != (0, 0) for p in pads) else t
+        return x._windows(geo.kernel, geo.strides, geo.dilations), geo
 
-    def max_pool2d(self, kernel_size: int | Sequence[int] = 2, stride: int | Sequence[int] | None = None,
-                   dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0) -> Tensor:
-        """Max over windows (padding counts as -inf). Stride defaults to the kernel size, as in PyTorch."""
+    def max_pool2d(self, kernel_size: int | Sequence[int] = (2, 2), stride: int | Sequence[int] | None = None,
+                   dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, ceil_mode: bool = False,
+                   return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Max over windows of the last 2 dims (or len(kernel_size) dims: 1-D and 3-D pools too); padding never
+        wins. Stride defaults to the kernel size, as in PyTorch. ceil_mode keeps a last partial window (one that
+        starts inside the input or its left padding). return_indices also gives, as int32, each maximum's index
+        into the flattened pooled dims of the input (the first maximum of the window in row-major order)."""
         t = self._t
-        return t._pool(2, kernel_size, stride, dilation, padding, -math.inf).max((-2, -1))
+        windows, geo = t._pool(kernel_size, stride, dilation, padding, ceil_mode, _lowest(t.dtype))
+        axes = tuple(range(-geo.n, 0))
+        out = windows.max(axes)
+        if not return_indices:
+            return out
+        spatial = t.shape[-geo.n:]
+        tensor = _tensor_class()
+        flat = tensor.arange(math.prod(spatial), device=t.device).reshape(spatial)
+        idx = flat.pad(geo.full_pads, value=-1)._windows(geo.kernel, geo.strides, geo.dilations)
+        is_max = (windows == out.reshape(*out.shape, *(1,) * geo.n)) & (idx >= 0)
+        first = is_max.where(idx, math.prod(spatial)).min(axes)
+        return out, first.cast(dtypes.int32)
 
-    def avg_pool2d(self, kernel_size: int | Sequence[int] = 2, stride: int | Sequence[int] | None = None,
-                   padding: int | Sequence[int] = 0, count_include_pad: bool = True) -> Tensor:
-        """Mean over windows; with count_include_pad=False the padding is left out of each window's count."""
+    def avg_pool2d(self, kernel_size: int | Sequence[int] = (2, 2), stride: int | Sequence[int] | None = None,
+                   dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, ceil_mode: bool = False,
+                   count_include_pad: bool = True) -> Tensor:
+        """Mean over windows (of the last 2 dims, or len(kernel_size) dims). Each window is divided by how many of
+        its positions lie in the input, plus, with count_include_pad, in the padding (never in the extra end
+        padding of ceil_mode: PyTorch's divisor)."""
         t = self._t
-        windows = t._pool(2, kernel_size, stride, 1, padding, 0.0)
-        if count_include_pad:
-            return windows.mean((-2, -1))
-        counts = t.ones_like()._pool(2, kernel_size, stride, 1, padding, 0.0).sum((-2, -1))
-        return windows.sum((-2, -1)) / counts
+        windows, geo = t._pool(kernel_size, stride, dilation, padding, ceil_mode, 0)
+        axes = tuple(range(-geo.n, 0))
+        total = windows.cast(dtypes.default_float) if not t.dtype.is_float else windows
+        if not count_include_pad or ceil_mode:
+            return total.sum(axes) / geo.counts(t.shape[-geo.n:], count_include_pad, t.device)
+        return total.mean(axes)
 
     # ------------------------------------------------------------------ transposed convolution
     def _dilate(self, factors: tuple[int, ...]) -> Tensor:
@@ -227,20 +304,23 @@ class NNOps:
         return out if bias is None else out + fit(bias, "bias")
 
     def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                                     dropout_p: float = 0.0, is_causal: bool = False,
+                                     dropout_p: float = 0.0, is_causal: bool = False, enable_gqa: bool = False,
                                      scale: float | None = None) -> Tensor:
         """softmax(q @ k^T * scale + mask) @ v, with q = self (..., L, E), key (..., S, E), value (..., S, Ev) ->
         (..., L, Ev); scale defaults to 1/sqrt(E). attn_mask: bool (True = may attend) or float (added to the
         scores), broadcast to (..., L, S). is_causal: query i sees keys 0..i (PyTorch's top-left alignment).
         Dropout on the attention weights follows `Tensor.training` (as tinygrad; PyTorch's functional form applies
-        it whenever dropout_p > 0)."""
+        it whenever dropout_p > 0). enable_gqa: grouped-query attention, key and value have fewer heads (dim -3)
+        than the query, a divisor of its count, and each of theirs serves that many query heads in a row."""
         q = self._t
+        if enable_gqa:
+            key, value = _repeat_heads(key, q, "key"), _repeat_heads(value, q, "value")
         if q.ndim < 2 or key.ndim < 2 or value.ndim < 2 or q.shape[-1] != key.shape[-1] or \
                 key.shape[-2] != value.shape[-2]:
             raise ValueError(f"scaled_dot_product_attention: query {q.shape}, key {key.shape} and value {value.shape}"
                              " need (..., L, E), (..., S, E) and (..., S, Ev)")
         if is_causal and attn_mask is not None:
-            raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
+            raise ArgumentError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
         factor = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
         scores = (q @ key.transpose(-1, -2)) * factor
         if is_causal:
@@ -286,7 +366,7 @@ class NNOps:
         if align_corners and mode.startswith("nearest"):
             raise ValueError("interpolate: align_corners only applies to the linear modes")
         x = t
-        for axis in range(t.ndim - len(sizes), t.ndim):
+        for axis in reversed(range(t.ndim - len(sizes), t.ndim)):  # the last dim first, as PyTorch's uint8 path
             out = sizes[axis - (t.ndim - len(sizes))]
             if out != x.shape[axis]:
                 x = x.transpose(axis, -1)._resize_last(out, mode, align_corners).transpose(axis, -1)
@@ -303,10 +383,42 @@ class NNOps:
             if out % size == 0 and np.array_equal(_nearest_sources(size, out, mode), np.arange(out) // k):
                 return t.unsqueeze(-1).expand(*t.shape, k).reshape(*t.shape[:-1], out)
             return _nearest_mask(size, out, mode, t.device).where(row, 0).sum(-1, dtype=t.dtype)
+        if t.dtype == dtypes.uint8:
+            weights, precision = _uint8_linear_weights(size, out, align_corners)
+            acc = (row.cast(dtypes.int32) * _tensor_class()(weights, device=t.device)).sum(-1)
+            return ((acc + (1 << (precision - 1))) >> precision).clip(0, 255).cast(dtypes.uint8)
         if not t.dtype.is_float:
             row = row.cast(dtypes.default_float)
         (hit0, lam0), (hit1, lam1) = _linear_taps(size, out, align_corners, t.device)
         return (hit0.where(row * lam0.cast(row.dtype), 0) + hit1.where(row * lam1.cast(row.dtype), 0)).sum(-1)
+
+
+def _repeat_heads(kv: Tensor, q: Tensor, name: str) -> Tensor:
+    """(..., H_kv, S, E) -> (..., H_q, S, E), each head repeated H_q / H_kv times in a row."""
+    if q.ndim < 3 or kv.ndim < 3 or q.shape[-3] % kv.shape[-3]:
+        raise ShapeError(f"scaled_dot_product_attention with enable_gqa: query {q.shape} needs a head count (dim -3) "
+                         f"that is a multiple of the {name}'s {kv.shape}")
+    times = q.shape[-3] // kv.shape[-3]
+    lead, (heads, s, e) = kv.shape[:-3], kv.shape[-3:]
+    return kv.reshape(*lead, heads, 1, s, e).expand(*lead, heads, times, s, e).reshape(*lead, heads * times, s, e)
+
+
+def _uint8_linear_weights(size: int, out: int, align_corners: bool) -> tuple[np.ndarray, int]:
+    """PyTorch's uint8 linear resizing, which a uint8 result must match exactly: (out, size) int32 weights in fixed
+    point with `precision` fraction bits, the most that keep the largest weight below 2^15, each rounded half up
+    (so a row's weights need not add up to exactly 1). Computed on the host in float64, as PyTorch does."""
+    scale = ((size - 1) / (out - 1) if out > 1 else 0.0) if align_corners else size / out
+    delta = 0.5 if align_corners else 0.0
+    weights = np.zeros((out, size))
+    for i in range(out):
+        center = scale * (i + 0.5 - delta) + delta
+        taps = np.arange(max(int(center - 0.5), 0), min(int(center + 1.5), size))
+        w = np.maximum(0.0, 1 - np.abs(taps - center + 0.5))
+        weights[i, taps] = w / w.sum() if w.sum() else w
+    precision = 0
+    while precision < 22 and int(0.5 + weights.max() * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    return np.floor(weights * (1 << precision) + 0.5).astype(np.int32), max(precision, 1)
 
 
 def _nearest_sources(size: int, out: int, mode: str) -> np.ndarray:

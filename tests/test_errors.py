@@ -145,7 +145,7 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     # movement and composites
     ("pad pairs", lambda: ones(2, 3).pad(((0, 0), (0, 0), (1, 1))), ValueError, r"dimension \(2\), got 3"),
     ("pad flat odd", lambda: ones(2, 3).pad((1,)), ValueError, esc("(1,)")),
-    ("pad mode", lambda: ones(2, 3).pad(((1, 1), (1, 1)), mode="reflect"), NotImplementedError, "'reflect'"),
+    ("pad mode", lambda: ones(2, 3).pad(((1, 1), (1, 1)), mode="mirror"), NotImplementedError, "'mirror'"),
     ("shrink out of range", lambda: ones(2, 3).shrink(((0, 3), (0, 3))), ValueError, esc("(2, 3)")),
     ("shrink reversed", lambda: ones(2, 3).shrink(((1, 0), None)), ValueError, esc("(1, 0)")),
     ("shrink count", lambda: ones(2, 3).shrink(((0, 1),)), ValueError, "2"),

@@ -4,7 +4,8 @@ In: a kernel AST and a device name. Out: the list of `Opt`s to apply. Each round
 by one more legal action, compiles the new candidates in parallel (the C compiler runs in subprocesses), runs each
 on random inputs, drops any whose output differs from the unoptimised kernel's on the same inputs, times the rest
 (best of a few runs) and keeps the `n` fastest; it stops when a round finds nothing faster. The winner is written
-to `<cache dir>/beam/<hash of device, compiler, width, kernel>.json`, so the next run pays nothing.
+to `<cache dir>/beam/<hash of device, compiler, width, kernel>.json`, so the next run pays nothing
+(`IGNORE_BEAM_CACHE=1`, as in tinygrad: search again, and write the new winner).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
 from glassgrad.codegen.opt.kernel import Kernel
 from glassgrad.device import Buffer, Compiled, Device
 from glassgrad.dtype import DType
-from glassgrad.helpers import CACHELEVEL, DEBUG, atomic_write, cache_dir
+from glassgrad.helpers import CACHELEVEL, DEBUG, IGNORE_BEAM_CACHE, atomic_write, cache_dir
 from glassgrad.uop.ops import Ops, UOp
 
 UPCAST_AMOUNTS = (0, 2, 3, 4, 8, 16, 32)
@@ -113,7 +114,7 @@ def beam_search(ast: UOp, device: str, width: int) -> list[Opt]:
     if any(u.op is Ops.DEFINE_VAR for u in ast.toposort()):  # symbolic sizes: no one launch to time
         return hand_coded_optimizations(Kernel(optimize_ast(ast, dev.renderer), dev.renderer))
     path = _cache_path(ast, dev, width)
-    if CACHELEVEL >= 1 and path.exists():
+    if CACHELEVEL >= 1 and not IGNORE_BEAM_CACHE and path.exists():
         return [Opt(OptOps[op], axis, amount) for op, axis, amount in json.loads(path.read_text())]
     best = _search(ast, dev, width)
     if CACHELEVEL >= 1:
