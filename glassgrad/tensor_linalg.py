@@ -199,8 +199,13 @@ def _take_diagonals(spec: str, x: Tensor) -> tuple[str, Tensor]:
 
 
 # ---------------------------------------------------------------------- rearrange
+ELLIPSIS_DIMS = "..."  # an ungrouped `...`: the dims it covers stay dims of their own
+ELLIPSIS_GROUP = "(...)"  # `...` inside parentheses: those dims as one group
+
+
 def _parse_side(side: str, formula: str) -> list[list[str]]:
-    """"b (h w) 1 ..." -> [["b"], ["h", "w"], [], ["..."]]: one list of axis names per dimension."""
+    """"b (h w) 1 ..." -> [["b"], ["h", "w"], [], ["..."]]: one list of axis names per dimension (a `...` inside
+    parentheses is named "(...)")."""
     groups: list[list[str]] = []
     current: list[str] | None = None
     for token in side.replace("(", " ( ").replace(")", " ) ").replace("…", "...").split():
@@ -218,7 +223,7 @@ def _parse_side(side: str, formula: str) -> list[list[str]]:
                 groups.append([])
         elif token == "..." or token.isidentifier():
             if current is not None:
-                current.append(token)
+                current.append(ELLIPSIS_GROUP if token == "..." else token)
             else:
                 groups.append([token])
         else:
@@ -233,11 +238,11 @@ def rearrange(t: Tensor, formula: str, sizes: dict[str, int]) -> Tensor:
     if formula.count("->") != 1:
         raise ValueError(f"rearrange needs exactly one '->' in {formula!r}")
     left, right = (_parse_side(s, formula) for s in formula.split("->"))
-    names_l = [n for g in left for n in g]
-    names_r = [n for g in right for n in g]
+    names_l = [ELLIPSIS_DIMS if n == ELLIPSIS_GROUP else n for g in left for n in g]
+    names_r = [ELLIPSIS_DIMS if n == ELLIPSIS_GROUP else n for g in right for n in g]
     if sorted(names_l) != sorted(names_r) or len(set(names_l)) != len(names_l):
         raise ValueError(f"rearrange: both sides must name the same distinct axes in {formula!r}")
-    if any(n == "..." for g in left if len(g) > 1 for n in g):
+    if any(n == ELLIPSIS_GROUP for g in left for n in g):
         raise ValueError(f"rearrange: ... cannot be grouped on the left of {formula!r}")
     for name in sizes:
         if name not in names_l:
@@ -269,7 +274,7 @@ def _expand_rearrange_ellipsis(left: list[list[str]], right: list[list[str]], nd
         if g == ["..."]:
             new_right.extend([n] for n in ell)
         else:
-            new_right.append([n for x in g for n in (ell if x == "..." else [x])])
+            new_right.append([n for x in g for n in (ell if x == ELLIPSIS_GROUP else [x])])
     return new_left, new_right
 
 

@@ -43,10 +43,10 @@ def _small(x: Tensor, switch: float) -> tuple[Tensor, Tensor]:
 
 
 # Taylor coefficients (odd powers, lowest first) used below the switch points
-_ASIN_SERIES = [1.0, 1 / 6, 3 / 40, 5 / 112, 35 / 1152, 63 / 2816, 231 / 13312, 143 / 10240]
-_ASINH_SERIES = [1.0, -1 / 6, 3 / 40, -5 / 112, 35 / 1152, -63 / 2816]
-_ATANH_SERIES = [1.0, 1 / 3, 1 / 5, 1 / 7, 1 / 9, 1 / 11]
-_SINH_SERIES = [1.0, 1 / 6, 1 / 120, 1 / 5040, 1 / 362880]
+_ASIN_SERIES = [math.comb(2 * n, n) / (4 ** n * (2 * n + 1)) for n in range(10)]
+_ASINH_SERIES = [(-1) ** n * math.comb(2 * n, n) / (4 ** n * (2 * n + 1)) for n in range(10)]
+_ATANH_SERIES = [1 / (2 * n + 1) for n in range(11)]
+_SINH_SERIES = [1 / math.factorial(2 * n + 1) for n in range(7)]
 # erf(x) = 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1)); 14 terms reach float64 rounding for |x| < 1
 _ERF_SERIES = [2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(14)]
 # Numerical Recipes' erfc(z) ~ t exp(-z^2 + P(t)), t = 1/(1 + z/2): relative error below 1.2e-7 for every z >= 0
@@ -138,7 +138,7 @@ class MathOps:
 
     def sinh(self) -> Tensor:
         x = self._m._float()
-        near, small = _small(x, 0.1)
+        near, small = _small(x, 0.5)
         return near.where(_odd_series(small, _SINH_SERIES), (x.exp() - (-x).exp()) * 0.5)
 
     def cosh(self) -> Tensor:
@@ -146,9 +146,9 @@ class MathOps:
         return (x.exp() + (-x).exp()) * 0.5
 
     def asinh(self) -> Tensor:
-        """sign(x) log(|x| + sqrt(x^2 + 1)) (odd by construction), the series below |x| = 0.05."""
+        """sign(x) log(|x| + sqrt(x^2 + 1)) (odd by construction), the series below |x| = 0.3."""
         x = self._m._float()
-        near, small = _small(x, 0.05)
+        near, small = _small(x, 0.3)
         magnitude = x.abs()
         far = x.sign() * (magnitude + (magnitude * magnitude + 1).sqrt()).log()
         return near.where(_odd_series(small, _ASINH_SERIES), far)
@@ -159,7 +159,7 @@ class MathOps:
 
     def atanh(self) -> Tensor:
         x = self._m._float()
-        near, small = _small(x, 0.05)
+        near, small = _small(x, 0.3)
         return near.where(_odd_series(small, _ATANH_SERIES), ((1 + x) / (1 - x)).log() * 0.5)
 
     # ------------------------------------------------------------------ inverse trigonometry

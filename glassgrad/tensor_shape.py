@@ -94,7 +94,7 @@ class ShapeOps:
         x = t.permute(*[i for i in range(t.ndim) if i not in (d1, d2)], d1, d2)
         lead = x.shape[:-2]
         rows, cols = x.shape[-2], x.shape[-1]
-        start_r, start_c = max(0, -offset), max(0, offset)
+        start_r, start_c = min(rows, max(0, -offset)), min(cols, max(0, offset))
         n = max(0, min(rows - start_r, cols - start_c))
         x = x.shrink((*((0, s) for s in lead), (start_r, start_r + n), (start_c, start_c + n)))
         if n == 0:
@@ -413,7 +413,9 @@ class ShapeOps:
                      stride: int | Sequence[int] | None = None, dilation: int | Sequence[int] = 1,
                      padding: int | Sequence[int] = 0, output_size: Sequence[int] | None = None) -> Tensor:
         """The partial inverse of max_pool2d: each value goes to the flat position `indices` names in its (N, C)
-        plane, zeros elsewhere (torch's max_unpool; any number of spatial dims, as tinygrad)."""
+        plane, zeros elsewhere (torch's max_unpool; any number of spatial dims, as tinygrad). A position named by several
+        inputs (overlapping windows) gets the first of them, and only that one gets its gradient (PyTorch gives the
+        gradient to each)."""
         from glassgrad.tensor_nn import _conv_padding, _tuple
         t = self._m
         if t.ndim < 3 or indices.shape != t.shape or indices.dtype.is_float:
@@ -432,8 +434,13 @@ class ShapeOps:
             out = tuple(output_size)[-n:]
         tensor = _tensor_class()
         plane = prod(out)
-        hit = indices.reshape(batch, channels, -1, 1) == tensor.arange(plane, device=t.device)
-        placed = hit.where(t.reshape(batch, channels, -1, 1), 0).sum(2, dtype=t.dtype)
+        hit = indices.reshape(batch, channels, -1, 1) == tensor.arange(plane, device=t.device)  # (N, C, L, P)
+        # overlapping windows can name one position several times (with equal values): the first one is placed
+        count = hit.shape[2]
+        source = tensor.arange(count, device=t.device).reshape(count, 1)
+        first = hit.where(source, count).min(2, keepdim=True)
+        chosen = hit & (source == first)
+        placed = chosen.where(t.reshape(batch, channels, -1, 1), 0).sum(2, dtype=t.dtype)
         return placed.reshape(batch, channels, *out)
 
     def nll_loss(self, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None,
