@@ -413,9 +413,9 @@ class ShapeOps:
                      stride: int | Sequence[int] | None = None, dilation: int | Sequence[int] = 1,
                      padding: int | Sequence[int] = 0, output_size: Sequence[int] | None = None) -> Tensor:
         """The partial inverse of max_pool2d: each value goes to the flat position `indices` names in its (N, C)
-        plane, zeros elsewhere (torch's max_unpool; any number of spatial dims, as tinygrad). A position named by several
-        inputs (overlapping windows) gets the first of them, and only that one gets its gradient (PyTorch gives the
-        gradient to each)."""
+        plane, zeros elsewhere (torch's max_unpool; any number of spatial dims, as tinygrad). A position named by
+        several inputs (overlapping windows) gets the first of them, and only that one gets its gradient (PyTorch
+        gives the gradient to each)."""
         from glassgrad.tensor_nn import _conv_padding, _tuple
         t = self._m
         if t.ndim < 3 or indices.shape != t.shape or indices.dtype.is_float:

@@ -555,7 +555,8 @@ def test_max_unpool2d(k: int, s: int, size: int) -> None:
     sized = Tensor(pooled).max_unpool2d(Tensor(idx), kernel_size=k, stride=s, output_size=(size, size))
     np.testing.assert_array_equal(sized.numpy(), got.numpy())
     if torch is not None:
-        tref = F.max_unpool2d(torch.tensor(pooled), torch.tensor(idx, dtype=torch.int64), k, s, output_size=(size, size))
+        tref = F.max_unpool2d(torch.tensor(pooled), torch.tensor(idx, dtype=torch.int64), k, s,
+                              output_size=(size, size))
         np.testing.assert_array_equal(sized.numpy(), tref.numpy())
         tidx = torch.tensor(idx, dtype=torch.int64)
         torch_fn = (lambda t: F.max_unpool2d(t, tidx[:1, :1], k, s, output_size=(size, size))) if k <= s else None
