@@ -1284,7 +1284,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps):
         """This tensor's values as a memoryview of its shape (realized, read back to the host)."""
         if self.dtype == dtypes.bfloat16:
             raise TypeError("data(): bfloat16 has no Python buffer format; use .numpy() (float32) or .tolist()")
-        return np.ascontiguousarray(self.numpy()).data
+        return self.numpy().copy(order="C").data  # (ascontiguousarray would make a 0-d array 1-d)
 
     def replace(self, x: Tensor) -> Tensor:
         """Make this tensor stand for `x`'s graph (its data, dtype and device), in place; the shapes must match,
