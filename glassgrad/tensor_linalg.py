@@ -333,7 +333,9 @@ def _exchange(values: Tensor, indices: Tensor, half: int, descending: bool, mirr
     new_i = (swap.where(i_bottom, i_top), swap.where(i_top, i_bottom))
     if mirror:
         new_v, new_i = (new_v[0], new_v[1].flip(-1)), (new_i[0], new_i[1].flip(-1))
-    out_v = new_v[0].cat(new_v[1], dim=2).reshape(batch, size).contiguous()
+    # contiguous both ways: the forward step reads the previous one's buffer, and so does its gradient (without
+    # contiguous_backward the backward pass would be one kernel holding the whole network)
+    out_v = new_v[0].cat(new_v[1], dim=2).reshape(batch, size).contiguous().contiguous_backward()
     out_i = new_i[0].cat(new_i[1], dim=2).reshape(batch, size).contiguous()
     return out_v, out_i
 
@@ -395,8 +397,8 @@ def _householder_qr(a: Tensor) -> tuple[Tensor, Tensor]:
         safe_u0 = active.where(u0, 1.0)
         v = (rows == i).where(1.0, column / safe_u0).unsqueeze(-1)  # (..., m, 1)
         tau = active.where(sign * u0 / active.where(norm, 1.0), 0.0).unsqueeze(-1)  # (..., 1, 1)
-        r = (r - (tau * v) @ (v.transpose(-2, -1) @ r)).contiguous()
-        q = (q - (q @ v) @ (tau * v).transpose(-2, -1)).contiguous()
+        r = (r - (tau * v) @ (v.transpose(-2, -1) @ r)).contiguous().contiguous_backward()
+        q = (q - (q @ v) @ (tau * v).transpose(-2, -1)).contiguous().contiguous_backward()
     return q, r.triu()
 
 
@@ -438,7 +440,7 @@ def _jacobi_round(u: Tensor, v: Tensor, left: Tensor, right: Tensor) -> tuple[Te
         xl, xr = x @ left, x @ right
         new_l, new_r = cos * xl - sin * xr, sin * xl + cos * xr
         lt, rt = left.transpose(-2, -1), right.transpose(-2, -1)
-        return (x + (new_l - xl) @ lt + (new_r - xr) @ rt).contiguous()
+        return (x + (new_l - xl) @ lt + (new_r - xr) @ rt).contiguous().contiguous_backward()
 
     return apply(u), apply(v)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_ops_extra import check_grad, rand, torch
 
 from glassgrad import Device, Tensor, dtypes
-from test_ops_extra import check_grad, rand, torch
 
 RNG = np.random.default_rng(11)
 
