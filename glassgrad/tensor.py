@@ -941,7 +941,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps):
         assert out is not None
         return out
 
-    def stack(self: Tensor | Sequence[Tensor], *others: Tensor, dim: int = 0) -> Tensor:
+    def stack(self: Tensor | Sequence[Tensor] = (), *others: Tensor, dim: int = 0) -> Tensor:
         """Join tensors of one shape along a new dim: `a.stack(b, c)` and `Tensor.stack(a, b, c)` alike (a method,
         as in tinygrad); `Tensor.stack([a, b])` also takes one list."""
         tensors: tuple[Tensor, ...] = (*self, *others) if isinstance(self, (list, tuple)) else \
