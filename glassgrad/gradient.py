@@ -116,6 +116,7 @@ RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.FLIP: lambda g, n: (g.flip(n.arg),),
     Ops.REDUCE_AXIS: _reduce_grad,
     Ops.CONTIGUOUS: lambda g, n: (g,),
+    Ops.CONTIGUOUS_BACKWARD: lambda g, n: (UOp(Ops.CONTIGUOUS, g.dtype, (g,)),),
     Ops.ASSIGN: lambda g, n: (None, g),
     Ops.COPY: lambda g, n: (UOp(Ops.COPY, g.dtype, (g, UOp(Ops.DEVICE, dtypes.void, (), n.src[0].device))),),
 }

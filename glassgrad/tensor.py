@@ -14,7 +14,7 @@ import functools
 import math
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -26,7 +26,10 @@ from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import normalize_axis, prod
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view, without_reshapes
 from glassgrad.schedule.versions import StaleReaders, overwritten_versions
+from glassgrad.tensor_linalg import LinalgOps
+from glassgrad.tensor_math import MathOps
 from glassgrad.tensor_nn import NNOps
+from glassgrad.tensor_shape import ShapeOps
 from glassgrad.uop.ops import GroupOp, Ops, UOp, _arg_key, sint
 from glassgrad.uop.sint import (
     as_sint,
@@ -160,7 +163,7 @@ class _CastShortcuts:
     def double(self) -> Tensor: return self.cast(dtypes.float64)  # noqa: E704
 
 
-class Tensor(_CastShortcuts, NNOps):
+class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "requires_grad", "grad", "_view_of", "__weakref__")
     training: ClassVar[bool] = False
@@ -225,8 +228,8 @@ class Tensor(_CastShortcuts, NNOps):
     def element_size(self) -> int:
         return self.dtype.itemsize
 
-    @property
     def nbytes(self) -> int:
+        """Bytes of this tensor's elements (a method, as in tinygrad)."""
         return self.numel() * self.dtype.itemsize
 
     def __len__(self) -> int:
@@ -1138,10 +1141,11 @@ class Tensor(_CastShortcuts, NNOps):
         assert out is not None
         return out
 
-    @staticmethod
-    def stack(*tensors: Tensor, dim: int = 0) -> Tensor:
-        if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
-            tensors = tuple(tensors[0])
+    def stack(self: Tensor | Sequence[Tensor] = (), *others: Tensor, dim: int = 0) -> Tensor:
+        """Join tensors of one shape along a new dim: `a.stack(b, c)` and `Tensor.stack(a, b, c)` alike (a method,
+        as in tinygrad); `Tensor.stack([a, b])` also takes one list."""
+        tensors: tuple[Tensor, ...] = (*self, *others) if isinstance(self, (list, tuple)) else \
+            (cast(Tensor, self), *others)
         if not tensors:
             raise ValueError("stack needs at least one tensor")
         if any(t.shape != tensors[0].shape for t in tensors):
@@ -1508,6 +1512,50 @@ class Tensor(_CastShortcuts, NNOps):
     def test() -> Iterator[None]:
         with Tensor.train(False):
             yield
+
+    # ------------------------------------------------------------------ data, replacing, devices (tinygrad parity)
+    def data(self) -> memoryview:
+        """This tensor's values as a memoryview of its shape (realized, read back to the host)."""
+        if self.dtype == dtypes.bfloat16:
+            raise TypeError("data(): bfloat16 has no Python buffer format; use .numpy() (float32) or .tolist()")
+        return self.numpy().copy(order="C").data  # (ascontiguousarray would make a 0-d array 1-d)
+
+    def replace(self, x: Tensor) -> Tensor:
+        """Make this tensor stand for `x`'s graph (its data, dtype and device), in place; the shapes must match,
+        as in tinygrad. Returns self."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"replace needs a Tensor, got {type(x).__name__}")
+        if x.shape != self.shape:
+            raise ValueError(f"replace: shape {x.shape} does not match this tensor's shape {self.shape}")
+        self.uop = x.uop
+        return self
+
+    def to_(self, device: str | None) -> Tensor:
+        """Move this tensor (and its grad) to `device`, in place."""
+        moved = self.to(device)
+        if self.grad is not None:
+            self.grad = self.grad.to(device)
+        return self.replace(moved)
+
+    def shard(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
+        """tinygrad's sharding across devices. One device: a copy to it. Several: multi-device tensors are a
+        separate feature (issue 19) and raise NotImplementedError."""
+        if isinstance(devices, str) or not isinstance(devices, (tuple, list)) or not devices:
+            raise TypeError(f"shard takes a non-empty tuple of devices, got {devices!r}")
+        if axis is not None:
+            normalize_axis(axis, self.ndim)
+        if len(devices) > 1:
+            raise NotImplementedError(f"shard across {len(devices)} devices {tuple(devices)}: multi-device tensors "
+                                      "are not implemented yet (issue 19); shard to one device copies to it")
+        return self.to(devices[0])
+
+    def shard_(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
+        """`shard`, in place."""
+        return self.replace(self.shard(devices, axis))
+
+    def contiguous_backward(self) -> Tensor:
+        """The same values; in the backward pass the gradient flowing through here is materialised (contiguous)."""
+        return self._wrap(UOp(Ops.CONTIGUOUS_BACKWARD, self.dtype, (self.uop,)))
 
 
 @contextlib.contextmanager

@@ -246,7 +246,7 @@ class KernelBuilder:
             for s in node.src:
                 srcs.append((yield (s, idxs, gate)))
             return UOp(op, node.dtype, tuple(srcs))
-        if op in (Ops.DETACH, Ops.CONTIGUOUS):
+        if op in (Ops.DETACH, Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD):
             return (yield (node.src[0], idxs, gate))
         if op is Ops.REDUCE_AXIS:
             return (yield from self._lower_reduce(node, idxs, gate))

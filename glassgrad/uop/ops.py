@@ -26,6 +26,7 @@ class Ops(Enum):
     # tensor graph: leaves and bookkeeping
     DEVICE = auto(); BUFFER = auto(); CONST = auto(); COPY = auto(); CONTIGUOUS = auto()  # noqa: E702
     DETACH = auto(); ASSIGN = auto(); ARANGE = auto()  # noqa: E702
+    CONTIGUOUS_BACKWARD = auto()  # identity forward; its gradient is made contiguous
     # movement (tensor graph only)
     RESHAPE = auto(); EXPAND = auto(); PERMUTE = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()  # noqa: E702
     REDUCE_AXIS = auto()
@@ -387,7 +388,7 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
 
 _SAME_SHAPE_AS_SOURCES = GroupOp.ALU | {Ops.CAST}
 _SHAPED = GroupOp.Movement | GroupOp.Elementwise | {Ops.BUFFER, Ops.ARANGE, Ops.REDUCE_AXIS, Ops.GATHER, Ops.COPY,
-                                                   Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN}
+                                                   Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN, Ops.CONTIGUOUS_BACKWARD}
 
 
 sint = int | UOp  # a size: an int, or an int expression of Variables (see uop/sint.py)
