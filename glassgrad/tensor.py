@@ -26,6 +26,7 @@ from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import normalize_axis, prod
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view, without_reshapes
 from glassgrad.schedule.versions import StaleReaders, overwritten_versions
+from glassgrad.tensor_extra import ExtraOps
 from glassgrad.tensor_linalg import LinalgOps
 from glassgrad.tensor_math import MathOps
 from glassgrad.tensor_nn import NNOps
@@ -163,7 +164,7 @@ class _CastShortcuts:
     def double(self) -> Tensor: return self.cast(dtypes.float64)  # noqa: E704
 
 
-class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps):
+class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "requires_grad", "grad", "_view_of", "__weakref__")
     training: ClassVar[bool] = False

@@ -52,7 +52,6 @@ TINYGRAD_PROPERTIES = (
     "T", "device", "dtype", "grad", "is_param", "max_shape", "ndim", "shape", "uop",
 )
 
-_PENDING = "not implemented yet: a plain composite op, outside issue 15's list of 63"
 _INTERNAL = "tinygrad internals (its UOp/function/linearizer API), not part of glassgrad's design"
 DELIBERATELY_ABSENT: dict[str, str] = {
     "alu": _INTERNAL, "call": _INTERNAL, "callify": _INTERNAL, "custom_kernel": _INTERNAL, "ufix": _INTERNAL,
@@ -66,13 +65,8 @@ DELIBERATELY_ABSENT: dict[str, str] = {
     "from_url": "downloads; glassgrad keeps network access out of Tensor (use nn.state / datasets)",
     "hash": "tinygrad's keccak-based content hash; needs keccak first",
     "keccak": "a SHA-3 kernel built from uint64 bit ops; out of scope for now",
-    "threefry": "tinygrad's counter-based RNG; glassgrad draws random numbers on the host (see Tensor.rand)",
-    "random_bits": "tinygrad's counter-based RNG; glassgrad draws random numbers on the host (see Tensor.rand)",
+    "threefry": "tinygrad's Threefry RNG; glassgrad's device generator is a different counter-based hash (Tensor.rand)",
     "shard_like": "multi-device tensors are issue 19",
-    "newton_schulz": _PENDING, "multinomial": _PENDING, "randperm": _PENDING, "kaiming_normal": _PENDING,
-    "kaiming_uniform": _PENDING, "glorot_uniform": _PENDING, "scaled_uniform": _PENDING, "hardsigmoid": _PENDING,
-    "hardswish": _PENDING, "hardtanh": _PENDING, "empty_like": _PENDING, "const_like": _PENDING,
-    "is_floating_point": _PENDING, "short": _PENDING, "bfloat16": _PENDING,
 }
 ALL_NAMES = sorted({*TINYGRAD_METHODS, *TINYGRAD_STATIC, *TINYGRAD_PROPERTIES})
 

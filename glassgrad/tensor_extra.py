@@ -1,0 +1,144 @@
+"""The rest of tinygrad's Tensor API: hard activations, casts by name, `*_like` creation, weight initialisers,
+`randperm`, `multinomial`, `random_bits`, and `newton_schulz` (Muon's orthogonalisation).
+
+In: tensors (and shapes, for the static initialisers). Out: lazy tensors built from the public Tensor API, with
+tinygrad's names, signatures and semantics (PyTorch's where PyTorch has the op).
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, cast
+
+from glassgrad.dtype import DType, dtypes, to_dtype
+from glassgrad.helpers import prod
+
+if TYPE_CHECKING:
+    from glassgrad.tensor import Tensor
+
+
+def _tensor_class() -> type[Tensor]:
+    from glassgrad.tensor import Tensor
+    return Tensor
+
+
+def _dims(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+
+
+class ExtraOps:
+    """Mixed into Tensor."""
+    __slots__ = ()
+
+    @property
+    def _x(self) -> Tensor:
+        return cast("Tensor", self)
+
+    # ------------------------------------------------------------------ activations
+    def hardtanh(self, min_val: float = -1, max_val: float = 1) -> Tensor:
+        """clip(x, min_val, max_val)."""
+        return self._x.clip(min_val, max_val)
+
+    def hardsigmoid(self, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
+        """min(max(alpha*x + beta, 0), 1) (PyTorch's with the defaults)."""
+        y = self._x * alpha + beta
+        return y.relu() - (y - 1).relu()
+
+    def hardswish(self) -> Tensor:
+        """x * relu6(x + 3) / 6."""
+        return self._x * (self._x + 3).relu6() * (1 / 6)
+
+    # ------------------------------------------------------------------ dtypes and creation
+    def is_floating_point(self) -> bool:
+        return self._x.dtype.is_float
+
+    def short(self) -> Tensor:
+        return self._x.cast(dtypes.int16)
+
+    def bfloat16(self) -> Tensor:
+        return self._x.cast(dtypes.bfloat16)
+
+    def empty_like(self, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        return _tensor_class().empty(self._x.shape, dtype=dtype or self._x.dtype, device=device or self._x.device)
+
+    def const_like(self, b: Any) -> Tensor:
+        """A tensor of this one's shape, dtype and device filled with `b`."""
+        return _tensor_class().full(self._x.shape, b, dtype=self._x.dtype, device=self._x.device)
+
+    # ------------------------------------------------------------------ initialisers (tinygrad's static methods)
+    @staticmethod
+    def kaiming_uniform(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+        """U(-b, b), b = sqrt(3) * sqrt(2 / (1 + a^2)) / sqrt(fan_in), fan_in = prod(shape[1:])."""
+        dims = _dims(shape)
+        bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(dims[1:]))
+        return _tensor_class().uniform(*dims, low=-bound, high=bound, **kwargs)
+
+    @staticmethod
+    def kaiming_normal(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+        """N(0, std^2), std = sqrt(2 / (1 + a^2)) / sqrt(fan_in)."""
+        dims = _dims(shape)
+        std = math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(dims[1:]))
+        return _tensor_class().normal(*dims, mean=0.0, std=std, **kwargs)
+
+    @staticmethod
+    def glorot_uniform(*shape: Any, **kwargs: Any) -> Tensor:
+        """U(-b, b), b = sqrt(6 / (shape[0] + prod(shape[1:])))."""
+        dims = _dims(shape)
+        bound = math.sqrt(6.0 / (dims[0] + prod(dims[1:])))
+        return _tensor_class().uniform(*dims, low=-bound, high=bound, **kwargs)
+
+    @staticmethod
+    def scaled_uniform(*shape: Any, **kwargs: Any) -> Tensor:
+        """U(-1, 1) / sqrt(numel)."""
+        dims = _dims(shape)
+        scale = prod(dims) ** -0.5
+        return _tensor_class().uniform(*dims, low=-scale, high=scale, **kwargs)
+
+    # ------------------------------------------------------------------ random
+    @staticmethod
+    def random_bits(*shape: Any, device: str | None = None) -> Tensor:
+        """Random uint32 values from the device generator (see `Tensor.rand`)."""
+        from glassgrad.device import Device
+        from glassgrad.tensor import _RNG
+        dims = _dims(shape)
+        return _tensor_class()(_RNG.bits(prod(dims), Device.canonicalize(device or Device.DEFAULT)).reshape(dims).uop)
+
+    @staticmethod
+    def randperm(n: int, device: str | None = None, dtype: DType | str = dtypes.int32) -> Tensor:
+        """A random permutation of 0..n-1 (the order of n random numbers)."""
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"randperm needs an int n >= 0, got {n!r}")
+        return _tensor_class().rand(n, device=device).argsort().cast(to_dtype(dtype))
+
+    def multinomial(self, num_samples: int = 1, replacement: bool = False) -> Tensor:
+        """Samples indices from the (unnormalised, non-negative) weights of a 1-d or 2-d tensor, by inverting the
+        cumulative distribution. Without replacement only one sample per row is supported (as in tinygrad)."""
+        w = self._x
+        if w.ndim not in (1, 2) or num_samples < 1:
+            raise ValueError(f"multinomial needs 1-d or 2-d weights and num_samples >= 1, got {w.shape}, "
+                             f"{num_samples}")
+        if not replacement and num_samples > 1:
+            raise NotImplementedError("multinomial without replacement draws one sample per row (as in tinygrad)")
+        rows = w.reshape(1, -1) if w.ndim == 1 else w
+        cdf = rows.float().cumsum(1)
+        cdf = cdf / cdf[:, -1:]
+        u = _tensor_class().rand(num_samples, rows.shape[0], 1, device=w.device)
+        picks = (u >= cdf.unsqueeze(0)).sum(2).permute(1, 0).cast(dtypes.int32)
+        picks = picks.minimum(rows.shape[1] - 1)
+        return picks.reshape(num_samples) if w.ndim == 1 else picks
+
+    def newton_schulz(self, steps: int = 5, params: tuple[float, float, float] = (3.4445, -4.775, 2.0315),
+                      eps: float = 1e-7) -> Tensor:
+        """Muon's orthogonalisation of a 2-d matrix: a quintic Newton-Schulz iteration after normalising by the
+        Frobenius norm (the transpose is iterated when there are more rows than columns)."""
+        x = self._x
+        if x.ndim != 2:
+            raise ValueError(f"newton_schulz needs a 2-d matrix, got {x.shape}")
+        tall = x.shape[0] > x.shape[1]
+        if tall:
+            x = x.T
+        x = x / (x.square().sum().sqrt() + eps)
+        a, b, c = params
+        for _ in range(steps):
+            g = x @ x.T
+            x = a * x + (b * g + c * (g @ g)) @ x
+        return x.T if tall else x

@@ -1,0 +1,88 @@
+"""The last of tinygrad's Tensor names (glassgrad/tensor_extra.py): values against numpy (and PyTorch when installed),
+gradients of the activations by finite differences, and the distributions of the initialisers and samplers."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from glassgrad import Tensor, dtypes
+
+X = np.linspace(-5, 5, 41).astype(np.float32)
+
+
+@pytest.mark.parametrize("name, ref", [
+    ("hardtanh", lambda x: np.clip(x, -1, 1)),
+    ("hardsigmoid", lambda x: np.clip(x / 6 + 0.5, 0, 1)),
+    ("hardswish", lambda x: x * np.clip(x + 3, 0, 6) / 6),
+])
+def test_hard_activations(name: str, ref: object) -> None:
+    np.testing.assert_allclose(getattr(Tensor(X), name)().numpy(), ref(X), rtol=1e-6, atol=1e-7)  # type: ignore[operator]
+    torch = pytest.importorskip("torch")
+    np.testing.assert_allclose(getattr(Tensor(X), name)().numpy(),
+                               getattr(torch.nn.functional, name)(torch.tensor(X)).numpy(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["hardtanh", "hardsigmoid", "hardswish"])
+def test_hard_activation_gradients(name: str) -> None:
+    x = np.array([-4.2, -2.1, -0.7, 0.3, 0.9, 2.4, 3.7], np.float64)
+    t = Tensor(x, requires_grad=True)
+    getattr(t, name)().sum().backward()
+    assert t.grad is not None
+    h = 1e-6
+    numeric = (getattr(Tensor(x + h), name)().numpy() - getattr(Tensor(x - h), name)().numpy()) / (2 * h)
+    np.testing.assert_allclose(t.grad.numpy(), numeric, atol=1e-5)
+
+
+def test_casts_and_like_creation() -> None:
+    t = Tensor([[1.5, -2.5]])
+    assert t.short().dtype == dtypes.int16 and t.short().tolist() == [[1, -2]]
+    assert t.bfloat16().dtype == dtypes.bfloat16
+    assert t.is_floating_point() and not t.int().is_floating_point()
+    assert t.const_like(7).tolist() == [[7.0, 7.0]] and t.const_like(7).dtype == t.dtype
+    e = t.empty_like(dtype=dtypes.int32)
+    assert e.shape == (1, 2) and e.dtype == dtypes.int32
+
+
+@pytest.mark.parametrize("init, std", [
+    (lambda: Tensor.kaiming_uniform(64, 32, 3, 3, a=0.0), math.sqrt(2 / (32 * 9))),
+    (lambda: Tensor.kaiming_normal(64, 32, 3, 3, a=0.0), math.sqrt(2 / (32 * 9))),
+    (lambda: Tensor.glorot_uniform(128, 64), math.sqrt(2 / (128 + 64))),
+    (lambda: Tensor.scaled_uniform(128, 64), math.sqrt(1 / 3) * (128 * 64) ** -0.5),
+])
+def test_initialisers_have_their_spread(init: object, std: float) -> None:
+    Tensor.manual_seed(0)
+    w = init().numpy()  # type: ignore[operator]
+    assert abs(w.mean()) < 0.1 * std and abs(w.std() - std) < 0.05 * std
+
+
+def test_randperm_and_random_bits() -> None:
+    Tensor.manual_seed(1)
+    p = Tensor.randperm(50).numpy()
+    assert sorted(p.tolist()) == list(range(50)) and p.tolist() != list(range(50))
+    bits = Tensor.random_bits(4, 5)
+    assert bits.dtype == dtypes.uint32 and bits.shape == (4, 5)
+    with pytest.raises(ValueError, match="randperm"):
+        Tensor.randperm(-1)
+
+
+def test_multinomial_follows_the_weights() -> None:
+    Tensor.manual_seed(2)
+    w = Tensor([1.0, 0.0, 3.0])
+    s = w.multinomial(20_000, replacement=True).numpy()
+    assert s.shape == (20_000,) and set(np.unique(s)) <= {0, 2}
+    assert abs((s == 2).mean() - 0.75) < 0.02
+    rows = Tensor([[0.0, 1.0], [1.0, 0.0]]).multinomial()
+    assert rows.numpy().tolist() == [[1], [0]]
+    with pytest.raises(NotImplementedError):
+        w.multinomial(2)
+
+
+def test_newton_schulz_orthogonalises() -> None:
+    rng = np.random.default_rng(0)
+    m = rng.standard_normal((8, 16)).astype(np.float32)
+    o = Tensor(m).newton_schulz(steps=10).numpy()
+    s = np.linalg.svd(o, compute_uv=False)
+    assert s.min() > 0.5 and s.max() < 1.5  # Muon's quintic iteration pushes singular values into about [0.7, 1.2]
+    assert Tensor(m.T).newton_schulz().shape == (16, 8)
