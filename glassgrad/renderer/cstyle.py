@@ -5,9 +5,9 @@ everything the C-like languages share (expressions, loops, accumulators, constan
 overrides only what differs: the function signature, type names, math function names, the outer-loop
 convention, and `extra_matcher`, rewrite rules run before linearising (e.g. compute float16 in float32).
 
-Single-use arithmetic is inlined into its consumer (unless the consumer is inside a loop the value is not); loads,
-accumulators and shared values get named variables (`val3`, `acc0`, `alu7`), so the printed kernel reads like
-hand-written C.
+Single-use arithmetic is inlined into its consumer (unless the consumer is inside a loop the value is not, or the
+expression would be more than MAX_INLINE_DEPTH operations deep); loads, accumulators and shared values get named
+variables (`val3`, `acc0`, `alu7`), so the printed kernel reads like hand-written C.
 """
 from __future__ import annotations
 
@@ -46,6 +46,12 @@ float32_compute = PatternMatcher([
     (UPat(GroupOp.ALU, name="u"), _compute_in_float32),
     (UPat(Ops.REDUCE, dtype=_LOW_PRECISION, name="u"), _reduce_in_float32),
 ])
+
+
+# An inlined expression at most this many operations deep; a deeper one gets a variable. clang (and so Apple's Metal
+# compiler) stops at 256 nested brackets, and an operation adds a few (a cast two or three, a bitcast four): a chain
+# of 1000 fused multiply-adds, inlined whole, did not compile.
+MAX_INLINE_DEPTH = 40
 
 
 class CStyleLanguage:
@@ -234,6 +240,7 @@ class CStyleLanguage:
         global_index = 0
         widened: set[UOp] = set()  # int32 index values held in 64-bit variables
         split_loops: dict[UOp, int] = {}  # SIMD lane loops written as several loops: where their lines start
+        nesting: dict[UOp, int] = {}  # inlined expressions: how many operations deep they are
 
         def new_name(prefix: str) -> str:
             counters[prefix] += 1
@@ -351,8 +358,10 @@ class CStyleLanguage:
                     expr = self.render_alu(u, a)
                     if u.dtype in _NARROW_INTS and u.op not in GroupOp.Comparison:
                         expr = f"(({self.render_dtype(u.dtype)}){expr})"  # C computes in int: wrap like numpy
-                if uses[u] == 1 and u not in hoisted:
+                depth = 1 + max((nesting.get(s, 0) for s in u.src), default=0)
+                if uses[u] == 1 and u not in hoisted and depth <= MAX_INLINE_DEPTH:
                     names[u] = expr
+                    nesting[u] = depth
                 else:
                     names[u] = new_name("alu")
                     if self._widened(u):
@@ -638,7 +647,7 @@ class ClangRenderer(CStyleLanguage):
     """C for the CPU backend. The outermost loop runs over [start, end) so the runtime can split it over threads."""
     device = "CPU"
     extra_matcher = float32_compute
-    type_names = {**CStyleLanguage.type_names, dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"}
+    type_names = {**CStyleLanguage.type_names, dtypes.float16: "unsigned short", dtypes.bfloat16: "unsigned short"}
 
     def __init__(self, native_half: bool = False, omp_simd: bool = True) -> None:
         """What the C compiler can do (`runtime/ccompiler.py` probes it; the defaults build with any C99 compiler):
