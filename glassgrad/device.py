@@ -180,6 +180,10 @@ class _DeviceRegistry:
             raise ValueError(f"device index in {name!r} must be a number, as in 'CUDA:1'")
         return base if not index or index == "0" else f"{base}:{index}"
 
+    def opened(self, name: str) -> Compiled | None:
+        """The device if it has been created already, else None (nothing is opened)."""
+        return self._devices.get(self.canonicalize(name))
+
     def __getitem__(self, name: str) -> Compiled:
         name = self.canonicalize(name)
         if name not in self._devices:

@@ -431,3 +431,22 @@ def test_cpu_threads_give_the_same_answer() -> None:
     x = np.random.default_rng(0).standard_normal((512, 300)).astype(np.float32)
     out = Tensor(x).sum(axis=1).numpy()
     np.testing.assert_allclose(out, x.sum(axis=1), rtol=1e-5, atol=1e-4)
+
+
+def _deepest_brackets(source: str) -> int:
+    depth = deepest = 0
+    for ch in source:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
+@pytest.mark.parametrize("device", ["CPU", "CUDA", "METAL"])
+def test_deep_chains_render_within_the_compilers_bracket_limit(device: str) -> None:
+    """A chain of 1000 fused multiply-adds is one kernel, but not one expression 2000 operations deep: clang (and
+    Apple's Metal compiler, which is clang) stops at 256 nested brackets. Deep expressions get variables."""
+    x = Tensor.empty(3)
+    for _ in range(1000):
+        x = x * 1.0001 + 0.0001
+    (kernel,) = glassgrad.kernels(x.cast(dtypes.float16), device=device)
+    assert 0 < _deepest_brackets(kernel.source) < 128

@@ -842,6 +842,27 @@ def test_random_reduce_graphs_match_numpy(data: st.DataObject) -> None:
     assert_matches(pool[-1])
 
 
+@pytest.mark.parametrize("np_dtype", [np.int32, np.float32])
+@pytest.mark.parametrize("build", ["sum_of_full", "max_of_full", "sum_in_3d"])
+def test_reduction_over_size_one_axes_fuses_as_its_element(np_dtype: type, build: str) -> None:
+    """Regression (found by test_random_graphs_reuse_cached_schedules): a reduction over axes of size 1 only, fused
+    into a kernel whose other axis the CPU heuristic upcasts, was a REDUCE with no loop and crashed the heuristic
+    (`max() arg is an empty sequence`). Such a reduction is its one element: the kernel has no REDUCE at all."""
+    name = np.dtype(np_dtype).name
+    x = np.arange(64, dtype=np_dtype).reshape(4, 16)
+    if build == "sum_of_full":
+        out, ref = Tensor.full((1, 16), 2, dtype=name).sum(0) + Tensor(x[0]), x[0] + 2
+    elif build == "max_of_full":
+        out, ref = Tensor.full((1, 16), -3, dtype=name).max(0) * Tensor(x[1]), x[1] * -3
+    else:
+        out, ref = Tensor.full((4, 1, 16), 5, dtype=name).sum(1) - Tensor(x), 5 - x
+    schedule, _ = create_schedule([out.uop])
+    assert len(schedule) == 1
+    assert not any(u.op is Ops.REDUCE for u in schedule[0].ast.toposort())
+    kernels(out)  # the optimiser takes it
+    np.testing.assert_array_equal(out.numpy(), ref.astype(np_dtype))
+
+
 def conv_weight_gradient(batch: int, cin: int, cout: int, size: int, k: int) -> tuple[Tensor, np.ndarray]:
     """d/dw of sum(conv2d(x, w) * g), and the same in float64 numpy."""
     rng = np.random.default_rng(batch + cin)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -210,7 +211,13 @@ def problems(draw: st.DrawFn, dtype: DType = I32, depth: int = 4) -> tuple[UOp, 
     return draw(int_expr(variables, dtype, depth)), variables
 
 
-PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def examples(n: int) -> int:
+    """`n` hypothesis examples, times SYMBOLIC_EXAMPLES_SCALE (default 1): `SYMBOLIC_EXAMPLES_SCALE=20 pytest
+    tests/test_symbolic.py -k Properties --hypothesis-seed=N` is a longer hunt than the default run."""
+    return n * int(os.environ.get("SYMBOLIC_EXAMPLES_SCALE", "1"))
+
+
+PROPERTY = settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 class TestProperties:
@@ -219,17 +226,17 @@ class TestProperties:
     def test_simplify_keeps_int32_values_and_ranges_are_sound(self, problem: tuple[UOp, list[UOp]]) -> None:
         check_simplify(*problem)
 
-    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(problems(U32, depth=3))
     def test_simplify_keeps_uint32_values_and_ranges_are_sound(self, problem: tuple[UOp, list[UOp]]) -> None:
         check_simplify(*problem)
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(problems(dtypes.int64, depth=3))
     def test_simplify_keeps_int64_values_and_ranges_are_sound(self, problem: tuple[UOp, list[UOp]]) -> None:
         check_simplify(*problem)
 
-    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.data())
     def test_comparisons_keep_their_values(self, data: st.DataObject) -> None:
         sizes = data.draw(st.lists(st.integers(1, 16), min_size=1, max_size=3))
@@ -237,7 +244,7 @@ class TestProperties:
         expr = data.draw(bool_expr(variables, I32, 4)).cast(I32)
         check_simplify(expr, variables)
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     @given(st.lists(st.integers(1, 6), min_size=1, max_size=4), st.data())
     def test_reshape_index_round_trip_simplifies_to_the_flat_index(self, shape: list[int],
                                                                    data: st.DataObject) -> None:
@@ -495,7 +502,7 @@ class TestWrappedRemainders:
 
     @given(st.integers(-40, 40), st.integers(-40, 40), st.integers(0, 60), st.integers(2, 30), st.integers(1, 30),
            st.integers(1, 8), st.integers(1, 8))
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     def test_remainder_bounds_keep_their_value(self, a: int, b: int, k: int, d: int, bound: int, n0: int,
                                                n1: int) -> None:
         r0, r1 = rng(n0, 0), rng(n1, 1)
@@ -531,7 +538,7 @@ class TestWrappedRemainders:
 
     @given(st.integers(-30, 30), st.integers(-30, 30), st.integers(0, 40), st.integers(2, 26), st.integers(1, 26),
            st.integers(1, 7), st.integers(1, 7), st.integers(1, 9))
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     def test_gated_indices_keep_their_value(self, a: int, b: int, k: int, d: int, bound: int, n0: int, n1: int,
                                             row: int) -> None:
         r0, r1 = rng(n0, 0), rng(n1, 1)

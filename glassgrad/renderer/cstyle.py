@@ -5,15 +5,17 @@ everything the C-like languages share (expressions, loops, accumulators, constan
 overrides only what differs: the function signature, type names, math function names, the outer-loop
 convention, and `extra_matcher`, rewrite rules run before linearising (e.g. compute float16 in float32).
 
-Single-use arithmetic is inlined into its consumer (unless the consumer is inside a loop the value is not); loads,
-accumulators and shared values get named variables (`val3`, `acc0`, `alu7`), so the printed kernel reads like
-hand-written C.
+Single-use arithmetic is inlined into its consumer (unless the consumer is inside a loop the value is not, or the
+expression would be more than MAX_INLINE_DEPTH operations deep); loads, accumulators and shared values get named
+variables (`val3`, `acc0`, `alu7`), so the printed kernel reads like hand-written C.
 """
 from __future__ import annotations
 
 import functools
 import math
 from collections import Counter
+
+import numpy as np
 
 from glassgrad.dtype import DType, dtypes
 from glassgrad.uop.ops import GroupOp, Ops, UOp, dtype_bounds
@@ -44,6 +46,12 @@ float32_compute = PatternMatcher([
     (UPat(GroupOp.ALU, name="u"), _compute_in_float32),
     (UPat(Ops.REDUCE, dtype=_LOW_PRECISION, name="u"), _reduce_in_float32),
 ])
+
+
+# An inlined expression at most this many operations deep; a deeper one gets a variable. clang (and so Apple's Metal
+# compiler) stops at 256 nested brackets, and an operation adds a few (a cast two or three, a bitcast four): a chain
+# of 1000 fused multiply-adds, inlined whole, did not compile.
+MAX_INLINE_DEPTH = 40
 
 
 class CStyleLanguage:
@@ -232,6 +240,7 @@ class CStyleLanguage:
         global_index = 0
         widened: set[UOp] = set()  # int32 index values held in 64-bit variables
         split_loops: dict[UOp, int] = {}  # SIMD lane loops written as several loops: where their lines start
+        nesting: dict[UOp, int] = {}  # inlined expressions: how many operations deep they are
 
         def new_name(prefix: str) -> str:
             counters[prefix] += 1
@@ -349,8 +358,10 @@ class CStyleLanguage:
                     expr = self.render_alu(u, a)
                     if u.dtype in _NARROW_INTS and u.op not in GroupOp.Comparison:
                         expr = f"(({self.render_dtype(u.dtype)}){expr})"  # C computes in int: wrap like numpy
-                if uses[u] == 1 and u not in hoisted:
+                depth = 1 + max((nesting.get(s, 0) for s in u.src), default=0)
+                if uses[u] == 1 and u not in hoisted and depth <= MAX_INLINE_DEPTH:
                     names[u] = expr
+                    nesting[u] = depth
                 else:
                     names[u] = new_name("alu")
                     if self._widened(u):
@@ -570,7 +581,10 @@ def _safe_divisor(d: UOp) -> bool:
     return d.op is Ops.CONST and d.arg not in (0, -1)
 
 
+# Helpers are guarded so that a batch of kernels in one C file (`ClangCompiler.compile_batch`) defines them once.
 _BF16_HELPERS = """\
+#ifndef GG_BF16_HELPERS
+#define GG_BF16_HELPERS
 static inline float gg_bf16_to_f32(unsigned short x) {
   union { unsigned int i; float f; } u = { (unsigned int)x << 16 };
   return u.f;
@@ -580,6 +594,48 @@ static inline unsigned short gg_f32_to_bf16(float f) {
   if (f != f) return 0x7fc0;
   return (unsigned short)((u.i + 0x7fff + ((u.i >> 16) & 1)) >> 16);
 }
+#endif
+"""
+
+# float16 stored as its 16 bits, for compilers without `_Float16` (clang 14 on x86-64). The conversions are exact and
+# give the native type's bits: half -> float is exact (a NaN is made quiet, as F16C's vcvtph2ps does); float and
+# double -> half round to nearest, ties to even, straight from the source value (no rounding through float first),
+# with overflow to infinity at 65520 and NaNs kept quiet with their top payload bits.
+_F16_HELPERS = """\
+#ifndef GG_F16_HELPERS
+#define GG_F16_HELPERS
+static inline float gg_f16_to_f32(unsigned short h) {
+  unsigned int sign = (unsigned int)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  union { unsigned int i; float f; } u;
+  if (exponent == 0) {  /* zero or subnormal: mantissa * 2^-24, exact in float */
+    u.f = (float)mantissa * 0x1p-24f;
+    u.i |= sign;
+    return u.f;
+  }
+  u.i = sign | (exponent == 31 ? 0x7f800000u | (mantissa << 13) | (mantissa ? 0x400000u : 0u)
+                               : ((exponent + 112u) << 23) | (mantissa << 13));
+  return u.f;
+}
+static inline unsigned short gg_f64_to_f16(double d) {
+  union { double d; unsigned long long i; } u = { d };
+  unsigned short sign = (unsigned short)((u.i >> 48) & 0x8000u);
+  unsigned long long a = u.i & 0x7fffffffffffffffull;
+  if (a > 0x7ff0000000000000ull) return sign | 0x7e00u | (unsigned short)((a >> 42) & 0x1ffu);  /* NaN */
+  if (a >= 0x40effe0000000000ull) return sign | 0x7c00u;  /* 65520 and more (a tie rounds to even: inf) */
+  if (a >= 0x3f10000000000000ull) {  /* a normal half (2^-14 and more): rebias the exponent, round 52 -> 10 bits */
+    unsigned long long m = a - 0x3f00000000000000ull;
+    return sign | (unsigned short)((m + 0x1ffffffffffull + ((m >> 42) & 1u)) >> 42);
+  }
+  if (a <= 0x3e60000000000000ull) return sign;  /* 2^-25 or less: zero (2^-25 is a tie with 0) */
+  {  /* a subnormal half: the value in units of 2^-24, rounded */
+    int shift = 1051 - (int)(a >> 52);
+    unsigned long long mantissa = (a & 0xfffffffffffffull) | 0x10000000000000ull;
+    unsigned long long q = mantissa >> shift, r = mantissa & ((1ull << shift) - 1), tie = 1ull << (shift - 1);
+    return sign | (unsigned short)(q + (r > tie || (r == tie && (q & 1u))));
+  }
+}
+static inline unsigned short gg_f32_to_f16(float f) { return gg_f64_to_f16((double)f); }
+#endif
 """
 
 
@@ -591,7 +647,18 @@ class ClangRenderer(CStyleLanguage):
     """C for the CPU backend. The outermost loop runs over [start, end) so the runtime can split it over threads."""
     device = "CPU"
     extra_matcher = float32_compute
-    type_names = {**CStyleLanguage.type_names, dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"}
+    type_names = {**CStyleLanguage.type_names, dtypes.float16: "unsigned short", dtypes.bfloat16: "unsigned short"}
+
+    def __init__(self, native_half: bool = False, omp_simd: bool = True) -> None:
+        """What the C compiler can do (`runtime/ccompiler.py` probes it; the defaults build with any C99 compiler):
+        `native_half`: float16 is `_Float16`, else its 16 bits (`unsigned short`) converted by exact helpers;
+        `omp_simd`: the compiler takes `-fopenmp-simd`, so loops get `#pragma omp simd` hints."""
+        self.native_half = native_half
+        self.omp_simd = omp_simd
+        self.type_names = {**self.type_names, dtypes.float16: "_Float16" if native_half else "unsigned short"}
+
+    def __repr__(self) -> str:
+        return f"ClangRenderer(native_half={self.native_half}, omp_simd={self.omp_simd})"
 
     wide_index_type = "long long"
 
@@ -601,7 +668,7 @@ class ClangRenderer(CStyleLanguage):
     def reduce_loop_pragma(self, program: list[UOp], position: int, names: dict[UOp, str]) -> str:
         """Innermost sum/product loops may be reordered (vectorised) by the compiler: OpenMP SIMD says so for this
         loop alone, instead of -ffast-math for the whole file (which would also break NaN and inf handling)."""
-        acc = _simd_accumulate(program, position)
+        acc = _simd_accumulate(program, position) if self.omp_simd else None
         return "" if acc is None else f"#pragma omp simd reduction({'+' if acc.arg is Ops.ADD else '*'}:" \
             f"{names[acc.src[0]]})"
 
@@ -616,17 +683,17 @@ class ClangRenderer(CStyleLanguage):
         each); the loops around it, and the loop combining a reduction's lanes, are unrolled whole so the
         accumulators live in registers instead of memory."""
         if lanes:
-            return "#pragma omp simd"
+            return "#pragma omp simd" if self.omp_simd else ""
         return f"#pragma GCC unroll {loop.src[0].arg}"
 
     def stage_loop_pragma(self, lanes: bool) -> str:
-        return "#pragma omp simd" if lanes else ""
+        return "#pragma omp simd" if lanes and self.omp_simd else ""
 
     def global_loop_pragma(self, program: list[UOp], position: int) -> str:
         """An innermost elementwise loop is SIMD lanes: at -O2, gcc 12's cheapest cost model does not vectorise a
         loop that needs a remainder (20 iterations) or gathers (the `x // 2` index of a max-pool's gradient), which
         `omp simd` overrides (MNIST's batch-norm and max-pool gradient kernel: 4.5 -> 2.1 ms)."""
-        return "#pragma omp simd" if _elementwise_lanes(program, position) else ""
+        return "#pragma omp simd" if self.omp_simd and _elementwise_lanes(program, position) else ""
 
     def lane_chunks(self, size: int) -> list[int]:
         """Whole registers of 16 floats, then 8 and 4 (a ymm, an xmm register), then the last 1-3 lanes: gcc
@@ -651,13 +718,31 @@ class ClangRenderer(CStyleLanguage):
             return f"for ({dtype} {var} = start; {var} < end; {var}++) {{"
         return super().render_global_range(index, var, size, dtype)
 
+    def render_const(self, value: int | float | bool, dtype: DType) -> str:
+        """A float16 constant is its exact half value (numpy's rounding of the Python float, straight to half): the
+        native type gets it as a float literal, which converts exactly; the 16-bit storage gets its bits."""
+        if dtype != dtypes.float16:
+            return super().render_const(value, dtype)
+        with np.errstate(over="ignore"):  # a constant past 65504 is infinity in float16
+            half = np.float16(value)
+        if self.native_half:
+            return super().render_const(float(half), dtype)
+        return f"((unsigned short)0x{int(half.view(np.uint16)):04x})"
+
     def render_cast(self, x: str, src: DType, dst: DType) -> str:
-        if src == dtypes.bfloat16:
-            x, src = f"gg_bf16_to_f32({x})", dtypes.float32
+        """Casts from and to the types stored as 16 bits go through float (and, to float16, from double too: one
+        rounding from the source value, as the native type and numpy do)."""
+        if src == dst:
+            return x
+        stored = (dtypes.bfloat16,) if self.native_half else (dtypes.bfloat16, dtypes.float16)
+        if src in stored:
+            x, src = f"gg_{'bf16' if src == dtypes.bfloat16 else 'f16'}_to_f32({x})", dtypes.float32
             if dst == dtypes.float32:
                 return x
         if dst == dtypes.bfloat16:
             return f"gg_f32_to_bf16((float)({x}))"
+        if dst in stored:
+            return f"gg_f32_to_f16({x})" if src == dtypes.float32 else f"gg_f64_to_f16((double)({x}))"
         return super().render_cast(x, src, dst)
 
     def render(self, name: str, program: list[UOp]) -> str:
@@ -671,7 +756,10 @@ class ClangRenderer(CStyleLanguage):
 
     def render_kernel(self, name: str, params: list[str], body: list[str], local_size: int = 1) -> str:
         signature = ", ".join([*params, "long long start", "long long end"])
-        helpers = [_BF16_HELPERS.rstrip()] if any("gg_bf16" in line or "gg_f32" in line for line in body) else []
+        text = "\n".join(body)
+        helpers = [_BF16_HELPERS.rstrip()] if "gg_bf16" in text or "gg_f32_to_bf16" in text else []
+        if "gg_f16" in text or "_to_f16(" in text:
+            helpers.append(_F16_HELPERS.rstrip())
         vector_math = [decl for fn, decl in _VECTOR_MATH.items() if any(f"{fn}(" in line for line in body)]
         if vector_math:  # the CPU compiler defines GG_VECTOR_MATH when glibc's libmvec can be linked
             helpers = ["#ifdef GG_VECTOR_MATH", *vector_math, "#endif", *helpers]

@@ -8,6 +8,8 @@ as on the CPU, so results agree across devices), infinities without <math.h>, an
 """
 from __future__ import annotations
 
+import re
+
 from glassgrad.dtype import DType, dtypes
 from glassgrad.renderer.cstyle import CStyleLanguage, float32_compute
 from glassgrad.uop.ops import UOp
@@ -50,8 +52,13 @@ class CUDARenderer(CStyleLanguage):
     barrier = "__syncthreads();"
 
     def __init__(self, arch: str = "sm_90") -> None:
+        """`arch`: the GPU architecture the kernels are for ('sm_90', 'sm_80', 'sm_90a'): a target detail given
+        here (by the open GPU, or `kernels(..., arch=)`), never asked of a driver, so rendering needs no GPU."""
+        if not isinstance(arch, str) or re.fullmatch(r"sm_\d+a?", arch) is None:
+            raise ValueError(f"a CUDA architecture looks like 'sm_90' or 'sm_80'; got {arch!r}")
         self.arch = arch
         self.tensor_cores = int(arch.removeprefix("sm_").rstrip("a")) >= 80  # mma.sync m16n8k16 and ldmatrix
+
     type_names = {**CStyleLanguage.type_names, dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
 
     def group_id(self) -> str:

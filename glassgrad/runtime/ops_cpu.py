@@ -1,7 +1,8 @@
 """The CPU backend: C source -> shared library (system C compiler) -> ctypes call, split over threads.
 
 In: C source from `ClangRenderer` (one function per kernel whose last two arguments are the [start, end) slice
-of its outermost loop). Out: a callable program. `CC` picks the compiler (default: clang, else gcc, else cc).
+of its outermost loop). Out: a callable program. `CC` picks the compiler (default: the first of clang, gcc and cc
+that builds a kernel); `runtime/ccompiler.py` probes what it can do, and the renderer is made to match.
 Buffers are 64-byte-aligned numpy byte arrays, so host copies are plain memcpy.
 """
 from __future__ import annotations
@@ -11,7 +12,6 @@ import functools
 import hashlib
 import os
 import platform
-import shutil
 import subprocess
 import tempfile
 import time
@@ -23,6 +23,7 @@ import numpy as np
 from glassgrad.device import Allocator, Compiled, Compiler
 from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir, getenv
 from glassgrad.renderer.cstyle import ClangRenderer
+from glassgrad.runtime.ccompiler import CCompilerError, CCompilerInfo, find_c_compiler
 
 
 class CPUAllocator(Allocator):
@@ -38,60 +39,60 @@ class CPUAllocator(Allocator):
         np.frombuffer(dest, dtype=np.uint8)[:] = handle
 
 
-def find_c_compiler() -> str:
-    for candidate in (os.environ.get("CC"), "clang", "gcc", "cc"):
-        if candidate and shutil.which(candidate):
-            return candidate
-    raise RuntimeError("no C compiler found for the CPU backend: install clang or gcc, or set CC")
-
-
 class ClangCompiler(Compiler):
-    """Compiles a kernel's C source to a shared library's bytes."""
-    flags = ["-O2", "-march=native", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off", "-fno-math-errno",
-             "-fopenmp-simd"]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cc = find_c_compiler()
-        self.libs = ["-lm"]
-        if self._try_compile(VECTOR_MATH_PROBE, ["-DGG_VECTOR_MATH"], ["-lmvec", "-lm"])[0] is not None:
-            self.flags = [*self.flags, "-DGG_VECTOR_MATH"]  # glibc's SIMD exp2f/log2f/sinf (libmvec) are usable
-            self.libs = ["-lmvec", "-lm"]
-        version = subprocess.run([self.cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-        self.cache_key = f"cpu {self.cc} {version} {platform.machine()} {platform.node()} {' '.join(self.flags)}"
-
-    def _try_compile(self, src: str, extra_flags: list[str], libs: list[str]) -> tuple[bytes | None, str]:
-        """(the shared library, or None if the compiler failed; the compiler's messages). Safe to call from several
-        threads at once: each call has its own process and temporary directory."""
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "kernel.so")
-            proc = subprocess.run([self.cc, *self.flags, *extra_flags, "-x", "c", "-", "-o", out, *libs],
-                                  input=src.encode(), capture_output=True)
-            if proc.returncode != 0:
-                return None, proc.stderr.decode()
-            with open(out, "rb") as f:
-                return f.read(), proc.stderr.decode()
-
+    """Compiles a kernel's C source to a shared library's bytes, with the flags its compiler's probe found
+    (`runtime/ccompiler.py`). Without a usable C compiler the CPU device still exists (tensors can be made and their
+    kernels rendered, e.g. as CUDA by `glassgrad.kernels`); compiling then raises the `CCompilerError` that says why."""
     batches = True
 
+    def __init__(self, info: CCompilerInfo | None = None) -> None:
+        super().__init__()
+        self.info: CCompilerInfo | None = info
+        self.error: CCompilerError | None = None
+        if info is None:
+            try:
+                self.info = find_c_compiler()
+            except CCompilerError as e:
+                self.error = e
+        self.cc = self.info.path if self.info else ""
+        self.flags = list(self.info.flags) if self.info else []
+        self.libs = list(self.info.libs) if self.info else []
+        identity = f"{self.info.path} {self.info.version}" if self.info else "(no C compiler)"
+        self.cache_key = f"cpu {identity} {platform.machine()} {platform.node()} {' '.join(self.flags + self.libs)}"
+
+    def renderer(self) -> ClangRenderer:
+        """The C renderer for what this compiler can do (its half type, its SIMD pragmas); portable C without one."""
+        if self.info is None:
+            return ClangRenderer()
+        return ClangRenderer(native_half=self.info.native_half, omp_simd=self.info.omp_simd)
+
+    def describe(self) -> str:
+        return self.info.describe() if self.info else "no C compiler"
+
+    def _try_compile(self, src: str) -> tuple[bytes | None, str]:
+        """(the shared library, or None if the compiler failed; the compiler's messages). Safe to call from several
+        threads at once: each call has its own process and temporary directory."""
+        if self.error is not None:
+            raise self.error
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "kernel.so")
+            proc = subprocess.run([self.cc, *self.flags, "-x", "c", "-", "-o", out, *self.libs],
+                                  input=src.encode(), capture_output=True)
+            if proc.returncode != 0:
+                return None, proc.stderr.decode(errors="replace")
+            with open(out, "rb") as f:
+                return f.read(), proc.stderr.decode(errors="replace")
+
     def compile_batch(self, sources: list[str]) -> bytes | None:
-        """All the kernels in one shared library: the sources one after another in one C file. A source with
-        file-local (`static`) helpers would define them twice, so such batches are left to `compile`."""
-        if any("static " in src for src in sources):
-            return None
-        return self._try_compile("\n".join(sources), [], self.libs)[0]
+        """All the kernels in one shared library: the sources one after another in one C file (their helpers, such
+        as float16's conversions, are guarded so that a second copy is skipped)."""
+        return self._try_compile("\n".join(sources))[0]
 
     def compile(self, src: str) -> bytes:
-        binary, messages = self._try_compile(src, [], self.libs)
+        binary, messages = self._try_compile(src)
         if binary is None:
-            raise RuntimeError(f"C compile failed ({self.cc}):\n{messages}\n--- source ---\n{src}")
+            raise RuntimeError(f"C compile failed ({self.describe()}):\n{messages}\n--- source ---\n{src}")
         return binary
-
-
-VECTOR_MATH_PROBE = """#include <math.h>
-float exp2f(float) __attribute__((simd("notinbranch")));
-void probe(float* restrict out, const float* restrict in) { for (int i = 0; i < 64; i++) out[i] = exp2f(in[i]); }
-"""
 
 
 _POOL: ThreadPoolExecutor | None = None
@@ -157,10 +158,13 @@ class CPUProgram:
 
 
 def create_device(name: str) -> Compiled:
+    """The CPU device (its kernels raise CCompilerError when no C compiler can build them)."""
     if name != "CPU":
         raise ValueError(f"the CPU backend has one device, 'CPU'; got {name!r}")
-    return Compiled(name, CPUAllocator(), ClangRenderer(), ClangCompiler(), CPUProgram)
+    compiler = ClangCompiler()
+    return Compiled(name, CPUAllocator(), compiler.renderer(), compiler, CPUProgram)
 
 
 def create_renderer() -> ClangRenderer:
-    return ClangRenderer()
+    """The C renderer for this machine's C compiler (probed: see `runtime/ccompiler.py`)."""
+    return ClangCompiler().renderer()

@@ -393,8 +393,8 @@ def _batch_parts(u: UOp) -> int | None:
 def _thread_per_output(device: str) -> bool:
     """Whether the device's kernels run a thread (or a tile) per output (GPUs), so that some thousand outputs leave
     it mostly idle; a CPU's few cores split the outer loop of any of them, and partial results only cost it memory."""
-    from glassgrad.kernels import renderer_for  # (kernels.py imports the scheduler)
-    return renderer_for(device).has_local
+    from glassgrad.kernels import renderer_class  # (kernels.py imports the scheduler)
+    return renderer_class(device).has_local
 
 
 def _split_factor(u: UOp) -> int | None:

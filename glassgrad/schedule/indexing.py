@@ -317,6 +317,8 @@ class KernelBuilder:
         for a in axes:  # a reduced axis of size 1 is just index 0: no loop
             src_idxs[a] = next(loops) if src_shape[a] != 1 else UOp.const(self.index_dtype, 0)
         value = yield (node.src[0], tuple(src_idxs), gate)
+        if not ranges:  # every reduced axis has size 1: the one element is the result (sum, product and max alike)
+            return value
         return UOp(Ops.REDUCE, node.dtype, (value, *ranges), reduce_op)
 
 

@@ -68,19 +68,29 @@ needs_cxx = pytest.mark.skipif(not has_cxx(), reason="no C++ compiler (g++ or cl
 
 
 @functools.cache
-def cxx_flags(cxx: str) -> list[str]:
-    """Flags that make MSL compile as C++: unknown `[[buffer(n)]]` attributes are ignored, char is signed."""
+def has_float16(cxx: str) -> bool:
+    """Whether the C++ compiler has `_Float16` (probed: clang before 15 rejects it on x86-64, gcc 12 has it)."""
+    proc = subprocess.run([cxx, "-std=c++17", "-x", "c++", "-c", "-o", os.devnull, "-"],
+                          input=b"_Float16 gg_probe(float x) { return static_cast<_Float16>(x); }", capture_output=True)
+    return proc.returncode == 0
+
+
+@functools.cache
+def cxx_flags(cxx: str, half_storage: bool | None = None) -> list[str]:
+    """Flags that make MSL compile as C++: unknown `[[buffer(n)]]` attributes are ignored, char is signed, and
+    `half` is stored as 16 bits where the compiler has no `_Float16` (or when `half_storage` says so)."""
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     attributes = "-Wno-unknown-attributes" if "clang" in version else "-Wno-attributes"
-    return ["-std=c++17", "-fsigned-char", attributes, f"-I{HERE}"]
+    storage = not has_float16(cxx) if half_storage is None else half_storage
+    return ["-std=c++17", "-fsigned-char", attributes, f"-I{HERE}", *(["-DGG_HALF_STORAGE"] if storage else [])]
 
 
-def syntax_check(source: str, cxx: str | None = None) -> str:
+def syntax_check(source: str, cxx: str | None = None, half_storage: bool | None = None) -> str:
     """Compile MSL source against the shim with -fsyntax-only; the compiler's messages ('' when clean).
     Raises RuntimeError (with the messages and the source) when it does not compile."""
     cxx = cxx or find_cxx()
-    proc = subprocess.run([cxx, *cxx_flags(cxx), "-fsyntax-only", "-x", "c++", "-"], input=source.encode(),
-                          capture_output=True)
+    proc = subprocess.run([cxx, *cxx_flags(cxx, half_storage), "-fsyntax-only", "-x", "c++", "-"],
+                          input=source.encode(), capture_output=True)
     if proc.returncode != 0:
         raise RuntimeError(f"MSL did not compile against the shim ({cxx}):\n{proc.stderr.decode()}\n"
                            f"--- source ---\n{source}")
@@ -110,10 +120,10 @@ def _load(binary: bytes) -> ctypes.CDLL:
 class EmulatedMetalCompiler(Compiler):
     """MSL -> a shared library exporting `gg_entry`. The cache key covers the shim, so editing it recompiles."""
 
-    def __init__(self) -> None:
+    def __init__(self, half_storage: bool | None = None) -> None:
         super().__init__()
         self.cxx = find_cxx()
-        self.flags = [*cxx_flags(self.cxx), "-O1", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off",
+        self.flags = [*cxx_flags(self.cxx, half_storage), "-O1", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off",
                       "-fno-math-errno", "-DGG_METAL_EMULATOR", "-pipe"]
         self.libs: tuple[str, ...] = ()
         if sys.platform.startswith("linux"):  # links faster without the C++ runtime, which kernels do not use

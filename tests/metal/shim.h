@@ -9,8 +9,9 @@
 //     defined, `threadgroup` becomes `static`: the emulator runs a synchronising kernel one threadgroup at a time,
 //     so a function-static array is exactly "one array shared by the threads of the running group";
 //   * `kernel` is `extern "C"`; the thread-id parameters are `uint3` structs;
-//   * scalar types uchar/ushort/uint/ulong (long is 64 bits, as in MSL), `half` (_Float16) and `bfloat`
-//     (a 16-bit struct converting to/from float with round-to-nearest-even; explicit conversions only);
+//   * scalar types uchar/ushort/uint/ulong (long is 64 bits, as in MSL), `half` (_Float16, or with GG_HALF_STORAGE
+//     a 16-bit struct with exact conversions, for compilers without _Float16) and `bfloat` (a 16-bit struct
+//     converting to/from float with round-to-nearest-even); the structs convert explicitly only;
 //   * vector types float2/3/4, half2/3/4, int2/3/4, uint2/3/4 with .x/.y/.z/.w, MSL-style constructors and
 //     element-wise + - * /; no swizzles (MetalRenderer uses only `gid.x` and `lid.x`);
 //   * metal:: math with precise:: and fast:: variants, INFINITY and NAN, computed by the host's libm through the
@@ -30,7 +31,52 @@ typedef unsigned char uchar;
 typedef unsigned short ushort;
 typedef unsigned int uint;
 typedef unsigned long ulong;
+
+#ifndef GG_HALF_STORAGE
 typedef _Float16 half;
+#else
+// ---------- half as its 16 bits, for a C++ compiler without _Float16 (clang 14 on x86-64) ----------
+// The emulator defines GG_HALF_STORAGE when its probe finds no _Float16 (metal_emulator.cxx_flags). Conversions
+// are exact and give the native type's bits: float -> half rounds to nearest even (overflow to infinity at 65520,
+// NaNs kept quiet with their top payload bits); half -> float is exact. Explicit conversions only.
+struct half {
+  ushort bits;
+  half() = default;
+  explicit half(float f) : bits(from_float(f)) {}
+  explicit operator float() const { return to_float(bits); }
+  static ushort from_float(float f) {
+    uint u;
+    __builtin_memcpy(&u, &f, sizeof u);
+    uint sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return static_cast<ushort>(sign | 0x7e00u | ((a >> 13) & 0x1ffu));  // NaN
+    if (a >= 0x477ff000u) return static_cast<ushort>(sign | 0x7c00u);  // 65520 and more: infinity
+    if (a >= 0x38800000u) {  // a normal half: rebias the exponent, round 23 -> 10 mantissa bits
+      uint m = a - 0x38000000u;
+      return static_cast<ushort>(sign | ((m + 0xfffu + ((m >> 13) & 1u)) >> 13));
+    }
+    if (a <= 0x33000000u) return static_cast<ushort>(sign);  // 2^-25 or less: zero
+    int shift = 126 - static_cast<int>(a >> 23);  // a subnormal half: the value in units of 2^-24, rounded
+    uint mantissa = (a & 0x7fffffu) | 0x800000u;
+    uint q = mantissa >> shift, r = mantissa & ((1u << shift) - 1u), tie = 1u << (shift - 1);
+    return static_cast<ushort>(sign | (q + ((r > tie || (r == tie && (q & 1u))) ? 1u : 0u)));
+  }
+  static float to_float(ushort h) {
+    uint sign = static_cast<uint>(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, u;
+    float f;
+    if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in float
+      f = static_cast<float>(mantissa) * 0x1p-24f;
+      __builtin_memcpy(&u, &f, sizeof u);
+      u |= sign;
+    } else if (exponent == 31) {
+      u = sign | 0x7f800000u | (mantissa << 13) | (mantissa ? 0x400000u : 0u);
+    } else {
+      u = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    }
+    __builtin_memcpy(&f, &u, sizeof f);
+    return f;
+  }
+};
+#endif
 
 #define INFINITY __builtin_inff()
 #define NAN __builtin_nanf("")

@@ -62,13 +62,28 @@ CONVERSIONS = HEADER + f"""kernel void conversions({IN_OUT}, device uint* data2 
 """
 
 
-def run(src: str, name: str, arrays: list[np.ndarray], grid: tuple[int, ...], block: tuple[int, ...]) -> None:
-    """Run a kernel on copies of `arrays` in the emulator's guarded buffers, then copy the results back."""
+# half -> float of every bit pattern and back, and float -> half of a spread of values
+HALVES = HEADER + f"""kernel void halves(device float* data0 [[buffer(0)]], device ushort* data1 [[buffer(1)]],
+                                 const device ushort* data2 [[buffer(2)]], device ushort* data3 [[buffer(3)]],
+                                 const device float* data4 [[buffer(4)]], {IDS}) {{
+  uint i = gid.x * 256 + lid.x;
+  float f = (float)(as_type<half>(data2[i]));
+  data0[i] = f;
+  data1[i] = as_type<ushort>((half)(f));
+  data3[i] = as_type<ushort>((half)(data4[i]));
+}}
+"""
+
+
+def run(src: str, name: str, arrays: list[np.ndarray], grid: tuple[int, ...], block: tuple[int, ...],
+        half_storage: bool | None = None) -> None:
+    """Run a kernel on copies of `arrays` in the emulator's guarded buffers, then copy the results back.
+    `half_storage`: compile the shim's `half` as 16-bit storage (True) or `_Float16` (False); None: as probed."""
     allocator = metal_emulator.GuardedAllocator()
     buffers = [allocator.alloc(a.nbytes) for a in arrays]
     for buffer, a in zip(buffers, arrays):
         allocator.copyin(buffer, a.view(np.uint8).reshape(-1).data)
-    binary = metal_emulator.EmulatedMetalCompiler().compile(src)
+    binary = metal_emulator.EmulatedMetalCompiler(half_storage).compile(src)
     metal_emulator.EmulatedMetalProgram(name, binary)(*buffers, global_size=grid, local_size=block)
     for buffer, a in zip(buffers, arrays):
         allocator.copyout(a.view(np.uint8).reshape(-1).data, buffer)
@@ -122,6 +137,36 @@ def test_half_bfloat_bitcast_and_constants() -> None:
     assert out[32 + 5] == 1.0 and out[32 + 6] == 1.015625
     np.testing.assert_array_equal(bits, x.view(np.uint32))
     assert out[64] == np.inf and out[65] == -np.inf and np.isnan(out[66])
+
+
+@pytest.mark.parametrize("half_storage", [True, False], ids=["16-bit storage", "_Float16"])
+def test_the_shim_converts_half_exactly(half_storage: bool) -> None:
+    """Both forms of the shim's `half` (16 bits where the compiler has no `_Float16`, as clang 14 on x86-64) give
+    numpy's values: every bit pattern to float and back, and float32 values rounded to nearest even (ties,
+    subnormals, overflow past 65504, infinities, NaNs)."""
+    cxx = metal_emulator.find_cxx()
+    if not half_storage and not metal_emulator.has_float16(cxx):
+        pytest.skip(f"{cxx} has no _Float16 (the 16-bit storage case covers this compiler)")
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    with np.errstate(invalid="ignore", over="ignore"):
+        halves = bits.view(np.float16)
+        finite = np.unique(halves[np.isfinite(halves)].astype(np.float64))
+        mids = ((finite[:-1] + finite[1:]) / 2).astype(np.float32)  # ties, exact in float32
+        spread = np.concatenate([mids, np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf)),
+                                 np.array([np.inf, -np.inf, np.nan, 65520.0, 1e30, 2.0 ** -25, 0.0, -0.0], np.float32)])
+        spread = np.resize(spread, 1 << 16)
+        expected_float = halves.astype(np.float32)
+        expected_half = spread.astype(np.float16).view(np.uint16)
+    as_float, back, rounded = np.zeros(1 << 16, np.float32), np.zeros(1 << 16, np.uint16), np.zeros(1 << 16, np.uint16)
+    run(HALVES, "halves", [as_float, back, bits, rounded, spread], (256,), (256,), half_storage=half_storage)
+    nan = np.isnan(expected_float)
+    np.testing.assert_array_equal(as_float.view(np.uint32)[~nan], expected_float.view(np.uint32)[~nan])
+    assert np.isnan(as_float[nan]).all()
+    np.testing.assert_array_equal(back[~nan], bits[~nan])
+    assert np.isnan(back[nan].view(np.float16)).all()
+    spread_nan = np.isnan(spread)
+    np.testing.assert_array_equal(rounded[~spread_nan], expected_half[~spread_nan])
+    assert np.isnan(rounded[spread_nan].view(np.float16)).all()
 
 
 @pytest.fixture

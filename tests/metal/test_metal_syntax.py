@@ -72,15 +72,17 @@ def programs() -> list[ProgramSpec]:
     return all_kernels()
 
 
-def compile_all(sources: list[str], folder: pathlib.Path) -> subprocess.CompletedProcess[str]:
-    """One compiler run, one file per kernel: -fsyntax-only checks each as its own translation unit."""
+def compile_all(sources: list[str], folder: pathlib.Path,
+                half_storage: bool | None = None) -> subprocess.CompletedProcess[str]:
+    """One compiler run, one file per kernel: -fsyntax-only checks each as its own translation unit. `half_storage`:
+    the shim's `half` as 16-bit storage (True), `_Float16` (False), or as the compiler's probe found (None)."""
     files = []
     for n, src in enumerate(sources):
         files.append(folder / f"kernel{n}.metal")
         files[-1].write_text(src)
     cxx = metal_emulator.find_cxx()
-    return subprocess.run([cxx, *metal_emulator.cxx_flags(cxx), "-fsyntax-only", "-x", "c++", *map(str, files)],
-                          capture_output=True, text=True)
+    return subprocess.run([cxx, *metal_emulator.cxx_flags(cxx, half_storage), "-fsyntax-only", "-x", "c++",
+                           *map(str, files)], capture_output=True, text=True)
 
 
 def test_every_op_and_dtype_is_covered(programs: list[ProgramSpec]) -> None:
@@ -93,10 +95,14 @@ def test_every_op_and_dtype_is_covered(programs: list[ProgramSpec]) -> None:
     assert any(u.dtype == dtypes.int64 for u in uops if u.op is Ops.SPECIAL)
 
 
-def test_all_kernels_compile_against_the_shim(programs: list[ProgramSpec], tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("half_storage", [None, True], ids=["as probed", "half as 16 bits"])
+def test_all_kernels_compile_against_the_shim(programs: list[ProgramSpec], tmp_path: pathlib.Path,
+                                              half_storage: bool | None) -> None:
+    """With the shim's `half` as the compiler allows, and as 16-bit storage (explicit conversions only, as for a
+    compiler without `_Float16`): the renderer converts half through float, never implicitly."""
     sources = sorted({p.source for p in programs})
     assert len(sources) >= 250
-    proc = compile_all(sources, tmp_path)
+    proc = compile_all(sources, tmp_path, half_storage)
     assert proc.returncode == 0, proc.stderr[:5000]
     print(f"{len(sources)} distinct MSL kernels compiled against tests/metal/shim.h")
 
