@@ -1761,6 +1761,11 @@ def _overwritten_by(outs: list[UOp]) -> set[tuple[Buffer, int]]:
     return overwritten_versions(outs, REALIZED.get)
 
 
+def any_lazy_tensors() -> bool:
+    """Whether some tensor may still be lazy (a TinyJit replay skips the readers' check when none is)."""
+    return bool(_LAZY.tensors())
+
+
 def realize_readers_of(overwritten: set[tuple[Buffer, int]], writers: list[Tensor]) -> None:
     """Before something other than a schedule (a TinyJit replay) overwrites these buffer versions in place, realize
     the lazy tensors that read them. `writers`: the tensors that own those buffers and move to the new versions."""

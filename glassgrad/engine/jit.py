@@ -54,7 +54,7 @@ from glassgrad.engine.memory import allocate_blocks, plan_memory
 from glassgrad.engine.realize import compile_kernel, count_launch, run_copy
 from glassgrad.helpers import CUDAGRAPH, DEBUG, JIT, TIMING
 from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
-from glassgrad.tensor import ASSIGN_TARGETS, Tensor, no_grad, realize_readers_of
+from glassgrad.tensor import ASSIGN_TARGETS, Tensor, any_lazy_tensors, no_grad, realize_readers_of
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import rebind, sint_eval, unbind
 
@@ -366,10 +366,11 @@ class _Capture:
     def replay(self, tensors: list[Tensor], inputs: list[Buffer], var_vals: dict[str, int]) -> Any:
         self._apply_pending_state()
         # lazy tensors built on what the replay overwrites keep their values: they are computed first
-        owners = [t for ref, _ in self.owners if (t := ref()) is not None]
-        realize_readers_of({(inputs[i], inputs[i].version) for i, _ in self.written_inputs} |
-                           {(buf, buf.version) for buf, _ in self.written_state},
-                           owners + [tensors[i] for i, _ in self.written_inputs])
+        if any_lazy_tensors():
+            owners = [t for ref, _ in self.owners if (t := ref()) is not None]
+            realize_readers_of({(inputs[i], inputs[i].version) for i, _ in self.written_inputs} |
+                               {(buf, buf.version) for buf, _ in self.written_state},
+                               owners + [tensors[i] for i, _ in self.written_inputs])
         handles = [b.handle for b in inputs]
         wait = DEBUG >= 2 or bool(TIMING)
         for step in self.steps:
