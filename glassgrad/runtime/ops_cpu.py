@@ -1,7 +1,7 @@
 """The CPU backend: C source -> shared library (system C compiler) -> ctypes call, split over threads.
 
 In: C source from `ClangRenderer` (one function per kernel whose last two arguments are the [start, end) slice
-of its outermost loop). Out: a callable program. `CC` picks the compiler (default: the first of clang, gcc and cc
+of its outermost loop). Out: a callable program. `CC` picks the compiler (default: the first of gcc, clang and cc
 that builds a kernel); `runtime/ccompiler.py` probes what it can do, and the renderer is made to match.
 Buffers are 64-byte-aligned numpy byte arrays, so host copies are plain memcpy.
 """
