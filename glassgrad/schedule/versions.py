@@ -15,15 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from glassgrad.device import Buffer
+from glassgrad.schedule import without_reshapes
 from glassgrad.uop.ops import Ops, UOp
 
 BufferVersion = tuple[Buffer, int]
-
-
-def _without_reshapes(u: UOp) -> UOp:
-    while u.op is Ops.RESHAPE:
-        u = u.src[0]
-    return u
 
 
 def overwritten_versions(outs: Iterable[UOp], realized: Callable[[UOp], UOp | None]) -> set[BufferVersion]:
@@ -38,7 +33,7 @@ def overwritten_versions(outs: Iterable[UOp], realized: Callable[[UOp], UOp | No
             continue
         seen.add(node)
         if node.op is Ops.ASSIGN:
-            found.add(_without_reshapes(node.src[0]).arg)
+            found.add(without_reshapes(node.src[0]).arg)
         stack.extend(node.src)
     return found
 
@@ -82,7 +77,7 @@ class StaleReaders:
             return node.arg in self.overwritten
         view = self.realized(node)
         if view is not None:
-            base = _without_reshapes(view)
+            base = without_reshapes(view)
             base = base.src[0] if base.op is Ops.SHRINK else base
             return base.op is Ops.BUFFER and base.arg in self.overwritten
         return None
