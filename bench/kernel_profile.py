@@ -1,13 +1,21 @@
-"""Which kernels of one MNIST training step take the time: run the step a few times, then once with every kernel
-timed, and print the kernels by time (the top `--top`), with their shape, opts and GFLOP/s.
+"""Which kernels of one training step take the time: run the step a few times, then once with every kernel timed,
+and print the kernels by time (the top `--top`), with their shape, opts and GFLOP/s, and the time per kernel kind.
+
+In: `--workload mnist` (examples/mnist.py's CNN, Adam, `--batch`) or `gpt` (bench/gpt.py's training step, AdamW;
+`--small` for its small sizes), on the default device (`DEV=CUDA`). Out: the table. The step runs eagerly (a TinyJit
+replay runs its kernels as one CUDA graph, which cannot be timed kernel by kernel).
 
     python bench/kernel_profile.py [--batch 128] [--top 15]
+    DEV=CUDA python bench/kernel_profile.py --workload gpt --top 30
 """
 from __future__ import annotations
 
 import argparse
 import pathlib
 import sys
+from collections.abc import Callable
+
+import numpy as np
 
 from glassgrad import Context, Device
 from glassgrad.engine import realize
@@ -16,12 +24,37 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench import mnist_step_fns  # noqa: E402
 
 
+def gpt_step(small: bool) -> Callable[[], object]:
+    """bench/gpt.py's training step (its sizes), eager: forward, backward and AdamW on a fixed batch."""
+    from gpt import FULL, SMALL
+
+    from glassgrad import Tensor
+    from glassgrad.models.gpt2 import GPT2
+    from glassgrad.nn import optim
+    from glassgrad.nn.state import get_parameters
+    sizes = SMALL if small else FULL
+    Tensor.manual_seed(0)
+    model = GPT2(sizes.train)
+    opt = optim.AdamW(get_parameters(model), lr=1e-4)
+    tokens = np.random.default_rng(0).integers(0, sizes.train.vocab_size, (sizes.batch, sizes.context + 1))
+    x, y = Tensor(tokens[:, :-1].astype(np.int32)).realize(), Tensor(tokens[:, 1:].astype(np.int32)).realize()
+
+    def step() -> object:
+        with Tensor.train():
+            opt.zero_grad()
+            loss = model(x).sparse_categorical_crossentropy(y).backward()
+            return loss.realize(*opt.schedule_step())
+    return step
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--workload", choices=("mnist", "gpt"), default="mnist")
+    parser.add_argument("--small", action="store_true", help="gpt: bench/gpt.py's small sizes")
     args = parser.parse_args()
-    step, _ = mnist_step_fns(args.batch, Device.DEFAULT)
+    step = mnist_step_fns(args.batch, Device.DEFAULT)[0] if args.workload == "mnist" else gpt_step(args.small)
     for _ in range(2):
         step()
     rows: list[tuple[float, str, str, float]] = []
@@ -44,6 +77,10 @@ def main() -> None:
     print(f"{len(rows)} kernels, {total * 1e3:.1f} ms in kernels")
     for seconds, name, opts, gflops in sorted(rows, reverse=True)[:args.top]:
         print(f"{seconds * 1e3:8.2f} ms {100 * seconds / total:5.1f}% {gflops:7.1f} GFLOP/s  {name:<28} {opts}")
+    kinds: dict[str, list[float]] = {}
+    for seconds, name, _, _ in rows:  # E_ elementwise, r_ reductions; the size names the shape
+        kinds.setdefault(name.split("_")[0], []).append(seconds)
+    print("by kind: " + ", ".join(f"{kind} {len(ts)} kernels {sum(ts) * 1e3:.2f} ms" for kind, ts in kinds.items()))
 
 
 if __name__ == "__main__":

@@ -205,7 +205,7 @@ def test_launch_opts_on_gpu(cuda: str, name: str) -> None:
     ast = cuda_ast(make())
     dev, cpu = Device[cuda], Device["CPU"]
     spec = get_program(ast, dev.renderer, opts)
-    got = run_program(dev, spec, dev.compiler.compile(spec.source), random_inputs(ast))[1]
+    got = run_program(dev, spec, dev.compiler.compile(spec.source), random_inputs(ast))[1][0]
     reference = get_program(ast, cpu.renderer, [])
-    want = run_program(cpu, reference, cpu.compiler.compile(reference.source), random_inputs(ast))[1]
+    want = run_program(cpu, reference, cpu.compiler.compile(reference.source), random_inputs(ast))[1][0]
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2e-3, atol=2e-3)

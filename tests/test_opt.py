@@ -40,7 +40,7 @@ def kernel_of(out: Tensor) -> Kernel:
 def run_with(ast: UOp, opts: list[Opt]) -> np.ndarray:
     """The kernel's output on fixed random inputs, with `opts` applied."""
     spec = get_program(ast, CPU.renderer, opts)
-    return run_program(CPU, spec, CPU.compiler.compile(spec.source), random_inputs(ast))[1]
+    return run_program(CPU, spec, CPU.compiler.compile(spec.source), random_inputs(ast))[1][0]
 
 
 def matmul(n: int = 32, m: int = 24, k: int = 16) -> Tensor:

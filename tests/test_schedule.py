@@ -1014,3 +1014,83 @@ def torch_free_conv_input_gradient(x: np.ndarray, w: np.ndarray, g: np.ndarray, 
                         y, xx = oy * sy + i * dy, ox * sx + j * dx
                         grad[:, group * cg:(group + 1) * cg, y, xx] += g[:, o, oy, ox, None] * w[o, :, i, j]
     return grad[:, :, py:py + h, px:px + wd]
+
+
+# ---------------------------------------------------------------------------------------------- several outputs
+
+
+def test_an_output_computed_on_the_way_to_another_is_stored_by_its_kernel() -> None:
+    """a = x*2 and b = a+1 realized together: b's kernel computes a anyway, so it stores both (one kernel)."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    a = Tensor(x).realize() * 2
+    b = a + 1
+    assert count_kernels(a, b) == 1
+    np.testing.assert_array_equal(a.numpy(), x * 2)
+    np.testing.assert_array_equal(b.numpy(), x * 2 + 1)
+
+
+def test_a_reshaped_or_reduced_output_is_stored_by_the_kernel_that_reads_it() -> None:
+    """Through reshapes (the same elements in the same order), and a reduction read by its own epilogue."""
+    x = np.random.default_rng(0).random((6, 5)).astype(np.float32)
+    t = Tensor(x).realize()
+    a = t.exp()
+    b = a.reshape(3, 10) * 3
+    assert count_kernels(a, b) == 1
+    np.testing.assert_allclose(b.numpy(), (np.exp(x) * 3).reshape(3, 10), rtol=1e-6)
+    s = t.sum(axis=1, keepdim=True)
+    y = s.sqrt().reshape(6) + s.reshape(6)
+    assert count_kernels(s, y) == 1
+    np.testing.assert_allclose(s.numpy(), x.sum(axis=1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(y.numpy(), np.sqrt(x.sum(axis=1)) + x.sum(axis=1), rtol=1e-5)
+
+
+def test_an_output_another_root_of_the_kernel_depends_on_is_not_merged() -> None:
+    """b reads a directly and through m = a.sum(): m's kernel needs a's buffer before b's kernel runs, so a keeps
+    a kernel of its own (storing it from b's would be a cycle)."""
+    x = np.arange(8, dtype=np.float32)
+    a = Tensor(x).realize() * 2
+    m = a.sum()
+    b = a + m
+    assert count_kernels(a, m, b) == 3
+    np.testing.assert_array_equal(a.numpy(), x * 2)
+    np.testing.assert_array_equal(b.numpy(), x * 2 + (x * 2).sum())
+
+
+def test_an_output_read_through_an_expand_or_another_index_is_not_merged() -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = Tensor(x).realize()
+    a = t + 1
+    b = a.T * 2  # another element of a at each index of b
+    assert count_kernels(a, b) == 2
+    np.testing.assert_array_equal(b.numpy(), (x + 1).T * 2)
+    c = t[:, :1] + 1
+    d = c.expand(3, 4) * t
+    assert count_kernels(c, d) == 2
+    np.testing.assert_array_equal(d.numpy(), (x[:, :1] + 1) * x)
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
+def test_an_optimizer_step_stores_the_gradient_it_computes(optimizer: str) -> None:
+    """`p.grad` keeps its value after the step (tensor value semantics), at no kernel of its own: the kernel of the
+    first update that reads the gradient stores it too."""
+    from glassgrad.engine import realize
+    from glassgrad.nn import optim
+    rng = np.random.default_rng(1)
+    x, w0 = rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    w = Tensor(w0, requires_grad=True)
+    opt = optim.SGD([w], lr=0.1, momentum=0.9) if optimizer == "SGD" else optim.Adam([w], lr=0.1)
+    loss = (Tensor(x) @ w).relu().sum()
+    loss.backward()
+    items: list[ScheduleItem] = []
+    realize.capture_hooks.append(items.append)
+    try:
+        with Tensor.train():
+            opt.step()
+    finally:
+        realize.capture_hooks.remove(items.append)
+    assert w.grad is not None
+    expected = x.T @ ((x @ w0) > 0).astype(np.float32)
+    np.testing.assert_allclose(w.grad.numpy(), expected, rtol=1e-5, atol=1e-5)
+    grad_buffer = w.grad.uop.base.arg[0]
+    writers = [item for item in items if any(buf is grad_buffer for buf, _ in item.writes)]
+    assert len(writers) == 1 and len(writers[0].writes) == 2, [item.writes for item in items]

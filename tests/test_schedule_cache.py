@@ -78,10 +78,10 @@ def assert_same_schedule(plain: list[ScheduleItem], cached: list[ScheduleItem], 
         for x, y in zip(p.bufs, c.bufs):
             same(x, y)
         assert {(mapping.get(id(b), b), v) for b, v in p.reads} == set(c.reads)
-        assert (p.writes is None) == (c.writes is None)
-        if p.writes is not None and c.writes is not None:
-            same(p.writes[0], c.writes[0])
-            assert p.writes[1] == c.writes[1]
+        assert len(p.writes) == len(c.writes)
+        for (p_buf, p_version), (c_buf, c_version) in zip(p.writes, c.writes):
+            same(p_buf, c_buf)
+            assert p_version == c_version
     assert len(set(map(id, mapping.values()))) == len(mapping)  # one new buffer for each
 
 

@@ -227,7 +227,7 @@ def _heuristic_agrees_with_unoptimised(ast: UOp) -> None:
     outs = []
     for opts in ([], None):
         spec = get_program(ast, CPU.renderer, opts)
-        outs.append(run_program(CPU, spec, CPU.compiler.compile(spec.source), inputs)[1])
+        outs.append(run_program(CPU, spec, CPU.compiler.compile(spec.source), inputs)[1][0])
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-4)
 
 

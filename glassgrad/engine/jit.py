@@ -278,18 +278,19 @@ def _steps_of(items: list[ScheduleItem], inputs: list[Buffer]) -> tuple[list[_St
     input_index = {id(b): i for i, b in enumerate(inputs)}
     inplace: dict[Buffer, int] = {}
     for item in items:
-        if item.writes is not None and item.writes[1] >= 1:
-            inplace[item.writes[0]] = inplace.get(item.writes[0], 0) + 1
+        for buf, version in item.writes:
+            if version >= 1:
+                inplace[buf] = inplace.get(buf, 0) + 1
     copied = {id(b) for item in items if item.ast.op is Ops.COPY for b in item.bufs}
     refs: dict[int, Ref] = {}
     steps = []
     for item in items:
-        for pos, buf in enumerate(item.bufs):
+        for buf in item.bufs:
             if id(buf) in refs:
                 continue
             if id(buf) in input_index:
                 refs[id(buf)] = input_index[id(buf)]
-            elif pos == 0 and item.writes == (buf, 0) and id(buf) not in copied and buf not in inplace:
+            elif (buf, 0) in item.writes and id(buf) not in copied and buf not in inplace:
                 refs[id(buf)] = _Slot(buf.device, max(buf.nbytes, 1), weakref.ref(buf))
             else:
                 refs[id(buf)] = buf

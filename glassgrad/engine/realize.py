@@ -208,8 +208,7 @@ def run_schedule(schedule: list[ScheduleItem]) -> None:
         for item in schedule:
             compiles.ready(item)
             run_item(item)
-            if item.writes is not None:
-                buf, version = item.writes
+            for buf, version in item.writes:
                 buf.version = max(buf.version, version)
             for hook in capture_hooks:
                 hook(item)

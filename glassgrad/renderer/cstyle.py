@@ -254,12 +254,13 @@ class CStyleLanguage:
                 return f"ridx{s.arg[0]}"
             return self.render_const(s.arg, s.dtype) if s.op is Ops.CONST else names[s]
 
+        outputs = {u.src[0] for u in program if u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_GLOBAL}
         for position, u in enumerate(program):
             # what a barrier or a commit orders (STOREs, copies) has no value; a wait's loop index is only its scope
             a = [ref(s) for s in (u.src if u.op not in _ORDERING else u.src[:1])]
             if u.op is Ops.DEFINE_GLOBAL:
                 names[u] = f"data{u.arg}"
-                params.append(self.render_param(u, writes=u.arg == 0))
+                params.append(self.render_param(u, writes=u.arg == 0 or u in outputs))
             elif u.op is Ops.DEFINE_VAR:  # a symbolic size's Variable: an int parameter after the buffers
                 names[u] = u.arg[0]
                 params.append(self.render_var_param(u, len(params)))

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from glassgrad.device import Buffer
@@ -112,12 +112,13 @@ BufferVersion = tuple[Buffer, int]  # a buffer's contents after its n-th in-plac
 @dataclass(frozen=True)
 class ScheduleItem:
     """One unit of work: a kernel AST (SINK) with its buffers (output first), or a COPY between buffers.
-    `reads`/`writes` name buffer versions, so the order of in-place writes can be checked and fixed.
+    `reads`/`writes` name buffer versions, so the order of in-place writes can be checked and fixed. A kernel writes
+    one buffer, or several of the same shape (the first is `bufs[0]`; see `_merge_outputs`).
     `var_vals`: the value of each Variable (by name) in the kernel's symbolic sizes, its int arguments at launch."""
     ast: UOp
     bufs: tuple[Buffer, ...]
     reads: frozenset[BufferVersion] = frozenset()
-    writes: BufferVersion | None = None
+    writes: tuple[BufferVersion, ...] = ()
     var_vals: dict[str, int] = field(default_factory=dict, hash=False)
 
 
@@ -306,7 +307,32 @@ def _schedule_graph(outs: list[UOp], originals: list[UOp], sink: UOp, nodes: lis
             nodes = sink.toposort(stop=_materialised)
     targets = list(sink.src)
     roots = _choose_roots(targets, nodes)
+    merged = _merged_outputs(roots, nodes)
+    first_created = len(created)
+    schedule, views, via_temp = _items(nodes, roots, merged, created)
+    if merged and _topological(schedule)[1]:  # a kernel of several outputs made an order need a temporary copy:
+        del created[first_created:]           # without them, no ordering is harder than the graph's own
+        schedule, views, via_temp = _items(nodes, roots, {}, created)
+
+    def view_of(u: UOp) -> UOp | None:
+        return views.get(u) or REALIZED.get(u)
+
+    for original, target in zip(originals, targets):
+        if original is not target and (target_view := view_of(target)) is not None:
+            views[original] = target_view  # a split reduction: the original node's value is the new graph's
+    for out_node, target in zip(outs, targets):
+        if out_node is not target and (target_view := view_of(target)) is not None:
+            views[out_node] = target_view.reshape(out_node.shape)  # holding it keeps the target's entry alive
+    return order_writes(schedule, via_temp), views
+
+
+def _items(nodes: list[UOp], roots: dict[UOp, None], merged: dict[UOp, UOp], created: list[Buffer]
+           ) -> tuple[list[ScheduleItem], dict[UOp, UOp], dict[int, Callable[[], list[ScheduleItem]]]]:
+    """A kernel (or a copy, or an in-place write) per root, in graph order, and each root's buffer view. A root in
+    `merged` is stored by the kernel of the root it maps to (`_merged_outputs`), not by one of its own.
+    Also returns, for each in-place write, the same write through a temporary buffer (see `order_writes`)."""
     views: dict[UOp, UOp] = {}
+    stored_by: dict[UOp, list[tuple[UOp, Buffer]]] = {owner: [] for owner in merged.values()}
 
     def view_of(u: UOp) -> UOp | None:
         return views.get(u) or REALIZED.get(u)
@@ -316,32 +342,87 @@ def _schedule_graph(outs: list[UOp], originals: list[UOp], sink: UOp, nodes: lis
     for node in nodes:
         if node not in roots:
             continue
+        also = tuple(stored_by.get(node, ()))
+        # the kernel computes the outputs it also stores: it must not load them from their own (unwritten) buffers
+        own_view = view_of if not also else _hiding({n for n, _ in also}, view_of)
         if node.op is Ops.ASSIGN:
-            items = _assign_items(node, view_of, created)
+            items = _assign_items(node, own_view, created, also=also)
             if len(items) == 1:
-                via_temp[id(items[0])] = functools.partial(_assign_items, node, view_of, created, True)
+                via_temp[id(items[0])] = functools.partial(_assign_items, node, own_view, created, True, also)
             schedule += items
             buf, version = without_reshapes(node.src[0]).arg
             views[node] = buffer_view(buf, node.shape, version + 1)
             continue
         out = Buffer(node.device, _buffer_size(node), node.dtype)
         created.append(out)
-        if node.size == 0:
+        if node in merged:
+            stored_by[merged[node]].append((node, out))
+        elif node.size == 0:
             pass
         elif node.op is Ops.COPY:
             src = (view_of(node.src[0]) or node.src[0]).base
             schedule.append(ScheduleItem(UOp(Ops.COPY, node.dtype, (), node.src[1].arg), (out, src.arg[0]),
-                                         frozenset({src.arg}), (out, 0)))
+                                         frozenset({src.arg}), ((out, 0),)))
         else:
-            schedule.append(_kernel_item(node, out, 0, view_of))
+            schedule.append(_kernel_item(node, out, 0, own_view, also))
         views[node] = buffer_view(out, node.shape)  # later kernels load it from here
-    for original, target in zip(originals, targets):
-        if original is not target and (target_view := view_of(target)) is not None:
-            views[original] = target_view  # a split reduction: the original node's value is the new graph's
-    for out_node, target in zip(outs, targets):
-        if out_node is not target and (target_view := view_of(target)) is not None:
-            views[out_node] = target_view.reshape(out_node.shape)  # holding it keeps the target's entry alive
-    return order_writes(schedule, via_temp), views
+    return schedule, views, via_temp
+
+
+def _hiding(hidden: set[UOp], view_of: Callable[[UOp], UOp | None]) -> Callable[[UOp], UOp | None]:
+    return lambda u: None if u in hidden else view_of(u)
+
+
+def _merged_outputs(roots: dict[UOp, None], nodes: list[UOp]) -> dict[UOp, UOp]:
+    """{root: the root whose kernel also stores it}. A root X that another root's kernel computes anyway, at that
+    kernel's own index (elementwise ops and reshapes lead from the kernel's value to X: the same elements in the
+    same row-major order, no other movement, no reduction in between), is stored by that kernel, a second output,
+    rather than computed by a kernel of its own. An optimizer
+    step that keeps a gradient (`p.grad` after the step) then runs the kernels it ran without keeping it: the
+    update of Adam's first moment stores the gradient it computes.
+
+    Not for an X that some other root the kernel reads depends on (X would be needed before the kernel that writes
+    it runs), nor for copies, in-place writes or symbolic shapes."""
+    merged: dict[UOp, UOp] = {}
+    for node in nodes:
+        if node not in roots or node.size == 0 or not all(isinstance(d, int) for d in node.shape):
+            continue
+        if node.op is Ops.ASSIGN:
+            start = [node.src[1]]  # the value written, at the target's index
+        elif node.op in GroupOp.Elementwise:
+            start = list(node.src)
+        else:
+            continue
+        reached, frontier = _elementwise_reach(start, roots)
+        for extra in reached:
+            if extra in merged or extra in merged.values() or extra.size != node.size or \
+                    extra.device != node.device or extra.op in (Ops.ASSIGN, Ops.COPY, Ops.CONTIGUOUS):
+                continue
+            if not any(extra in other.toposort(stop=_materialised) for other in frontier if other is not extra):
+                merged[extra] = node
+    return merged
+
+
+def _elementwise_reach(start: list[UOp], roots: dict[UOp, None]) -> tuple[list[UOp], list[UOp]]:
+    """The roots a kernel whose value at its index is computed from `start` (at that index) reaches through
+    elementwise ops and reshapes alone, and nowhere else, and every root its fused region reads (where the walk through all of its ops stops)."""
+    reached: list[UOp] = []
+    elsewhere: list[UOp] = []  # reached at other indices too (through a row reduction, an expand, ...)
+    frontier: list[UOp] = []
+    seen: set[tuple[UOp, bool]] = set()
+    stack: list[tuple[UOp, bool]] = [(s, True) for s in start]
+    while stack:
+        u, direct = stack.pop()
+        if (u, direct) in seen or _materialised(u):
+            continue
+        seen.add((u, direct))
+        if u in roots:
+            frontier.append(u)
+            (reached if direct else elsewhere).append(u)
+            continue
+        stack.extend((s, direct and (u.op in GroupOp.Elementwise or u.op is Ops.RESHAPE)) for s in u.src)
+    # computed in the kernel, a root read elsewhere too would be recomputed there (softmax's max over a matmul)
+    return [u for u in dict.fromkeys(reached) if u not in elsewhere], frontier
 
 
 def _buffer_size(node: UOp) -> int:
@@ -434,28 +515,31 @@ def _split_rule(u: UOp, uses: dict[UOp, int]) -> UOp | None:
     return None if (parts := _split_parts(u)) is None else _split_reduce(u, *parts)
 
 
-def _kernel_item(node: UOp, out: Buffer, version: int, view_of: Callable[[UOp], UOp | None]) -> ScheduleItem:
+def _kernel_item(node: UOp, out: Buffer, version: int, view_of: Callable[[UOp], UOp | None],
+                 also: Sequence[tuple[UOp, Buffer]] = ()) -> ScheduleItem:
+    """The kernel that writes `node` into `out` (making its `version`), and each of `also` into its own buffer."""
     builder = KernelBuilder(view_of)
-    ast = builder.build(node, out)
-    return ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), (out, version), builder.var_vals)
+    ast = builder.build(node, out, also)
+    writes = ((out, version), *((buf, 0) for _, buf in also))
+    return ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), writes, builder.var_vals)
 
 
 def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None], created: list[Buffer],
-                  via_temp: bool = False) -> list[ScheduleItem]:
+                  via_temp: bool = False, also: Sequence[tuple[UOp, Buffer]] = ()) -> list[ScheduleItem]:
     """ASSIGN(target, value): write value into target's own buffer. If the value reads that buffer at any other
     element than the one being written (x.assign(x.T)), computing in place would read overwritten data: compute
     into a temporary buffer first (appended to `created`), then copy it in. `via_temp` asks for that route anyway
-    (to break a cycle)."""
+    (to break a cycle). `also`: outputs the value's kernel stores as well (see `_merged_outputs`)."""
     target, value = node.src
     buf, version = without_reshapes(target).arg
     if value.size == 0:
         return []
-    item = _kernel_item(value, buf, version + 1, view_of)
+    item = _kernel_item(value, buf, version + 1, view_of, also)
     if not via_temp and not reads_other_elements(item.ast):
         return [item]
     temp = Buffer(buf.device, buf.size, buf.dtype)
     created.append(temp)
-    first = _kernel_item(value, temp, 0, view_of)
+    first = _kernel_item(value, temp, 0, view_of, also)
     return [first, _kernel_item(buffer_view(temp, node.shape), buf, version + 1, view_of)]
 
 
@@ -490,7 +574,7 @@ def order_writes(items: list[ScheduleItem],
 
 def _topological(items: list[ScheduleItem]) -> tuple[list[ScheduleItem], list[int]]:
     """Kahn's algorithm over read/write dependencies, preferring the given order. Returns (order, stuck items)."""
-    writer = {item.writes: i for i, item in enumerate(items) if item.writes is not None}
+    writer = {written: i for i, item in enumerate(items) for written in item.writes}
     after: list[set[int]] = [set() for _ in items]  # after[i]: items that must run before item i
     for i, item in enumerate(items):
         after[i] |= {writer[r] for r in item.reads if r in writer and writer[r] != i}

@@ -86,7 +86,9 @@ class ScheduleTemplate:
     when the schedule was made (0 for created buffers)."""
     new_buffers: tuple[tuple[str, int, DType], ...]
     # (ast, buffer refs, reads, write, var_vals): the Variables' values are part of the key (a BIND holds its value)
-    items: tuple[tuple[UOp, tuple[int, ...], tuple[tuple[int, int], ...], tuple[int, int] | None, dict[str, int]], ...]
+    # (ast, buffer slots, reads, writes, var_vals) per item; a version is (slot, writes since the key's version)
+    items: tuple[tuple[UOp, tuple[int, ...], tuple[tuple[int, int], ...], tuple[tuple[int, int], ...], dict[str, int]],
+                 ...]
     views: tuple[tuple[bool, int, ViewTemplate], ...]  # (is an output, its index in outs / position in the walk, view)
     plan: SchedulePlan  # which created buffers share memory
 
@@ -115,7 +117,7 @@ class ScheduleTemplate:
         try:
             item_templates = tuple((item.ast, tuple(ref[b] for b in item.bufs),
                                     tuple(version_ref(*r) for r in item.reads),
-                                    None if item.writes is None else version_ref(*item.writes), item.var_vals)
+                                    tuple(version_ref(*w) for w in item.writes), item.var_vals)
                                    for item in items)
             out_index = {id(o): i for i, o in reversed(list(enumerate(outs)))}  # an output's first index
             view_templates = tuple((True, out_index[id(node)], view_template(view)) if id(node) in out_index else
@@ -139,7 +141,7 @@ class ScheduleTemplate:
             return bufs[r[0]], base_version[r[0]] + r[1]
 
         items = [make_item(ast, tuple(bufs[r] for r in refs), frozenset(versioned(r) for r in reads),
-                           None if writes is None else versioned(writes), dict(var_vals))
+                           tuple(versioned(w) for w in writes), dict(var_vals))
                  for ast, refs, reads, writes, var_vals in self.items]
         views: dict[UOp, UOp] = {}
         for is_out, index, (buf_ref, offset, shapes) in self.views:

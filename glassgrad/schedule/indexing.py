@@ -19,7 +19,7 @@ schedule item, to be passed as the kernel's int arguments.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from typing import cast
@@ -165,18 +165,22 @@ class KernelBuilder:
         self._globals[i] = UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), i)
         return self._globals[i]
 
-    def build(self, node: UOp, out: Buffer) -> UOp:
-        """SINK(STORE(out[i], node[i])) over the output's shape."""
-        self.index_dtype = dtypes.int64 if self._largest(node) >= 2**31 else dtypes.int32
-        out_global = self.global_for(out)
+    def build(self, node: UOp, out: Buffer, also: Sequence[tuple[UOp, Buffer]] = ()) -> UOp:
+        """SINK(STORE(out[i], node[i])) over the output's shape. `also`: nodes of the same shape that the kernel
+        computes at the same index anyway (on the way to `node`), each stored to its own buffer as well."""
+        self.index_dtype = dtypes.int64 if max(self._largest(n) for n in (node, *(n for n, _ in also))) >= 2**31 \
+            else dtypes.int32
+        outputs = [self.global_for(buf) for buf in (out, *(buf for _, buf in also))]
         idxs = tuple(UOp.const(self.index_dtype, 0) if s == 1 else self.new_range(s, "global") for s in node.shape)
-        value = self.lower(node, idxs, None)
-        store = UOp(Ops.STORE, dtypes.void, (out_global, flat_index(idxs, self.shape(node.shape), self.index_dtype),
-                                             value))
+        index = flat_index(idxs, self.shape(node.shape), self.index_dtype)
+        # an output of another shape (a reshape of this one's elements) is stored at the same row-major position
+        values = [self.lower(n if n.shape == node.shape else n.reshape(node.shape), idxs, None)
+                  for n in (node, *(n for n, _ in also))]
+        stores = [UOp(Ops.STORE, dtypes.void, (g, index, value)) for g, value in zip(outputs, values)]
         # every buffer stays a kernel parameter, even one whose loads all simplify away (e.g. all padding); so does
         # every Variable, even one left only in the launch size (a GPU grid), so the parameters are always the same
         variables = (self._variables[name] for name in sorted(self._variables))
-        return self._ungate(UOp(Ops.SINK, dtypes.void, (store, *self._globals.values(), *variables)))
+        return self._ungate(UOp(Ops.SINK, dtypes.void, (*stores, *self._globals.values(), *variables)))
 
     def _ungate(self, ast: UOp) -> UOp:
         """Drop the gates of loads that stay inside their buffer anyway. A gate (a pad's) only keeps a load from

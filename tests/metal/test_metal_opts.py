@@ -55,7 +55,7 @@ def last_ast(out: Tensor) -> UOp:
 
 def run(dev: Compiled, ast: UOp, opts: list[Opt]) -> np.ndarray:
     spec = get_program(ast, dev.renderer, opts)
-    return run_program(dev, spec, dev.compiler.compile(spec.source), random_inputs(ast))[1]
+    return run_program(dev, spec, dev.compiler.compile(spec.source), random_inputs(ast))[1][0]
 
 
 def check(metal: Compiled, ast: UOp, opts: list[Opt]) -> None:

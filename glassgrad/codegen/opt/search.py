@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -59,13 +59,19 @@ def buffer_sizes(ast: UOp) -> dict[int, tuple[DType, int]]:
     return sizes
 
 
+def stored_buffers(ast: UOp) -> list[int]:
+    """The indices of the buffers the kernel writes (its outputs: 0, and more for a kernel of several outputs)."""
+    return sorted({u.src[0].arg for u in ast.toposort() if u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_GLOBAL})
+
+
 def random_inputs(ast: UOp, seed: int = 0) -> list[tuple[DType, np.ndarray]]:
-    """Contents for every buffer of the kernel: random values, the output poisoned (NaN, or -1s) so that an element
+    """Contents for every buffer of the kernel: random values, the outputs poisoned (NaN, or -1s) so that an element
     a candidate forgets to write is caught."""
     rng = np.random.default_rng(seed)
     arrays = []
+    outputs = stored_buffers(ast)
     for index, (dtype, size) in sorted(buffer_sizes(ast).items()):
-        if index == 0:
+        if index in outputs:
             data = np.full(size, np.nan if dtype.is_float else -1).astype(dtype.np)
         elif dtype.is_float:
             data = rng.standard_normal(size).astype(dtype.np)
@@ -84,20 +90,25 @@ class Candidate:
     seconds: float = float("inf")
 
 
-def run_program(dev: Compiled, spec: ProgramSpec, binary: bytes,
-                inputs: list[tuple[DType, np.ndarray]]) -> tuple[float, np.ndarray]:
-    """Run a compiled candidate on fresh copies of `inputs`: (best time of a few runs, output of the first)."""
+def run_program(dev: Compiled, spec: ProgramSpec, binary: bytes, inputs: list[tuple[DType, np.ndarray]],
+                outputs: Sequence[int] = (0,)) -> tuple[float, list[np.ndarray]]:
+    """Run a compiled candidate on fresh copies of `inputs`: (best time of a few runs, what the first run wrote to
+    the buffers numbered `outputs`)."""
     program = dev.program(spec.name, binary)
     bufs = [Buffer(dev.name, a.size, dtype).copyin(a) for dtype, a in inputs]
     handles = [b.handle for b in bufs]
     kwargs: dict[str, Any] = {"global_size": spec.global_size, "local_size": spec.local_size, "work": spec.work,
                               "wait": True}
     first = program(*handles, **kwargs)
-    out = bufs[0].numpy()
+    out = [bufs[i].numpy() for i in outputs]
     return min([first, *(program(*handles, **kwargs) for _ in range(TIMING_RUNS - 1))]), out
 
 
-def _agrees(out: np.ndarray, reference: np.ndarray) -> bool:
+def _agrees(outs: list[np.ndarray], references: list[np.ndarray]) -> bool:
+    return all(_agrees_one(out, reference) for out, reference in zip(outs, references))
+
+
+def _agrees_one(out: np.ndarray, reference: np.ndarray) -> bool:
     if out.dtype.kind == "f":
         scale = max(1.0, float(np.nanmax(np.abs(reference), initial=0.0)))
         return bool(np.allclose(out, reference, rtol=1e-3, atol=1e-4 * scale, equal_nan=True))
@@ -124,9 +135,9 @@ def beam_search(ast: UOp, device: str, width: int) -> list[Opt]:
 
 
 def _search(ast: UOp, dev: Compiled, width: int) -> list[Opt]:
-    inputs = random_inputs(ast)
+    inputs, outputs = random_inputs(ast), stored_buffers(ast)
     base = get_program(ast, dev.renderer, [])
-    reference_time, reference = run_program(dev, base, dev.compiler.compile(base.source), inputs)
+    reference_time, reference = run_program(dev, base, dev.compiler.compile(base.source), inputs, outputs)
     start = Kernel(optimize_ast(ast, dev.renderer), dev.renderer)
     beam = [Candidate([], base, reference_time)]
     seen = {base.source}
@@ -137,7 +148,7 @@ def _search(ast: UOp, dev: Compiled, width: int) -> list[Opt]:
             for cand, binary in zip(fresh, binaries):
                 if binary is None:
                     continue
-                seconds, out = run_program(dev, cand.spec, binary, inputs)
+                seconds, out = run_program(dev, cand.spec, binary, inputs, outputs)
                 if _agrees(out, reference):
                     cand.seconds = seconds
                 elif DEBUG >= 1:
