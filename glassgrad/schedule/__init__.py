@@ -405,7 +405,8 @@ def _merged_outputs(roots: dict[UOp, None], nodes: list[UOp]) -> dict[UOp, UOp]:
 
 def _elementwise_reach(start: list[UOp], roots: dict[UOp, None]) -> tuple[list[UOp], list[UOp]]:
     """The roots a kernel whose value at its index is computed from `start` (at that index) reaches through
-    elementwise ops and reshapes alone, and nowhere else, and every root its fused region reads (where the walk through all of its ops stops)."""
+    elementwise ops and reshapes alone, and nowhere else; and every root its fused region reads (where the walk
+    through all of its ops stops)."""
     reached: list[UOp] = []
     elsewhere: list[UOp] = []  # reached at other indices too (through a row reduction, an expand, ...)
     frontier: list[UOp] = []
