@@ -120,6 +120,14 @@ class ScheduleItem:
     writes: BufferVersion | None = None
     var_vals: dict[str, int] = field(default_factory=dict, hash=False)
 
+    @property
+    def outputs(self) -> tuple[BufferVersion, ...]:
+        """Every buffer version the item writes: `writes`, or for a collective (ALLREDUCE over n devices: its n
+        output buffers, then its n inputs) each of its outputs."""
+        if self.ast.op is Ops.ALLREDUCE:
+            return tuple((b, 0) for b in self.bufs[:self.ast.arg[1]])
+        return () if self.writes is None else (self.writes,)
+
 
 def buffer_view(buf: Buffer, shape: tuple[sint, ...], version: int = 0) -> UOp:
     """The tensor-graph node that reads `buf` (after its `version`-th in-place write) as a tensor of `shape`.
@@ -245,10 +253,11 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
             continue
         if n.op in (Ops.CONTIGUOUS, Ops.ASSIGN):
             roots[n] = None
-        if n.op is Ops.COPY:
+        if n.op in (Ops.COPY, Ops.ALLREDUCE):  # their sources are read whole, from buffers
             roots[n] = None
-            if not is_buffer_view(n.src[0]) and not _materialised(n.src[0]):
-                roots[n.src[0]] = None
+            for src in n.src[:1] if n.op is Ops.COPY else n.src:
+                if not is_buffer_view(src) and not _materialised(src):
+                    roots[src] = None
     while extra := _reduces_to_materialise(roots):
         roots.update(dict.fromkeys(extra))
     return roots
@@ -313,8 +322,14 @@ def _schedule_graph(outs: list[UOp], originals: list[UOp], sink: UOp, nodes: lis
 
     schedule: list[ScheduleItem] = []
     via_temp: dict[int, Callable[[], list[ScheduleItem]]] = {}  # in-place assign item -> the same through a temp
+    collectives: dict[tuple[UOp, ...], list[Buffer]] = {}  # an ALLREDUCE's partials -> its output buffers
     for node in nodes:
         if node not in roots:
+            continue
+        if node.op is Ops.ALLREDUCE:
+            if node.src not in collectives:
+                collectives[node.src] = _allreduce_item(node, view_of, created, schedule)
+            views[node] = buffer_view(collectives[node.src][node.arg[1]], node.shape)
             continue
         if node.op is Ops.ASSIGN:
             items = _assign_items(node, view_of, created)
@@ -342,6 +357,21 @@ def _schedule_graph(outs: list[UOp], originals: list[UOp], sink: UOp, nodes: lis
         if out_node is not target and (target_view := view_of(target)) is not None:
             views[out_node] = target_view.reshape(out_node.shape)  # holding it keeps the target's entry alive
     return order_writes(schedule, via_temp), views
+
+
+def _allreduce_item(node: UOp, view_of: Callable[[UOp], UOp | None], created: list[Buffer],
+                    schedule: list[ScheduleItem]) -> list[Buffer]:
+    """One collective item for the n ALLREDUCE nodes over `node`'s partials (one output buffer per device); returns
+    the output buffers. Its AST is `ALLREDUCE arg=(op, n)`, its buffers the n outputs, then the n partials."""
+    if not all(isinstance(d, int) for d in node.shape):
+        raise NotImplementedError("a reduction over a sharded axis with a symbolic (Variable) shape")
+    outs = [Buffer(src.device, node.size, node.dtype) for src in node.src]
+    created.extend(outs)
+    ins = [(view_of(src) or src).base.arg for src in node.src]
+    if node.size:
+        ast = UOp(Ops.ALLREDUCE, node.dtype, (), (node.arg[0], len(outs)))
+        schedule.append(ScheduleItem(ast, (*outs, *(b for b, _ in ins)), frozenset(ins), (outs[0], 0)))
+    return outs
 
 
 def _buffer_size(node: UOp) -> int:
@@ -490,7 +520,7 @@ def order_writes(items: list[ScheduleItem],
 
 def _topological(items: list[ScheduleItem]) -> tuple[list[ScheduleItem], list[int]]:
     """Kahn's algorithm over read/write dependencies, preferring the given order. Returns (order, stuck items)."""
-    writer = {item.writes: i for i, item in enumerate(items) if item.writes is not None}
+    writer = {written: i for i, item in enumerate(items) for written in item.outputs}
     after: list[set[int]] = [set() for _ in items]  # after[i]: items that must run before item i
     for i, item in enumerate(items):
         after[i] |= {writer[r] for r in item.reads if r in writer and writer[r] != i}
