@@ -27,7 +27,7 @@ from glassgrad.helpers import normalize_axis, prod
 from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view, without_reshapes
-from glassgrad.schedule.versions import StaleReaders, overwritten_versions
+from glassgrad.schedule.versions import StaleReaders, overwritten_versions, written_versions
 from glassgrad.tensor_extra import ExtraOps
 from glassgrad.tensor_linalg import LinalgOps
 from glassgrad.tensor_math import MathOps
@@ -287,7 +287,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         schedule, views = create_schedule([p for u in lowered for p in (u.src if u.op is Ops.MULTI else (u,))])
         run_schedule(schedule)
         for out, low in zip(outs, lowered):  # a tensor on several devices: the MULTI of its parts' buffer views
-            if low is not out and out not in views:
+            if (low is not out or low.op is Ops.MULTI) and out not in views:
                 views[out] = make_multi([views.get(p) or REALIZED.get(p) or p for p in low.src], low.arg) \
                     if low.op is Ops.MULTI else views.get(low) or REALIZED.get(low) or low
         # after lowering, only the logical graphs are lineage (gradients are taken on them, never per device)
@@ -1812,7 +1812,7 @@ def _overwritten_by(outs: list[UOp]) -> set[tuple[Buffer, int]]:
     of its own: then no walk through the graphs is needed to find them."""
     pending = {id(u): u for t in list(ASSIGN_TARGETS.values()) if (u := t.uop).op is Ops.ASSIGN}
     if all(id(u) in {id(o) for o in outs} for u in pending.values()):
-        return {without_reshapes(u.src[0]).arg for u in outs if u.op is Ops.ASSIGN}
+        return {v for u in outs if u.op is Ops.ASSIGN for v in written_versions(u)}
     return overwritten_versions(outs, REALIZED.get)
 
 
