@@ -54,6 +54,18 @@ def is_realized(u: UOp) -> bool:
     return is_buffer_view(u) or (u.op is Ops.MULTI and all(is_buffer_view(p) for p in u.src))
 
 
+def view_parts(u: UOp) -> tuple[UOp, ...]:
+    """The per-device views of a realized tensor's node: its parts (several devices), or itself."""
+    return u.src if u.op is Ops.MULTI else (u,)
+
+
+def at_current_versions(u: UOp) -> UOp:
+    """A realized tensor's node re-pointed at its buffers' current versions (after in-place writes elsewhere)."""
+    from glassgrad.schedule import buffer_view
+    parts = [buffer_view(p.base.arg[0], p.shape, p.base.arg[0].version) for p in view_parts(u)]
+    return make_multi(parts, u.arg) if u.op is Ops.MULTI else parts[0]
+
+
 def make_multi(parts: Sequence[UOp], axis: int | None) -> UOp:
     _IN_USE[0] = True
     return UOp(Ops.MULTI, parts[0].dtype, tuple(parts), axis)

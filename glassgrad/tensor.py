@@ -291,7 +291,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
                 views[out] = make_multi([views.get(p) or REALIZED.get(p) or p for p in low.src], low.arg) \
                     if low.op is Ops.MULTI else views.get(low) or REALIZED.get(low) or low
         # after lowering, only the logical graphs are lineage (gradients are taken on them, never per device)
-        _record_realized(views, not Tensor.no_grad, set(outs) if lowered is not outs else None)
+        # (and not a node whose lowered form is a buffer view already: `x.to(d)` of a replicated x is its part on d)
+        lineage_of = {o for o, low in zip(outs, lowered) if not is_realized(low)} if lowered is not outs else None
+        _record_realized(views, not Tensor.no_grad, lineage_of)
         assigned = any(node.op is Ops.ASSIGN for node in views)
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
