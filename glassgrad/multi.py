@@ -223,8 +223,10 @@ def _lower_movement(n: UOp, src: UOp) -> UOp:
     parts = []
     for p in src.src:
         arg = n.arg
-        if axis is not None and n.op is Ops.EXPAND:
+        if axis is not None and n.op is Ops.EXPAND:  # (the sharded axis is left whole: each part keeps its size)
             arg = tuple(p.shape[axis] if i == axis else s for i, s in enumerate(arg))
+        elif axis is not None and n.op is Ops.SHRINK:
+            arg = tuple((0, p.shape[axis]) if i == axis else b for i, b in enumerate(arg))
         parts.append(UOp(n.op, n.dtype, (p,), arg))
     return make_multi(parts, axis)
 

@@ -26,7 +26,7 @@ from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import normalize_axis, prod
 from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
-from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view, without_reshapes
+from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
 from glassgrad.schedule.versions import StaleReaders, overwritten_versions, written_versions
 from glassgrad.tensor_extra import ExtraOps
 from glassgrad.tensor_linalg import LinalgOps

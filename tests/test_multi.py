@@ -86,7 +86,8 @@ def test_movement_ops_track_the_axis() -> None:
                                   np.concatenate([a, a]))
     with pytest.raises(ShapeError, match="sharded"):
         Tensor(np.arange(6.0)).shard(D2, axis=0).reshape(3, 2).realize()  # parts of 3 would straddle rows
-    np.testing.assert_array_equal(Tensor(np.arange(6.0)).shard(D3, axis=0).reshape(3, 2).numpy(), np.arange(6.0).reshape(3, 2))
+    rows = Tensor(np.arange(6.0)).shard(D3, axis=0).reshape(3, 2)  # parts of 2: a row each
+    np.testing.assert_array_equal(rows.numpy(), np.arange(6.0).reshape(3, 2))
 
 
 def test_allreduce_host() -> None:
@@ -185,3 +186,25 @@ def test_bad_input() -> None:
         t.shard(D2, axis=0) + t.shard(D3, axis=0)
     with pytest.raises(RuntimeError, match="different devices"):
         t.shard(D2, axis=0) + t
+
+
+def test_conv_batchnorm_gradients_match_one_device() -> None:
+    """A convolution and a BatchNorm over a row-split batch: the statistics are over the whole batch (all-reduced)."""
+    x, w = _data(4, 2, 6, 6), _data(3, 2, 3, 3, seed=1)
+
+    def grads(devices: tuple[str, ...] | None) -> list[np.ndarray]:
+        bn = nn.BatchNorm(3)
+        xt, wt = Tensor(x), Tensor(w)
+        if devices:
+            xt, wt = xt.shard(devices, axis=0), wt.shard(devices)
+            for p in get_parameters(bn):
+                p.shard_(devices)
+        wt.requires_grad_(True)
+        with Tensor.train():
+            loss = bn(xt.conv2d(wt)).relu().sum()
+            loss.backward()
+        assert wt.grad is not None
+        return [loss.numpy(), wt.grad.numpy(), bn.running_mean.numpy()]
+
+    for got, want in zip(grads(D2), grads(None)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -54,7 +54,7 @@ from glassgrad.engine.memory import allocate_blocks, plan_memory
 from glassgrad.engine.realize import compile_kernel, count_launch, run_allreduce, run_copy
 from glassgrad.helpers import CUDAGRAPH, DEBUG, JIT, TIMING
 from glassgrad.multi import at_current_versions, is_realized, view_parts
-from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
+from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view
 from glassgrad.tensor import ASSIGN_TARGETS, LINEAGE, Tensor, any_lazy_tensors, no_grad, realize_readers_of
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import rebind, sint_eval, unbind
@@ -436,7 +436,7 @@ class _Capture:
             tensors[i].uop = at_current_versions(tensors[i].uop)
         for buf, writes in self.written_state:
             buf.version += writes
-        for ref, buf in self.owners:
+        for ref, _ in self.owners:
             t = ref()
             if t is not None and is_realized(t.uop):
                 t.uop = at_current_versions(t.uop)

@@ -63,7 +63,7 @@ def nccl_allreduce(op: Ops, inputs: Sequence[Buffer], outputs: Sequence[Buffer])
     nccl.group_start()
     try:
         for comm, src, dest in zip(comms, inputs, outputs):
-            Device[src.device].allocator.ctx.activate()
+            Device[src.device].allocator.ctx.activate()  # type: ignore[attr-defined]  # a CUDAAllocator
             nccl.all_reduce(int(src.handle), int(dest.handle), count, _NCCL_DTYPE[dtype], _NCCL_OP[op], comm,
                             LEGACY_DEFAULT_STREAM)
     finally:
