@@ -1590,7 +1590,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         run on every device (see glassgrad/multi.py). One device: a copy to it."""
         if isinstance(devices, str) or not isinstance(devices, (tuple, list)) or not devices:
             raise TypeError(f"shard takes a non-empty tuple of devices, got {devices!r}")
-        names = canonical_devices(devices)
+        found = canonical_devices(devices)
+        names: tuple[str, ...] = (found,) if isinstance(found, str) else found
         if axis is not None:
             if self.ndim == 0:
                 raise ShapeError("shard: a 0-d tensor has no axis to split; use axis=None to copy it to every device")
