@@ -79,8 +79,17 @@ def digits_fallback() -> Data:
     return big[:split], labels[:split], big[split:], labels[split:]
 
 
+# data parallel (--gpus N, --devices CPU:0,CPU:1): batches are split by rows over these devices, weights replicated
+DEVICES: tuple[str, ...] | None = None
+
+
+def placed(t: Tensor) -> Tensor:
+    """A batch on the training devices: split by rows over DEVICES when there are several."""
+    return t.shard(DEVICES, axis=0) if DEVICES else t
+
+
 def to_input(images: np.ndarray) -> Tensor:
-    return Tensor(images.astype(np.float32) / 255.0)
+    return placed(Tensor(images.astype(np.float32) / 255.0))
 
 
 def accuracy(model: Model, images: np.ndarray, labels: np.ndarray, chunk: int = 1000) -> float:
@@ -129,7 +138,7 @@ def train(model: Model, data: Data, steps: int, batch: int, lr: float, eval_ever
     start = time.perf_counter()
     for step in bar:
         idx = rng.integers(0, len(x_train), batch)
-        loss = train_step(to_input(x_train[idx]), Tensor(y_train[idx].astype(np.int32)))
+        loss = train_step(to_input(x_train[idx]), placed(Tensor(y_train[idx].astype(np.int32))))
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             test_acc = accuracy(model, x_test, y_test)
         message = f"loss {loss.item():6.3f} test accuracy {test_acc * 100:5.2f}%"
@@ -149,13 +158,23 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="CPU (default), CUDA, METAL")
     parser.add_argument("--save", default=None, help="write the trained weights here (safetensors)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gpus", type=int, default=0, help="data parallel over CUDA:0..N-1 (batch split by rows)")
+    parser.add_argument("--devices", default=None, help="data parallel over these devices, e.g. CPU:0,CPU:1")
     args = parser.parse_args()
+    global DEVICES
+    if args.gpus > 1 or args.devices:
+        DEVICES = tuple(args.devices.split(",")) if args.devices else tuple(f"CUDA:{i}" for i in range(args.gpus))
+        args.device = args.device or DEVICES[0]
     if args.device:
         Device.DEFAULT = Device.canonicalize(args.device)  # parameters and inputs are made there
     Tensor.manual_seed(args.seed)
     data, description = load_data(args.data)
     print(f"{description}; device {Device.DEFAULT}")
     model = Model()
+    if DEVICES:
+        for p in state.get_parameters(model):
+            p.shard_(DEVICES)  # replicated: every device holds the weights, the gradients are all-reduced
+        print(f"data parallel over {DEVICES}")
     acc = train(model, data, args.steps, args.batch, args.lr)
     print(f"test accuracy after {args.steps} steps of batch {args.batch}: {acc * 100:.2f}%")
     if args.save:

@@ -195,6 +195,20 @@ class _DeviceRegistry:
 Device = _DeviceRegistry()
 
 
+def canonical_devices(device: str | tuple[str, ...] | list[str]) -> Any:
+    """A device name in canonical form ('cpu:0' -> 'CPU'), or for a tuple/list of several names the tuple of their
+    canonical forms (a tensor on several devices); a tuple of one name is that name. Raises ValueError for an empty
+    tuple, a name repeated, or an unknown device."""
+    if not isinstance(device, (tuple, list)):
+        return Device.canonicalize(device)
+    names = tuple(Device.canonicalize(d) for d in device)
+    if not names:
+        raise ValueError("a tuple of devices must name at least one device")
+    if len(set(names)) != len(names):
+        raise ValueError(f"devices {tuple(device)} name one device twice")
+    return names[0] if len(names) == 1 else names
+
+
 class Buffer:
     """`size` elements of `dtype` in the memory of `device`. Memory is allocated on first use, returned on delete.
     A buffer can instead live in the memory of another (`share`): a memory plan's block, which buffers whose

@@ -91,6 +91,24 @@ def _permute_grad(g: UOp, node: UOp) -> Grads:
     return (g.permute(inverse),)
 
 
+def _multi_grad(g: UOp, node: UOp) -> Grads:
+    """A tensor on several devices (glassgrad/multi.py): each part gets its slice of the gradient, on its device. A
+    replicated tensor's parts are one value: its first part gets the gradient (a sum over copies would count it n
+    times)."""
+    def to(u: UOp, device: str) -> UOp:
+        return UOp(Ops.COPY, u.dtype, (u, UOp(Ops.DEVICE, dtypes.void, (), device)))
+    axis = node.arg
+    if axis is None:
+        return (to(g, node.src[0].device), *(None for _ in node.src[1:]))
+    out, start = [], 0
+    for part in node.src:
+        end = start + part.shape[axis]
+        out.append(to(g.shrink(tuple((start, end) if i == axis else (0, s) for i, s in enumerate(g.shape))),
+                      part.device))
+        start = end
+    return tuple(out)
+
+
 RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.ADD: lambda g, n: (g, g),
     Ops.MUL: lambda g, n: (g.alu(Ops.MUL, n.src[1]), g.alu(Ops.MUL, n.src[0])),
@@ -119,6 +137,7 @@ RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.CONTIGUOUS_BACKWARD: lambda g, n: (UOp(Ops.CONTIGUOUS, g.dtype, (g,)),),
     Ops.ASSIGN: lambda g, n: (None, g),
     Ops.COPY: lambda g, n: (UOp(Ops.COPY, g.dtype, (g, UOp(Ops.DEVICE, dtypes.void, (), n.src[0].device))),),
+    Ops.MULTI: _multi_grad,
 }
 NO_GRADIENT = GroupOp.Comparison | {Ops.IDIV, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.BITCAST, Ops.DETACH,
                                     Ops.CONST, Ops.BUFFER, Ops.DEVICE, Ops.ARANGE}

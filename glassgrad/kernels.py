@@ -81,7 +81,7 @@ def kernels(*tensors: Tensor, device: str | None = None, arch: str | None = None
     schedule, _ = create_schedule(uops)
     out = []
     for item in schedule:
-        if item.ast.op is Ops.COPY:
+        if item.ast.op in (Ops.COPY, Ops.ALLREDUCE):
             continue
         out.append(get_program(item.ast, renderer_for(item.bufs[0].device, arch)))
     return out

@@ -18,14 +18,16 @@ from typing import Any, ClassVar, cast
 
 import numpy as np
 
-from glassgrad.device import Buffer, Device
+from glassgrad.device import Buffer, Device, canonical_devices
 from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper_dtype, to_dtype
 from glassgrad.engine.realize import run_schedule
 from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import normalize_axis, prod
-from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view, without_reshapes
-from glassgrad.schedule.versions import StaleReaders, overwritten_versions
+from glassgrad.multi import in_use as multi_in_use
+from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
+from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
+from glassgrad.schedule.versions import StaleReaders, overwritten_versions, written_versions
 from glassgrad.tensor_extra import ExtraOps
 from glassgrad.tensor_linalg import LinalgOps
 from glassgrad.tensor_math import MathOps
@@ -180,7 +182,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
             self.uop, self.grad, self.requires_grad, self._view_of = data, None, None, None
             _LAZY.add(self)
             return
-        device = Device.canonicalize(device or Device.DEFAULT)
+        if isinstance(device, (tuple, list)) and not isinstance(data, (UOp, bool, int, float)):
+            whole = Tensor(data, canonical_devices(device)[0], dtype, requires_grad=None)
+            self.uop, self.grad, self.requires_grad, self._view_of = whole.shard(tuple(device)).uop, None, None, None
+            if requires_grad:
+                self.requires_grad_(True)
+            return
+        device = canonical_devices(device or Device.DEFAULT)
         want = to_dtype(dtype) if dtype is not None else None
         if isinstance(data, UOp):
             uop = data
@@ -211,7 +219,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         return self.uop.dtype
 
     @property
-    def device(self) -> str:
+    def device(self) -> Any:
+        """The device name, or for a tensor on several devices (`shard`) the tuple of their names."""
         return self.uop.device
 
     @property
@@ -268,14 +277,23 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
 
     @staticmethod
     def realize_all(*tensors: Tensor) -> None:
-        pending = [t for t in tensors if not is_buffer_view(t.uop)]
+        pending = [t for t in tensors if not is_realized(t.uop)]
         if not pending:
             return
         pending += _RNG.advances()
         pending += _readers_of_overwritten(pending)
-        schedule, views = create_schedule([t.uop for t in pending])
+        outs = [t.uop for t in pending]
+        lowered = lower(outs, REALIZED.get) if multi_in_use() else outs
+        schedule, views = create_schedule([p for u in lowered for p in (u.src if u.op is Ops.MULTI else (u,))])
         run_schedule(schedule)
-        _record_realized(views, not Tensor.no_grad)
+        for out, low in zip(outs, lowered):  # a tensor on several devices: the MULTI of its parts' buffer views
+            if (low is not out or low.op is Ops.MULTI) and out not in views:
+                views[out] = make_multi([views.get(p) or REALIZED.get(p) or p for p in low.src], low.arg) \
+                    if low.op is Ops.MULTI else views.get(low) or REALIZED.get(low) or low
+        # after lowering, only the logical graphs are lineage (gradients are taken on them, never per device)
+        # (and not a node whose lowered form is a buffer view already: `x.to(d)` of a replicated x is its part on d)
+        lineage_of = {o for o, low in zip(outs, lowered) if not is_realized(low)} if lowered is not outs else None
+        _record_realized(views, not Tensor.no_grad, lineage_of)
         assigned = any(node.op is Ops.ASSIGN for node in views)
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
@@ -285,6 +303,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
                     t.uop = new
 
     def _buffer(self) -> Buffer:
+        if isinstance(self.device, tuple):
+            return self.to(self.device[0])._buffer()
         self.realize()
         base = self.uop.base
         if base.op is not Ops.BUFFER:
@@ -360,6 +380,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         are one node), so a tensor without a buffer of its own is copied into a fresh one."""
         if self.uop.op is Ops.ASSIGN:
             self.realize()
+        if isinstance(self.device, tuple):
+            self._take_own_buffers()
+            return
         if not (is_buffer_view(self.uop) and self.uop.base.arg[0].owned):
             own = buffer_view(Buffer(self.device, self.numel(), self.dtype, owned=True), self.shape)
             self.uop = UOp(Ops.ASSIGN, self.dtype, (own, self.uop))
@@ -367,10 +390,25 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         self._view_of = None  # a buffer of its own: no longer a view of another tensor
         ASSIGN_TARGETS[id(self)] = self
 
-    def to(self, device: str | None) -> Tensor:
-        target = Device.canonicalize(device or Device.DEFAULT)
+    def _take_own_buffers(self) -> None:
+        """`_take_own_buffer` for a tensor on several devices: a buffer of its own on each, in its layout."""
+        self.realize()
+        parts = self.uop.src
+        if not all(p.base.arg[0].owned for p in parts):
+            owned = [buffer_view(Buffer(p.device, p.size, p.dtype, owned=True), p.shape) for p in parts]
+            self.uop = make_multi([UOp(Ops.ASSIGN, self.dtype, (o, p)) for o, p in zip(owned, parts)], self.uop.arg)
+            self.realize()
+        self._view_of = None
+        ASSIGN_TARGETS[id(self)] = self
+
+    def to(self, device: str | tuple[str, ...] | None) -> Tensor:
+        """A copy on `device`. From several devices to one, the parts are gathered; to a tuple of devices, every
+        device gets a whole copy (`shard(devices)` with axis None)."""
+        target = canonical_devices(device or Device.DEFAULT)
         if target == self.device:
             return self
+        if isinstance(target, tuple) and not isinstance(self.device, tuple):
+            return self.shard(target)
         return self._wrap(UOp(Ops.COPY, self.dtype, (self.uop, UOp(Ops.DEVICE, dtypes.void, (), target))))
 
     def cast(self, dtype: DType | str) -> Tensor:
@@ -478,7 +516,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
     def empty(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         dims = Tensor._shape_arg(shape)
         dt = to_dtype(dtype or dtypes.default_float)
-        buf = Buffer(device or Device.DEFAULT, prod(dims), dt, owned=True)
+        target = canonical_devices(device or Device.DEFAULT)
+        if isinstance(target, tuple):  # a whole tensor on each device
+            return Tensor(make_multi([Tensor.empty(*dims, dtype=dt, device=d).uop for d in target], None))
+        buf = Buffer(target, prod(dims), dt, owned=True)
         return Tensor(buffer_view(buf, dims))
 
     @staticmethod
@@ -531,7 +572,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
              requires_grad: bool | None = None) -> Tensor:
         """Uniform in [0, 1), 24 random bits each, drawn on the device (see `_RNG`, `manual_seed`)."""
         dims = Tensor._shape_arg(shape)
-        dev = Device.canonicalize(device or Device.DEFAULT)
+        dev = canonical_devices(device or Device.DEFAULT)
+        if isinstance(dev, tuple):  # drawn on the first device, the same numbers on every one
+            return Tensor.rand(*dims, dtype=dtype, device=dev[0], requires_grad=requires_grad).to(dev)
         bits = _RNG.bits(prod(dims), dev)
         out = ((bits >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))).reshape(dims)
         return Tensor._random_result(out, dtype, requires_grad)
@@ -559,7 +602,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         if high - low > 1 << 32:
             raise ValueError(f"randint: the range [{low}, {high}) is wider than 2**32")
         dims = Tensor._shape_arg(shape)
-        dev = Device.canonicalize(device or Device.DEFAULT)
+        dev = canonical_devices(device or Device.DEFAULT)
+        if isinstance(dev, tuple):  # drawn on the first device, the same numbers on every one
+            return Tensor.randint(*dims, low=low, high=high, dtype=dtype, device=dev[0]).to(dev)
         bits = _RNG.bits(prod(dims), dev).cast(dtypes.uint64)
         span = Tensor(high - low, dtype=dtypes.uint64, device=dev)
         values = (bits % span).cast(dtypes.int64) + low
@@ -1539,16 +1584,29 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         return self.replace(moved)
 
     def shard(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
-        """tinygrad's sharding across devices. One device: a copy to it. Several: multi-device tensors are a
-        separate feature (issue 19) and raise NotImplementedError."""
+        """This tensor split along `axis` over `devices` (tinygrad's sharding): device i holds elements
+        [i*k, (i+1)*k) of the axis, k = ceil(size / n), so the last parts may be shorter or empty. `axis=None` puts a
+        whole copy on every device. The result is one tensor on several devices (`device` is the tuple): ops on it
+        run on every device (see glassgrad/multi.py). One device: a copy to it."""
         if isinstance(devices, str) or not isinstance(devices, (tuple, list)) or not devices:
             raise TypeError(f"shard takes a non-empty tuple of devices, got {devices!r}")
+        found = canonical_devices(devices)
+        names: tuple[str, ...] = (found,) if isinstance(found, str) else found
         if axis is not None:
-            normalize_axis(axis, self.ndim)
-        if len(devices) > 1:
-            raise NotImplementedError(f"shard across {len(devices)} devices {tuple(devices)}: multi-device tensors "
-                                      "are not implemented yet (issue 19); shard to one device copies to it")
-        return self.to(devices[0])
+            if self.ndim == 0:
+                raise ShapeError("shard: a 0-d tensor has no axis to split; use axis=None to copy it to every device")
+            axis = normalize_axis(axis, self.ndim)
+        if len(names) == 1:
+            return self.to(names[0])
+        _no_symbolic("shard", self.shape)
+        source = self if not isinstance(self.device, tuple) else self.to(self.device[0])
+        bounds = shard_bounds(self.shape[axis], len(names)) if axis is not None else ((0, 0),) * len(names)
+        parts = []
+        for device, bound in zip(names, bounds):
+            part = source if axis is None else source.shrink(tuple(bound if i == axis else None
+                                                                   for i in range(self.ndim)))
+            parts.append(part.contiguous().to(device).uop if part.device != device else part.uop)
+        return Tensor(make_multi(parts, axis))
 
     def shard_(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
         """`shard`, in place."""
@@ -1654,7 +1712,7 @@ def _scalar_node(dtype: DType, device: str, shape: tuple[int, ...], value: Scala
 
 def _index_tensor(n: int, device: str | None) -> Tensor:
     """0, 1, ..., n-1 as int32: the ARANGE leaf, which a kernel evaluates as its loop index (no memory read)."""
-    dev = UOp(Ops.DEVICE, dtypes.void, (), Device.canonicalize(device or Device.DEFAULT))
+    dev = UOp(Ops.DEVICE, dtypes.void, (), canonical_devices(device or Device.DEFAULT))
     return Tensor(UOp(Ops.ARANGE, dtypes.int32, (dev,), n))
 
 
@@ -1711,7 +1769,7 @@ def mark_trainable(t: Tensor) -> Tensor:
     return t
 
 
-def _record_realized(views: dict[UOp, UOp], keep_lineage: bool) -> None:
+def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[UOp] | None = None) -> None:
     """Remember each realized node's buffer view (REALIZED) and, with gradients on, the graph it came from (LINEAGE).
 
     An assign's view gets its value's graph (gradients flow through `y.assign(w * 2)`, as through PyTorch's `copy_`),
@@ -1726,12 +1784,12 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool) -> None:
         REALIZED[node] = view
         if node.op is Ops.ASSIGN:
             LINEAGE.pop(node.src[0], None)
-            if keep_lineage and id(node) not in leaves:
+            if keep_lineage and id(node) not in leaves and (lineage_of is None or node in lineage_of):
                 # (the value's graph does not hold the ASSIGN node, which REALIZED keeps the view for: no cycle)
                 LINEAGE[view] = node.src[1]
                 REALIZED.set_assigned_value(node.src[1], view)
-        elif keep_lineage and not is_buffer_view(node):  # movement ops of a buffer are computed too
-            LINEAGE[view] = node
+        elif keep_lineage and not is_buffer_view(node) and (lineage_of is None or node in lineage_of):
+            LINEAGE[view] = node  # (movement ops of a buffer are computed too)
 
 
 def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
@@ -1757,7 +1815,7 @@ def _overwritten_by(outs: list[UOp]) -> set[tuple[Buffer, int]]:
     of its own: then no walk through the graphs is needed to find them."""
     pending = {id(u): u for t in list(ASSIGN_TARGETS.values()) if (u := t.uop).op is Ops.ASSIGN}
     if all(id(u) in {id(o) for o in outs} for u in pending.values()):
-        return {without_reshapes(u.src[0]).arg for u in outs if u.op is Ops.ASSIGN}
+        return {v for u in outs if u.op is Ops.ASSIGN for v in written_versions(u)}
     return overwritten_versions(outs, REALIZED.get)
 
 
@@ -1804,7 +1862,8 @@ def _with_lineage(u: UOp) -> UOp:
         return u
     from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
     pm = PatternMatcher([(UPat(Ops.RESHAPE, name="x"), lambda x: LINEAGE.get(x)),
-                         (UPat(Ops.BUFFER, name="x"), lambda x: LINEAGE.get(x))])
+                         (UPat(Ops.BUFFER, name="x"), lambda x: LINEAGE.get(x)),
+                         (UPat(Ops.MULTI, name="x"), lambda x: LINEAGE.get(x))])
     return graph_rewrite(u, pm)
 
 

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from glassgrad.dtype import DType, dtypes, to_dtype
 from glassgrad.helpers import prod
+from glassgrad.multi import make_multi
+from glassgrad.uop.ops import Ops
 
 if TYPE_CHECKING:
     from glassgrad.tensor import Tensor
@@ -58,7 +60,13 @@ class ExtraOps:
         return self._x.cast(dtypes.bfloat16)
 
     def empty_like(self, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
-        return _tensor_class().empty(self._x.shape, dtype=dtype or self._x.dtype, device=device or self._x.device)
+        """An uninitialised tensor of this one's shape (and dtype, device); on several devices, laid out as it is
+        (split along the same axis)."""
+        x = self._x
+        if device is None and x.uop.op is Ops.MULTI:
+            parts = [_tensor_class().empty(p.shape, dtype=dtype or x.dtype, device=p.device).uop for p in x.uop.src]
+            return _tensor_class()(make_multi(parts, x.uop.arg))
+        return _tensor_class().empty(x.shape, dtype=dtype or x.dtype, device=device or x.device)
 
     def const_like(self, b: Any) -> Tensor:
         """A tensor of this one's shape, dtype and device filled with `b`."""

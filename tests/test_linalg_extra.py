@@ -216,7 +216,7 @@ def test_to_in_place_and_shard() -> None:
     assert s.device == t.device and s.tolist() == [1.0, 2.0]
     u = Tensor([5.0])
     assert u.shard_((Device.DEFAULT,)) is u and u.tolist() == [5.0]
-    with pytest.raises(NotImplementedError, match="issue 19"):
+    with pytest.raises(ValueError, match="twice"):
         t.shard((Device.DEFAULT, Device.DEFAULT))
     with pytest.raises(TypeError, match="tuple of devices"):
         t.shard(Device.DEFAULT)  # type: ignore[arg-type]

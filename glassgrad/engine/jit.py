@@ -51,10 +51,11 @@ from glassgrad.device import Buffer, Device, Launch, LaunchGraph
 from glassgrad.dtype import dtypes
 from glassgrad.engine import realize
 from glassgrad.engine.memory import allocate_blocks, plan_memory
-from glassgrad.engine.realize import compile_kernel, count_launch, run_copy
+from glassgrad.engine.realize import compile_kernel, count_launch, run_allreduce, run_copy
 from glassgrad.helpers import CUDAGRAPH, DEBUG, JIT, TIMING
-from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
-from glassgrad.tensor import ASSIGN_TARGETS, Tensor, any_lazy_tensors, no_grad, realize_readers_of
+from glassgrad.multi import at_current_versions, is_realized, view_parts
+from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view
+from glassgrad.tensor import ASSIGN_TARGETS, LINEAGE, Tensor, any_lazy_tensors, no_grad, realize_readers_of
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import rebind, sint_eval, unbind
 
@@ -91,7 +92,8 @@ def _describe(value: Any, where: str, args: _Arguments) -> Hashable:
     if isinstance(value, Tensor):
         args.tensors.append(value)
         args.names.append(where)
-        return ("Tensor", tuple(args.unbound(d, where) for d in value.shape), value.dtype, value.device)
+        layout = value.uop.arg if value.uop.op is Ops.MULTI else None  # the sharded axis (several devices)
+        return ("Tensor", tuple(args.unbound(d, where) for d in value.shape), value.dtype, value.device, layout)
     if isinstance(value, UOp) and value.op is Ops.BIND:
         return ("Variable", args.unbound(value, where))
     if isinstance(value, (list, tuple)):
@@ -113,17 +115,26 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Hashable,
     return (key, Tensor.training, Tensor.no_grad), found  # the modes change what the function builds
 
 
-def _input_buffers(tensors: list[Tensor], names: list[str]) -> list[Buffer]:
-    """Realize the input tensors and return their buffers; two inputs sharing one buffer are refused."""
+def _input_buffers(tensors: list[Tensor], names: list[str]) -> tuple[list[Buffer], list[Tensor]]:
+    """Realize the input tensors and return their buffers (a tensor on several devices has one per device) with the
+    tensor each belongs to; two inputs sharing one buffer are refused."""
     Tensor.realize_all(*tensors)
+    for t in tensors:  # an input is a leaf of the step: a gradient must read its buffer (the one each call swaps),
+        if not t.requires_grad:  # not recompute it from the graph that made it (shard, to) before the call
+            LINEAGE.pop(t.uop, None)
     buffers: list[Buffer] = []
+    owners: list[Tensor] = []
     for t, name in zip(tensors, names):
-        buf = t.uop.base.arg[0]
-        if any(buf is b for b in buffers):
-            other = names[next(i for i, b in enumerate(buffers) if b is buf)]
-            raise JitError(f"TinyJit inputs {other} and {name} share one buffer; pass it once, or pass a .clone()")
-        buffers.append(buf)
-    return buffers
+        for part in view_parts(t.uop):
+            buf = part.base.arg[0]
+            if any(buf is b for b in buffers):
+                other = names[next(i for i, o in enumerate(tensors) if o is owners[[id(b) for b in buffers].index(
+                    id(buf))])]
+                raise JitError(f"TinyJit inputs {other} and {name} share one buffer; pass it once, or pass a "
+                               ".clone()")
+            buffers.append(buf)
+            owners.append(t)
+    return buffers, owners
 
 
 def _returned_tensors(ret: Any) -> list[Tensor]:
@@ -200,6 +211,16 @@ class _Copy:
         run_copy(*(inputs[b] if isinstance(b, int) else b for b in (self.dest, self.src)))
 
 
+@dataclass
+class _Collective:
+    """A recorded all-reduce: `bufs` are its n outputs, then its n inputs (inputs of the call as their index)."""
+    op: Ops
+    bufs: list[Buffer | int]
+
+    def run(self, inputs: list[Buffer]) -> None:
+        run_allreduce(self.op, [inputs[b] if isinstance(b, int) else b for b in self.bufs])
+
+
 @dataclass(eq=False)
 class _KernelGraph:
     """Consecutive kernels of one device whose backend has graphs (CUDA), replayed as one `LaunchGraph`.
@@ -241,13 +262,13 @@ class _KernelGraph:
         count_launch(f"graph of {len(self.kernels)} kernels", 0.0, flops, self.nbytes, "(jit)", len(self.kernels))
 
 
-Replayed = _Kernel | _Copy | _KernelGraph  # a step of a replay
+Replayed = _Kernel | _Copy | _Collective | _KernelGraph  # a step of a replay
 
 
-def _graph_kernels(steps: list[_Kernel | _Copy], has_graph: Callable[[str], bool]) -> list[Replayed]:
+def _graph_kernels(steps: list[_Kernel | _Copy | _Collective], has_graph: Callable[[str], bool]) -> list[Replayed]:
     """Each run of two or more consecutive kernels of one device that has graphs becomes one `_KernelGraph`. Copies
     stay outside the graphs (they split the runs), as do kernels of devices without graphs (the CPU)."""
-    def graph_device(step: _Kernel | _Copy) -> str | None:
+    def graph_device(step: _Kernel | _Copy | _Collective) -> str | None:
         return step.device if isinstance(step, _Kernel) and has_graph(step.device) else None
 
     out: list[Replayed] = []
@@ -281,7 +302,7 @@ def _steps_of(items: list[ScheduleItem], inputs: list[Buffer]) -> tuple[list[_St
         for buf, version in item.writes:
             if version >= 1:
                 inplace[buf] = inplace.get(buf, 0) + 1
-    copied = {id(b) for item in items if item.ast.op is Ops.COPY for b in item.bufs}
+    copied = {id(b) for item in items if item.ast.op in (Ops.COPY, Ops.ALLREDUCE) for b in item.bufs}
     refs: dict[int, Ref] = {}
     steps = []
     for item in items:
@@ -319,8 +340,8 @@ class _Capture:
         self.written_inputs = [(index[id(b)], n) for b, n in inplace.items() if id(b) in index]
         self.written_state = [(b, n) for b, n in inplace.items() if id(b) not in index]
         held = {id(r) for s in steps for r in s.refs if isinstance(r, Buffer)}
-        self.owners = [(weakref.ref(t), t.uop.base.arg[0]) for t in list(ASSIGN_TARGETS.values())
-                       if is_buffer_view(t.uop) and id(t.uop.base.arg[0]) in held]
+        self.owners = [(weakref.ref(t), part.base.arg[0]) for t in list(ASSIGN_TARGETS.values())
+                       if is_realized(t.uop) for part in view_parts(t.uop) if id(part.base.arg[0]) in held]
         if DEBUG >= 1:
             copies = sum(isinstance(s, _Copy) for s in self.steps)
             print(f"TinyJit: captured {self.kernel_count} kernels ({len(self.graphs)} graphs), {copies} copies, "
@@ -351,11 +372,13 @@ class _Capture:
         return self.pool[-1]
 
     @staticmethod
-    def _launch(step: _Step, slot_buffers: dict[_Slot, Buffer]) -> _Kernel | _Copy:
+    def _launch(step: _Step, slot_buffers: dict[_Slot, Buffer]) -> _Kernel | _Copy | _Collective:
         bufs = [slot_buffers[r] if isinstance(r, _Slot) else r for r in step.refs]
         if step.item_ast.op is Ops.COPY:
             dest, src = bufs
             return _Copy(dest, src)
+        if step.item_ast.op is Ops.ALLREDUCE:
+            return _Collective(step.item_ast.arg[0], bufs)
         kernel = compile_kernel(step.device, step.item_ast)
         args = [None if isinstance(b, int) else b.handle for b in bufs]
         inputs = [(pos, b) for pos, b in enumerate(bufs) if isinstance(b, int)]
@@ -375,7 +398,7 @@ class _Capture:
         handles = [b.handle for b in inputs]
         wait = DEBUG >= 2 or bool(TIMING)
         for step in self.steps:
-            if isinstance(step, _Copy):
+            if isinstance(step, (_Copy, _Collective)):
                 step.run(inputs)
             else:
                 step.run(handles, var_vals, wait)
@@ -397,9 +420,9 @@ class _Capture:
             t = ref()
             if t is None:
                 continue
-            if not is_buffer_view(t.uop):
+            if not is_realized(t.uop):
                 pending.append(t)
-            elif t.uop.base.arg[0] is not buf:
+            elif all(part.base.arg[0] is not buf for part in view_parts(t.uop)):
                 raise JitError(f"a state tensor (shape {t.shape}) the TinyJit captured moved to another buffer; "
                                "write into it with assign(), or call reset() on the jitted function")
         if pending:
@@ -410,13 +433,14 @@ class _Capture:
         """Buffers written in place are at a new version now, as after an eager step: their owners read it."""
         for i, writes in self.written_inputs:
             inputs[i].version += writes
-            tensors[i].uop = buffer_view(inputs[i], tensors[i].shape, inputs[i].version)
+        for i, _ in self.written_inputs:
+            tensors[i].uop = at_current_versions(tensors[i].uop)
         for buf, writes in self.written_state:
             buf.version += writes
-        for ref, buf in self.owners:
+        for ref, _ in self.owners:
             t = ref()
-            if t is not None and is_buffer_view(t.uop) and t.uop.base.arg[1] != buf.version:
-                t.uop = buffer_view(buf, t.shape, buf.version)
+            if t is not None and is_realized(t.uop):
+                t.uop = at_current_versions(t.uop)
 
 
 # ---------------------------------------------------------------------- the decorator
@@ -455,10 +479,10 @@ class TinyJit(Generic[ReturnType]):
         if realize.capture_hooks:
             raise JitError(f"{self.fn.__name__}: a TinyJit cannot run inside another TinyJit's capture")
         key, found = _signature(args, kwargs)
-        inputs = _input_buffers(found.tensors, found.names)
+        inputs, owners = _input_buffers(found.tensors, found.names)
         captured = self._captures.get(key)
         if captured is not None:
-            return captured.replay(found.tensors, inputs, found.var_vals)
+            return captured.replay(owners, inputs, found.var_vals)
         if key not in self._seen:
             self._seen.add(key)
             return self._run_eagerly(args, kwargs)
@@ -483,7 +507,7 @@ class TinyJit(Generic[ReturnType]):
             realize.capture_hooks.remove(hook)
         input_ids = {id(b) for b in inputs}
         for t in _returned_tensors(ret):
-            if id(t.uop.base.arg[0]) in input_ids:
+            if any(id(part.base.arg[0]) in input_ids for part in view_parts(t.uop)):
                 raise JitError(f"{self.fn.__name__} returns (a view of) one of its inputs; return a copy "
                                "(x.contiguous()), since a replay does not recompute it")
         if not items:

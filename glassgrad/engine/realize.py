@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from glassgrad.codegen import ProgramSpec, get_program
 from glassgrad.codegen.opt.search import beam_search
 from glassgrad.device import Buffer, Device
+from glassgrad.engine.collectives import allreduce
 from glassgrad.helpers import BEAM, DEBUG, NOOPT, TIMING, getenv
 from glassgrad.schedule import ScheduleItem
 from glassgrad.uop.ops import Ops, UOp
@@ -42,6 +43,7 @@ class CompiledKernel:
 
 
 _kernel_cache: dict[tuple[str, UOp], CompiledKernel] = {}
+NOT_KERNELS = (Ops.COPY, Ops.ALLREDUCE)  # schedule items the runtime moves data for, without a compiled kernel
 
 
 def _render(device: str, ast: UOp) -> ProgramSpec:
@@ -105,7 +107,7 @@ class Compiles:
 
     def ready(self, item: ScheduleItem) -> None:
         key = (item.bufs[0].device, item.ast)
-        if item.ast.op is Ops.COPY or key not in self.source_of:
+        if item.ast.op in NOT_KERNELS or key not in self.source_of:
             return  # compiled before, or (a schedule's only new kernel) compiled in place when it runs
         job = self.jobs[(key[0], self.source_of[key])]
         for source, binary in zip(job.sources, job.binaries.result()):
@@ -135,7 +137,7 @@ def compile_schedule(schedule: list[ScheduleItem]) -> Compiles:
     compiles = Compiles()
     todo: dict[tuple[str, UOp], None] = {}
     for item in schedule:
-        key = (item.bufs[0].device, item.ast) if item.ast.op is not Ops.COPY else None
+        key = (item.bufs[0].device, item.ast) if item.ast.op not in NOT_KERNELS else None
         if key is not None and key not in _kernel_cache:
             todo[key] = None
     if len(todo) < 2:
@@ -196,6 +198,16 @@ def run_copy(dest: Buffer, src: Buffer) -> None:
     count_launch(f"copy {src.device}->{dest.device}", seconds, 0, dest.nbytes, f"{dest.nbytes} bytes")
 
 
+def run_allreduce(op: Ops, bufs: Sequence[Buffer]) -> None:
+    """An ALLREDUCE item: `bufs` is the n outputs, then the n inputs (one of each per device)."""
+    start = time.perf_counter()
+    n = len(bufs) // 2
+    allreduce(op, list(bufs[n:]), list(bufs[:n]))
+    nbytes = sum(b.nbytes for b in bufs)
+    count_launch(f"allreduce {op.name.lower()} x{n}", time.perf_counter() - start, 0, nbytes,
+                 f"{bufs[0].nbytes} bytes")
+
+
 # While a TinyJit captures a step, it listens here: every item run is passed to each hook (glassgrad/engine/jit.py).
 capture_hooks: list[Callable[[ScheduleItem], None]] = []
 
@@ -219,6 +231,9 @@ def run_schedule(schedule: list[ScheduleItem]) -> None:
 def run_item(item: ScheduleItem) -> None:
     if item.ast.op is Ops.COPY:
         run_copy(*item.bufs)
+        return
+    if item.ast.op is Ops.ALLREDUCE:
+        run_allreduce(item.ast.arg[0], item.bufs)
         return
     device = item.bufs[0].device
     kernel = compile_kernel(device, item.ast)

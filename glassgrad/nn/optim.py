@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 
 from glassgrad.dtype import DType, dtypes, least_upper_dtype
 from glassgrad.tensor import Tensor, no_grad
+from glassgrad.uop.ops import Ops
 
 __all__ = ["Optimizer", "OptimizerGroup", "SGD", "Adam", "AdamW", "LAMB"]
 
@@ -50,17 +51,20 @@ def _ensure_own_buffers(tensors: Sequence[Tensor], what: str) -> None:
             t._take_own_buffer()
     owner: dict[int, int] = {}
     for i, t in enumerate(tensors):
-        key = id(t.uop.base.arg[0])
+        key = id(t.uop.src[0].base.arg[0] if t.uop.op is Ops.MULTI else t.uop.base.arg[0])  # (several devices)
         if key in owner:
             raise ValueError(f"{what} {owner[key]} and {i} (shape {t.shape}) share one buffer, so an in-place "
                              "update of one would change the other; pass the tensor once, or give each a copy")
         owner[key] = i
 
 
-def new_state(shape: tuple[int, ...], dtype: DType, device: str, value: float = 0.0) -> Tensor:
-    """A fresh buffer filled with `value`, for optimiser state (never shared with another tensor)."""
+def new_state(shape: tuple[int, ...], dtype: DType, device: str, value: float = 0.0,
+              like: Tensor | None = None) -> Tensor:
+    """A fresh buffer filled with `value`, for optimiser state (never shared with another tensor). With `like` (a
+    param), the state is laid out as it is: on several devices, split along the same axis."""
     with no_grad():
-        return Tensor.empty(*shape, dtype=dtype, device=device).assign(value).realize()
+        empty = Tensor.empty(*shape, dtype=dtype, device=device) if like is None else like.empty_like(dtype=dtype)
+        return empty.assign(value).realize()
 
 
 def state_dtype(param_dtype: DType) -> DType:
@@ -188,7 +192,7 @@ class SGD(Optimizer):
             raise ValueError("Nesterov momentum needs momentum > 0")
         super().__init__(params, lr)
         self.momentum, self.weight_decay, self.nesterov = float(momentum), float(weight_decay), nesterov
-        self.b: list[Tensor] = [new_state(p.shape, state_dtype(p.dtype), p.device) for p in self.params] \
+        self.b: list[Tensor] = [new_state(p.shape, state_dtype(p.dtype), p.device, like=p) for p in self.params] \
             if self.momentum else []
 
     def state(self) -> list[Tensor]:
@@ -218,8 +222,8 @@ class _Moments(Optimizer):
         _check_hyper("weight_decay", weight_decay)
         super().__init__(params, lr)
         self.b1, self.b2, self.eps, self.weight_decay = float(b1), float(b2), float(eps), float(weight_decay)
-        self.m = [new_state(p.shape, state_dtype(p.dtype), p.device) for p in self.params]
-        self.v = [new_state(p.shape, state_dtype(p.dtype), p.device) for p in self.params]
+        self.m = [new_state(p.shape, state_dtype(p.dtype), p.device, like=p) for p in self.params]
+        self.v = [new_state(p.shape, state_dtype(p.dtype), p.device, like=p) for p in self.params]
         self.t = new_state((), dtypes.int32, self.device)
 
     def state(self) -> list[Tensor]:

@@ -32,11 +32,12 @@ class CPUAllocator(Allocator):
         offset = (-raw.ctypes.data) % 64
         return raw[offset:offset + nbytes]
 
+    # (a buffer living in a memory plan's block has a handle that may be longer than the buffer: copy its bytes only)
     def copyin(self, handle: np.ndarray, src: memoryview) -> None:
-        handle[:] = np.frombuffer(src, dtype=np.uint8)
+        handle[:src.nbytes] = np.frombuffer(src, dtype=np.uint8)
 
     def copyout(self, dest: memoryview, handle: np.ndarray) -> None:
-        np.frombuffer(dest, dtype=np.uint8)[:] = handle
+        np.frombuffer(dest, dtype=np.uint8)[:] = handle[:dest.nbytes]
 
 
 class ClangCompiler(Compiler):
@@ -157,11 +158,19 @@ class CPUProgram:
         return time.perf_counter() - start
 
 
+_COMPILER: list[ClangCompiler] = []  # one compiler (and its caches) for every CPU device
+
+
 def create_device(name: str) -> Compiled:
-    """The CPU device (its kernels raise CCompilerError when no C compiler can build them)."""
-    if name != "CPU":
-        raise ValueError(f"the CPU backend has one device, 'CPU'; got {name!r}")
-    compiler = ClangCompiler()
+    """'CPU' or 'CPU:n': the CPU (its kernels raise CCompilerError when no C compiler can build them). 'CPU:1',
+    'CPU:2', ... are further devices on the same processor, with memory of their own (host memory, kept apart): a
+    tensor sharded over ('CPU:0', 'CPU:1') runs the multi-device code paths without a GPU (glassgrad/multi.py)."""
+    base, _, index = name.partition(":")
+    if base != "CPU" or not (index or "0").isdigit():
+        raise ValueError(f"the CPU backend's devices are 'CPU', 'CPU:1', ...; got {name!r}")
+    if not _COMPILER:
+        _COMPILER.append(ClangCompiler())
+    compiler = _COMPILER[0]
     return Compiled(name, CPUAllocator(), compiler.renderer(), compiler, CPUProgram)
 
 

@@ -246,10 +246,11 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
             continue
         if n.op in (Ops.CONTIGUOUS, Ops.ASSIGN):
             roots[n] = None
-        if n.op is Ops.COPY:
+        if n.op in (Ops.COPY, Ops.ALLREDUCE):  # their sources are read whole, from buffers
             roots[n] = None
-            if not is_buffer_view(n.src[0]) and not _materialised(n.src[0]):
-                roots[n.src[0]] = None
+            for src in n.src[:1] if n.op is Ops.COPY else n.src:
+                if not is_buffer_view(src) and not _materialised(src):
+                    roots[src] = None
     while extra := _reduces_to_materialise(roots):
         roots.update(dict.fromkeys(extra))
     return roots
@@ -339,8 +340,14 @@ def _items(nodes: list[UOp], roots: dict[UOp, None], merged: dict[UOp, UOp], cre
 
     schedule: list[ScheduleItem] = []
     via_temp: dict[int, Callable[[], list[ScheduleItem]]] = {}  # in-place assign item -> the same through a temp
+    collectives: dict[tuple[UOp, ...], list[Buffer]] = {}  # an ALLREDUCE's partials -> its output buffers
     for node in nodes:
         if node not in roots:
+            continue
+        if node.op is Ops.ALLREDUCE:
+            if node.src not in collectives:
+                collectives[node.src] = _allreduce_item(node, view_of, created, schedule)
+            views[node] = buffer_view(collectives[node.src][node.arg[1]], node.shape)
             continue
         also = tuple(stored_by.get(node, ()))
         # the kernel computes the outputs it also stores: it must not load them from their own (unwritten) buffers
@@ -424,6 +431,21 @@ def _elementwise_reach(start: list[UOp], roots: dict[UOp, None]) -> tuple[list[U
         stack.extend((s, direct and (u.op in GroupOp.Elementwise or u.op is Ops.RESHAPE)) for s in u.src)
     # computed in the kernel, a root read elsewhere too would be recomputed there (softmax's max over a matmul)
     return [u for u in dict.fromkeys(reached) if u not in elsewhere], frontier
+
+
+def _allreduce_item(node: UOp, view_of: Callable[[UOp], UOp | None], created: list[Buffer],
+                    schedule: list[ScheduleItem]) -> list[Buffer]:
+    """One collective item for the n ALLREDUCE nodes over `node`'s partials (one output buffer per device); returns
+    the output buffers. Its AST is `ALLREDUCE arg=(op, n)`, its buffers the n outputs, then the n partials."""
+    if not all(isinstance(d, int) for d in node.shape):
+        raise NotImplementedError("a reduction over a sharded axis with a symbolic (Variable) shape")
+    outs = [Buffer(src.device, node.size, node.dtype) for src in node.src]
+    created.extend(outs)
+    ins = [(view_of(src) or src).base.arg for src in node.src]
+    if node.size:
+        ast = UOp(Ops.ALLREDUCE, node.dtype, (), (node.arg[0], len(outs)))
+        schedule.append(ScheduleItem(ast, (*outs, *(b for b, _ in ins)), frozenset(ins), tuple((b, 0) for b in outs)))
+    return outs
 
 
 def _buffer_size(node: UOp) -> int:

@@ -21,6 +21,24 @@ from glassgrad.uop.ops import Ops, UOp
 BufferVersion = tuple[Buffer, int]
 
 
+def written_versions(assign: UOp) -> list[BufferVersion]:
+    """The buffer versions an ASSIGN node writes over: its target's, or on several devices each part's."""
+    target = assign.src[0]
+    parts = target.src if target.op is Ops.MULTI else (target,)
+    return [without_reshapes(p).arg for p in parts]
+
+
+def view_versions(view: UOp) -> list[BufferVersion]:
+    """The buffer versions a realized view reads (a MULTI view: one per device)."""
+    out = []
+    for part in view.src if view.op is Ops.MULTI else (view,):
+        base = without_reshapes(part)
+        base = base.src[0] if base.op is Ops.SHRINK else base
+        if base.op is Ops.BUFFER:
+            out.append(base.arg)
+    return out
+
+
 def overwritten_versions(outs: Iterable[UOp], realized: Callable[[UOp], UOp | None]) -> set[BufferVersion]:
     """The buffer versions that the ASSIGN nodes among `outs`' lazy graphs write over (`realized(node)` gives the
     view of a node computed before, where the walk stops)."""
@@ -33,7 +51,7 @@ def overwritten_versions(outs: Iterable[UOp], realized: Callable[[UOp], UOp | No
             continue
         seen.add(node)
         if node.op is Ops.ASSIGN:
-            found.add(without_reshapes(node.src[0]).arg)
+            found.update(written_versions(node))
         stack.extend(node.src)
     return found
 
@@ -77,7 +95,5 @@ class StaleReaders:
             return node.arg in self.overwritten
         view = self.realized(node)
         if view is not None:
-            base = without_reshapes(view)
-            base = base.src[0] if base.op is Ops.SHRINK else base
-            return base.op is Ops.BUFFER and base.arg in self.overwritten
+            return any(v in self.overwritten for v in view_versions(view))
         return None

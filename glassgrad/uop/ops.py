@@ -61,6 +61,11 @@ class Ops(Enum):
     # global index[, gate]) moves 16 bytes; ASYNC_COMMIT closes a group of them; ASYNC_WAIT waits until at most
     # `arg` groups are pending. Both yield the shared buffer, like BARRIER, so what reads it is ordered after them
     ASYNC_COPY = auto(); ASYNC_COMMIT = auto(); ASYNC_WAIT = auto()  # noqa: E702
+    # several devices (glassgrad/multi.py): MULTI(part_0, ..., part_n-1) arg=axis is one tensor whose parts live on
+    # n devices, split along `axis` (None: each part is a whole copy); its device is the tuple of the parts' devices.
+    # ALLREDUCE(p_0, ..., p_n-1) arg=(op, i) is, on p_i's device, the elementwise `op` (ADD, MAX, MUL) of the n
+    # same-shaped partials: the scheduler runs the n of them as one collective
+    MULTI = auto(); ALLREDUCE = auto()  # noqa: E702
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
@@ -114,7 +119,7 @@ class UOp:
     arg: Any
     _shape: tuple[int, ...] | None
     _range: tuple[ConstType, ConstType] | None
-    _device: str | None
+    _device: str | tuple[str, ...] | None
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
         key = (op, dtype, src, _arg_key(arg))
@@ -266,14 +271,15 @@ class UOp:
         return prod(self.shape)
 
     @property
-    def device(self) -> str:
-        """The device a tensor-graph node lives on (cached: computed once per node)."""
+    def device(self) -> Any:
+        """The device a tensor-graph node lives on (cached: computed once per node): a name, or for a node of a
+        tensor on several devices (glassgrad/multi.py) a tuple of names. (Typed Any: most code handles names only.)"""
         found = self._device
         if found is not None:
             return found
         chain: list[UOp] = []  # walk down first sources (no recursion: graphs can be thousands of nodes deep)
         node = self
-        while node._device is None and node.op not in (Ops.DEVICE, Ops.BUFFER, Ops.COPY):
+        while node._device is None and node.op not in _OWN_DEVICE:
             chain.append(node)
             node = node.src[0]
         if node._device is not None:
@@ -283,6 +289,10 @@ class UOp:
                 found = node.arg
             elif node.op is Ops.BUFFER:
                 found = node.arg[0].device
+            elif node.op is Ops.MULTI:
+                found = tuple(s.device for s in node.src)
+            elif node.op is Ops.ALLREDUCE:
+                found = node.src[node.arg[1]].device
             else:  # COPY names the device it copies to
                 found = node.src[1].arg
             chain.append(node)
@@ -380,6 +390,8 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
         return tuple(1 if i in arg[1] else s for i, s in enumerate(src))
     if op is Ops.GATHER:
         return tuple(1 if i in arg else s for i, s in enumerate(src))
+    if op is Ops.MULTI and arg is not None:  # the parts joined along the axis
+        return tuple(sum(p.shape[arg] for p in u.src) if i == arg else s for i, s in enumerate(src))
     if op is Ops.BITCAST and u.dtype.itemsize != u.src[0].dtype.itemsize:
         return (*src[:-1], src[-1] * u.src[0].dtype.itemsize // u.dtype.itemsize)
     # elementwise: every shaped source has the same shape (the Tensor layer broadcasts first)
@@ -388,7 +400,9 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
 
 _SAME_SHAPE_AS_SOURCES = GroupOp.ALU | {Ops.CAST}
 _SHAPED = GroupOp.Movement | GroupOp.Elementwise | {Ops.BUFFER, Ops.ARANGE, Ops.REDUCE_AXIS, Ops.GATHER, Ops.COPY,
-                                                   Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN, Ops.CONTIGUOUS_BACKWARD}
+                                                   Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN, Ops.CONTIGUOUS_BACKWARD,
+                                                   Ops.MULTI, Ops.ALLREDUCE}
+_OWN_DEVICE = frozenset({Ops.DEVICE, Ops.BUFFER, Ops.COPY, Ops.MULTI, Ops.ALLREDUCE})  # not their first source's
 
 
 sint = int | UOp  # a size: an int, or an int expression of Variables (see uop/sint.py)
