@@ -403,7 +403,7 @@ def _merged_outputs(roots: dict[UOp, None], nodes: list[UOp]) -> dict[UOp, UOp]:
         reached, frontier = _elementwise_reach(start, roots)
         for extra in reached:
             if extra in merged or extra in merged.values() or extra.size != node.size or \
-                    extra.device != node.device or extra.op in (Ops.ASSIGN, Ops.COPY, Ops.CONTIGUOUS):
+                    extra.device != node.device or extra.op in (Ops.ASSIGN, Ops.COPY, Ops.CONTIGUOUS, Ops.ALLREDUCE):
                 continue
             if not any(extra in other.toposort(stop=_materialised) for other in frontier if other is not extra):
                 merged[extra] = node
