@@ -764,5 +764,23 @@ class ClangRenderer(CStyleLanguage):
         if vector_math:  # the CPU compiler defines GG_VECTOR_MATH when glibc's libmvec can be linked
             helpers = ["#ifdef GG_VECTOR_MATH", *vector_math, "#endif", *helpers]
         return "\n".join(["#include <math.h>", "#include <stdbool.h>", *helpers, "",
-                          f"void {name}({signature}) {{", *body, "}", ""])
+                          f"void {name}({signature}) {{", *body, "}", _entry_point(name, params), ""])
+
+
+def _entry_point(name: str, params: list[str]) -> str:
+    """`<name>_entry(bufs, vals, start, end)`: the kernel behind one signature for every kernel, so the runtime's C
+    thread pool (`runtime/cpu_pool.py`) can call any of them: buffer i is `bufs[i]`, int argument j is `vals[j]`."""
+    args, n_bufs, n_vals = [], 0, 0
+    for param in params:
+        ctype, _ = param.rsplit(" ", 1)
+        ctype = ctype.replace(" restrict", "").replace("const int", "int")
+        if ctype.endswith("*"):
+            args.append(f"({ctype})gg_bufs[{n_bufs}]")
+            n_bufs += 1
+        else:
+            args.append(f"({ctype})gg_vals[{n_vals}]")
+            n_vals += 1
+    call = ", ".join([*args, "start", "end"])
+    return (f"void {name}_entry(void* const* gg_bufs, const long long* gg_vals, long long start, long long end) {{\n"
+            f"  (void)gg_bufs; (void)gg_vals;\n  {name}({call});\n}}")
 
