@@ -225,10 +225,14 @@ def run_wide(device: str, rounds: int, only: str = "") -> None:
     for pair in wide_pairs(device):
         if only.lower() not in pair.name.lower():
             continue
-        t_gg, t_torch = compare(pair, rounds, dev.synchronize, torch_sync)
+        try:
+            t_gg, t_torch = compare(pair, rounds, dev.synchronize, torch_sync)
+        except Exception as e:  # a failing workload is reported (and left out of the mean), the rest still run
+            print(f"{pair.name:<42} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:80]}", flush=True)
+            continue
         ratios.append(t_torch / t_gg)
         print(f"{pair.name:<42} {t_gg * 1e3:9.3f}ms {t_torch * 1e3:9.3f}ms {ratios[-1]:8.2f}x", flush=True)
     if ratios:
         geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        print(f"{'geometric mean of the ratios':<66} {geomean:8.2f}x")
+        print(f"{f'geometric mean of the {len(ratios)} ratios':<66} {geomean:8.2f}x")
     print("ratios are PyTorch time / glassgrad time: above 1.00x glassgrad is faster")
