@@ -1,9 +1,11 @@
 """Benchmark: glassgrad against numpy (and PyTorch when installed), in the same run, as ratios.
 
-In: `--device` (default CPU), `--repeat`. Out: a table with the median time of each workload per library and the
+In: `--device` (default CPU), `--repeat`, `--only`, `--suite` (`default`, or `wide`: untuned workloads against
+PyTorch, in `bench/wide.py`). Out: a table with the median time of each workload per library and the
 ratio (>1 means glassgrad is faster). Absolute times on shared machines drift; ratios from one run do not.
 
     python bench/bench.py
+    python bench/bench.py --suite wide [--device CUDA]
 """
 from __future__ import annotations
 
@@ -294,9 +296,15 @@ def main() -> None:
     parser.add_argument("--device", default=Device.DEFAULT)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--only", default="", help="run only the workloads whose name contains this (any case)")
+    parser.add_argument("--suite", default="default", choices=("default", "wide"),
+                        help="default: the issue's named workloads; wide: untuned workloads against PyTorch")
     args = parser.parse_args()
     if torch is not None:
         torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.suite == "wide":
+        from wide import run_wide  # bench/ is the script's directory, so on sys.path
+        run_wide(args.device, args.repeat, args.only)
+        return
     if args.device.upper().startswith("CUDA"):
         print_gpu(args.device, args.repeat, args.only)
         return

@@ -205,3 +205,32 @@ def test_row_ops_on_gpu(cuda: str, op: str, shape: tuple[int, ...]) -> None:
     fn, ref = ROW_OPS[op]
     np.testing.assert_allclose(fn(Tensor(x, device=cuda)).numpy(), ref(x.astype(np.float64)), rtol=2e-4,
                                atol=2e-5)
+
+
+@pytest.mark.parametrize("columns", [77, 1000, 1023])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cpu_row_max_of_any_length_keeps_nan_and_infinities(columns: int, dtype: type) -> None:
+    """A row max of a length 16 does not divide: lanes of 8 (1000), or a SIMD max with a NaN flag (77, 1023, whose
+    C loop says `reduction(max:...)`); NaN anywhere in a row gives NaN, infinities and all -inf rows stay."""
+    x = np.random.default_rng(columns).standard_normal((9, columns)).astype(dtype)
+    x[1, columns // 2] = np.nan
+    x[2, -1] = np.nan
+    x[3, :] = -np.inf
+    x[4, 0] = np.inf
+    x[5, :] = np.nan
+    x[6, 3] = -np.inf
+    x[7, 5] = 1e-42 if dtype == np.float32 else 1e-310  # a denormal
+    x[7, :5] = -1.0
+    x[7, 6:] = -2.0
+    np.testing.assert_array_equal(Tensor(x, device="CPU").max(-1).numpy(), x.max(-1))
+    with np.errstate(invalid="ignore"):
+        expected = np_softmax(x)
+    np.testing.assert_allclose(Tensor(x, device="CPU").softmax(-1).numpy(), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_cpu_row_max_of_77_is_a_simd_reduction() -> None:
+    x = Tensor(np.zeros((64, 77), np.float32), device="CPU")
+    source = kernels(x.max(-1), device="CPU")[0].source
+    assert "reduction(max:" in source and "= NAN;" in source
+    source = kernels(Tensor(np.zeros((64, 1000), np.float32), device="CPU").max(-1), device="CPU")[0].source
+    assert "reduction(max:" not in source  # 8 lanes instead

@@ -96,6 +96,8 @@ class CStyleLanguage:
         """A line to put before the reduce loop opened at program[position] (e.g. a vectorisation hint)."""
         return ""
 
+    simd_max = False  # a float max over an innermost loop may be a SIMD reduction with a NaN flag (see `_simd_max`)
+
     wide_index_type: str | None = None  # a 64-bit type for int32 index variables (see `var_type`), if any
 
     def _widened(self, u: UOp) -> bool:
@@ -240,6 +242,7 @@ class CStyleLanguage:
         global_index = 0
         widened: set[UOp] = set()  # int32 index values held in 64-bit variables
         split_loops: dict[UOp, int] = {}  # SIMD lane loops written as several loops: where their lines start
+        nan_flags: dict[UOp, tuple[UOp, str]] = {}  # a SIMD max's loop -> (its accumulator, its NaN flag's name)
         nesting: dict[UOp, int] = {}  # inlined expressions: how many operations deep they are
 
         def new_name(prefix: str) -> str:
@@ -281,6 +284,12 @@ class CStyleLanguage:
                     if pragma:
                         line(pragma)
                     line(f"for ({self.loop_var_type(u.dtype)} {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
+                elif self.simd_max and (max_acc := _simd_max(program, position)) is not None:
+                    flag = new_name("nan")
+                    nan_flags[u] = (max_acc.src[0], flag)
+                    line(f"int {flag} = 0;")
+                    line(f"#pragma omp simd reduction(max:{names[max_acc.src[0]]}) reduction(|:{flag})")
+                    line(f"for ({self.loop_var_type(u.dtype)} {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
                 else:
                     pragma = self.reduce_loop_pragma(program, position, names)
                     if pragma:
@@ -290,6 +299,9 @@ class CStyleLanguage:
             elif u.op is Ops.ENDRANGE:
                 depth -= 1
                 line("}")
+                if u.src[0] in nan_flags:
+                    acc_node, flag = nan_flags.pop(u.src[0])
+                    line(f"if ({flag}) {names[acc_node]} = NAN;")
                 if u.src[0] in split_loops:
                     start = split_loops.pop(u.src[0])
                     body[start:] = _chunked_loop(body[start:], self.lane_chunks(u.src[0].src[0].arg))
@@ -323,6 +335,9 @@ class CStyleLanguage:
             elif u.op is Ops.DEFINE_ACC:
                 names[u] = names[u.arg] = new_name("acc")
                 line(f"{self.render_dtype(u.dtype)} {names[u]} = {a[0]};")
+            elif u.op is Ops.ACCUMULATE and any(acc is u.src[0] for acc, _ in nan_flags.values()):
+                flag = next(f for acc, f in nan_flags.values() if acc is u.src[0])
+                line(f"{a[0]} = {a[1]} > {a[0]} ? {a[1]} : {a[0]}; {flag} |= {a[1]} != {a[1]};")
             elif u.op is Ops.ACCUMULATE:
                 line(self.render_accumulate(a[0], a[1], u.arg, u.dtype))
             elif u.op is Ops.LOAD:
@@ -481,6 +496,31 @@ def _simd_accumulate(program: list[UOp], position: int) -> UOp | None:
             return None
         if u.op is Ops.ACCUMULATE:
             return u if u.arg in (Ops.ADD, Ops.MUL) else None
+    return None
+
+
+def _simd_max(program: list[UOp], position: int) -> UOp | None:
+    """The float32/float64 max accumulated into a scalar in the loop opened at program[position], if it can be a SIMD
+    reduction (innermost, loads as `_simd_accumulate` allows, the loop's only accumulation). The C renderer then
+    writes `acc = v > acc ? v : acc` under `omp simd reduction(max:acc)` and a flag `nan |= v != v` beside it, and
+    sets acc to NaN after the loop if the flag is set: numpy's NaN propagation, vectorised, for rows that no lane
+    count divides (77 or 1023 columns). The select with its NaN check inline is a dependency gcc will not reorder."""
+    loop = program[position]
+    if loop.arg[1] != "reduce":
+        return None
+    found = None
+    for u in program[position + 1:]:
+        if u.op is Ops.RANGE:
+            return None
+        if u.op is Ops.LOAD and index_stride(u.src[1], loop) not in (0, 1, None):
+            return None
+        if u.op is Ops.ACCUMULATE:
+            if found is not None or u.arg is not Ops.MAX or u.dtype not in (dtypes.float32, dtypes.float64) or \
+                    len(u.src[0].src) > 1:
+                return None
+            found = u
+        if u.op is Ops.ENDRANGE and u.src[0] is loop:
+            return found
     return None
 
 
@@ -666,6 +706,10 @@ class ClangRenderer(CStyleLanguage):
     def loop_var_type(self, dtype: DType) -> str:
         return "long long"  # index values fit the AST's dtype; 64-bit loop variables give gcc simpler addressing
 
+    @property
+    def simd_max(self) -> bool:  # type: ignore[override]
+        return self.omp_simd
+
     def reduce_loop_pragma(self, program: list[UOp], position: int, names: dict[UOp, str]) -> str:
         """Innermost sum/product loops may be reordered (vectorised) by the compiler: OpenMP SIMD says so for this
         loop alone, instead of -ffast-math for the whole file (which would also break NaN and inf handling)."""
@@ -765,5 +809,23 @@ class ClangRenderer(CStyleLanguage):
         if vector_math:  # the CPU compiler defines GG_VECTOR_MATH when glibc's libmvec can be linked
             helpers = ["#ifdef GG_VECTOR_MATH", *vector_math, "#endif", *helpers]
         return "\n".join(["#include <math.h>", "#include <stdbool.h>", *helpers, "",
-                          f"void {name}({signature}) {{", *body, "}", ""])
+                          f"void {name}({signature}) {{", *body, "}", _entry_point(name, params), ""])
+
+
+def _entry_point(name: str, params: list[str]) -> str:
+    """`<name>_entry(bufs, vals, start, end)`: the kernel behind one signature for every kernel, so the runtime's C
+    thread pool (`runtime/cpu_pool.py`) can call any of them: buffer i is `bufs[i]`, int argument j is `vals[j]`."""
+    args, n_bufs, n_vals = [], 0, 0
+    for param in params:
+        ctype, _ = param.rsplit(" ", 1)
+        ctype = ctype.replace(" restrict", "").replace("const int", "int")
+        if ctype.endswith("*"):
+            args.append(f"({ctype})gg_bufs[{n_bufs}]")
+            n_bufs += 1
+        else:
+            args.append(f"({ctype})gg_vals[{n_vals}]")
+            n_vals += 1
+    call = ", ".join([*args, "start", "end"])
+    return (f"void {name}_entry(void* const* gg_bufs, const long long* gg_vals, long long start, long long end) {{\n"
+            f"  (void)gg_bufs; (void)gg_vals;\n  {name}({call});\n}}")
 

@@ -24,6 +24,7 @@ from glassgrad.device import Allocator, Compiled, Compiler
 from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir, getenv
 from glassgrad.renderer.cstyle import ClangRenderer
 from glassgrad.runtime.ccompiler import CCompilerError, CCompilerInfo, find_c_compiler
+from glassgrad.runtime.cpu_pool import LazyPool
 
 
 class CPUAllocator(Allocator):
@@ -99,9 +100,11 @@ class ClangCompiler(Compiler):
 _POOL: ThreadPoolExecutor | None = None
 THREADS = getenv("THREADS", os.cpu_count() or 1)
 MIN_WORK_PER_THREAD = 1 << 15  # below this much work, a thread costs more than it saves
+CHUNKS_PER_THREAD = 4  # parts of the outer loop per thread: a thread the OS runs late leaves its parts to the others
 
 
 def _pool() -> ThreadPoolExecutor:
+    """The Python thread pool, for kernels without a C entry point or where the C pool does not build."""
     global _POOL
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="glassgrad-cpu")
@@ -128,50 +131,79 @@ def _address(handle: np.ndarray) -> int:
 
 
 class CPUProgram:
-    """One compiled kernel. Calling it runs the outer loop's range split evenly across threads. The C function takes
-    the buffers, then `vals` (Variable values, symbolic sizes) as ints, then the [start, end) of its outer loop."""
+    """One compiled kernel. Calling it runs the outer loop's range, split across threads when there is enough work.
+    The C function takes the buffers, then `vals` (Variable values, symbolic sizes) as ints, then the [start, end)
+    of its outer loop; `<name>_entry` takes them as two arrays, which the C thread pool (`runtime/cpu_pool.py`)
+    calls for any kernel."""
 
-    def __init__(self, name: str, binary: bytes) -> None:
+    def __init__(self, name: str, binary: bytes, pool: LazyPool | None = None) -> None:
         self.name = name
         self.lib = _load_library(binary)
         self.fn = getattr(self.lib, name)
         self.fn.restype = None
+        self.pool = pool
+        self.entry = ctypes.cast(getattr(self.lib, f"{name}_entry"), ctypes.c_void_p).value \
+            if hasattr(self.lib, f"{name}_entry") else None
 
     def __call__(self, *bufs: np.ndarray, global_size: tuple[int, ...] = (1,), local_size: Any = None,
                  vals: tuple[int, ...] = (), work: int = 0, wait: bool = False) -> float:
         if self.fn.argtypes is None:  # the first call fixes the C argument types, so every call passes plain ints
             self.fn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_int32] * len(vals) + [ctypes.c_int64] * 2
-        args = [_address(b) for b in bufs] + list(vals)
         outer = global_size[0] if global_size else 1
         threads = max(1, min(THREADS, outer, work // MIN_WORK_PER_THREAD))
         start = time.perf_counter()
         if threads == 1:
-            self.fn(*args, 0, outer)
+            self.fn(*[_address(b) for b in bufs], *vals, 0, outer)
+        elif self.entry is not None and self.pool is not None and (pool := self.pool.get()) is not None:
+            pool.start(threads - 1)
+            addresses = (ctypes.c_void_p * len(bufs))(*[_address(b) for b in bufs])
+            ints = (ctypes.c_longlong * max(1, len(vals)))(*vals)
+            pool.run(self.entry, addresses, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
         else:
-            bounds = [outer * i // threads for i in range(threads + 1)]
-            run = functools.partial(self.fn, *args)
-            # the calling thread runs the first part itself (ctypes releases the GIL): one hand-off fewer to wait for
-            futures = [_pool().submit(run, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:]) if hi > lo]
-            run(bounds[0], bounds[1])
-            for f in futures:
-                f.result()
+            self._python_threads([_address(b) for b in bufs] + list(vals), outer, threads)
         return time.perf_counter() - start
 
+    def _python_threads(self, args: list[int], outer: int, threads: int) -> None:
+        bounds = [outer * i // threads for i in range(threads + 1)]
+        run = functools.partial(self.fn, *args)
+        # the calling thread runs the first part itself (ctypes releases the GIL): one hand-off fewer to wait for
+        futures = [_pool().submit(run, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:]) if hi > lo]
+        run(bounds[0], bounds[1])
+        for f in futures:
+            f.result()
 
-_COMPILER: list[ClangCompiler] = []  # one compiler (and its caches) for every CPU device
+
+def _build_pool(compiler: ClangCompiler, src: str) -> bytes:
+    """The thread pool's library, built by the kernels' compiler (kept in the cache directory, so once per machine;
+    not through the kernel cache, whose compiles tests count)."""
+    key = hashlib.sha256(f"{compiler.cache_key}\n{src}".encode()).hexdigest()
+    path = cache_dir() / "lib" / f"pool-{key}.so"
+    if CACHELEVEL >= 1 and path.exists():
+        return path.read_bytes()
+    binary = compiler.compile(src)
+    if CACHELEVEL >= 1:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, binary)
+    return binary
+
+
+_COMPILER: list[tuple[ClangCompiler, LazyPool | None]] = []  # one compiler and pool for every CPU device
 
 
 def create_device(name: str) -> Compiled:
     """'CPU' or 'CPU:n': the CPU (its kernels raise CCompilerError when no C compiler can build them). 'CPU:1',
     'CPU:2', ... are further devices on the same processor, with memory of their own (host memory, kept apart): a
-    tensor sharded over ('CPU:0', 'CPU:1') runs the multi-device code paths without a GPU (glassgrad/multi.py)."""
+    tensor sharded over ('CPU:0', 'CPU:1') runs the multi-device code paths without a GPU (glassgrad/multi.py).
+    They share one compiler (and its caches) and one thread pool."""
     base, _, index = name.partition(":")
     if base != "CPU" or not (index or "0").isdigit():
         raise ValueError(f"the CPU backend's devices are 'CPU', 'CPU:1', ...; got {name!r}")
     if not _COMPILER:
-        _COMPILER.append(ClangCompiler())
-    compiler = _COMPILER[0]
-    return Compiled(name, CPUAllocator(), compiler.renderer(), compiler, CPUProgram)
+        compiler = ClangCompiler()
+        pool = LazyPool(functools.partial(_build_pool, compiler), _load_library) if compiler.info is not None else None
+        _COMPILER.append((compiler, pool))
+    compiler, pool = _COMPILER[0]
+    return Compiled(name, CPUAllocator(), compiler.renderer(), compiler, functools.partial(CPUProgram, pool=pool))
 
 
 def create_renderer() -> ClangRenderer:

@@ -248,7 +248,8 @@ def _row_reduction_lanes(k: Kernel) -> list[Opt]:
 
 def _lanes_for_reduction(k: Kernel, axis: int | None = None) -> list[Opt]:
     """A sum, product or max over a contiguous row (`axis`, default the innermost reduce axis): 16 accumulator lanes
-    (one SIMD register), then, for a long row, CHAINS such registers (independent chains: one add or max per
+    (one SIMD register; 8 or 4 when 16 does not divide the row: a row of 1000), then, for a long row, CHAINS (or 2)
+    such registers (independent chains: one add or max per
     register per step waits for the previous one, 3-4 cycles), combined after the loop. A lone `omp simd reduction`
     gives one register, and a max with NaN checks is not vectorised at all without lanes."""
     reduce_axes = k.axes_of("reduce")
@@ -257,11 +258,15 @@ def _lanes_for_reduction(k: Kernel, axis: int | None = None) -> list[Opt]:
     axis = reduce_axes[-1] if axis is None else axis
     strides = k.strides(axis)
     size = k.size(axis)
-    if any(s not in (0, 1) for s in strides) or 1 not in strides or size is None or size % LANES or size <= LANES:
+    if any(s not in (0, 1) for s in strides) or 1 not in strides or size is None or size <= LANES:
+        return []  # (a row of one register or less: the horizontal sum of lanes would cost more than it saves)
+    lanes = next((n for n in (LANES, *VECTOR_SPLITS) if size % n == 0 and size > n), None)
+    if lanes is None:  # (a row of 77 or 1023: no lanes divide it, it stays one scalar or `omp simd` chain)
         return []
-    opts = [Opt(OptOps.UNROLL, axis, LANES)]
-    if size % (LANES * CHAINS) == 0 and size >= LANES * CHAINS * MIN_CHAIN_STEPS:
-        opts.append(Opt(OptOps.UNROLL, axis, CHAINS))
+    opts = [Opt(OptOps.UNROLL, axis, lanes)]
+    chains = next((c for c in (CHAINS, 2) if (size // lanes) % c == 0 and size >= lanes * c * MIN_CHAIN_STEPS), None)
+    if chains is not None:
+        opts.append(Opt(OptOps.UNROLL, axis, chains))
     return opts
 
 
