@@ -54,7 +54,7 @@ from glassgrad.engine.memory import allocate_blocks, plan_memory
 from glassgrad.engine.realize import compile_kernel, count_launch, run_allreduce, run_copy
 from glassgrad.helpers import CUDAGRAPH, DEBUG, JIT, TIMING
 from glassgrad.multi import at_current_versions, is_realized, view_parts
-from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view
+from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
 from glassgrad.tensor import ASSIGN_TARGETS, LINEAGE, Tensor, any_lazy_tensors, no_grad, realize_readers_of
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import rebind, sint_eval, unbind
@@ -420,9 +420,13 @@ class _Capture:
             t = ref()
             if t is None:
                 continue
-            if not is_realized(t.uop):
+            uop = t.uop
+            if uop.op is Ops.RESHAPE and uop.src[0].op is Ops.BUFFER:  # one device, realized (the common case)
+                if uop.src[0].arg[0] is buf:
+                    continue
+            if not is_realized(uop):
                 pending.append(t)
-            elif all(part.base.arg[0] is not buf for part in view_parts(t.uop)):
+            elif all(part.base.arg[0] is not buf for part in view_parts(uop)):
                 raise JitError(f"a state tensor (shape {t.shape}) the TinyJit captured moved to another buffer; "
                                "write into it with assign(), or call reset() on the jitted function")
         if pending:
@@ -437,10 +441,16 @@ class _Capture:
             tensors[i].uop = at_current_versions(tensors[i].uop)
         for buf, writes in self.written_state:
             buf.version += writes
-        for ref, _ in self.owners:
+        for ref, buf in self.owners:
             t = ref()
-            if t is not None and is_realized(t.uop):
-                t.uop = at_current_versions(t.uop)
+            if t is None:
+                continue
+            uop = t.uop
+            if uop.op is Ops.RESHAPE or uop.op is Ops.BUFFER:  # one device (the common case): a view of `buf`
+                if is_buffer_view(uop) and uop.base.arg[1] != buf.version:
+                    t.uop = buffer_view(buf, t.shape, buf.version)
+            elif is_realized(uop):
+                t.uop = at_current_versions(uop)
 
 
 # ---------------------------------------------------------------------- the decorator
