@@ -1,12 +1,17 @@
-"""Data-parallel throughput at 1, 2, 4, 8 GPUs: glassgrad (sharded batch, replicated weights, NCCL all-reduce) against
-PyTorch DDP-style training in the same run.
+"""Data-parallel training throughput (MNIST images/s, GPT-2 tokens/s) at 1, 2, 4, 8 GPUs, glassgrad and PyTorch.
+
+glassgrad: sharded batch, replicated weights, NCCL all-reduce; against PyTorch DDP-style training in the same run.
 
 In: the GPUs of this machine (CUDA), `nccl4py` for glassgrad's all-reduce, PyTorch (optional) for the comparison.
-Out: a table of MNIST images/s and GPT-2 (small config) tokens/s per GPU count, with the scaling efficiency against
-one GPU (throughput at n / (n x throughput at 1)). GPU counts above what the machine has are skipped with a message;
-on a machine without CUDA the script says so and exits 0.
+Out: two tables per GPU count, with the scaling efficiency against one GPU (throughput at n / (n x throughput at
+1)): MNIST images/s (a small CNN, Adam), and GPT-2 tokens/s of bench/gpt.py's train step (forward, backward, AdamW;
+`--gpt full`: vocab 8192, context 256, width 512, 8 heads, 6 layers; `--gpt small`: its CPU sizes). Both keep the
+global batch fixed (split by rows over the GPUs: strong scaling); a GPT batch that the GPU count does not divide is
+skipped with a message. GPU counts above what the machine has are skipped with a message; on a machine without
+CUDA the script says so and exits 0.
 
-    python bench/multigpu.py [--steps 20] [--batch 256] [--gpt-batch 8] [--seq 256]
+    python bench/multigpu.py [--steps 20] [--batch 256] [--gpt full|small|none] [--gpt-batch 16]
+    python bench/multigpu.py --cpu 2 --gpt small --steps 2   # CPU:0..N-1 in place of GPUs: checks the code paths
 
 PyTorch: true DistributedDataParallel needs one process per GPU;
 here it is timed as single-process data parallel (`torch.nn.DataParallel`), which is what one Python process can do,
@@ -15,11 +20,15 @@ and labelled so.
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench/gpt.py: the GPT sizes and PyTorch model
 
 
 def gpu_count() -> int:
@@ -39,14 +48,19 @@ def time_steps(step: Callable[[], float], steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def glassgrad_mnist(n: int, batch: int, steps: int) -> float:
-    from glassgrad import Tensor, TinyJit, nn
+def device_names(kind: str, n: int) -> tuple[str, ...]:
+    """CUDA:0..n-1 (or CPU:0..n-1 with --cpu); the default device becomes the first."""
     from glassgrad.device import Device
+    Device.DEFAULT = Device.canonicalize(f"{kind}:0")
+    return tuple(f"{kind}:{i}" for i in range(n))
+
+
+def glassgrad_mnist(n: int, batch: int, steps: int, kind: str = "CUDA") -> float:
+    from glassgrad import Tensor, TinyJit, nn
     from glassgrad.nn import optim
     from glassgrad.nn.state import get_parameters
-    Device.DEFAULT = "CUDA"
-    devices = tuple(f"CUDA:{i}" for i in range(n))
-    model = [nn.Conv2d(1, 32, 5), nn.Conv2d(32, 64, 5), nn.Linear(64 * 20 * 20, 10)]
+    devices = device_names(kind, n)
+    model: list[Any] = [nn.Conv2d(1, 32, 5), nn.Conv2d(32, 64, 5), nn.Linear(64 * 20 * 20, 10)]
     params = get_parameters(model)
     if n > 1:
         for p in params:
@@ -92,35 +106,145 @@ def torch_mnist(n: int, batch: int, steps: int) -> float | None:
     return batch / time_steps(one, steps)
 
 
-def main() -> None:
+def gpt_sizes(name: str) -> Any:
+    """bench/gpt.py's `Sizes` (its train config, batch and context) for --gpt full|small."""
+    import gpt as gpt_bench
+    return gpt_bench.FULL if name == "full" else gpt_bench.SMALL
+
+
+def glassgrad_gpt(n: int, size: str, batch: int, steps: int, kind: str = "CUDA") -> float:
+    """Tokens/s of bench/gpt.py's glassgrad train step (a TinyJit of forward, backward, AdamW) with the parameters
+    replicated on n devices and each batch split by rows."""
+    from glassgrad import Tensor, TinyJit
+    from glassgrad.models.gpt2 import GPT2
+    from glassgrad.nn import optim
+    from glassgrad.nn.state import get_parameters
+    sizes = gpt_sizes(size)
+    cfg, context, devices = sizes.train, sizes.context, device_names(kind, n)
+    Tensor.manual_seed(0)
+    model = GPT2(cfg)
+    params = get_parameters(model)
+    if n > 1:
+        for p in params:
+            p.shard_(devices)
+    opt = optim.AdamW(params, lr=1e-4)
+    rng = np.random.default_rng(0)
+    pairs = []
+    for _ in range(2):  # two batches made once, alternated: the step's inputs change buffers as in training
+        data = rng.integers(0, cfg.vocab_size, (batch, context + 1)).astype(np.int32)
+        x, y = Tensor(data[:, :-1]), Tensor(data[:, 1:])
+        pairs.append(tuple(t.shard(devices, axis=0).realize() if n > 1 else t.realize() for t in (x, y)))
+
+    @TinyJit
+    @Tensor.train()
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        opt.zero_grad()
+        loss = model(x).sparse_categorical_crossentropy(y).backward()
+        return loss.realize(*opt.schedule_step())
+
+    calls = [0]
+
+    def one() -> float:
+        calls[0] += 1
+        return step(*pairs[calls[0] % 2]).item()
+    return batch * context / time_steps(one, steps)
+
+
+def torch_gpt(n: int, size: str, batch: int, steps: int, device: str = "cuda") -> float | None:
+    """Tokens/s of bench/gpt.py's PyTorch GPT-2 train step (eager, AdamW), under torch.nn.DataParallel for n > 1."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None
+    import gpt as gpt_bench
+    sizes = gpt_sizes(size)
+    cfg, context = sizes.train, sizes.context
+    torch.manual_seed(0)
+    model = gpt_bench.torch_gpt2(cfg, device)
+    net = torch.nn.DataParallel(model, device_ids=list(range(n))) if n > 1 else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    data = torch.randint(0, cfg.vocab_size, (batch, context + 1), device=device)
+    x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+    def one() -> float:
+        opt.zero_grad()
+        loss = F.cross_entropy(net(x).reshape(-1, cfg.vocab_size), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        return float(loss.item())
+    return batch * context / time_steps(one, steps)
+
+
+Timer = Callable[[int], float | None]
+
+
+def table(title: str, unit: str, counts: Sequence[int], available: int, ours: Timer, theirs: Timer,
+          divides: int | None = None) -> None:
+    """One row per device count: glassgrad's and PyTorch DataParallel's throughput and scaling against one device.
+    Counts above `available`, or that do not divide the batch `divides`, are skipped with a message."""
+    print(f"\n{title}")
+    print(f"{'GPUs':>4} | {'glassgrad ' + unit:>17} {'scaling':>8} | {'torch DataParallel ' + unit:>26} {'scaling':>8}")
+    base: dict[str, float] = {}
+    for n in counts:
+        if n > available:
+            print(f"{n:>4} | skipped: this machine has {available} device{'s' if available != 1 else ''}")
+            continue
+        if divides is not None and divides % n:
+            print(f"{n:>4} | skipped: the batch {divides} is not divisible by {n} devices (--gpt-batch)")
+            continue
+        mine, other = ours(n), theirs(n)
+        assert mine is not None
+        base.setdefault("ours", mine)
+        if other is not None:
+            base.setdefault("torch", other)
+        torch_text = f"{other:26.0f} {other / (n * base['torch']):8.2f}" if other is not None else \
+            f"{'(no torch / no CUDA)':>26} {'':>8}"
+        print(f"{n:>4} | {mine:17.0f} {mine / (n * base['ours']):8.2f} | {torch_text}")
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per row (after two warm-up steps)")
     parser.add_argument("--batch", type=int, default=256, help="MNIST images per step (split over the GPUs)")
-    args = parser.parse_args()
-    available = gpu_count()
+    parser.add_argument("--gpt", default="full", choices=("full", "small", "none"),
+                        help="bench/gpt.py's train sizes for the GPT-2 table (none: MNIST only)")
+    parser.add_argument("--gpt-batch", type=int, default=None,
+                        help="GPT-2 sequences per step, split over the GPUs (default: bench/gpt.py's batch)")
+    parser.add_argument("--cpu", type=int, default=0, metavar="N",
+                        help="use CPU:0..N-1 instead of GPUs (glassgrad only; checks the code, times nothing useful)")
+    args = parser.parse_args(argv)
+    if args.gpt_batch is not None and args.gpt_batch <= 0:
+        parser.error(f"--gpt-batch must be positive, got {args.gpt_batch}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse(argv)
+    kind, available = ("CPU", args.cpu) if args.cpu else ("CUDA", gpu_count())
     if available == 0:
         print("bench/multigpu.py: no CUDA GPU here; run it on a machine with 1-8 GPUs (and pip install "
-              "'glassgrad[cuda,multigpu]').")
+              "'glassgrad[cuda,multigpu]'), or pass --cpu 2 to check it on CPU devices.")
         return
-    from glassgrad.runtime.nccl import nccl_available
-    if available > 1 and not nccl_available():
-        print("nccl4py is not installed: the all-reduce goes through the host (pip install 'glassgrad[multigpu]')",
-              file=sys.stderr)
-    print(f"{'GPUs':>4} | {'glassgrad img/s':>15} {'scaling':>8} | {'torch DataParallel img/s':>24} {'scaling':>8}")
-    base: dict[str, float] = {}
-    for n in (1, 2, 4, 8):
-        if n > available:
-            print(f"{n:>4} | skipped: this machine has {available} GPU{'s' if available != 1 else ''}")
-            continue
-        ours = glassgrad_mnist(n, args.batch, args.steps)
-        theirs = torch_mnist(n, args.batch, args.steps)
-        base.setdefault("ours", ours)
-        if theirs is not None:
-            base.setdefault("torch", theirs)
-        torch_text = f"{theirs:24.0f} {theirs / (n * base['torch']):8.2f}" if theirs is not None else \
-            f"{'(no torch)':>24} {'':>8}"
-        print(f"{n:>4} | {ours:15.0f} {ours / (n * base['ours']):8.2f} | {torch_text}")
-    print("GPT-2 tokens/s: run examples/gpt2.py with --gpus N (same method) — not yet part of this table.")
+    if kind == "CPU":
+        print(f"CPU:0..{available - 1} stand in for GPUs (a check of the code paths; the numbers mean little)")
+    if kind == "CUDA":
+        from glassgrad.runtime.nccl import nccl_available
+        if available > 1 and not nccl_available():
+            print("nccl4py is not installed: the all-reduce goes through the host (pip install 'glassgrad[multigpu]')",
+                  file=sys.stderr)
+    no_torch: Timer = lambda n: None  # noqa: E731
+    counts = (1, 2, 4, 8)
+    table(f"MNIST CNN, batch {args.batch}", "img/s", counts, available,
+          lambda n: glassgrad_mnist(n, args.batch, args.steps, kind),
+          (lambda n: torch_mnist(n, args.batch, args.steps)) if kind == "CUDA" else no_torch)
+    if args.gpt == "none":
+        return
+    sizes = gpt_sizes(args.gpt)
+    c, batch = sizes.train, args.gpt_batch or sizes.batch
+    table(f"GPT-2 train step ({args.gpt}: L{c.n_layer} d{c.n_embd} V{c.vocab_size}), batch {batch}x{sizes.context}",
+          "tok/s", counts, available, lambda n: glassgrad_gpt(n, args.gpt, batch, args.steps, kind),
+          (lambda n: torch_gpt(n, args.gpt, batch, args.steps)) if kind == "CUDA" else no_torch, divides=batch)
 
 
 if __name__ == "__main__":

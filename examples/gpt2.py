@@ -1,6 +1,7 @@
 """Train a byte-level GPT-2 on the Python standard library's source, offline, and generate text with a KV cache.
 
     python examples/gpt2.py train --steps 300 --save stdlib.safetensors --plot loss.png
+    python examples/gpt2.py train --gpus 2 --batch 32   # data parallel (or --devices CPU:0,CPU:1)
     python examples/gpt2.py generate --load stdlib.safetensors --prompt "def " --temperature 0.8 --top-k 40
     python examples/gpt2.py generate --weights gpt2/model.safetensors --prompt "Hello"   # Hugging Face's GPT-2
 
@@ -8,7 +9,10 @@ train. In: every `*.py` file under `sysconfig.get_paths()["stdlib"]` (site-/dist
 every 20th file is held out. Out: a tqdm bar with the training loss, the held-out loss every `--eval-every` steps,
 the loss curve printed at the end (and drawn into `--plot FILE` when matplotlib is installed), the weights
 (`--save`, safetensors in Hugging Face's layout with the config in the metadata). Vocabulary: the 256 byte values.
-The step is tinygrad's beautiful_mnist step: a TinyJit of forward, backward and the AdamW update.
+The step is tinygrad's beautiful_mnist step: a TinyJit of forward, backward and the AdamW update. Data parallel
+with `--gpus N` (CUDA:0..N-1) or `--devices CPU:0,CPU:1`: every parameter replicated on each device (the tied
+embedding/head too), each batch split by rows, the gradients all-reduced, the same AdamW step on every device;
+`--batch` must be a multiple of the device count.
 
 generate. In: `--load` (a model saved by `train`) or `--weights` (Hugging Face GPT-2's model.safetensors, with
 its config.json beside it or inferred); or `--random CONFIG` for untrained weights. Out: the prompt and its
@@ -57,32 +61,66 @@ def load_corpus(held_out_every: int = 20) -> tuple[np.ndarray, np.ndarray, str]:
                          f"held out (every {held_out_every}th file)")
 
 
-def batches(data: np.ndarray, batch: int, context: int, rng: np.random.Generator) -> tuple[Tensor, Tensor]:
-    """Random windows: inputs (batch, context) and the next bytes (batch, context), int32."""
+Devices = tuple[str, ...] | None  # data parallel over these devices; None: one device (Device.DEFAULT)
+
+
+def batches(data: np.ndarray, batch: int, context: int, rng: np.random.Generator,
+            devices: Devices = None) -> tuple[Tensor, Tensor]:
+    """Random windows: inputs (batch, context) and the next bytes (batch, context), int32; split by rows over
+    `devices` when given."""
     starts = rng.integers(0, data.size - context - 1, batch)
     windows = np.stack([data[s:s + context + 1] for s in starts]).astype(np.int32)
-    return Tensor(windows[:, :-1]), Tensor(windows[:, 1:])
+    return placed(Tensor(windows[:, :-1]), devices), placed(Tensor(windows[:, 1:]), devices)
+
+
+# ---------------------------------------------------------------------- data parallel
+def training_devices(gpus: int, devices: str | None, batch: int) -> tuple[str, ...]:
+    """The devices named by `--devices a,b,...`, else by `--gpus N` (CUDA:0..N-1); () when neither. The batch is
+    split evenly: with several devices, a batch that is not a multiple of their count raises ValueError naming both
+    (glassgrad itself would split it unevenly, leaving devices idle for part of every step)."""
+    if gpus < 0:
+        raise ValueError(f"--gpus must be >= 0, got {gpus}")
+    names = tuple(d.strip() for d in devices.split(",") if d.strip()) if devices else \
+        tuple(f"CUDA:{i}" for i in range(gpus))
+    if len(names) > 1 and batch % len(names):
+        raise ValueError(f"--batch {batch} is not divisible by the {len(names)} devices {','.join(names)}: "
+                         f"pass a multiple of {len(names)}")
+    return names
+
+
+def replicate(model: GPT2, devices: Devices) -> None:
+    """Every parameter (the tied wte once) copied to each of `devices`, in place: gradients of the replicated
+    weights are then sums over a row-split batch, which glassgrad all-reduces."""
+    if devices:
+        for p in get_parameters(model):
+            p.shard_(devices)
+
+
+def placed(t: Tensor, devices: Devices) -> Tensor:
+    """A batch on the training devices: split by rows over several, as is on one."""
+    return t.shard(devices, axis=0) if devices else t
 
 
 # ---------------------------------------------------------------------- training
-def make_train_step(model: GPT2, opt: optim.Optimizer) -> Callable[[Tensor, Tensor], Tensor]:
-    """tinygrad's beautiful_mnist step: forward, backward and the optimiser update, all realized together."""
-    @TinyJit
+def make_train_step(model: GPT2, opt: optim.Optimizer, jit: bool = True) -> Callable[[Tensor, Tensor], Tensor]:
+    """tinygrad's beautiful_mnist step: forward, backward and the optimiser update, all realized together; a TinyJit
+    unless jit=False. On several devices (replicated parameters, row-split x and y) it is the same code."""
     @Tensor.train()
     def step(x: Tensor, y: Tensor) -> Tensor:
         opt.zero_grad()
         loss = model(x).sparse_categorical_crossentropy(y).backward()
         return loss.realize(*opt.schedule_step())
-    return step
+    return TinyJit(step) if jit else step
 
 
-def evaluate(model: GPT2, data: np.ndarray, batch: int, context: int, batches_n: int = 4) -> float:
+def evaluate(model: GPT2, data: np.ndarray, batch: int, context: int, batches_n: int = 4,
+             devices: Devices = None) -> float:
     """Mean loss on `batches_n` fixed windows of `data` (the same windows every time)."""
     rng = np.random.default_rng(0)
     losses = []
     with no_grad(), Tensor.test():
         for _ in range(batches_n):
-            x, y = batches(data, batch, context, rng)
+            x, y = batches(data, batch, context, rng, devices)
             losses.append(float(model(x).sparse_categorical_crossentropy(y).item()))
     return float(np.mean(losses))
 
@@ -105,6 +143,10 @@ def train(args: argparse.Namespace) -> None:
         sys.exit(f"train needs a byte-level model (vocab 256) with n_ctx >= --context; this one is {c}")
     print(f"model: {c.n_layer} layers, width {c.n_embd}, {c.n_head} heads, context {args.context}, "
           f"{c.num_params() / 1e6:.2f}M params; device {Device.DEFAULT}")
+    devices: Devices = args.train_devices
+    replicate(model, devices)
+    if devices:
+        print(f"data parallel over {','.join(devices)}: {args.batch // len(devices)} rows of each batch per device")
     opt = optim.AdamW(get_parameters(model), lr=args.lr, weight_decay=args.weight_decay)
     step = make_train_step(model, opt)
     rng = np.random.default_rng(args.seed)
@@ -112,8 +154,8 @@ def train(args: argparse.Namespace) -> None:
     bar = progress(args.steps)
     start = time.perf_counter()
     for i in bar:
-        loss = float(step(*batches(train_data, args.batch, args.context, rng)).item())
-        held = evaluate(model, held_data, args.batch, args.context) \
+        loss = float(step(*batches(train_data, args.batch, args.context, rng, devices)).item())
+        held = evaluate(model, held_data, args.batch, args.context, devices=devices) \
             if (i + 1) % args.eval_every == 0 or i + 1 == args.steps else None
         curve.append((i + 1, loss, held))
         if hasattr(bar, "set_description"):
@@ -266,6 +308,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     t.add_argument("--load", default=None, help="continue from a model saved by train")
     t.add_argument("--save", default=None, help="write the weights here (safetensors)")
     t.add_argument("--plot", default=None, help="draw the loss curve into this PNG (needs matplotlib)")
+    t.add_argument("--gpus", type=int, default=0, help="data parallel over CUDA:0..N-1 (batch split by rows)")
+    t.add_argument("--devices", default=None, help="data parallel over these devices, e.g. CPU:0,CPU:1")
     g = sub.add_parser("generate", help="sample text with a KV cache")
     g.add_argument("--load", default=None, help="a model saved by train")
     g.add_argument("--weights", default=None, help="Hugging Face GPT-2 model.safetensors (or its folder)")
@@ -278,7 +322,16 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for p in (t, g):
         p.add_argument("--device", default=None, help="CPU (default), CUDA, METAL")
         p.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.train_devices = None  # data parallel: several devices; one named device is just --device
+    if args.command == "train":
+        try:
+            names = training_devices(args.gpus, args.devices, args.batch)
+        except ValueError as e:
+            parser.error(str(e))
+        args.device = args.device or (names[0] if names else None)  # parameters and batches are made there
+        args.train_devices = names if len(names) > 1 else None
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> Any:
