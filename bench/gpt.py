@@ -175,16 +175,19 @@ def torch_sync(device: str) -> Callable[[], None]:
     return torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
 
-def torch_train_step(cfg: GPT2Config, batch: int, context: int, device: str) -> Callable[[], object]:
+def torch_train_step(cfg: GPT2Config, batch: int, context: int, device: str,
+                     wrap: Callable[[Any], Any] | None = None) -> Callable[[], object]:
+    """PyTorch's eager AdamW step on a fixed batch; `wrap` wraps the model (bench/multigpu.py: DataParallel)."""
     torch.manual_seed(0)
     model = torch_gpt2(cfg, device)
+    net = wrap(model) if wrap is not None else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     data = torch.randint(0, cfg.vocab_size, (batch, context + 1), device=device)
     x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
 
     def step() -> object:
         opt.zero_grad()
-        loss = F.cross_entropy(model(x).view(-1, cfg.vocab_size), y.reshape(-1))
+        loss = F.cross_entropy(net(x).reshape(-1, cfg.vocab_size), y.reshape(-1))
         loss.backward()
         opt.step()
         return loss

@@ -154,26 +154,18 @@ def torch_gpt(n: int, size: str, batch: int, steps: int, device: str = "cuda") -
     """Tokens/s of bench/gpt.py's PyTorch GPT-2 train step (eager, AdamW), under torch.nn.DataParallel for n > 1."""
     try:
         import torch
-        import torch.nn.functional as F
     except ImportError:
         return None
     import gpt as gpt_bench
     sizes = gpt_sizes(size)
-    cfg, context = sizes.train, sizes.context
-    torch.manual_seed(0)
-    model = gpt_bench.torch_gpt2(cfg, device)
-    net = torch.nn.DataParallel(model, device_ids=list(range(n))) if n > 1 else model
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    data = torch.randint(0, cfg.vocab_size, (batch, context + 1), device=device)
-    x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+    def data_parallel(model: Any) -> Any:
+        return torch.nn.DataParallel(model, device_ids=list(range(n))) if n > 1 else model
+    step = gpt_bench.torch_train_step(sizes.train, batch, sizes.context, device, data_parallel)
 
     def one() -> float:
-        opt.zero_grad()
-        loss = F.cross_entropy(net(x).reshape(-1, cfg.vocab_size), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        return float(loss.item())
-    return batch * context / time_steps(one, steps)
+        return float(step().item())  # type: ignore[attr-defined]
+    return batch * sizes.context / time_steps(one, steps)
 
 
 Timer = Callable[[int], float | None]
