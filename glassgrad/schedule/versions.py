@@ -69,23 +69,34 @@ class StaleReaders:
         self._memo: dict[UOp, bool] = {}
 
     def reads_old(self, root: UOp) -> bool:
+        """Depth first, stopping at the first stale read: the nodes on the path to it read it too (memoised True);
+        a node whose sources all answered False is memoised False; nodes left half-walked are simply not memoised."""
         memo = self._memo
-        stack: list[tuple[UOp, bool]] = [(root, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if node in memo:
+        if root in memo:
+            return memo[root]
+        leaf = self._leaf_answer(root)
+        if leaf is not None:
+            memo[root] = leaf
+            return leaf
+        path, pending = [root], [iter(_read_sources(root))]
+        while path:
+            node = next(pending[-1], None)
+            if node is None:
+                memo[path.pop()] = False
+                pending.pop()
                 continue
-            leaf = self._leaf_answer(node)
-            if leaf is not None:
-                memo[node] = leaf
-                continue
-            sources = node.src[1:] if node.op is Ops.ASSIGN else node.src
-            if expanded:
-                memo[node] = any(memo[s] for s in sources)
-                continue
-            stack.append((node, True))
-            stack.extend((s, False) for s in sources if s not in memo)
-        return memo[root]
+            answer = memo.get(node)
+            if answer is None:
+                answer = self._leaf_answer(node)
+                if answer is None:
+                    path.append(node)
+                    pending.append(iter(_read_sources(node)))
+                    continue
+                memo[node] = answer
+            if answer:
+                memo.update(dict.fromkeys(path, True))
+                return True
+        return False
 
     def _leaf_answer(self, node: UOp) -> bool | None:
         """The answer for a node the walk does not go below, or None to walk its sources."""
@@ -97,3 +108,8 @@ class StaleReaders:
         if view is not None:
             return any(v in self.overwritten for v in view_versions(view))
         return None
+
+
+def _read_sources(node: UOp) -> tuple[UOp, ...]:
+    """The sources a node reads: an ASSIGN's target (its first source) is written, not read."""
+    return node.src[1:] if node.op is Ops.ASSIGN else node.src
