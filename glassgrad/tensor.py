@@ -1806,7 +1806,12 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
         if not found:
             break
         extra += found
-        outs = [t.uop for t in found]  # their graphs may hold assigns of their own
+        # their graphs may hold assigns of their own; not when every pending assign is written already (an optimizer
+        # step's gradients: no walk through the backward graph. An assign whose target tensor is gone is not tracked:
+        # a reader of what it overwrites then raises the stale-read error instead of keeping its value)
+        if all(u in writing for t in list(ASSIGN_TARGETS.values()) if (u := t.uop).op is Ops.ASSIGN):
+            break
+        outs = [t.uop for t in found]
     return extra
 
 
