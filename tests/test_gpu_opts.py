@@ -57,6 +57,7 @@ def cuda_kernel(out: Tensor) -> Kernel:
     (lambda: E(16, 768).sum(axis=1), [Opt(R, 1, 4), Opt(G, 1, 2)], "does not combine"),
     (lambda: E(64, 64) * 2, [Opt(L, 1, 0), Opt(L, 0, 32)], "2048 threads per work-group, more than 1024"),
     (lambda: E(64, 64) * 2, [Opt(L, 2, 2)], "out of range"),
+    (lambda: E(77, 1023) @ E(1023, 1023), [Opt(OptOps.PADTO, 0, 16)], "PADTO is for CPU kernels"),
 ])
 def test_wrong_launch_opts_raise(make: Callable[[], Tensor], opts: list[Opt], message: str) -> None:
     k = cuda_kernel(make())
@@ -176,6 +177,14 @@ def test_beam_actions_include_launch_opts() -> None:
     schedule, _ = create_schedule([E(64, 1024).sum(axis=1).uop])
     cpu = Device["CPU"].renderer
     assert not any(a.op in (L, G) for a in actions(Kernel(optimize_ast(schedule[-1].ast, cpu), cpu)))
+    assert not any(a.op is OptOps.PADTO for a in actions(k))  # (CPU only)
+
+
+@pytest.mark.parametrize("make", [lambda: E(77, 1023) @ E(1023, 1023), lambda: E(1000, 1023).sum(axis=0),
+                                  lambda: E(1, 1024) @ E(1024, 1000)], ids=["matmul", "column sums", "GEMV"])
+def test_gpu_heuristic_never_pads(make: Callable[[], Tensor]) -> None:
+    """Odd sizes that the CPU heuristic pads (PADTO) keep their GPU launch opts: no PADTO on a GPU."""
+    assert not any(o.op is OptOps.PADTO for o in hand_coded_optimizations(cuda_kernel(make())))
 
 
 # ---------------------------------------------------------------------------------------------- CUDA source

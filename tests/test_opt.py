@@ -80,6 +80,12 @@ def test_axes_by_kind() -> None:
     (Opt(OptOps.GROUP, 2, 2), "needs a GPU"),
     (Opt(OptOps.SWAP, 0, 0), "another axis"),
     (Opt(OptOps.SWAP, 0, 2), "two global axes"),
+    (Opt(OptOps.PADTO, 1, 16), None),  # 24 -> 32
+    (Opt(OptOps.PADTO, 2, 4), "PADTO is for global"),
+    (Opt(OptOps.PADTO, 0, 0), "amount from 2 to 64"),
+    (Opt(OptOps.PADTO, 0, 128), "amount from 2 to 64"),
+    (Opt(OptOps.PADTO, 0, 16), "a multiple of 16 already"),
+    (Opt(OptOps.PADTO, 1, 64), "more than doubles"),
 ])
 def test_wrong_opts_raise(opt: Opt, message: str | None) -> None:
     k = kernel_of(matmul())
@@ -156,6 +162,11 @@ WORKLOADS = {
     "sum_rows": lambda: Tensor(np.random.default_rng(0).standard_normal((16, 64), dtype=np.float32)).sum(axis=1),
     "softmax": lambda: Tensor(np.random.default_rng(0).standard_normal((8, 32), dtype=np.float32)).softmax(-1),
     "int_cumulative": lambda: Tensor(np.arange(48, dtype=np.int32).reshape(6, 8)).max(axis=0) * 3,
+    "odd_matmul": lambda: matmul(13, 21, 7),  # no vector width divides 13 or 21: PADTO applies
+    "gather": lambda: Tensor(np.array([[3, 0, 9], [5, 5, 1]], np.int32)).embedding(
+        Tensor(np.random.default_rng(0).standard_normal((10, 7), dtype=np.float32))),
+    "int_division": lambda: (Tensor(np.arange(-30, 25, dtype=np.int32).reshape(5, 11)) //
+                             Tensor(np.arange(11, dtype=np.int32) - 5)).sum(axis=0),  # x // 0 is 0 here
 }
 
 
@@ -183,6 +194,55 @@ def test_random_opts_raise_or_agree(name: str, data: st.DataObject) -> None:
         np.testing.assert_array_equal(got, reference)
 
 
+P, U, S = OptOps.PADTO, OptOps.UPCAST, OptOps.SWAP
+
+
+@pytest.mark.parametrize("name, opts", [
+    ("odd_matmul", [Opt(P, 1, 8), Opt(U, 1, 8)]),                           # 21 -> 24: the vector lanes
+    ("odd_matmul", [Opt(P, 1, 16), Opt(U, 1, 16), Opt(P, 0, 4), Opt(U, 0, 4)]),  # and 13 -> 16 rows
+    ("odd_matmul", [Opt(U, 1, 0), Opt(P, 0, 8), Opt(U, 0, 8)]),               # rows padded after a whole upcast
+    ("odd_matmul", [Opt(P, 0, 16), Opt(S, 0, 1), Opt(U, 1, 16)]),             # padded, then swapped
+    ("odd_matmul", [Opt(P, 1, 4), Opt(U, 1, 4), Opt(P, 0, 2), Opt(P, 0, 8), Opt(U, 0, 8)]),  # 13 -> 14 -> 16
+    ("odd_matmul", [Opt(P, 1, 8), Opt(U, 1, 4), Opt(P, 1, 4), Opt(U, 1, 4)]),  # the outer part (6 -> 8) padded
+    ("odd_matmul", [Opt(P, 1, 16), Opt(OptOps.UNROLL, 2, 0), Opt(U, 1, 16)]),
+    ("gather", [Opt(P, 2, 8), Opt(U, 2, 8)]),                                # 7 -> 8 gathered columns
+    ("gather", [Opt(P, 1, 4), Opt(P, 2, 8), Opt(U, 2, 8), Opt(U, 1, 4)]),     # and 3 -> 4 indices
+    ("int_division", [Opt(P, 0, 16), Opt(U, 0, 16)]),                         # padded lanes divide by 0 safely
+    ("softmax", [Opt(P, 0, 16), Opt(U, 0, 16)]),
+    ("conv", [Opt(P, 3, 16), Opt(U, 3, 16), Opt(P, 1, 8), Opt(U, 1, 8)]),
+    ("conv_input_gradient", [Opt(P, 2, 8), Opt(U, 2, 8), Opt(P, 1, 4), Opt(U, 1, 4)]),
+])
+def test_padto_keeps_results(name: str, opts: list[Opt]) -> None:
+    """PADTO then UPCAST on axes no split divides: the padded iterations load only what the kernel loads and store
+    nothing (the output starts as NaNs: an element never written, or written wrong, shows); the result is the
+    unoptimised kernel's."""
+    ast = optimize_ast(last_kernel(WORKLOADS[name]()).ast, CPU.renderer)
+    k = Kernel(ast, CPU.renderer).apply_opts(opts)
+    assert k.applied == opts
+    reference = run_with(ast, [])
+    np.testing.assert_allclose(run_with(ast, opts), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_padto_grows_the_axis_and_gates_the_store() -> None:
+    """PADTO(1, 16) on a 13x21 matmul: the axis has 32 iterations, the store is gated by `j < 21`, the load
+    contiguous along j (b, the SIMD lanes to be) is gated; PADTO(0, 8) once there is a tile clamps a's row to the
+    last real one instead (a select, no gate)."""
+    k = kernel_of(matmul(13, 21, 7)).apply_opts([Opt(P, 1, 16), Opt(U, 1, 16)])
+    assert k.describe() == "global:13 global:2 reduce:7 upcast:16"
+    loads = {load.src[0].arg: load for load in k.loads}
+    assert len(loads[2].src) == 3 and len(loads[1].src) == 2  # b gated, a not (it does not move along j)
+    k.apply_opts([Opt(P, 0, 8), Opt(U, 0, 8)])
+    assert k.describe() == "global:2 global:2 reduce:7 upcast:16 upcast:8"
+    source = get_program(kernel_of(matmul(13, 21, 7)).ast, CPU.renderer, k.applied).source
+    assert re.search(r"if \(.*< 21\).*\) data0\[", source), source  # (and the rows' alu < 13)
+    assert re.search(r"data1\[\(\(\(alu\d+ \? alu\d+ : 12\)", source), source
+
+
+def test_padto_is_cpu_only_and_in_beams_actions() -> None:
+    k = kernel_of(matmul(13, 21, 7))
+    assert Opt(P, 1, 16) in actions(k) and Opt(P, 0, 4) in actions(k)
+
+
 # ---------------------------------------------------------------------------------------------- heuristic, NOOPT
 
 def test_heuristic_matmul_register_tile() -> None:
@@ -192,6 +252,23 @@ def test_heuristic_matmul_register_tile() -> None:
     source = get_program(k.ast, CPU.renderer, opts).source
     assert "float acc0[128] __attribute__((aligned(64)));" in source
     assert "#pragma GCC unroll 8" in source and "#pragma omp simd" in source
+
+
+@pytest.mark.parametrize("n, m, expected", [
+    (24, 1023, [Opt(P, 1, 16), Opt(U, 1, 16), Opt(U, 0, 8)]),                 # 1023 -> 1024 lanes, 8 rows
+    (24, 77, [Opt(P, 1, 16), Opt(U, 1, 16), Opt(U, 0, 8)]),                   # 77 -> 80
+    (27, 1023, [Opt(P, 1, 16), Opt(U, 1, 16), Opt(P, 0, 4), Opt(U, 0, 4)]),   # and 27 -> 28 rows (32: too much)
+    (24, 100, [Opt(U, 1, 4), Opt(U, 0, 8)]),                                  # 4 divides 100: no padding
+    (24, 33, [Opt(P, 1, 4), Opt(U, 1, 4), Opt(U, 0, 8)]),                     # 33 -> 36; 48 would waste 15
+])
+def test_heuristic_pads_odd_vector_and_row_axes(n: int, m: int, expected: list[Opt]) -> None:
+    """An output axis no vector width (16, 8, 4) divides is padded to the first whose padding adds at most 1/8 of
+    it, then upcast; rows of the tile likewise. The result matches numpy."""
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((n, 9), dtype=np.float32), rng.standard_normal((9, m), dtype=np.float32)
+    out = Tensor(a) @ Tensor(b)
+    assert hand_coded_optimizations(kernel_of(out)) == expected
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
 
 
 def test_heuristic_conv_tiles_output_channels() -> None:

@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 
 from glassgrad import Context, GlobalCounters, Tensor, dtypes, kernels
 from glassgrad.codegen import ProgramSpec, get_program
+from glassgrad.codegen.opt import Opt, OptOps
+from glassgrad.codegen.opt import kernel as kernel_module
 from glassgrad.helpers import prod
 from glassgrad.kernels import renderer_for
 from glassgrad.schedule import (
@@ -138,14 +140,20 @@ def assert_loads_in_bounds(*tensors: Tensor) -> None:
     """Render every kernel that realizing `tensors` would run and check that its loads and stores stay in bounds
     and that it keeps one parameter per scheduled buffer (the runtime passes all of them, in order)."""
     for item, spec in rendered(*tensors):
-        assert sum(u.op is Ops.DEFINE_GLOBAL for u in spec.uops) == len(item.bufs), f"{spec.name} lost a parameter"
-        for u in spec.uops:
-            if u.op in (Ops.LOAD, Ops.STORE):
-                buf = u.src[0].src[0] if u.src[0].op is Ops.BARRIER else u.src[0]
-                if buf.op is Ops.DEFINE_LOCAL:  # a staging buffer (codegen/stage.py) or a GPU tile: (id, size)
-                    check_access(u, buf.arg[1], f"{spec.name}: {u.op} of local buffer {buf.arg[0]}")
-                else:
-                    check_access(u, item.bufs[buf.arg].size, f"{spec.name}: {u.op} of data{buf.arg}")
+        assert_program_in_bounds(item, spec)
+
+
+def assert_program_in_bounds(item: ScheduleItem, spec: ProgramSpec) -> None:
+    """`spec` (a rendering of `item`'s kernel) keeps one parameter per buffer, and its loads and stores stay inside
+    the item's buffers and its local (staging) buffers."""
+    assert sum(u.op is Ops.DEFINE_GLOBAL for u in spec.uops) == len(item.bufs), f"{spec.name} lost a parameter"
+    for u in spec.uops:
+        if u.op in (Ops.LOAD, Ops.STORE):
+            buf = u.src[0].src[0] if u.src[0].op is Ops.BARRIER else u.src[0]
+            if buf.op is Ops.DEFINE_LOCAL:  # a staging buffer (codegen/stage.py) or a GPU tile: (id, size)
+                check_access(u, buf.arg[1], f"{spec.name}: {u.op} of local buffer {buf.arg[0]}")
+            else:
+                check_access(u, item.bufs[buf.arg].size, f"{spec.name}: {u.op} of data{buf.arg}")
 
 
 def loaded_buffers(t: Tensor) -> list[Any]:
@@ -505,6 +513,42 @@ def test_bounds_checker_catches_an_out_of_bounds_load() -> None:
     with pytest.raises(AssertionError, match="outside"):
         check_access(UOp(Ops.LOAD, dtypes.float32, (data, r + 1)), 4, "ungated")
     check_access(UOp(Ops.LOAD, dtypes.float32, (data, r + 1, r < 3)), 4, "gated")
+
+
+PADDED_OPTS = [
+    [Opt(OptOps.PADTO, 1, 16), Opt(OptOps.UPCAST, 1, 16)],
+    [Opt(OptOps.PADTO, 1, 16), Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.PADTO, 0, 8), Opt(OptOps.UPCAST, 0, 8)],
+    [Opt(OptOps.PADTO, 0, 4), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PADTO, 0, 8), Opt(OptOps.UPCAST, 0, 8)],
+    [Opt(OptOps.PADTO, 1, 8), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.PADTO, 1, 4), Opt(OptOps.UPCAST, 1, 4)],
+    None,  # the heuristic's own (which pads both axes here)
+]
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["A@B", "A.T@B"])
+@pytest.mark.parametrize("opts", PADDED_OPTS)
+def test_padded_kernel_accesses_stay_in_bounds(opts: list[Opt] | None, transposed: bool) -> None:
+    """PADTO grows a 13x21 matmul's output loops to 16 and 32 (or 24): the padded iterations' stores are gated and
+    their loads gated or clamped, so every load and store, staging buffers included, stays inside its buffer; the
+    results match numpy."""
+    a, b = ints(9, 13, seed=1) if transposed else ints(13, 9, seed=1), ints(9, 21, seed=2)
+    out = (Tensor(a).permute(1, 0) if transposed else Tensor(a)) @ Tensor(b)
+    (item,) = create_schedule([out.uop])[0]
+    spec = get_program(item.ast, renderer_for("CPU"), opts)
+    if opts is None:
+        assert any(o.op is OptOps.PADTO for o in spec.opts)
+    assert any(u.op is Ops.STORE and len(u.src) == 4 for u in spec.uops), "the store is not gated"
+    assert_program_in_bounds(item, spec)
+    np.testing.assert_array_equal(out.numpy(), (a.T if transposed else a) @ b)
+
+
+def test_bounds_checker_catches_an_ungated_padded_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without its gate, a padded kernel's store writes past the end of its output: the checker reports it."""
+    out = Tensor(ints(13, 9)) @ Tensor(ints(9, 21))
+    (item,) = create_schedule([out.uop])[0]
+    monkeypatch.setattr(kernel_module, "_and_gate", lambda access, valid: access)
+    spec = get_program(item.ast, renderer_for("CPU"), PADDED_OPTS[1])
+    with pytest.raises(AssertionError, match="outside"):
+        assert_program_in_bounds(item, spec)
 
 
 def test_realizing_a_reshape_materialises_the_node_under_it() -> None:

@@ -14,6 +14,10 @@ inside the reductions (the upcast ranges). The kernel's *axes* are its RANGE nod
 | upcast   | the inner part of a split output loop, placed *inside* the reduction loops: a    |
 |          | register tile (one accumulator per iteration), the innermost one SIMD lanes      |
 
+`PADTO` changes no kind: it grows a global axis to a multiple of its amount (an output axis of 1023 becomes 1024),
+so that an `UPCAST` by that amount divides it. The iterations past the original size compute values nobody sees:
+every load and store they would make is gated off (their loads read nothing and give 0, their stores are skipped).
+
 An `Opt(op, axis, amount)` names an axis by its position in `Kernel.axes` (ordered by kind, as in the table, then
 by loop order) and an amount (0: the whole axis). Every action is validated first: one that does not fit the
 kernel raises `KernelOptError`, it never changes what the kernel computes.
@@ -30,6 +34,7 @@ class OptOps(Enum):
     LOCAL = "local"     # GPU only: split an output axis; its inner part becomes threads of a work-group
     GROUP = "group"     # GPU only: split a reduce axis; its inner part becomes threads that combine their shares
     SWAP = "swap"       # exchange the loop order of two output axes (`amount` is the other axis)
+    PADTO = "padto"     # CPU only: grow an output axis to a multiple of `amount`; the extra iterations are gated off
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,12 @@ In: a `Kernel`. Out: a list of `Opt`s (`NOOPT=1` skips this: no opts at all). Fo
    loads `codegen/stage.py` will copy for its whole reduction (a padded conv) and whose vector fills whole registers
    gets up to 16 rows, and the blocks of its blocking axis innermost: one copy then serves all of them.
 
+*Odd sizes*: where no vector width (16, 8, 4) divides the vector axis (1023, 77), or no row count divides the
+blocking axis (513), the axis is first padded (`PADTO`) to a multiple of the first width or row count whose padding
+adds at most 1/PAD_WASTE (1/8) of its iterations (`_padded_split`), then upcast by it as usual: 1023 -> 1024 and
+77 -> 80 for 16 lanes, 513 -> 528 for 16 rows, 27 -> 28 for 4 rows. A size some split divides is never padded, nor
+a vector axis that no reduction moves along (a softmax's row: its loop is elementwise SIMD already).
+
 Three other tile shapes come first where they fit (the first opt is always the tile's SIMD loop):
 
 * *packed channel lanes* (`_packed_channel_tile`): when the vector axis does not fill whole registers (a conv's
@@ -35,6 +41,8 @@ Other GPU kernels (tiled matmuls, one-group-per-row kernels, and sizes no split 
 chooses their shape.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from glassgrad.codegen.gpudims import ELEMENTS_PER_THREAD, LOCAL_SIZE, MANY_ELEMENTS, automatic_shape
 from glassgrad.codegen.linearize import Scopes
@@ -61,6 +69,7 @@ ACCUMULATOR_REGISTERS = 24   # SIMD registers of accumulators in such a tile (of
 PACKED_ROWS = 25             # rows of a packed channel tile (a 5x5 window's taps): 27 of 32 registers with the
 #                              packed vector and a broadcast value (MNIST's first weight gradient: 3.1 -> 1.5 ms)
 SHIFT_ROWS = 8               # rows of a packed tile along which the packed values shift (a kernel width)
+PAD_WASTE = 8                # an axis no split divides is padded to a multiple of one (PADTO) adding <= 1/8 of it
 MIN_PACKED_REDUCE = 64       # packed channel lanes pay for reductions this long (their stores are 16 scalars a row)
 
 
@@ -80,8 +89,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     axis, amount = vector
     if (amount or k.size(axis) or VECTOR_WIDTH) < MIN_OUTPUT_LANES and (lanes := _reduce_lane_tile(k)):
         return lanes
-    opts.append(Opt(OptOps.UPCAST, axis, amount))
-    k.apply_opt(opts[-1])
+    opts += _upcast(k, axis, amount)
     if (row_lanes := _row_reduction_lanes(k)):
         return opts + row_lanes
     tile = k.register_tile()
@@ -93,13 +101,13 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     # partly filled one (10 lanes: 8 + 2) each row costs two registers, and 16 rows measured slower than 8 or 4
     staged = stages_before_reduction(k.ast, k.upcast) and tile % VECTOR_WIDTH == 0
     size = k.size(block) or 1  # (symbolic: no row count divides it)
-    rows = next((r for r in (STAGED_BLOCK_SPLITS if staged else BLOCK_SPLITS) if size % r == 0 and
-                 r * tile <= (STAGED_TILE_MAX if staged else TILE_MAX) and
-                 (block != k.axes_of("global")[0] or size // r >= 2)), None)
+    fitting = [r for r in (STAGED_BLOCK_SPLITS if staged else BLOCK_SPLITS) if
+               r * tile <= (STAGED_TILE_MAX if staged else TILE_MAX) and
+               (block != k.axes_of("global")[0] or size // r >= 2)]
+    rows = next((r for r in fitting if size % r == 0), None) or _padded_split(size, fitting)
     if rows is None:
         return opts
-    opts.append(Opt(OptOps.UPCAST, block, rows))
-    k.apply_opt(opts[-1])
+    opts += _upcast(k, block, rows)
     global_axes = k.axes_of("global")
     if staged and rows < size and block not in (global_axes[0], global_axes[-1]):
         opts.append(Opt(OptOps.SWAP, block, global_axes[-1]))  # the blocks innermost: one copy serves them all
@@ -345,10 +353,38 @@ def _vector_axis(k: Kernel) -> tuple[int, int] | None:
             candidates.append((axis, 0, size if size <= VECTOR_WIDTH else 1))
         elif (amount := next((f for f in VECTOR_SPLITS if size % f == 0 and size > f), None)) is not None:
             candidates.append((axis, amount, amount))
+        elif _tile_reduces_along(k, axis) and \
+                (amount := _padded_split(size, (VECTOR_WIDTH, *VECTOR_SPLITS))) is not None:  # 1023, 77: padded
+            candidates.append((axis, amount, amount))
     if not candidates:
         return None
     axis, amount, _ = max(candidates, key=lambda c: c[2])  # max keeps the first (innermost) of equal lanes
     return axis, amount
+
+
+def _padded_split(size: int, splits: Sequence[int]) -> int | None:
+    """The first of `splits` that divides `size` once `size` is padded up to a multiple of it (`OptOps.PADTO`), if
+    that adds at most 1/PAD_WASTE of its iterations: 1023 -> 1024 and 77 -> 80 for 16 lanes, 513 -> 520 for 8 rows;
+    33 -> 36 for 4 lanes, not 48 for 16."""
+    return next((s for s in splits if size > s and -size % s <= size // PAD_WASTE), None)
+
+
+def _tile_reduces_along(k: Kernel, axis: int) -> bool:
+    """Whether a reduction's value moves along output `axis` (a matmul's columns, column sums): its lanes are then
+    accumulators inside the reduction, worth padding for. A row reduction broadcast along the axis (a softmax or
+    layernorm of rows of 77) is not: the loop over the row is elementwise SIMD already (measured slower padded)."""
+    scopes, rng = Scopes(), k.axes[axis]
+    return any(rng in scopes(u) for u in k.ast.toposort() if u.op is Ops.REDUCE)
+
+
+def _upcast(k: Kernel, axis: int, amount: int) -> list[Opt]:
+    """UPCAST `axis` by `amount` (0: whole), after a PADTO to a multiple of `amount` when it does not divide the
+    axis; the opts are applied to `k` too."""
+    size = k.size(axis)
+    opts = [Opt(OptOps.PADTO, axis, amount)] if amount and size and size % amount else []
+    opts.append(Opt(OptOps.UPCAST, axis, amount))
+    k.apply_opts(opts)
+    return opts
 
 
 def _blocking_axis(k: Kernel, vector: int) -> int | None:

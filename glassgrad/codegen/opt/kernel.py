@@ -14,6 +14,7 @@ from glassgrad.renderer.cstyle import CStyleLanguage, index_stride
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.sint import render_sint
+from glassgrad.uop.symbolic import simplify
 
 KIND_ORDER = ("global", "local", "reduce", "group", "unroll", "upcast")
 TILE_KINDS = ("upcast", "unroll")
@@ -116,6 +117,8 @@ class Kernel:
             self._thread_split(opt, rng, kind, size)
         elif opt.op is OptOps.SWAP:
             self._swap(opt, rng)
+        elif opt.op is OptOps.PADTO:
+            self._padto(opt, rng, kind, size)
         else:
             self._shift(opt, rng, kind, size)
         self.applied.append(opt)
@@ -196,6 +199,30 @@ class Kernel:
         check(shared <= MAX_SHARED, f"{opt}: {len(grouped)} group reductions of {amount} threads need {shared} bytes "
                                     f"of shared memory, more than {MAX_SHARED}")
 
+    def _padto(self, opt: Opt, rng: UOp, kind: str, size: int | None) -> None:
+        """PADTO: global axis `rng` grows from `size` to the next multiple of `amount` (1023 -> 1024 for 16), so that
+        an UPCAST by `amount` divides it. The iterations past `size` store nothing and load only what the original
+        kernel loads (`pad_accesses`); the values they compute are never stored. PADTO comes just before the UPCAST
+        it is for: in a kernel without a register tile yet, that UPCAST makes the axis the SIMD lanes, and the
+        loads contiguous along it are masked; once there is a tile, the axis becomes rows, and its loads are
+        clamped to the last real row (unmasked). Either is correct whatever follows, only slower. CPU only: GPU
+        launch shapes (`codegen/gpudims.py`) are chosen from loops and gates this would change."""
+        name = type(self.renderer).__name__
+        check(not self.renderer.has_local, f"{opt}: PADTO is for CPU kernels; {name} has work-groups")
+        check(kind == "global", f"{opt}: PADTO is for global (output) axes, axis {opt.axis} is {kind}")
+        check(isinstance(opt.amount, int) and 1 < opt.amount <= MAX_UPCAST,
+              f"{opt}: PADTO needs an amount from 2 to {MAX_UPCAST}")
+        check(size is not None, f"{opt}: axis {opt.axis} has a symbolic size; only constant sizes are padded")
+        assert size is not None
+        padded = -(-size // opt.amount) * opt.amount
+        check(size > 0 and padded != size, f"{opt}: the axis' {size} iterations are a multiple of {opt.amount} "
+                                           f"already")
+        check(padded <= 2 * size, f"{opt}: padding {size} to {padded} iterations more than doubles the axis")
+        grown = UOp(Ops.RANGE, rng.dtype, (UOp.const(rng.dtype, padded),), rng.arg)
+        ast = graph_rewrite(self.ast, PatternMatcher([(UPat(Ops.RANGE, name="x"),
+                                                       lambda x: grown if x is rng else None)]))
+        self.ast = simplify(pad_accesses(ast, grown, size, lanes=not self.upcast))
+
     def _swap(self, opt: Opt, rng: UOp) -> None:
         axes = self.axes
         check(isinstance(opt.amount, int) and 0 <= opt.amount < len(axes) and opt.amount != opt.axis,
@@ -208,6 +235,46 @@ class Kernel:
         for mapping in (temporary, final):
             self.ast = graph_rewrite(self.ast, PatternMatcher([(UPat(Ops.RANGE, name="x"),
                                                                 lambda x, m=mapping: m.get(x))]))
+
+
+def pad_accesses(ast: UOp, rng: UOp, size: int, lanes: bool) -> UOp:
+    """The loads and stores of `ast` with loop `rng` grown past `size` iterations (PADTO): where `rng >= size`,
+    every store that depends on it is skipped (`rng < size` is ANDed into its gate); with `lanes` (the loop is to
+    become SIMD lanes), a load that moves contiguously along it (stride 1) is gated the same way (it reads nothing
+    and gives 0: a masked vector load); any other load that depends on it reads what iteration `size - 1` reads
+    (`rng` in its index and gate becomes `min(rng, size - 1)`: for a row of a register tile, one select per row
+    outside the vector loop, where a gated scalar in the tile measured 10x slower, its accumulators kept in
+    memory). Either way no access leaves the original kernel's."""
+    valid = rng < UOp.const(rng.dtype, size)
+    clamped = valid.where(rng, UOp.const(rng.dtype, size - 1))
+    scopes = Scopes()
+    new: dict[UOp, UOp] = {}
+    for node in ast.toposort():
+        src = tuple(new[s] for s in node.src)
+        n = node if src == node.src else node.replace(src=src)
+        if n.op in (Ops.LOAD, Ops.STORE) and rng in scopes(n):
+            if n.op is Ops.STORE or (lanes and index_stride(n.src[1], rng) == 1):
+                n = _and_gate(n, valid)
+            else:
+                n = n.replace(src=(n.src[0], *(_substitute(s, rng, clamped) for s in n.src[1:])))
+        new[node] = n
+    return new[ast]
+
+
+def _and_gate(access: UOp, valid: UOp) -> UOp:
+    """A LOAD or STORE with `valid` ANDed into its gate (a LOAD's third source, a STORE's fourth)."""
+    slot = 2 if access.op is Ops.LOAD else 3
+    gate = valid if len(access.src) == slot else access.src[slot].alu(Ops.AND, valid)
+    return access.replace(src=(*access.src[:slot], gate))
+
+
+def _substitute(root: UOp, old: UOp, replacement: UOp) -> UOp:
+    """`root` with node `old` replaced by `replacement` (in one pass: `replacement` may contain `old`)."""
+    new: dict[UOp, UOp] = {}
+    for node in root.toposort():
+        src = tuple(new[s] for s in node.src)
+        new[node] = replacement if node is old else node if src == node.src else node.replace(src=src)
+    return new[root]
 
 
 def _lanes_of_reductions(ast: UOp, lane: UOp) -> UOp:

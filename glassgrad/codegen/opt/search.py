@@ -32,6 +32,7 @@ UPCAST_AMOUNTS = (0, 2, 3, 4, 8, 16, 32)
 UNROLL_AMOUNTS = (0, 2, 4, 8)
 LOCAL_AMOUNTS = (0, 2, 4, 8, 16, 32, 64, 128, 256)  # threads of a work-group along an output axis (GPUs)
 GROUP_AMOUNTS = (0, 16, 32, 64, 128, 256)            # threads sharing a reduce axis (GPUs)
+PADTO_AMOUNTS = (4, 8, 16)  # an output axis padded to a multiple of a vector width, for the UPCAST after it (CPUs)
 TIMING_RUNS = 3
 MAX_ROUNDS = 6
 
@@ -45,6 +46,8 @@ def actions(k: Kernel) -> list[Opt]:
     if k.renderer.has_local:  # the launch shape: work-group threads along output axes, or sharing a reduction
         out += [Opt(OptOps.LOCAL, axis, amount) for axis in global_axes for amount in LOCAL_AMOUNTS]
         out += [Opt(OptOps.GROUP, axis, amount) for axis in k.axes_of("reduce") for amount in GROUP_AMOUNTS]
+    else:  # odd sizes (1023, 77): padded to a multiple of the UPCAST that the next round may try
+        out += [Opt(OptOps.PADTO, axis, amount) for axis in global_axes for amount in PADTO_AMOUNTS]
     return out
 
 
