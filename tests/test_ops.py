@@ -1087,6 +1087,25 @@ def test_argmax_noncontiguous_and_special() -> None:
     assert T(np.float32(3.0)).argmax().item() == 0
 
 
+@pytest.mark.parametrize("width", [2, 77, 1023, 1024])
+@pytest.mark.parametrize("np_dtype", [np.float32, np.float64])
+def test_max_and_argmax_of_rows_of_infinities(width: int, np_dtype: type) -> None:
+    """Rows of -inf, of +inf, with one NaN, with one finite value, at widths no SIMD lane count divides (77, 1023):
+    the CPU's `omp simd reduction(max:)` must not turn a row of -inf into -FLT_MAX (clang's identity), which argmax
+    then fails to find (it returned the width, an index out of range)."""
+    if np_dtype == np.float64 and DEVICE.startswith("METAL"):
+        pytest.skip("Metal has no float64")
+    a = np.full((5, width), -np.inf, np_dtype)
+    a[1] = np.inf
+    a[2, width // 2] = np.nan
+    a[3, width - 1] = 1.0
+    a[4, 0] = -1e30
+    for op in ("max", "argmax", "min", "argmin"):
+        got = getattr(T(a), op)(1).numpy()
+        want = getattr(np, op)(a, 1)
+        np.testing.assert_array_equal(got, want, err_msg=f"{op}, width {width}")
+
+
 @pytest.mark.parametrize("axis, keepdim", [(None, False), (0, True), (-1, False), ((0, 1), False)], ids=str)
 @pytest.mark.parametrize("op", ["any", "all"])
 @pytest.mark.parametrize("np_dtype", [np.bool_, np.int32, np.float32], ids=lambda d: np.dtype(d).name)

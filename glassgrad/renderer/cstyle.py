@@ -287,8 +287,13 @@ class CStyleLanguage:
                 elif self.simd_max and (max_acc := _simd_max(program, position)) is not None:
                     flag = new_name("nan")
                     nan_flags[u] = (max_acc.src[0], flag)
-                    line(f"int {flag} = 0;")
-                    line(f"#pragma omp simd reduction(max:{names[max_acc.src[0]]}) reduction(|:{flag})")
+                    # OpenMP's max identity may be the lowest finite value (clang's) rather than -inf: a row of -infs
+                    # would then come out as -FLT_MAX, so the start value is kept and restored if no element is above
+                    # -inf (and NaNs are flagged apart)
+                    acc_name = names[max_acc.src[0]]
+                    line(f"int {flag} = 0, {flag}_above = 0; {self.render_dtype(max_acc.dtype)} {flag}_start = "
+                         f"{acc_name};")
+                    line(f"#pragma omp simd reduction(max:{acc_name}) reduction(|:{flag}) reduction(|:{flag}_above)")
                     line(f"for ({self.loop_var_type(u.dtype)} {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
                 else:
                     pragma = self.reduce_loop_pragma(program, position, names)
@@ -301,6 +306,7 @@ class CStyleLanguage:
                 line("}")
                 if u.src[0] in nan_flags:
                     acc_node, flag = nan_flags.pop(u.src[0])
+                    line(f"if (!{flag}_above) {names[acc_node]} = {flag}_start;")
                     line(f"if ({flag}) {names[acc_node]} = NAN;")
                 if u.src[0] in split_loops:
                     start = split_loops.pop(u.src[0])
@@ -337,7 +343,8 @@ class CStyleLanguage:
                 line(f"{self.render_dtype(u.dtype)} {names[u]} = {a[0]};")
             elif u.op is Ops.ACCUMULATE and any(acc is u.src[0] for acc, _ in nan_flags.values()):
                 flag = next(f for acc, f in nan_flags.values() if acc is u.src[0])
-                line(f"{a[0]} = {a[1]} > {a[0]} ? {a[1]} : {a[0]}; {flag} |= {a[1]} != {a[1]};")
+                line(f"{a[0]} = {a[1]} > {a[0]} ? {a[1]} : {a[0]}; {flag} |= {a[1]} != {a[1]}; "
+                     f"{flag}_above |= {a[1]} > -INFINITY;")
             elif u.op is Ops.ACCUMULATE:
                 line(self.render_accumulate(a[0], a[1], u.arg, u.dtype))
             elif u.op is Ops.LOAD:
