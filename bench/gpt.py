@@ -78,14 +78,23 @@ def median_time(step: Callable[[], object], sync: Callable[[], None], repeat: in
 
 
 # ---------------------------------------------------------------------- glassgrad
-def gg_train_step(cfg: GPT2Config, batch: int, context: int, device: str) -> Callable[[], object]:
+def gg_train_step(cfg: GPT2Config, batch: int, context: int, device: str,
+                  devices: tuple[str, ...] = ()) -> Callable[[], object]:
+    """glassgrad's TinyJit train step on two fixed batches, alternated. With several `devices` (bench/multigpu.py):
+    data parallel, the parameters replicated on each and every batch split by rows."""
     Tensor.manual_seed(0)
     model = GPT2(cfg)
-    opt = optim.AdamW(get_parameters(model), lr=1e-4)
+    params = get_parameters(model)
+    for p in params if len(devices) > 1 else ():
+        p.shard_(devices)
+    opt = optim.AdamW(params, lr=1e-4)
     rng = np.random.default_rng(0)
     data = [Tensor(rng.integers(0, cfg.vocab_size, (batch, context + 1)).astype(np.int32), device=device).realize()
             for _ in range(2)]
-    pairs = [(d[:, :-1].contiguous().realize(), d[:, 1:].contiguous().realize()) for d in data]
+
+    def place(t: Tensor) -> Tensor:
+        return t.shard(devices, axis=0).realize() if len(devices) > 1 else t.realize()
+    pairs = [(place(d[:, :-1].contiguous()), place(d[:, 1:].contiguous())) for d in data]
 
     @TinyJit
     @Tensor.train()

@@ -115,39 +115,14 @@ def gpt_sizes(name: str) -> Any:
 def glassgrad_gpt(n: int, size: str, batch: int, steps: int, kind: str = "CUDA") -> float:
     """Tokens/s of bench/gpt.py's glassgrad train step (a TinyJit of forward, backward, AdamW) with the parameters
     replicated on n devices and each batch split by rows."""
-    from glassgrad import Tensor, TinyJit
-    from glassgrad.models.gpt2 import GPT2
-    from glassgrad.nn import optim
-    from glassgrad.nn.state import get_parameters
+    import gpt as gpt_bench
     sizes = gpt_sizes(size)
-    cfg, context, devices = sizes.train, sizes.context, device_names(kind, n)
-    Tensor.manual_seed(0)
-    model = GPT2(cfg)
-    params = get_parameters(model)
-    if n > 1:
-        for p in params:
-            p.shard_(devices)
-    opt = optim.AdamW(params, lr=1e-4)
-    rng = np.random.default_rng(0)
-    pairs = []
-    for _ in range(2):  # two batches made once, alternated: the step's inputs change buffers as in training
-        data = rng.integers(0, cfg.vocab_size, (batch, context + 1)).astype(np.int32)
-        x, y = Tensor(data[:, :-1]), Tensor(data[:, 1:])
-        pairs.append(tuple(t.shard(devices, axis=0).realize() if n > 1 else t.realize() for t in (x, y)))
-
-    @TinyJit
-    @Tensor.train()
-    def step(x: Tensor, y: Tensor) -> Tensor:
-        opt.zero_grad()
-        loss = model(x).sparse_categorical_crossentropy(y).backward()
-        return loss.realize(*opt.schedule_step())
-
-    calls = [0]
+    devices = device_names(kind, n)
+    step = gpt_bench.gg_train_step(sizes.train, batch, sizes.context, devices[0], devices)
 
     def one() -> float:
-        calls[0] += 1
-        return step(*pairs[calls[0] % 2]).item()
-    return batch * context / time_steps(one, steps)
+        return float(step().item())  # type: ignore[attr-defined]
+    return batch * sizes.context / time_steps(one, steps)
 
 
 def torch_gpt(n: int, size: str, batch: int, steps: int, device: str = "cuda") -> float | None:
