@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from torch_optional import F, needs_torch, torch
 
 from glassgrad import Tensor, no_grad
 from glassgrad.engine import realize
@@ -24,15 +25,6 @@ from glassgrad.models.gpt2 import (
     sample,
 )
 from glassgrad.nn.state import get_parameters, get_state_dict, safe_save
-
-try:
-    import torch
-    import torch.nn.functional as F
-    torch.set_num_threads(1)
-except ImportError:
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch not installed")
 
 TINY = GPT2Config(vocab_size=61, n_ctx=16, n_embd=32, n_head=4, n_layer=2)
 SEQ = 13  # the one sequence length of the full forwards here (kernels compiled once serve every test)

@@ -11,19 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 from test_nn_functional import np_batchnorm, np_conv, np_conv_transpose, np_max_pool, numerical_grads
+from torch_optional import needs_torch, torch
 
 from glassgrad import GlobalCounters, Tensor, dtypes, kernels, nn
 from glassgrad.nn.optim import SGD
 from glassgrad.nn.state import get_parameters, get_state_dict, load_state_dict
 from glassgrad.uop.ops import Ops
-
-try:
-    import torch
-    torch.set_num_threads(1)
-except ImportError:  # CI has no PyTorch: numpy references and finite differences still check everything
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch not installed")
 
 
 def _rand(shape: tuple[int, ...], seed: int, low: float = -1.0, high: float = 1.0) -> np.ndarray:

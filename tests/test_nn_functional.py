@@ -15,18 +15,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from torch_optional import F, torch
 
 from glassgrad import Device, Tensor, kernels
 
-try:
-    import torch
-    import torch.nn.functional as F
-    torch.set_num_threads(1)
-except ImportError:  # CI has no PyTorch: numpy references and finite differences still check everything
-    torch = None
-    F = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch not installed")
 DEVICE = Device.DEFAULT
 
 

@@ -18,17 +18,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from torch_optional import F, torch
 
 from glassgrad import Device, Tensor, dtypes
 from glassgrad.dtype import DType
-
-try:
-    import torch
-    import torch.nn.functional as F
-    torch.set_num_threads(1)  # tiny tensors: threads only compete with the other pytest worker and with gcc
-except ImportError:  # CI has no PyTorch: numpy and finite differences still check everything
-    torch = None
-    F = None
 
 DEVICE = Device.DEFAULT
 SAME = object()  # torch_fn default: run the glassgrad lambda on torch tensors too
