@@ -1818,8 +1818,8 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
 def _overwritten_by(outs: list[UOp]) -> set[tuple[Buffer, int]]:
     """The buffer versions realizing `outs` overwrites. An optimizer step realizes every pending assign as an output
     of its own: then no walk through the graphs is needed to find them."""
-    pending = {id(u): u for t in list(ASSIGN_TARGETS.values()) if (u := t.uop).op is Ops.ASSIGN}
-    if all(id(u) in {id(o) for o in outs} for u in pending.values()):
+    realizing = {id(o) for o in outs}
+    if all(id(t.uop) in realizing for t in list(ASSIGN_TARGETS.values()) if t.uop.op is Ops.ASSIGN):
         return {v for u in outs if u.op is Ops.ASSIGN for v in written_versions(u)}
     return overwritten_versions(outs, REALIZED.get)
 
