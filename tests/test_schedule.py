@@ -1148,3 +1148,20 @@ def test_an_optimizer_step_stores_the_gradient_it_computes(optimizer: str) -> No
     grad_buffer = w.grad.uop.base.arg[0]
     writers = [item for item in items if any(buf is grad_buffer for buf, _ in item.writes)]
     assert len(writers) == 1 and len(writers[0].writes) == 2, [item.writes for item in items]
+
+
+def test_a_weight_gradient_with_few_output_tiles_is_split_to_fill_a_gpu() -> None:
+    """dW = g^T x over 16 x 256 tokens into 1536 x 512 outputs fills 48 tiles of 128 x 128: on CUDA the token sum is
+    split in 4 parts (192 tiles), then the parts are summed; on the CPU it stays one kernel. Values as numpy's."""
+    rng = np.random.default_rng(0)
+    g_np, x_np = rng.standard_normal((16, 256, 96), np.float32), rng.standard_normal((16, 256, 32), np.float32)
+    g, x = Tensor(g_np), Tensor(x_np)
+    big = (Tensor.empty(16, 256, 1536).reshape(16, 256, 1536, 1) * Tensor.empty(16, 256, 512).reshape(16, 256, 1, 512))
+    first, second = kernels(big.sum((0, 1)), device="CUDA")
+    assert first.global_size[0] == 4 * 12 * 4 and "__shared__" in first.source, (first.name, first.global_size)
+    assert "__shared__" not in second.source
+    assert len(kernels(big.sum((0, 1)), device="CPU")) == 1
+    short = Tensor.empty(2, 256, 1536).reshape(2, 256, 1536, 1) * Tensor.empty(2, 256, 512).reshape(2, 256, 1, 512)
+    assert len(kernels(short.sum((0, 1)), device="CUDA")) == 1  # 512 tokens: not worth a second pass
+    out = (g.reshape(16, 256, 96, 1) * x.reshape(16, 256, 1, 32)).sum((0, 1))
+    np.testing.assert_allclose(out.numpy(), np.einsum("bto,bti->oi", g_np, x_np), rtol=1e-4, atol=1e-3)

@@ -477,6 +477,9 @@ SPLIT_GROUPS = 1 << 15      # their first stage has about this many outputs at m
 SPLIT_MIN_REDUCE_WIDE = 1 << 14   # with more outputs (a thread or a tile each), reductions this long ...
 SPLIT_MAX_OUTPUTS_WIDE = 1 << 16  # ... into at most this many outputs too (a convolution's weight gradient)
 SPLIT_PARTIALS = 1 << 22          # their first stage has at most about this many outputs
+GPU_TILE_OUTPUTS = 128 * 128      # outputs of one work-group of a GPU's tiled (matmul-shaped) kernel
+GPU_MIN_BLOCKS = 128              # work-groups that fill a large GPU (an H100 has 132 multiprocessors)
+SPLIT_MIN_PART = 512              # a GPU split leaves each part a reduction at least this long
 
 
 def _split_parts(u: UOp) -> tuple[int, bool] | None:
@@ -494,10 +497,30 @@ def _split_parts(u: UOp) -> tuple[int, bool] | None:
         factor = _split_factor(u) if reduced >= SPLIT_MIN_REDUCE else None
         return None if factor is None else (factor, False)
     if reduced < SPLIT_MIN_REDUCE_WIDE or u.size > SPLIT_MAX_OUTPUTS_WIDE:
-        return None
+        factor = _gpu_fill_parts(u, reduced) if _thread_per_output(u.device) else None
+        return None if factor is None else (factor, False)
     if _thread_per_output(u.device):
         return None if (factor := _split_factor(u)) is None else (factor, False)
     return None if (factor := _batch_parts(u)) is None else (factor, True)
+
+
+def _gpu_fill_parts(u: UOp, reduced: int) -> int | None:
+    """On a GPU: the parts of a long reduction whose outputs fill fewer work-groups than the GPU has
+    multiprocessors, counted as tiles of a matmul-shaped kernel (a weight gradient: 1536 x 512 outputs, 48 tiles,
+    summed over 4096 tokens). The fewest parts (a power of two, at most 16) that fill GPU_MIN_BLOCKS tiles and leave
+    each part SPLIT_MIN_PART long (reductions under 1024 stay whole), dividing the outermost reduced axis or the
+    whole reduction. The partial sums cost `parts` extra writes and reads per output, against `reduced` reads per
+    output in the first stage. H100, dW of 16 x 256 tokens into 1536 x 512: see docs/OPTIMIZER.md."""
+    tiles = -(-u.size // GPU_TILE_OUTPUTS)
+    if tiles >= GPU_MIN_BLOCKS:
+        return None
+    outermost = u.src[0].shape[u.arg[1][0]]
+    for parts in (2, 4, 8, 16):
+        if reduced // parts < SPLIT_MIN_PART:
+            return None
+        if tiles * parts >= GPU_MIN_BLOCKS and (outermost % parts == 0 or reduced % parts == 0):
+            return parts
+    return None
 
 
 def _batch_parts(u: UOp) -> int | None:
