@@ -60,6 +60,7 @@ MEMPLAN = ContextVar("MEMPLAN", 1)  # intermediates of a schedule share memory w
 SCACHE = ContextVar("SCACHE", 1)  # reuse the schedule of a graph with the structure of one seen before
 TIMING = ContextVar("TIMING", 0)  # time every kernel on the device (adds a sync per kernel); DEBUG>=2 implies it
 IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0)  # BEAM searches again instead of reading its disk cache
+BEAM_BUDGET = ContextVar("BEAM_BUDGET", 60)  # seconds one kernel's BEAM search may take; then the best so far wins
 
 # tinygrad's flags that glassgrad has under another name: tinygrad's name -> (glassgrad's, value conversion)
 FLAG_ALIASES: dict[str, tuple[str, Callable[[int], int]]] = {

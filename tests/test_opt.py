@@ -340,6 +340,49 @@ def test_beam_end_to_end(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> N
     np.testing.assert_allclose(out, a @ b + 1, rtol=1e-4, atol=1e-4)
 
 
+def test_beam_times_the_heuristics_kernel_first(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The heuristic's kernel is BEAM's first candidate: with every other optimised candidate wrong, and the
+    unoptimised kernel timed slower, BEAM returns the heuristic's opts (a search that starts from the unoptimised
+    kernel alone returns no opts here)."""
+    from glassgrad.codegen.opt import search
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    ast = last_kernel(matmul(64, 64, 64)).ast
+    heuristic = hand_coded_optimizations(Kernel(optimize_ast(ast, CPU.renderer), CPU.renderer))
+    assert heuristic, "the heuristic optimises a 64^3 matmul"
+    sources = {"unoptimised": get_program(ast, CPU.renderer, []).source,
+               "heuristic": get_program(ast, CPU.renderer, heuristic).source}
+    original_run = search.run_program
+
+    def timed_by_kind(dev, spec, binary, inputs, outputs=(0,), best=float("inf")):  # type: ignore[no-untyped-def]
+        _, out = original_run(dev, spec, binary, inputs, outputs, best)
+        if spec.source == sources["heuristic"]:
+            return 0.5, out
+        if spec.source == sources["unoptimised"]:
+            return 1.0, out
+        return 0.1, [np.full_like(o, 7) for o in out]  # fast but wrong
+    monkeypatch.setattr(search, "run_program", timed_by_kind)
+    with Context(IGNORE_BEAM_CACHE=1):
+        assert beam_search(ast, "CPU", 2) == heuristic
+
+
+def test_beam_budget_stops_the_search(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BEAM_BUDGET=0: the budget is spent at once, so nothing past the unoptimised kernel is compiled, and the
+    result (no opts) is still correct and cached."""
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    ast = last_kernel(matmul(48, 48, 48)).ast
+    compiled: list[str] = []
+    original = CPU.compiler.compile
+
+    def counting(src: str) -> bytes:
+        compiled.append(src)
+        return original(src)
+    monkeypatch.setattr(CPU.compiler, "compile", counting)
+    with Context(BEAM_BUDGET=0, IGNORE_BEAM_CACHE=1):
+        assert beam_search(ast, "CPU", 2) == []
+    assert len(compiled) == 1  # the reference kernel only
+    assert len(list((tmp_path / "beam").glob("*.json"))) == 1  # type: ignore[operator]
+
+
 def test_heuristic_max_lanes_keep_nan() -> None:
     """A row max gets 16 accumulator lanes; a NaN anywhere in the row still wins, as in numpy."""
     x = np.random.default_rng(2).standard_normal((6, 64)).astype(np.float32)

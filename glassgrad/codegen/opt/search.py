@@ -6,12 +6,18 @@ on random inputs, drops any whose output differs from the unoptimised kernel's o
 (best of a few runs) and keeps the `n` fastest; it stops when a round finds nothing faster. The winner is written
 to `<cache dir>/beam/<hash of device, compiler, width, kernel>.json`, so the next run pays nothing
 (`IGNORE_BEAM_CACHE=1`, as in tinygrad: search again, and write the new winner).
+
+The heuristic's opts are a candidate from the start (timed and verified like the others), so the search never
+returns a kernel slower than the heuristic's on its own timing. `BEAM_BUDGET` (seconds, default 60) bounds one
+kernel's search: once spent, no more candidates are compiled or timed and the fastest so far wins. A candidate whose
+first run is over SLOW times the best so far is not timed again.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,7 +31,7 @@ from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
 from glassgrad.codegen.opt.kernel import Kernel
 from glassgrad.device import Buffer, Compiled, Device
 from glassgrad.dtype import DType
-from glassgrad.helpers import CACHELEVEL, DEBUG, IGNORE_BEAM_CACHE, atomic_write, cache_dir
+from glassgrad.helpers import BEAM_BUDGET, CACHELEVEL, DEBUG, IGNORE_BEAM_CACHE, atomic_write, cache_dir
 from glassgrad.uop.ops import Ops, UOp
 
 UPCAST_AMOUNTS = (0, 2, 3, 4, 8, 16, 32)
@@ -34,6 +40,7 @@ LOCAL_AMOUNTS = (0, 2, 4, 8, 16, 32, 64, 128, 256)  # threads of a work-group al
 GROUP_AMOUNTS = (0, 16, 32, 64, 128, 256)            # threads sharing a reduce axis (GPUs)
 PADTO_AMOUNTS = (4, 8, 16)  # an output axis padded to a multiple of a vector width, for the UPCAST after it (CPUs)
 TIMING_RUNS = 3
+SLOW = 3.0  # a candidate whose first run takes this many times the best time so far is not timed again
 MAX_ROUNDS = 6
 
 
@@ -94,9 +101,9 @@ class Candidate:
 
 
 def run_program(dev: Compiled, spec: ProgramSpec, binary: bytes, inputs: list[tuple[DType, np.ndarray]],
-                outputs: Sequence[int] = (0,)) -> tuple[float, list[np.ndarray]]:
+                outputs: Sequence[int] = (0,), best: float = float("inf")) -> tuple[float, list[np.ndarray]]:
     """Run a compiled candidate on fresh copies of `inputs`: (best time of a few runs, what the first run wrote to
-    the buffers numbered `outputs`)."""
+    the buffers numbered `outputs`). A first run over SLOW x `best` is the only one."""
     program = dev.program(spec.name, binary)
     bufs = [Buffer(dev.name, a.size, dtype).copyin(a) for dtype, a in inputs]
     handles = [b.handle for b in bufs]
@@ -104,7 +111,8 @@ def run_program(dev: Compiled, spec: ProgramSpec, binary: bytes, inputs: list[tu
                               "wait": True}
     first = program(*handles, **kwargs)
     out = [bufs[i].numpy() for i in outputs]
-    return min([first, *(program(*handles, **kwargs) for _ in range(TIMING_RUNS - 1))]), out
+    runs = 1 if first > SLOW * best else TIMING_RUNS
+    return min([first, *(program(*handles, **kwargs) for _ in range(runs - 1))]), out
 
 
 def _agrees(outs: list[np.ndarray], references: list[np.ndarray]) -> bool:
@@ -138,6 +146,7 @@ def beam_search(ast: UOp, device: str, width: int) -> list[Opt]:
 
 
 def _search(ast: UOp, dev: Compiled, width: int) -> list[Opt]:
+    deadline = time.monotonic() + int(BEAM_BUDGET)
     inputs, outputs = random_inputs(ast), stored_buffers(ast)
     base = get_program(ast, dev.renderer, [])
     reference_time, reference = run_program(dev, base, dev.compiler.compile(base.source), inputs, outputs)
@@ -145,24 +154,50 @@ def _search(ast: UOp, dev: Compiled, width: int) -> list[Opt]:
     beam = [Candidate([], base, reference_time)]
     seen = {base.source}
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        for _ in range(MAX_ROUNDS):
-            fresh = _extend(beam, start, ast, dev, seen)
-            binaries = list(pool.map(_compile_or_none(dev), (c.spec.source for c in fresh)))
-            for cand, binary in zip(fresh, binaries):
-                if binary is None:
-                    continue
-                seconds, out = run_program(dev, cand.spec, binary, inputs, outputs)
-                if _agrees(out, reference):
-                    cand.seconds = seconds
-                elif DEBUG >= 1:
-                    print(f"BEAM: {cand.opts} computes a different result; dropped")
-            ranked = sorted([*beam, *(c for c in fresh if c.seconds < float("inf"))], key=lambda c: c.seconds)[:width]
-            if ranked[0] is beam[0] or not fresh:
+        fresh = _heuristic_candidate(start, ast, dev, seen)
+        seeding = bool(fresh)  # a first round of the heuristic's kernel alone, then MAX_ROUNDS of actions
+        fresh = fresh or _extend(beam, start, ast, dev, seen)
+        for _ in range(MAX_ROUNDS + seeding):
+            if not fresh or time.monotonic() > deadline:
                 break
-            beam = ranked
+            _time_candidates(fresh, beam[0].seconds, pool, dev, inputs, outputs, reference, deadline)
+            ranked = sorted([*beam, *(c for c in fresh if c.seconds < float("inf"))], key=lambda c: c.seconds)[:width]
+            if ranked[0] is beam[0] and not seeding:
+                break
+            beam, seeding = ranked, False
+            fresh = _extend(beam, start, ast, dev, seen)
     if DEBUG >= 1:
-        print(f"BEAM {base.name}: {reference_time * 1e6:.1f} us -> {beam[0].seconds * 1e6:.1f} us with {beam[0].opts}")
+        spent = "" if time.monotonic() <= deadline else f" (BEAM_BUDGET of {int(BEAM_BUDGET)} s spent)"
+        print(f"BEAM {base.name}: {reference_time * 1e6:.1f} us -> {beam[0].seconds * 1e6:.1f} us with "
+              f"{beam[0].opts}{spent}")
     return beam[0].opts
+
+
+def _heuristic_candidate(start: Kernel, ast: UOp, dev: Compiled, seen: set[str]) -> list[Candidate]:
+    """The hand-written heuristic's kernel, the search's first candidate (none when it is the unoptimised one)."""
+    opts = hand_coded_optimizations(start.copy())
+    spec = get_program(ast, dev.renderer, opts)
+    if spec.source in seen:
+        return []
+    seen.add(spec.source)
+    return [Candidate(list(opts), spec)]
+
+
+def _time_candidates(fresh: list[Candidate], best: float, pool: ThreadPoolExecutor, dev: Compiled,
+                     inputs: list[tuple[DType, np.ndarray]], outputs: list[int], reference: list[np.ndarray],
+                     deadline: float) -> None:
+    """Compile the candidates in parallel, then run, verify and time each until the deadline: a candidate that
+    computes something else than the unoptimised kernel, or is not timed, keeps an infinite time."""
+    binaries = pool.map(_compile_or_none(dev), (c.spec.source for c in fresh))
+    for cand, binary in zip(fresh, binaries):
+        if binary is None or time.monotonic() > deadline:
+            continue
+        seconds, out = run_program(dev, cand.spec, binary, inputs, outputs, best)
+        if _agrees(out, reference):
+            cand.seconds = seconds
+            best = min(best, seconds)
+        elif DEBUG >= 1:
+            print(f"BEAM: {cand.opts} computes a different result; dropped")
 
 
 def _extend(beam: list[Candidate], start: Kernel, ast: UOp, dev: Compiled, seen: set[str]) -> list[Candidate]:
