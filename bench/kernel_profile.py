@@ -1,8 +1,9 @@
 """Which kernels of one training step take the time: run the step a few times, then once with every kernel timed,
 and print the kernels by time (the top `--top`), with their shape, opts and GFLOP/s, and the time per kernel kind.
 
-In: `--workload mnist` (examples/mnist.py's CNN, Adam, `--batch`) or `gpt` (bench/gpt.py's training step, AdamW;
-`--small` for its small sizes), on the default device (`DEV=CUDA`). Out: the table. The step runs eagerly (a TinyJit
+In: `--workload mnist` (examples/mnist.py's CNN, Adam, `--batch`), `gpt` (bench/gpt.py's training step, AdamW;
+`--small` for its small sizes) or `generate` (one token of bench/gpt.py's cached generation), on the default device
+(`DEV=CUDA`). Out: the table. The step runs eagerly (a TinyJit
 replay runs its kernels as one CUDA graph, which cannot be timed kernel by kernel).
 
     python bench/kernel_profile.py [--batch 128] [--top 15]
@@ -17,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from glassgrad import Context, Device
+from glassgrad import Context, Device, Tensor
 from glassgrad.engine import realize
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -28,7 +29,6 @@ def gpt_step(small: bool) -> Callable[[], object]:
     """bench/gpt.py's training step (its sizes), eager: forward, backward and AdamW on a fixed batch."""
     from gpt import FULL, SMALL
 
-    from glassgrad import Tensor
     from glassgrad.models.gpt2 import GPT2
     from glassgrad.nn import optim
     from glassgrad.nn.state import get_parameters
@@ -47,14 +47,33 @@ def gpt_step(small: bool) -> Callable[[], object]:
     return step
 
 
+def generate_step(small: bool) -> Callable[[], object]:
+    """bench/gpt.py's cached generation (batch 1, its sizes): one token's step at position 40 after a 32-token
+    prompt, eager (JIT=0: the TinyJit step runs as plain calls), at a bound `start_pos` as the replay runs it."""
+    from gpt import FULL, SMALL
+
+    from glassgrad.models.gpt2 import GPT2, Generator
+    sizes = SMALL if small else FULL
+    Tensor.manual_seed(0)
+    gen = Generator(GPT2(sizes.generate), batch=1, max_context=sizes.gen_cache)
+    token = gen.prefill(np.random.default_rng(0).integers(0, sizes.generate.vocab_size, (1, 32))).argmax(-1)
+
+    def step() -> object:
+        with Context(JIT=0):
+            return gen.next_logits(token, 40)
+    return step
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--top", type=int, default=15)
-    parser.add_argument("--workload", choices=("mnist", "gpt"), default="mnist")
-    parser.add_argument("--small", action="store_true", help="gpt: bench/gpt.py's small sizes")
+    parser.add_argument("--workload", choices=("mnist", "gpt", "generate"), default="mnist")
+    parser.add_argument("--small", action="store_true", help="gpt, generate: bench/gpt.py's small sizes")
     args = parser.parse_args()
-    step = mnist_step_fns(args.batch, Device.DEFAULT)[0] if args.workload == "mnist" else gpt_step(args.small)
+    steps = {"mnist": lambda: mnist_step_fns(args.batch, Device.DEFAULT)[0], "gpt": lambda: gpt_step(args.small),
+             "generate": lambda: generate_step(args.small)}
+    step = steps[args.workload]()
     for _ in range(2):
         step()
     rows: list[tuple[float, str, str, float]] = []

@@ -1832,7 +1832,8 @@ def any_lazy_tensors() -> bool:
 def realize_readers_of(overwritten: set[tuple[Buffer, int]], writers: list[Tensor]) -> None:
     """Before something other than a schedule (a TinyJit replay) overwrites these buffer versions in place, realize
     the lazy tensors that read them. `writers`: the tensors that own those buffers and move to the new versions."""
-    if found := _lazy_readers(StaleReaders(overwritten, REALIZED.get, set()), {id(t) for t in writers}):
+    readers = StaleReaders(overwritten, REALIZED.get, set(), REALIZED.owned_epoch)
+    if found := _lazy_readers(readers, {id(t) for t in writers}):
         with no_grad():
             Tensor.realize_all(*found)
 

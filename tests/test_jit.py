@@ -399,3 +399,25 @@ def test_random_numbers_inside_a_jit_are_fresh_on_every_replay() -> None:
         np.testing.assert_array_equal(a, b)
     for o in first:
         assert ((o >= 0) & (o < 6)).all()
+
+
+def test_a_replay_realizes_a_leftover_graph_whose_part_was_assigned_since() -> None:
+    """A replay asks which lazy tensors read what it overwrites, and caches what each leftover graph reads
+    (schedule/versions.py, `owned_reads`). An assign that stores part of such a graph in the replay's state buffer
+    makes the cached answer stale: the next replay must compute the leftover first, from the value it had."""
+    t = Tensor.zeros(4).contiguous().realize()
+
+    @TinyJit
+    def step() -> None:
+        t.assign(t + 1).realize()
+    for _ in range(3):
+        step()
+    x = Tensor([1.0, 2.0, 3.0, 4.0]) * 2
+    leftover = x + 1
+    step()  # the replay asks what `leftover` reads: no buffer written in place
+    t.assign(x).realize()  # x's value now lives in t's buffer...
+    old_view = t.uop  # (kept alive, so that x stays known as realized there)
+    step()  # ...which this replay overwrites: `leftover` is computed first
+    np.testing.assert_allclose(leftover.numpy(), [3.0, 5.0, 7.0, 9.0])
+    np.testing.assert_allclose(t.numpy(), [3.0, 5.0, 7.0, 9.0])
+    assert old_view is not t.uop

@@ -61,14 +61,20 @@ class RealizedMap:
         self._map: dict[int, tuple[weakref.ref[UOp], Callable[[], UOp | None]]] = {}
         # an assign's value node -> the target buffer's view after the write: state, kept through `isolated()`
         self._assigned: dict[int, tuple[weakref.ref[UOp], Callable[[], UOp | None]]] = {}
+        # counts the changes that can make a node read a buffer written in place where it did not before: an entry
+        # whose view is of such ("owned") buffer, and `isolated()` (schedule/versions.py caches what graphs read)
+        self.owned_epoch = 0
 
     def __setitem__(self, node: UOp, view: UOp) -> None:
+        if node.op is Ops.ASSIGN or _views_owned_buffer(view):
+            self.owned_epoch += 1
         self._put(self._map, node, (lambda: view) if node.op is Ops.ASSIGN else weakref.ref(view))
 
     def set_assigned_value(self, value: UOp, view: UOp) -> None:
         """`value` was written into an assign target, whose buffer holds it at `view` (while the view lives). Unlike
         other results, this one is loaded inside `isolated()` too: it is state (a JIT replay reads that buffer), and
         its graph may read the target's old contents, which no longer exist."""
+        self.owned_epoch += 1
         self._put(self._assigned, value, weakref.ref(view))
 
     @staticmethod
@@ -97,10 +103,17 @@ class RealizedMap:
         afterwards the results realized inside it are forgotten. The JIT captures a step this way: the capture then
         holds every kernel the step needs, and no later graph reuses a buffer that the JIT's replays overwrite."""
         outer, self._map = self._map, {}
+        self.owned_epoch += 1
         try:
             yield
         finally:
             self._map = outer
+            self.owned_epoch += 1
+
+
+def _views_owned_buffer(view: UOp) -> bool:
+    """Whether a realized view reads a buffer that is written in place (one device or several)."""
+    return any(u.op is Ops.BUFFER and u.arg[0].owned for u in view.toposort())
 
 
 REALIZED = RealizedMap()

@@ -12,6 +12,7 @@ version itself (then it is given a copy). See docs/ARCHITECTURE.md, "What a tens
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 
 from glassgrad.device import Buffer
@@ -64,13 +65,19 @@ class StaleReaders:
     one reads the new value, which the write gives it. An ASSIGN's target (its first source) is written, not read."""
 
     def __init__(self, overwritten: set[BufferVersion], realized: Callable[[UOp], UOp | None],
-                 writing: set[UOp]) -> None:
+                 writing: set[UOp], owned_epoch: int | None = None) -> None:
+        """`owned_epoch`: `REALIZED.owned_epoch`, given when nothing is being written by this realize itself (a JIT
+        replay's check): then what each graph reads is summarised once and reused while that epoch lasts."""
         self.overwritten, self.realized, self.writing = overwritten, realized, writing
+        self.owned_epoch = owned_epoch if not writing else None
         self._memo: dict[UOp, bool] = {}
 
     def reads_old(self, root: UOp) -> bool:
         """Depth first, stopping at the first stale read: the nodes on the path to it read it too (memoised True);
-        a node whose sources all answered False is memoised False; nodes left half-walked are simply not memoised."""
+        a node whose sources all answered False is memoised False; nodes left half-walked are simply not memoised.
+        With an epoch: whether the graph's summary (`owned_reads`) holds an overwritten version."""
+        if self.owned_epoch is not None:
+            return not self.overwritten.isdisjoint(owned_reads(root, self.realized, self.owned_epoch))
         memo = self._memo
         if root in memo:
             return memo[root]
@@ -108,6 +115,45 @@ class StaleReaders:
         if view is not None:
             return any(v in self.overwritten for v in view_versions(view))
         return None
+
+
+# root node id -> (the node, the epoch it was made in, the versions it reads): `owned_reads`'s cache
+_OWNED_READS: dict[int, tuple[weakref.ref[UOp], int, frozenset[BufferVersion]]] = {}
+
+
+def owned_reads(root: UOp, realized: Callable[[UOp], UOp | None], epoch: int) -> frozenset[BufferVersion]:
+    """The versions of buffers written in place (owned) that the lazy graph of `root` may read: its BUFFER leaves
+    and the views its realized nodes are loaded from, walking on below realized nodes too. That is a superset of what
+    any later realize of the graph reads while no owned view is recorded (`REALIZED.owned_epoch` unchanged): an
+    entry that lapses (its view died) makes the node be recomputed from its sources, which are counted. So a reader
+    may be realized when it need not be, never the reverse. Cached per root for the epoch: a JIT replay (generating
+    token after token) asks about the same leftover lazy graphs each call."""
+    entry = _OWNED_READS.get(id(root))
+    if entry is not None and entry[0]() is root and entry[1] == epoch:
+        return entry[2]
+    found: set[BufferVersion] = set()
+    seen: set[UOp] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op is Ops.BUFFER:
+            if node.arg[0].owned:
+                found.add(node.arg)
+            continue
+        view = realized(node)
+        if view is not None:
+            found.update(v for v in view_versions(view) if v[0].owned)
+        stack.extend(_read_sources(node))
+    key, versions = id(root), frozenset(found)
+
+    def forget(ref: weakref.ref[UOp]) -> None:
+        if (old := _OWNED_READS.get(key)) is not None and old[0] is ref:
+            del _OWNED_READS[key]
+    _OWNED_READS[key] = (weakref.ref(root, forget), epoch, versions)
+    return versions
 
 
 def _read_sources(node: UOp) -> tuple[UOp, ...]:
