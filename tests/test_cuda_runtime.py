@@ -170,6 +170,12 @@ def test_graph_replays_updated_launches(cuda: Compiled) -> None:
     expected = out + 5 * a
     expected[:100] += b[:100]
     np.testing.assert_array_equal(out_buf.numpy(), expected)
+    # updated again: the node's parameters are changed in place, the earlier update must not linger
+    graph.update(1, Launch(prg, [out_buf.handle, a_buf.handle], (2,), (128,), (200,)))
+    graph()
+    expected += a
+    expected[:200] += a[:200]
+    np.testing.assert_array_equal(out_buf.numpy(), expected)
     with pytest.raises(ValueError, match="CUDAPrograms"):
         graph.update(0, Launch(lambda *args, **kw: None, [], (1,), None))
     with pytest.raises(ValueError, match="at least one launch"):

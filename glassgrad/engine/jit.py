@@ -192,10 +192,12 @@ class _Kernel:
             args[pos] = handles[i]
         if self.spec is None:
             return Launch(self.program, args, self.global_size, self.local_size, (), self.work), self.flops
-        values = {**self.var_vals, **var_vals}
-        spec = self.spec.at(values)
-        return (Launch(self.program, args, tuple(sint_eval(g) for g in spec.global_size), self.local_size,
-                       tuple(values[name] for name in spec.vars), sint_eval(spec.work)), sint_eval(spec.flops))
+        values, spec = {**self.var_vals, **var_vals}, self.spec
+        if any(name not in values for name in spec.vars):
+            spec.at(values)  # (raises: which Variables have no value)
+        return (Launch(self.program, args, tuple(sint_eval(g, values) for g in spec.global_size), self.local_size,
+                       tuple(values[name] for name in spec.vars), sint_eval(spec.work, values)),
+                sint_eval(spec.flops, values))
 
     def run(self, handles: list[Any], var_vals: dict[str, int], wait: bool) -> None:
         launch, flops = self.launch(handles, var_vals)

@@ -256,6 +256,11 @@ class _KernelParams:
         values = [ctypes.c_void_p(int(b)) for b in bufs] + [ctypes.c_int32(v) for v in vals]
         return _KernelParams(values, (ctypes.c_void_p * max(len(values), 1))(*map(ctypes.addressof, values)))
 
+    def set(self, bufs: tuple[Any, ...] | list[Any], vals: tuple[int, ...]) -> None:
+        """New argument values, written in place into the same bytes (the pointer array stays valid)."""
+        for holder, value in zip(self.values, [*(int(b) for b in bufs), *vals]):
+            holder.value = value
+
     @property
     def address(self) -> int:
         return ctypes.addressof(self.pointers)
@@ -304,10 +309,12 @@ class CUDAGraph:
         ctx.activate()
         self.graph = check(driver.cuGraphCreate, 0)
         self.nodes: list[Any] = []
+        self.params: list[_NodeParams] = []  # each node's parameters, reused (changed in place) by `update`
         for launch in launches:
             params = self._node_params(launch)
             before = self.nodes[-1:]
             self.nodes.append(check(driver.cuGraphAddKernelNode, self.graph, before, len(before), params.node))
+            self.params.append(params)
         self.executable = check(driver.cuGraphInstantiate, self.graph, 0)
 
     def _node_params(self, launch: Launch) -> _NodeParams:
@@ -317,7 +324,15 @@ class CUDAGraph:
         return _NodeParams.of(program.function, launch)
 
     def update(self, index: int, launch: Launch) -> None:
-        params = self._node_params(launch)
+        """Node `index` launches `launch` from now on (the same kernel: other buffers, grid or Variable values). The
+        node's parameter objects are changed in place (a generation step updates every symbolic kernel per token),
+        and the driver copies them."""
+        params = self.params[index]
+        if getattr(launch.program, "function", None) is not params.function or \
+                len(launch.args) + len(launch.vals) != len(params.kernel_params.values):
+            params = self.params[index] = self._node_params(launch)
+        else:
+            params.set(launch)
         self.ctx.activate()
         check(driver.cuGraphExecKernelNodeSetParams, self.executable, self.nodes[index], params.node)
 
@@ -340,6 +355,7 @@ class _NodeParams:
     """A kernel node's parameters, with the argument bytes they point at (kept alive until the driver copied them)."""
     node: Any
     kernel_params: _KernelParams
+    function: Any  # the kernel (`node.func` gives a new wrapper object each time it is read)
 
     @staticmethod
     def of(function: Any, launch: Launch) -> _NodeParams:
@@ -350,7 +366,17 @@ class _NodeParams:
         node.blockDimX, node.blockDimY, node.blockDimZ = _pad3(launch.local_size)
         node.sharedMemBytes = 0
         node.kernelParams = kernel_params.address
-        return _NodeParams(node, kernel_params)
+        return _NodeParams(node, kernel_params, function)
+
+    def set(self, launch: Launch) -> None:
+        """The same kernel's launch with other arguments and grid: the fields that can change, in place."""
+        self.kernel_params.set(launch.args, launch.vals)
+        grid = _pad3(launch.global_size)
+        if grid != (self.node.gridDimX, self.node.gridDimY, self.node.gridDimZ):
+            self.node.gridDimX, self.node.gridDimY, self.node.gridDimZ = grid
+        block = _pad3(launch.local_size)
+        if block != (self.node.blockDimX, self.node.blockDimY, self.node.blockDimZ):
+            self.node.blockDimX, self.node.blockDimY, self.node.blockDimZ = block
 
 
 # ---------- the backend ----------

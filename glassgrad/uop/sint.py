@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import keyword
 import re
+from collections.abc import Callable
+from typing import Any
 
 from glassgrad.dtype import dtypes
 from glassgrad.uop.ops import ConstType, Ops, UOp, sint
@@ -155,29 +157,56 @@ def sint_min(x: sint) -> int:
 
 def sint_eval(x: sint, var_vals: dict[str, int] | None = None) -> int:
     """A size's value: BINDs give their bound values, unbound variables take theirs from `var_vals` (by name)."""
-    if isinstance(x, int):
-        return x
-    values: dict[UOp, int] = {}
-    for u in x.toposort(stop=lambda n: n.op is Ops.BIND):
-        values[u] = _eval_node(u, [values[s] for s in u.src] if u.op is not Ops.BIND else [], var_vals)
-    return values[x]
+    return x if isinstance(x, int) else _evaluator(x)(var_vals)
 
 
-def _eval_node(u: UOp, srcs: list[int], var_vals: dict[str, int] | None) -> int:
+Step = tuple[int, Any, tuple[int, ...]]  # (kind, payload, source slots) of one node of a size's expression
+_CONST, _VAR, _COPY, _ALU = range(4)
+
+
+@functools.lru_cache(maxsize=8192)
+def _evaluator(x: UOp) -> Callable[[dict[str, int] | None], int]:
+    """The size `x` as a list of steps, made once per expression (a TinyJit replay evaluates the launch sizes of
+    every symbolic kernel on every call): each node's value from its sources' slots, in C's integer semantics."""
+    nodes = x.toposort(stop=lambda n: n.op is Ops.BIND)
+    slot = {u: i for i, u in enumerate(nodes)}
+    steps = [_step(u, tuple(slot[s] for s in u.src) if u.op is not Ops.BIND else ()) for u in nodes]
+
+    def evaluate(var_vals: dict[str, int] | None) -> int:
+        values: list[int] = []
+        for kind, payload, sources in steps:
+            if kind == _CONST:
+                values.append(payload)
+            elif kind == _VAR:
+                if var_vals is None or payload not in var_vals:
+                    raise RuntimeError(f"symbolic size needs a value for the Variable {payload!r}: bind it with "
+                                       ".bind(n)")
+                values.append(var_vals[payload])
+            elif kind == _COPY:
+                values.append(values[sources[0]])
+            else:
+                values.append(_alu(payload, [values[s] for s in sources]))
+        return values[-1]
+    return evaluate
+
+
+def _step(u: UOp, sources: tuple[int, ...]) -> Step:
     if u.op is Ops.CONST:
-        return int(u.arg)
+        return _CONST, int(u.arg), ()
     if u.op is Ops.BIND:
-        return int(u.src[1].arg)
+        return _CONST, int(u.src[1].arg), ()
     if u.op is Ops.DEFINE_VAR:
-        if var_vals is None or u.arg[0] not in var_vals:
-            raise RuntimeError(f"symbolic size needs a value for the Variable {u.arg[0]!r}: bind it with .bind(n)")
-        return var_vals[u.arg[0]]
+        return _VAR, u.arg[0], ()
     if u.op is Ops.CAST:
-        return srcs[0]
+        return _COPY, None, sources
+    return _ALU, (u.op, u.dtype), sources
+
+
+def _alu(op_dtype: tuple[Ops, Any], operands: list[int]) -> int:
     from glassgrad.uop.symbolic import exec_alu
-    out = exec_alu(u.op, u.dtype, list[ConstType](srcs))  # C semantics, as the kernel computes it
+    out = exec_alu(op_dtype[0], op_dtype[1], list[ConstType](operands))  # C semantics, as the kernel computes it
     if out is None or isinstance(out, float):
-        raise RuntimeError(f"cannot evaluate {u.op} in a symbolic size")
+        raise RuntimeError(f"cannot evaluate {op_dtype[0]} in a symbolic size")
     return int(out)
 
 
