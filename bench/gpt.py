@@ -3,12 +3,19 @@
 In: `--device CPU|CUDA` (default CPU), `--repeat N` (timed rounds, default 5), `--small` / `--full` sizes (default:
 small on CPU, full elsewhere); on CPU both libraries use `THREADS` threads (glassgrad's flag, default all cores).
 Out: a table with the median time per call of each workload for glassgrad and PyTorch, throughput, and the ratio
-(PyTorch time / glassgrad time: > 1 means glassgrad is faster). Everything is fp32. Absolute times on shared
-machines drift; ratios from one run do not.
+(PyTorch time / glassgrad time: > 1 means glassgrad is faster). Everything is fp32 but the two mixed-precision
+train rows. `--only a,b` runs just those workloads (train, train_bf16, train_fp16, generate, attention). Absolute times
+on shared machines drift; ratios from one run do not.
 
   * train step: forward, backward and AdamW on a GPT-2 (full: vocab 8192, context 256, width 512, 8 heads, 6 layers,
     batch 16). glassgrad: a TinyJit step (examples/gpt2.py's); PyTorch: eager, the same architecture with
     F.scaled_dot_product_attention(is_causal=True).
+  * train_bf16: the same step in mixed precision, fp32 parameters and AdamW, bfloat16 compute (full: GPT-2 124M with
+    its vocab padded to 50304 as nanoGPT does, so the LM head is whole 128-tiles for tensor cores; batch 8, context
+    1024; small: the small train config). glassgrad: the forward under `amp.autocast(dtypes.bfloat16)`; PyTorch:
+    eager under `torch.autocast(device, torch.bfloat16)`.
+  * train_fp16: the small train config in float16 with loss scaling on both sides (`amp.GradScaler`,
+    `torch.amp.GradScaler`), on any device.
   * cached generation: tokens/s of one-token steps at batch 1 with a KV cache, positions 32..32+N, the logits copied
     to the host each step (full: GPT-2 124M, random weights, a 1024-position cache). glassgrad: `Generator`
     (a TinyJit step at a bound start_pos); PyTorch: eager, preallocated caches written by slicing.
@@ -18,6 +25,7 @@ machines drift; ratios from one run do not.
 
     python bench/gpt.py --small              # a couple of minutes on a small CPU
     python bench/gpt.py --device CUDA --repeat 10
+    python bench/gpt.py --device CUDA --only train_bf16   # GPT-2 124M bf16 train step against torch.autocast
 """
 from __future__ import annotations
 
@@ -31,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from glassgrad import Device, Tensor, TinyJit
+from glassgrad import Device, Tensor, TinyJit, amp, dtypes
+from glassgrad.dtype import DType
 from glassgrad.models.gpt2 import GPT2, Generator, GPT2Config
 from glassgrad.nn import optim
 from glassgrad.nn.state import get_parameters
@@ -52,13 +61,20 @@ class Sizes:
     gen_cache: int
     gen_tokens: int
     attention: tuple[int, int, int, int]  # batch, heads, positions, head dim
+    mixed: GPT2Config      # the bf16 train row
+    mixed_batch: int
+    mixed_context: int
 
 
 FULL = Sizes(train=GPT2Config(vocab_size=8192, n_ctx=256, n_embd=512, n_head=8, n_layer=6), batch=16, context=256,
-             generate=GPT2Config(), gen_cache=1024, gen_tokens=64, attention=(16, 8, 256, 64))
+             generate=GPT2Config(), gen_cache=1024, gen_tokens=64, attention=(16, 8, 256, 64),
+             mixed=GPT2Config(vocab_size=50304), mixed_batch=8, mixed_context=1024)
 SMALL = Sizes(train=GPT2Config(vocab_size=512, n_ctx=64, n_embd=128, n_head=4, n_layer=2), batch=8, context=64,
               generate=GPT2Config(vocab_size=2048, n_ctx=256, n_embd=256, n_head=4, n_layer=4), gen_cache=256,
-              gen_tokens=32, attention=(4, 4, 64, 32))
+              gen_tokens=32, attention=(4, 4, 64, 32),
+              mixed=GPT2Config(vocab_size=512, n_ctx=64, n_embd=128, n_head=4, n_layer=2), mixed_batch=8,
+              mixed_context=64)
+WORKLOADS = ("train", "train_bf16", "train_fp16", "generate", "attention")
 
 
 def median_time(step: Callable[[], object], sync: Callable[[], None], repeat: int, calls: int = 1,
@@ -79,15 +95,18 @@ def median_time(step: Callable[[], object], sync: Callable[[], None], repeat: in
 
 # ---------------------------------------------------------------------- glassgrad
 def gg_train_step(cfg: GPT2Config, batch: int, context: int, device: str,
-                  devices: tuple[str, ...] = ()) -> Callable[[], object]:
+                  devices: tuple[str, ...] = (), dtype: DType = dtypes.float32) -> Callable[[], object]:
     """glassgrad's TinyJit train step on two fixed batches, alternated. With several `devices` (bench/multigpu.py):
-    data parallel, the parameters replicated on each and every batch split by rows."""
+    data parallel, the parameters replicated on each and every batch split by rows. dtype bfloat16/float16: the
+    forward under amp.autocast (float16 with amp.GradScaler), parameters and AdamW float32."""
     Tensor.manual_seed(0)
     model = GPT2(cfg)
     params = get_parameters(model)
     for p in params if len(devices) > 1 else ():
         p.shard_(devices)
     opt = optim.AdamW(params, lr=1e-4)
+    half = dtype in amp.HALF_DTYPES
+    scaler = amp.GradScaler(device=device) if dtype == dtypes.float16 else None
     rng = np.random.default_rng(0)
     data = [Tensor(rng.integers(0, cfg.vocab_size, (batch, context + 1)).astype(np.int32), device=device).realize()
             for _ in range(2)]
@@ -100,8 +119,12 @@ def gg_train_step(cfg: GPT2Config, batch: int, context: int, device: str,
     @Tensor.train()
     def step(x: Tensor, y: Tensor) -> Tensor:
         opt.zero_grad()
-        loss = model(x).sparse_categorical_crossentropy(y).backward()
-        return loss.realize(*opt.schedule_step())
+        with amp.autocast(dtype if half else dtypes.bfloat16, enabled=half):
+            loss = model(x).sparse_categorical_crossentropy(y)
+        if scaler is None:
+            return loss.backward().realize(*opt.schedule_step())
+        scaler.scale(loss).backward()
+        return loss.realize(*scaler.schedule_step(opt), *scaler.schedule_update())
 
     calls = 0
 
@@ -185,20 +208,29 @@ def torch_sync(device: str) -> Callable[[], None]:
 
 
 def torch_train_step(cfg: GPT2Config, batch: int, context: int, device: str,
-                     wrap: Callable[[Any], Any] | None = None) -> Callable[[], object]:
-    """PyTorch's eager AdamW step on a fixed batch; `wrap` wraps the model (bench/multigpu.py: DataParallel)."""
+                     wrap: Callable[[Any], Any] | None = None, dtype: str = "float32") -> Callable[[], object]:
+    """PyTorch's eager AdamW step on a fixed batch; `wrap` wraps the model (bench/multigpu.py: DataParallel). dtype
+    bfloat16/float16: the forward and loss under torch.autocast (float16 with torch.amp.GradScaler), fp32 params."""
     torch.manual_seed(0)
     model = torch_gpt2(cfg, device)
     net = wrap(model) if wrap is not None else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     data = torch.randint(0, cfg.vocab_size, (batch, context + 1), device=device)
     x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    half = dtype != "float32"
+    scaler = torch.amp.GradScaler(device) if dtype == "float16" else None
 
     def step() -> object:
         opt.zero_grad()
-        loss = F.cross_entropy(net(x).reshape(-1, cfg.vocab_size), y.reshape(-1))
-        loss.backward()
-        opt.step()
+        with torch.autocast(device, getattr(torch, dtype) if half else torch.bfloat16, enabled=half):
+            loss = F.cross_entropy(net(x).reshape(-1, cfg.vocab_size), y.reshape(-1))
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         return loss
     return step
 
@@ -264,7 +296,11 @@ def main() -> None:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--small", action="store_true", help="small sizes (the default on CPU)")
     size.add_argument("--full", action="store_true", help="the full sizes (the default elsewhere)")
+    parser.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated subset of {','.join(WORKLOADS)}")
     args = parser.parse_args()
+    only = {w.strip() for w in args.only.split(",") if w.strip()}
+    if not only or only - set(WORKLOADS):
+        parser.error(f"--only: unknown workload(s) {sorted(only - set(WORKLOADS))}; choose from {WORKLOADS}")
     device = Device.canonicalize(args.device)
     Device.DEFAULT = device
     sizes = SMALL if args.small or (device == "CPU" and not args.full) else FULL
@@ -276,29 +312,48 @@ def main() -> None:
         print(f"CPU threads: {THREADS} for each library (THREADS=n sets it)")
     gg_sync, t_sync = Device[device].synchronize, (torch_sync(tdev) if have_torch else None)
     print(f"glassgrad on {device}, PyTorch {torch.__version__ if have_torch else '(not available)'} on {tdev}; "
-          f"fp32; medians of {args.repeat} rounds; ratio = PyTorch time / glassgrad time (> 1: glassgrad faster)")
+          f"fp32 unless named; medians of {args.repeat} rounds; ratio = PyTorch time / glassgrad time "
+          "(> 1: glassgrad faster)")
     print(f"{'workload':<34} {'glassgrad':>13} {'':>17}  {'PyTorch':>13} {'':>17}  {'ratio':>7}")
 
-    c, b, t = sizes.train, sizes.batch, sizes.context
-    gg = median_time(gg_train_step(c, b, t, device), gg_sync, args.repeat)
-    tt = median_time(torch_train_step(c, b, t, tdev), t_sync, args.repeat) if have_torch and t_sync else None
-    row(f"train L{c.n_layer} d{c.n_embd} V{c.vocab_size} b{b}x{t}", gg, tt, train_flops(c, b * t, t) / 1e9,
+    trains = {"train": (sizes.train, sizes.batch, sizes.context, dtypes.float32),
+              "train_bf16": (sizes.mixed, sizes.mixed_batch, sizes.mixed_context, dtypes.bfloat16),
+              "train_fp16": (SMALL.train, SMALL.batch, SMALL.context, dtypes.float16)}
+    for name, (c, b, t, dt) in trains.items():
+        if name in only:
+            train_row(c, b, t, dt, device, tdev, args.repeat, gg_sync, t_sync if have_torch else None)
+    if "generate" in only:
+        generate_row(sizes, device, tdev, args.repeat, gg_sync, t_sync if have_torch else None)
+    if "attention" in only:
+        attention_row(sizes.attention, device, tdev, args.repeat, gg_sync, t_sync if have_torch else None)
+
+
+def train_row(c: GPT2Config, b: int, t: int, dt: DType, device: str, tdev: str, repeat: int,
+              gg_sync: Callable[[], None], t_sync: Callable[[], None] | None) -> None:
+    gg = median_time(gg_train_step(c, b, t, device, dtype=dt), gg_sync, repeat)
+    tt = median_time(torch_train_step(c, b, t, tdev, dtype=dt.name), t_sync, repeat) if t_sync else None
+    label = "" if dt == dtypes.float32 else f" {dt.name}"
+    row(f"train{label} L{c.n_layer} d{c.n_embd} V{c.vocab_size} b{b}x{t}", gg, tt, train_flops(c, b * t, t) / 1e9,
         "GFLOP/s", "step")
 
+
+def generate_row(sizes: Sizes, device: str, tdev: str, repeat: int, gg_sync: Callable[[], None],
+                 t_sync: Callable[[], None] | None) -> None:
     g, n = sizes.generate, sizes.gen_tokens
-    gg = median_time(gg_generation(g, sizes.gen_cache, n), gg_sync, args.repeat, warmup=1)
-    tt = median_time(torch_generation(g, sizes.gen_cache, n, tdev), t_sync, args.repeat, warmup=1) \
-        if have_torch and t_sync else None
+    gg = median_time(gg_generation(g, sizes.gen_cache, n), gg_sync, repeat, warmup=1)
+    tt = median_time(torch_generation(g, sizes.gen_cache, n, tdev), t_sync, repeat, warmup=1) if t_sync else None
     row(f"generate {g.num_params() / 1e6:.0f}M b1, {n} tokens", gg / n, tt / n if tt else None, 1, "tok/s", "token")
 
-    a = sizes.attention
-    gg = median_time(gg_attention(a, device), gg_sync, args.repeat, calls=3)
+
+def attention_row(a: tuple[int, int, int, int], device: str, tdev: str, repeat: int, gg_sync: Callable[[], None],
+                  t_sync: Callable[[], None] | None) -> None:
+    gg = median_time(gg_attention(a, device), gg_sync, repeat, calls=3)
     fl = attention_flops(a) / 1e9
-    if have_torch and t_sync:
+    if t_sync:
         row(f"attention fwd+bwd {'x'.join(map(str, a))}", gg,
-            median_time(torch_attention(a, tdev, fused=False), t_sync, args.repeat, calls=3), fl, "GFLOP/s")
+            median_time(torch_attention(a, tdev, fused=False), t_sync, repeat, calls=3), fl, "GFLOP/s")
         row("  vs PyTorch's fused sdpa", gg,
-            median_time(torch_attention(a, tdev, fused=True), t_sync, args.repeat, calls=3), fl, "GFLOP/s")
+            median_time(torch_attention(a, tdev, fused=True), t_sync, repeat, calls=3), fl, "GFLOP/s")
     else:
         row(f"attention fwd+bwd {'x'.join(map(str, a))}", gg, None, fl, "GFLOP/s")
 

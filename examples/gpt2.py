@@ -2,6 +2,7 @@
 
     python examples/gpt2.py train --steps 300 --save stdlib.safetensors --plot loss.png
     python examples/gpt2.py train --gpus 2 --batch 32   # data parallel (or --devices CPU:0,CPU:1)
+    python examples/gpt2.py train --device CUDA --dtype bfloat16   # mixed precision (float16: with loss scaling)
     python examples/gpt2.py generate --load stdlib.safetensors --prompt "def " --temperature 0.8 --top-k 40
     python examples/gpt2.py generate --weights gpt2/model.safetensors --prompt "Hello"   # Hugging Face's GPT-2
 
@@ -12,7 +13,9 @@ the loss curve printed at the end (and drawn into `--plot FILE` when matplotlib 
 The step is tinygrad's beautiful_mnist step: a TinyJit of forward, backward and the AdamW update. Data parallel
 with `--gpus N` (CUDA:0..N-1) or `--devices CPU:0,CPU:1`: every parameter replicated on each device (the tied
 embedding/head too), each batch split by rows, the gradients all-reduced, the same AdamW step on every device;
-`--batch` must be a multiple of the device count.
+`--batch` must be a multiple of the device count. Mixed precision with `--dtype bfloat16|float16`: the parameters and
+AdamW stay float32, the forward runs under `glassgrad.amp.autocast` (matmuls in the half dtype, on tensor cores on
+CUDA), and float16 scales the loss with `amp.GradScaler` (a step with an inf/NaN gradient is skipped on the device).
 
 generate. In: `--load` (a model saved by `train`) or `--weights` (Hugging Face GPT-2's model.safetensors, with
 its config.json beside it or inferred); or `--random CONFIG` for untrained weights. Out: the prompt and its
@@ -33,7 +36,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from glassgrad import Device, Tensor, TinyJit, no_grad
+from glassgrad import Device, Tensor, TinyJit, amp, dtypes, no_grad
+from glassgrad.dtype import DType, to_dtype
 from glassgrad.models.gpt2 import CONFIGS, GPT2, Generator, GPT2Config
 from glassgrad.nn import optim
 from glassgrad.nn.state import get_parameters
@@ -102,23 +106,43 @@ def placed(t: Tensor, devices: Devices) -> Tensor:
 
 
 # ---------------------------------------------------------------------- training
-def make_train_step(model: GPT2, opt: optim.Optimizer, jit: bool = True) -> Callable[[Tensor, Tensor], Tensor]:
+def make_train_step(model: GPT2, opt: optim.Optimizer, jit: bool = True, dtype: DType = dtypes.float32,
+                    scaler: amp.GradScaler | None = None) -> Callable[[Tensor, Tensor], Tensor]:
     """tinygrad's beautiful_mnist step: forward, backward and the optimiser update, all realized together; a TinyJit
-    unless jit=False. On several devices (replicated parameters, row-split x and y) it is the same code."""
+    unless jit=False. On several devices (replicated parameters, row-split x and y) it is the same code. dtype
+    float16/bfloat16: the forward under `amp.autocast(dtype)`; with a `scaler`, the loss is scaled, and the update
+    skipped and the scale lowered when a gradient is not finite (all on the device, inside the same realize)."""
     @Tensor.train()
     def step(x: Tensor, y: Tensor) -> Tensor:
         opt.zero_grad()
-        loss = model(x).sparse_categorical_crossentropy(y).backward()
-        return loss.realize(*opt.schedule_step())
+        with amp.autocast(dtype if dtype in amp.HALF_DTYPES else dtypes.bfloat16, enabled=dtype in amp.HALF_DTYPES):
+            loss = model(x).sparse_categorical_crossentropy(y)
+        if scaler is None:
+            return loss.backward().realize(*opt.schedule_step())
+        scaler.scale(loss).backward()
+        return loss.realize(*scaler.schedule_step(opt), *scaler.schedule_update())
     return TinyJit(step) if jit else step
 
 
+def training_precision(name: str, devices: Devices) -> tuple[DType, amp.GradScaler | None]:
+    """`--dtype` -> (compute dtype, loss scaler): float16 gets PyTorch's default GradScaler, the others none."""
+    dtype = to_dtype(name)
+    if dtype not in (dtypes.float32, *amp.HALF_DTYPES):
+        raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {name}")
+    if dtype != dtypes.float16:
+        return dtype, None
+    if devices:
+        raise ValueError("--dtype float16 (loss scaling) is not supported with several devices yet; use bfloat16")
+    return dtype, amp.GradScaler()
+
+
 def evaluate(model: GPT2, data: np.ndarray, batch: int, context: int, batches_n: int = 4,
-             devices: Devices = None) -> float:
-    """Mean loss on `batches_n` fixed windows of `data` (the same windows every time)."""
+             devices: Devices = None, dtype: DType = dtypes.float32) -> float:
+    """Mean loss on `batches_n` fixed windows of `data` (the same windows every time), computed in `dtype`."""
     rng = np.random.default_rng(0)
     losses = []
-    with no_grad(), Tensor.test():
+    half = dtype in amp.HALF_DTYPES
+    with no_grad(), Tensor.test(), amp.autocast(dtype if half else dtypes.bfloat16, enabled=half):
         for _ in range(batches_n):
             x, y = batches(data, batch, context, rng, devices)
             losses.append(float(model(x).sparse_categorical_crossentropy(y).item()))
@@ -148,20 +172,26 @@ def train(args: argparse.Namespace) -> None:
     if devices:
         print(f"data parallel over {','.join(devices)}: {args.batch // len(devices)} rows of each batch per device")
     opt = optim.AdamW(get_parameters(model), lr=args.lr, weight_decay=args.weight_decay)
-    step = make_train_step(model, opt)
+    dtype, scaler = training_precision(args.dtype, devices)
+    if dtype != dtypes.float32:
+        print(f"mixed precision: {dtype.name} compute, float32 parameters and AdamW" +
+              (", loss scaling (GradScaler)" if scaler else ""))
+    step = make_train_step(model, opt, dtype=dtype, scaler=scaler)
     rng = np.random.default_rng(args.seed)
     curve: list[tuple[int, float, float | None]] = []
     bar = progress(args.steps)
     start = time.perf_counter()
     for i in bar:
         loss = float(step(*batches(train_data, args.batch, args.context, rng, devices)).item())
-        held = evaluate(model, held_data, args.batch, args.context, devices=devices) \
+        held = evaluate(model, held_data, args.batch, args.context, devices=devices, dtype=dtype) \
             if (i + 1) % args.eval_every == 0 or i + 1 == args.steps else None
         curve.append((i + 1, loss, held))
         if hasattr(bar, "set_description"):
             bar.set_description(f"loss {loss:.3f}" + (f" held-out {held:.3f}" if held is not None else ""))
     elapsed = time.perf_counter() - start
     print_curve(curve, args.batch * args.context, elapsed)
+    if scaler is not None:
+        print(f"loss scale at the end: {scaler.get_scale():g}")
     if args.plot:
         plot_curve(curve, args.plot)
     if args.save:
@@ -310,6 +340,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     t.add_argument("--plot", default=None, help="draw the loss curve into this PNG (needs matplotlib)")
     t.add_argument("--gpus", type=int, default=0, help="data parallel over CUDA:0..N-1 (batch split by rows)")
     t.add_argument("--devices", default=None, help="data parallel over these devices, e.g. CPU:0,CPU:1")
+    t.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="compute dtype (parameters and AdamW stay float32; float16 scales the loss)")
     g = sub.add_parser("generate", help="sample text with a KV cache")
     g.add_argument("--load", default=None, help="a model saved by train")
     g.add_argument("--weights", default=None, help="Hugging Face GPT-2 model.safetensors (or its folder)")
@@ -331,6 +363,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(str(e))
         args.device = args.device or (names[0] if names else None)  # parameters and batches are made there
         args.train_devices = names if len(names) > 1 else None
+        if args.dtype == "float16" and args.train_devices:
+            parser.error("--dtype float16 (loss scaling) is not supported with several devices yet; use bfloat16")
     return args
 
 

@@ -2,6 +2,10 @@
 
 In: token ids, an int tensor (B, T) with T <= n_ctx. Out: logits (B, T, vocab_size), float32, lazy.
 
+Mixed precision: run the model under `glassgrad.amp.autocast(dtypes.bfloat16)` (or float16). The parameters stay
+float32; the linear layers, the attention matmuls and the LM head compute in the half dtype (tensor cores on CUDA),
+while the embeddings, the residual stream, the LayerNorms, the attention softmax and the returned logits are float32.
+
 The network: token embedding `wte` + position embedding `wpe`; `n_layer` pre-LayerNorm blocks, each
 `x + attn(ln_1(x))` then `x + mlp(ln_2(x))`, where attention is causal multi-head self-attention with the three
 projections fused in one `c_attn` (n_embd -> 3*n_embd) and an output `c_proj`, and the MLP is `c_fc` (n_embd ->
@@ -31,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from glassgrad import nn
+from glassgrad import amp, nn
 from glassgrad.engine.jit import TinyJit
 from glassgrad.nn.state import get_state_dict, load_state_dict, safe_load, safe_load_metadata, safe_save
 from glassgrad.tensor import Tensor, no_grad
@@ -95,14 +99,15 @@ def _param(shape: tuple[int, ...], std: float | None) -> Tensor:
 
 
 class Linear:
-    """y = x @ weight.T + bias; weight (n_out, n_in) ~ N(0, std), bias (n_out,) zeros (GPT-2's init)."""
+    """y = x @ weight.T + bias; weight (n_out, n_in) ~ N(0, std), bias (n_out,) zeros (GPT-2's init). Under autocast
+    computed (and returned) in the half dtype."""
 
     def __init__(self, n_in: int, n_out: int, std: float | None) -> None:
         self.weight = _param((n_out, n_in), std)
         self.bias = _param((n_out,), None if std is None else 0.0)
 
     def __call__(self, x: Tensor) -> Tensor:
-        return x.linear(self.weight.T, self.bias)
+        return amp.linear(x, self.weight.T, self.bias)
 
 
 class Embedding:
@@ -142,8 +147,8 @@ class KVCache:
         self._check(k.shape[2], start_pos)
         cache_k, cache_v = self.keys[layer], self.values[layer]
         end = start_pos + k.shape[2]
-        cache_k[:, :, start_pos:end].assign(k)
-        cache_v[:, :, start_pos:end].assign(v)
+        cache_k[:, :, start_pos:end].assign(k.cast(cache_k.dtype))  # (under autocast k and v are half)
+        cache_v[:, :, start_pos:end].assign(v.cast(cache_v.dtype))
         return cache_k[:, :, :end], cache_v[:, :, :end]
 
     def _check(self, t: int, start_pos: Position) -> None:
@@ -170,11 +175,11 @@ class Attention:
         q, k, v = qkv[0], qkv[1], qkv[2]  # each (B, H, T, Dh)
         if cache is None:
             mask = None if isinstance(start_pos, int) and start_pos == 0 else causal_mask(t, _as_int(start_pos))
-            out = q.scaled_dot_product_attention(k, v, attn_mask=mask, is_causal=mask is None)
+            out = amp.attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         else:
             k, v = cache.write(layer, k, v, start_pos)
             mask = None if t == 1 else causal_mask(t, _as_int(start_pos))
-            out = q.scaled_dot_product_attention(k, v, attn_mask=mask)
+            out = amp.attention(q, k, v, attn_mask=mask)
         return self.c_proj(out.permute(0, 2, 1, 3).reshape(b, t, d))
 
 
@@ -228,11 +233,13 @@ class GPT2:
 
     def forward(self, tokens: Tensor | UOp, start_pos: Position = 0, cache: KVCache | None = None) -> Tensor:
         """Logits (B, T, vocab) of tokens (B, T) at positions start_pos.., or of one token given as a bound Variable
-        (batch 1, T 1). With a cache, keys and values are stored in it and attention reads all positions so far."""
+        (batch 1, T 1). With a cache, keys and values are stored in it and attention reads all positions so far.
+        The logits are float32 under autocast too (computed in the half dtype, then cast, as PyTorch's autocast
+        leaves them to a float32 loss)."""
         x = self.embed(tokens, start_pos)
         for i, block in enumerate(self.h):
             x = block(x, start_pos, cache, i)
-        return self.ln_f(x) @ self.wte.weight.T  # the LM head is wte (tied)
+        return amp.matmul(self.ln_f(x), self.wte.weight.T).cast(self.wte.weight.dtype)  # the LM head is wte (tied)
 
     def embed(self, tokens: Tensor | UOp, start_pos: Position) -> Tensor:
         """Token + position embeddings (B, T, n_embd)."""

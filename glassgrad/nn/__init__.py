@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from glassgrad import amp
 from glassgrad.dtype import dtypes
 from glassgrad.tensor import Tensor, mark_trainable, no_grad
 from glassgrad.tensor_nn import _tuple
@@ -53,14 +54,15 @@ def _filled(shape: tuple[int, ...], value: float, dtype: type = np.float32,
 
 # ---------------------------------------------------------------------- dense and convolutional layers
 class Linear:
-    """y = x @ weight.T + bias. weight (out_features, in_features), bias (out_features,)."""
+    """y = x @ weight.T + bias. weight (out_features, in_features), bias (out_features,). Under
+    `glassgrad.amp.autocast(dtype)` computed (and returned) in that half dtype, the weights staying float32."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         self.weight = _uniform((out_features, in_features), in_features)
         self.bias = _uniform((out_features,), in_features) if bias else None
 
     def __call__(self, x: Tensor) -> Tensor:
-        return x.linear(self.weight.T, self.bias)
+        return amp.linear(x, self.weight.T, self.bias)
 
 
 def _conv_padding_arg(padding: IntOrInts | str, kernel: tuple[int, ...], dilation: tuple[int, ...],

@@ -26,6 +26,9 @@ Behaviour (tinygrad's, where tinygrad has one):
   write new values into it with `assign`, and no kernel is recompiled. A tensor may be passed as `lr` to share it.
 - the step count of Adam/AdamW/LAMB is an int32 tensor updated with `assign`, so bias correction does not bake the
   step number into kernels either.
+- `schedule_step(skip=t)` with a bool scalar tensor `t`: where `t` is true the step writes every param and every piece
+  of state back unchanged (`where(t, old, new)`), decided on the device with no host sync. `glassgrad.amp.GradScaler`
+  uses it to skip a step whose gradients hold an inf or NaN.
 
 SGD, Adam and AdamW follow PyTorch's update rules exactly (tests compare against `torch.optim`); LAMB follows tinygrad.
 Each param gets its own buffer: one that is still lazy (say `Tensor.zeros(8)`, which hash-conses with every other
@@ -104,6 +107,7 @@ class Optimizer:
         self.lr: Tensor = _lr_tensor(lr, self.device)
         # the lr as given, when a number (schedules start from it exactly, not from its float32 rounding)
         self.initial_lr: float | None = None if isinstance(lr, Tensor) else float(lr)
+        self._skip: Tensor | None = None  # set during schedule_step(skip=...)
 
     def zero_grad(self) -> None:
         """Forget the gradients (`.grad = None`), so the next `backward()` does not add to them."""
@@ -115,16 +119,25 @@ class Optimizer:
         with no_grad():
             Tensor.realize_all(*self.schedule_step())
 
-    def schedule_step(self) -> list[Tensor]:
-        """Queue the in-place updates (lazily) and return every tensor that must be realized to apply them."""
+    def schedule_step(self, skip: Tensor | None = None) -> list[Tensor]:
+        """Queue the in-place updates (lazily) and return every tensor that must be realized to apply them. With
+        `skip` (a bool tensor of one element), every param and state tensor keeps its value where it is true."""
         if not Tensor.training:
             raise RuntimeError("Optimizer.step() needs Tensor.training=True (as in tinygrad): run the training loop "
                                "inside `with Tensor.train():`, or set Tensor.training = True")
-        grads = self._grads()
-        new_values = self._new_values(grads)
-        for p, value in zip(self.params, new_values):
-            p.assign(value)
+        self._skip = _check_skip(skip, self.device)
+        try:
+            grads = self._grads()
+            new_values = self._new_values(grads)
+            for p, value in zip(self.params, new_values):
+                self._update(p, value)
+        finally:
+            self._skip = None
         return [*self.params, *self.buffers, *self.state(), self.lr]
+
+    def _update(self, target: Tensor, value: Tensor) -> Tensor:
+        """target.assign(value), or of `where(skip, target, value)` inside a skippable step; returns target."""
+        return target.assign(value if self._skip is None else self._skip.where(target, value))
 
     def state(self) -> list[Tensor]:
         """The optimiser's own tensors that a step updates (momentum buffers, moments, step count)."""
@@ -145,6 +158,16 @@ class Optimizer:
                                    f"{p.grad.shape}")
             grads.append(p.grad)
         return grads
+
+
+def _check_skip(skip: Tensor | None, device: str) -> Tensor | None:
+    """A step's skip flag as a bool scalar on the optimiser's device (None: never skip)."""
+    if skip is None:
+        return None
+    if not isinstance(skip, Tensor) or skip.numel() != 1 or skip.device != device:
+        raise ValueError(f"skip must be a one-element Tensor on {device}, got "
+                         f"{skip.shape if isinstance(skip, Tensor) else type(skip).__name__}")
+    return skip.reshape(()).cast(dtypes.bool)
 
 
 def _check_param_dtypes(params: Sequence[Tensor]) -> None:
@@ -206,7 +229,7 @@ class SGD(Optimizer):
             g = g + self.weight_decay * p
         if not self.momentum:
             return g
-        b = self.b[i].assign(self.momentum * self.b[i] + g)
+        b = self._update(self.b[i], self.momentum * self.b[i] + g)
         return g + self.momentum * b if self.nesterov else b
 
 
@@ -231,7 +254,7 @@ class _Moments(Optimizer):
 
     def _count_step(self) -> tuple[Tensor, Tensor]:
         """Advance `t` and return the bias corrections (1 - b1**t, 1 - b2**t) as float tensors."""
-        t = self.t.assign(self.t + 1).cast(dtypes.float32)
+        t = self._update(self.t, self.t + 1).cast(dtypes.float32)
         return 1.0 - self.b1 ** t, 1.0 - self.b2 ** t
 
 
@@ -251,8 +274,8 @@ class Adam(_Moments):
         for i, (p, g) in enumerate(zip(self.params, grads)):
             if self.weight_decay and not self.decoupled:
                 g = g + self.weight_decay * p
-            m = self.m[i].assign(self.m[i] + (1.0 - self.b1) * (g - self.m[i]))
-            v = self.v[i].assign(self.v[i] * self.b2 + (1.0 - self.b2) * g * g)
+            m = self._update(self.m[i], self.m[i] + (1.0 - self.b1) * (g - self.m[i]))
+            v = self._update(self.v[i], self.v[i] * self.b2 + (1.0 - self.b2) * g * g)
             base = p * (1.0 - self.lr * self.weight_decay) if self.weight_decay and self.decoupled else p
             out.append(base - step_size * (m / (v.sqrt() / bc2_sqrt + self.eps)))
         return out
@@ -281,8 +304,8 @@ class LAMB(_Moments):
         bc1, bc2 = self._count_step()
         out = []
         for i, (p, g) in enumerate(zip(self.params, grads)):
-            m = self.m[i].assign(self.b1 * self.m[i] + (1.0 - self.b1) * g)
-            v = self.v[i].assign(self.b2 * self.v[i] + (1.0 - self.b2) * (g * g))
+            m = self._update(self.m[i], self.b1 * self.m[i] + (1.0 - self.b1) * g)
+            v = self._update(self.v[i], self.b2 * self.v[i] + (1.0 - self.b2) * (g * g))
             up = (m / bc1) / ((v / bc2).sqrt() + self.eps) + self.weight_decay * p
             out.append(p - self.lr * self._trust_ratio(p, up) * up)
         return out
@@ -312,8 +335,8 @@ class OptimizerGroup:
         for o in self.optimizers:
             o.zero_grad()
 
-    def schedule_step(self) -> list[Tensor]:
-        return [t for o in self.optimizers for t in o.schedule_step()]
+    def schedule_step(self, skip: Tensor | None = None) -> list[Tensor]:
+        return [t for o in self.optimizers for t in o.schedule_step(skip)]
 
     def step(self) -> None:
         with no_grad():
