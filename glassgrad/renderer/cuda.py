@@ -96,6 +96,20 @@ class CUDARenderer(CStyleLanguage):
     def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
         return f"gg_bitcast<{self.render_dtype(dst)}>({x})"
 
+    # atomicAdd: float, double (sm_60+), int, unsigned, unsigned long long (int64 adds as its two's complement bits),
+    # __half (sm_70+), __nv_bfloat16 (sm_80+)
+    scatter_dtypes = frozenset({dtypes.float32, dtypes.float64, dtypes.float16, dtypes.bfloat16, dtypes.int32,
+                                dtypes.uint32, dtypes.int64, dtypes.uint64})
+
+    def render_store_add(self, buf: str, index: str, value: str, dtype: DType) -> str:
+        needs = {dtypes.float16: 70, dtypes.bfloat16: 80, dtypes.float64: 60}.get(dtype, 0)
+        if int(self.arch.removeprefix("sm_").rstrip("a")) < needs:
+            raise NotImplementedError(f"an atomic add of {dtype} (a scatter: the gradient of an embedding, gather or "
+                                      f"indexing) needs sm_{needs} or newer; this kernel is for {self.arch}")
+        if dtype in (dtypes.int64, dtypes.uint64):
+            return f"atomicAdd((unsigned long long*)&{buf}[{index}], (unsigned long long)({value}));"
+        return f"atomicAdd(&{buf}[{index}], {value});"
+
     def render_fragment_acc(self, name: str) -> str:
         return f"float {name}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};"
 
