@@ -44,7 +44,10 @@ def scatter_one_hot(u: UOp, uses: dict[UOp, int]) -> UOp | None:
     or None."""
     if u.op is not Ops.REDUCE_AXIS or u.arg[0] is not Ops.ADD or not _accumulates(u):
         return None
-    where = u.src[0]
+    where, casts = u.src[0], []
+    while where.op is Ops.CAST:  # cast(where(c, x, 0)) is where(c, cast(x), 0): a float16 sum accumulates in float32
+        casts.append(where.dtype)
+        where = where.src[0]
     if where.op is not Ops.WHERE or not _is_zero(where.src[2]) or not all(isinstance(s, int) for s in where.shape):
         return None
     reduced: tuple[int, ...] = u.arg[1]
@@ -59,13 +62,15 @@ def scatter_one_hot(u: UOp, uses: dict[UOp, int]) -> UOp | None:
     if not chosen:
         return None
     picked = {p for p, _ in chosen}
-    value = where.src[1]
+    value, zero = where.src[1], where.src[2]
+    for dtype in reversed(casts):
+        value, zero = UOp(Ops.CAST, dtype, (value,)), UOp(Ops.CAST, dtype, (zero,))
     rest = [t for p, t in enumerate(terms) if p not in picked]
     if rest:
         cond = rest[0]
         for t in rest[1:]:
             cond = cond.alu(Ops.AND, t)
-        value = cond.where(value, where.src[2])
+        value = cond.where(value, zero)
     selected = tuple(s.axis for _, s in chosen)
     bounds = tuple((0, 1) if i in selected else (0, n) for i, n in enumerate(shape))
     indices = tuple(s.index.shrink(bounds) for _, s in chosen)
