@@ -184,8 +184,8 @@ def test_scatter_add_dtypes(dtype: dtypes) -> None:  # type: ignore[valid-type]
     src = RNG.integers(0, 5, (6, 3))
     idx = RNG.integers(0, 4, (6, 3)).astype(np.int32)
     idx[:3, 0] = 1
-    out = Tensor(base.astype(np.float32)).cast(dtype).scatter(0, Tensor(idx), Tensor(src.astype(np.float32)).cast(dtype),
-                                                              reduce="add")
+    values = Tensor(src.astype(np.float32)).cast(dtype)
+    out = Tensor(base.astype(np.float32)).cast(dtype).scatter(0, Tensor(idx), values, reduce="add")
     assert out.dtype == dtype
     assert len(_scatter_asts(out)) == (1 if _adds(dtype) else 0)
     expected = base.copy()
@@ -249,6 +249,11 @@ def test_outer_loop_rule() -> None:
     assert not outer_loop_splits(sink(d + row * UOp.const(dt.int32, 512)), t)
     assert not outer_loop_splits(sink(d + row * UOp.const(dt.int32, 256)), d)  # d=256 meets row+1 at d=0
     assert outer_loop_splits(sink(d * UOp.const(dt.int32, 64) + t), d)  # plain store index: distinct
+    lane = UOp(Ops.RANGE, dt.int32, (UOp.const(dt.int32, 16),), (2, "upcast"))
+    blocks = UOp(Ops.RANGE, dt.int32, (UOp.const(dt.int32, 32),), (0, "global"))
+    tiled = blocks * UOp.const(dt.int32, 16) + lane
+    assert outer_loop_splits(sink(tiled + row * UOp.const(dt.int32, 512)), blocks)  # blocks of 16 lanes
+    assert not outer_loop_splits(sink(tiled + row * UOp.const(dt.int32, 500)), blocks)
 
 
 # ---------------------------------------------------------------- tied embedding, JIT

@@ -64,24 +64,29 @@ def optimize_ast(ast: UOp, renderer: CStyleLanguage) -> UOp:
 def outer_loop_splits(ast: UOp, outer: UOp) -> bool:
     """Whether the CPU may split loop `outer` over threads: yes, unless the kernel adds into data-dependent places
     (a scatter's STORE arg=ADD, done without atomics) where two iterations of `outer` could add to one element.
-    They cannot when the store's index is `c*outer + rest` with `rest` independent of `outer` and either `|c|`
-    larger than rest's span, or every term of rest a multiple of something larger than `outer`'s span of `c*outer`
-    (an output axis: the embedding gradient's `d + 512*row`, split along d). Anything else runs on one thread."""
+    They cannot when the store's index is `c*outer + low + high`, nothing else depending on `outer`, with low's
+    span below |c| and every term of high a multiple of some M above |c|*(size-1) + low's span (mixed radix: the
+    embedding gradient's `16*d0 + d1 + 512*row`, split along the blocks d0 of its width). Else: one thread."""
     return all(_distinct_outer(u.src[1], outer) for u in ast.toposort() if u.op is Ops.STORE and u.arg is Ops.ADD)
 
 
 def _distinct_outer(index: UOp, outer: UOp) -> bool:
     terms = _sum_terms(index)
     mine = [t for t in terms if outer in t.toposort()]
-    rest = [t for t in terms if outer not in t.toposort() and t.op is not Ops.CONST]
+    rest = sorted((_coefficient(t) + (int(t.vmax) - int(t.vmin),) for t in terms
+                   if outer not in t.toposort() and t.op is not Ops.CONST), key=lambda c: c[0])
     if len(mine) != 1 or outer.src[0].op is not Ops.CONST:
         return False
     stride, base = _coefficient(mine[0])
     if base is not outer or stride == 0:
         return False
-    span = sum(int(t.vmax) - int(t.vmin) for t in rest)
-    multiple = math.gcd(*(_coefficient(t)[0] for t in rest)) if rest else 0
-    return abs(stride) > span or not rest or multiple > abs(stride) * (outer.src[0].arg - 1)
+    reach = stride * (outer.src[0].arg - 1)
+    for split in range(len(rest) + 1):  # the terms of the smallest coefficients are `low`
+        low_span = sum(span for _, _, span in rest[:split])
+        multiple = math.gcd(*(c for c, _, _ in rest[split:])) if split < len(rest) else 0
+        if low_span < stride and (split == len(rest) or multiple > reach + low_span):
+            return True
+    return False
 
 
 def _sum_terms(u: UOp) -> list[UOp]:

@@ -795,7 +795,8 @@ class ClangRenderer(CStyleLanguage):
         would round each step); narrow ints wrap like numpy's."""
         target = f"{buf}[{index}]"
         if dtype in (dtypes.float16, dtypes.bfloat16):
-            total = f"({self.render_cast(target, dtype, dtypes.float32)} + {self.render_cast(value, dtype, dtypes.float32)})"
+            old, add = self.render_cast(target, dtype, dtypes.float32), self.render_cast(value, dtype, dtypes.float32)
+            total = f"({old} + {add})"
             return f"{target} = {self.render_cast(total, dtypes.float32, dtype)};"
         if dtype.itemsize < 4:
             return f"{target} = ({self.render_dtype(dtype)})({target} + {value});"

@@ -48,6 +48,7 @@ class Ops(Enum):
     # ternary
     WHERE = auto()
     # kernel ASTs and linear programs
+    # (a STORE with arg Ops.ADD adds its value into the element: a scatter, schedule/scatter.py)
     SINK = auto(); DEFINE_GLOBAL = auto(); RANGE = auto(); LOAD = auto(); STORE = auto(); REDUCE = auto()  # noqa: E702
     DEFINE_ACC = auto(); ACCUMULATE = auto(); ENDRANGE = auto()  # noqa: E702
     # GPU kernels: thread/block ids, and a reduction finished across a work-group through shared memory
