@@ -330,3 +330,25 @@ def test_metal_atomics_and_fallback() -> None:
     half = _gpu_specs("METAL", dtypes.float16)
     assert not any("atomic" in s.source for s in half)
     assert any(s.name.startswith("r_") for s in half)
+
+
+def test_cuda_narrow_ints_add_by_compare_and_swap() -> None:
+    out = Tensor(np.zeros((4, 3), np.int8)).scatter(0, Tensor(np.array([[1, 1, 3], [0, 1, 1]], np.int32)),
+                                                     Tensor(np.array([[5, 6, 7], [1, 2, 3]], np.int8)), reduce="add")
+    sources = [s.source for s in kernels(out, device="CUDA")]
+    assert sum("gg_atomic_add_narrow(" in src and "atomicCAS" in src for src in sources) == 1
+
+
+def test_eager_steps_reuse_the_schedule() -> None:
+    """The same graph structure with other buffers (the schedule cache's case) gives each step's own numbers."""
+    from glassgrad.schedule import SCHEDULE_CACHE
+    vocab, tokens, dim = 30, 12, 4
+    w = RNG.standard_normal((vocab, dim)).astype(np.float32)
+    for _ in range(3):
+        W = Tensor(w, requires_grad=True)
+        idx = RNG.integers(0, vocab, tokens).astype(np.int32)
+        g = RNG.standard_normal((tokens, dim)).astype(np.float32)
+        (Tensor(idx).embedding(W) * Tensor(g)).sum().backward()
+        assert W.grad is not None
+        np.testing.assert_allclose(W.grad.numpy(), _embedding_grad_reference(w, idx, g), rtol=1e-5, atol=1e-6)
+    assert len(SCHEDULE_CACHE) > 0
