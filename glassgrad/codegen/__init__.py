@@ -6,6 +6,7 @@ simplification again -> linearisation into loops -> rendering.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from glassgrad.codegen.gpudims import gpu_dims
@@ -34,7 +35,7 @@ class ProgramSpec:
     global_size: tuple[sint, ...]
     local_size: tuple[int, ...] | None
     flops: sint
-    work: sint  # loop iterations in all, used to decide how many CPU threads to use
+    work: sint  # loop iterations in all, used to decide how many CPU threads to use (0: one thread must run it all)
     uops: tuple[UOp, ...]
     vars: tuple[str, ...] = ()
     opts: tuple[Opt, ...] = ()  # the optimisations applied
@@ -60,6 +61,47 @@ def optimize_ast(ast: UOp, renderer: CStyleLanguage) -> UOp:
     return ast
 
 
+def outer_loop_splits(ast: UOp, outer: UOp) -> bool:
+    """Whether the CPU may split loop `outer` over threads: yes, unless the kernel adds into data-dependent places
+    (a scatter's STORE arg=ADD, done without atomics) where two iterations of `outer` could add to one element.
+    They cannot when the store's index is `c*outer + low + high`, nothing else depending on `outer`, with low's
+    span below |c| and every term of high a multiple of some M above |c|*(size-1) + low's span (mixed radix: the
+    embedding gradient's `16*d0 + d1 + 512*row`, split along the blocks d0 of its width). Else: one thread."""
+    return all(_distinct_outer(u.src[1], outer) for u in ast.toposort() if u.op is Ops.STORE and u.arg is Ops.ADD)
+
+
+def _distinct_outer(index: UOp, outer: UOp) -> bool:
+    terms = _sum_terms(index)
+    mine = [t for t in terms if outer in t.toposort()]
+    rest = sorted((_coefficient(t) + (int(t.vmax) - int(t.vmin),) for t in terms
+                   if outer not in t.toposort() and t.op is not Ops.CONST), key=lambda c: c[0])
+    if len(mine) != 1 or outer.src[0].op is not Ops.CONST:
+        return False
+    stride, base = _coefficient(mine[0])
+    if base is not outer or stride == 0:
+        return False
+    reach = stride * (outer.src[0].arg - 1)
+    for split in range(len(rest) + 1):  # the terms of the smallest coefficients are `low`
+        low_span = sum(span for _, _, span in rest[:split])
+        multiple = math.gcd(*(c for c, _, _ in rest[split:])) if split < len(rest) else 0
+        if low_span < stride and (split == len(rest) or multiple > reach + low_span):
+            return True
+    return False
+
+
+def _sum_terms(u: UOp) -> list[UOp]:
+    return [t for s in u.src for t in _sum_terms(s)] if u.op is Ops.ADD else [u]
+
+
+def _coefficient(u: UOp) -> tuple[int, UOp]:
+    """(|c|, x) for a term c*x with a constant c, else (1, u)."""
+    if u.op is Ops.MUL:
+        for a, b in (u.src, u.src[::-1]):
+            if b.op is Ops.CONST and isinstance(b.arg, int):
+                return abs(b.arg), a
+    return 1, u
+
+
 def get_program(ast: UOp, renderer: CStyleLanguage, opts: list[Opt] | None = None) -> ProgramSpec:
     """`opts`: the optimisations to apply (from a BEAM search, or a test); None: the hand-written heuristic's, or
     none with NOOPT=1."""
@@ -81,6 +123,8 @@ def get_program(ast: UOp, renderer: CStyleLanguage, opts: list[Opt] | None = Non
         global_ranges = sorted((r for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "global"),
                                key=lambda r: r.arg[0])
         global_size = (range_size(global_ranges[0]),) if global_ranges else (1,)
+        if global_ranges and not outer_loop_splits(ast, global_ranges[0]):
+            work = 0  # one thread runs the whole outer loop (see `outer_loop_splits`)
     program = linearize(ast, upcast)
     source = renderer.render(name, program)
     variables = tuple(u.arg[0] for u in program if u.op is Ops.DEFINE_VAR)

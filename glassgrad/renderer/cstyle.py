@@ -130,6 +130,13 @@ class CStyleLanguage:
     def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
         return f"(((union {{ {self.render_dtype(src)} a; {self.render_dtype(dst)} b; }}){{.a = {x}}}).b)"
 
+    # dtypes a STORE arg=ADD (a scatter's `buf[i] += v` at a data-dependent index) can add; others keep the one-hot sum
+    scatter_dtypes: frozenset[DType] = frozenset()
+
+    def render_store_add(self, buf: str, index: str, value: str, dtype: DType) -> str:
+        """`buf[index] += value` as one statement; on GPUs an atomic add (other threads may add to the element)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot add {dtype} at a data-dependent index")
+
     # ---------- shared rendering ----------
     def render_const(self, value: int | float | bool, dtype: DType) -> str:
         if dtype.is_bool:
@@ -353,6 +360,9 @@ class CStyleLanguage:
                 if len(a) == 3:
                     load = f"({a[2]} ? {load} : {self.render_const(0, u.dtype)})"
                 line(f"{self.render_dtype(u.dtype)} {names[u]} = {load};")
+            elif u.op is Ops.STORE and u.arg is Ops.ADD:  # a scatter's accumulating store (schedule/scatter.py)
+                line(f"{'if (' + a[3] + ') ' if len(a) == 4 else ''}"
+                     f"{self.render_store_add(a[0], a[1], a[2], u.src[2].dtype)}")
             elif u.op is Ops.STORE:
                 line(f"{'if (' + a[3] + ') ' if len(a) == 4 else ''}{a[0]}[{a[1]}] = {a[2]};")
             elif u.op is Ops.SPECIAL:
@@ -558,9 +568,18 @@ def _independent_lanes(program: list[UOp], position: int) -> bool:
             return False
         if u.op is Ops.ACCUMULATE and loop not in u.src[0].src[1:]:
             return False
+        if u.op is Ops.STORE and u.arg is Ops.ADD and not _distinct_adds(u, loop):
+            return False
         if u.op is Ops.ENDRANGE and u.src[0] is loop:
             return True
     return True
+
+
+def _distinct_adds(store: UOp, loop: UOp) -> bool:
+    """Whether an accumulating store (a scatter's) adds to a different element in each iteration of `loop` while
+    the other loops stand still: its index moves by a constant other than 0 along it (affine: nothing that depends
+    on the loop is data-dependent), so SIMD lanes over the loop never add to one element together."""
+    return index_stride(store.src[1], loop) not in (0, None)
 
 
 def _hoisted_values(program: list[UOp]) -> set[UOp]:
@@ -764,6 +783,24 @@ class ClangRenderer(CStyleLanguage):
         reads do not touch the accumulators, and keeps those in registers (through the array itself it does not)."""
         return (f"{self.render_dtype(dtype)} {name}_[{size}] __attribute__((aligned(64))); "
                 f"{self.render_dtype(dtype)}* restrict {name} = {name}_;")
+
+    # the CPU adds without atomics: its kernels split the outer loop over threads only where no two threads add to one
+    # element (codegen/__init__.py), and SIMD lanes only where each lane adds to its own (`_distinct_adds`)
+    scatter_dtypes = frozenset({dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
+                                dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32,
+                                dtypes.float64})
+
+    def render_store_add(self, buf: str, index: str, value: str, dtype: DType) -> str:
+        """Float16 and bfloat16 add in float32 (the value rounded once, as the one-hot sum's float32 accumulator
+        would round each step); narrow ints wrap like numpy's."""
+        target = f"{buf}[{index}]"
+        if dtype in (dtypes.float16, dtypes.bfloat16):
+            old, add = self.render_cast(target, dtype, dtypes.float32), self.render_cast(value, dtype, dtypes.float32)
+            total = f"({old} + {add})"
+            return f"{target} = {self.render_cast(total, dtypes.float32, dtype)};"
+        if dtype.itemsize < 4:
+            return f"{target} = ({self.render_dtype(dtype)})({target} + {value});"
+        return f"{target} += {value};"
 
     def render_global_range(self, index: int, var: str, size: str, dtype: str) -> str:
         if index == 0:

@@ -43,6 +43,20 @@ __device__ __forceinline__ void gg_mma_{name}(float* c, const unsigned* a, const
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }}"""
 _MMA_TYPES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
+# an atomic add of an 8- or 16-bit int: a compare-and-swap loop on the aligned 32-bit word holding it (the other
+# bytes written back as they were; CUDA allocations are 256-byte aligned, so the word is inside the allocation)
+_NARROW_ATOMIC_ADD = """\
+template <class T> __device__ __forceinline__ void gg_atomic_add_narrow(T* p, int v) {
+  unsigned* word = (unsigned*)((unsigned long long)p & ~3ull);
+  unsigned shift = (unsigned)((unsigned long long)p & 3ull) * 8u;
+  unsigned mask = (sizeof(T) == 1 ? 0xffu : 0xffffu) << shift;
+  unsigned old = *word, seen;
+  do {
+    seen = old;
+    unsigned sum = (((seen & mask) >> shift) + (unsigned)v) << shift;
+    old = atomicCAS(word, seen, (seen & ~mask) | (sum & mask));
+  } while (old != seen);
+}"""
 
 
 class CUDARenderer(CStyleLanguage):
@@ -96,6 +110,23 @@ class CUDARenderer(CStyleLanguage):
     def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
         return f"gg_bitcast<{self.render_dtype(dst)}>({x})"
 
+    # atomicAdd: float, double (sm_60+), int, unsigned, unsigned long long (int64 adds as its two's complement bits),
+    # __half (sm_70+), __nv_bfloat16 (sm_80+); 8- and 16-bit ints by a compare-and-swap on their aligned 32-bit word
+    scatter_dtypes = frozenset({dtypes.float32, dtypes.float64, dtypes.float16, dtypes.bfloat16, dtypes.int32,
+                                dtypes.uint32, dtypes.int64, dtypes.uint64, dtypes.int8, dtypes.uint8, dtypes.int16,
+                                dtypes.uint16})
+
+    def render_store_add(self, buf: str, index: str, value: str, dtype: DType) -> str:
+        needs = {dtypes.float16: 70, dtypes.bfloat16: 80, dtypes.float64: 60}.get(dtype, 0)
+        if int(self.arch.removeprefix("sm_").rstrip("a")) < needs:
+            raise NotImplementedError(f"an atomic add of {dtype} (a scatter: the gradient of an embedding, gather or "
+                                      f"indexing) needs sm_{needs} or newer; this kernel is for {self.arch}")
+        if dtype.is_int and dtype.itemsize < 4:
+            return f"gg_atomic_add_narrow(&{buf}[{index}], (int)({value}));"
+        if dtype in (dtypes.int64, dtypes.uint64):
+            return f"atomicAdd((unsigned long long*)&{buf}[{index}], (unsigned long long)({value}));"
+        return f"atomicAdd(&{buf}[{index}], {value});"
+
     def render_fragment_acc(self, name: str) -> str:
         return f"float {name}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};"
 
@@ -121,6 +152,8 @@ class CUDARenderer(CStyleLanguage):
             headers.append("#include <cuda_fp16.h>")
         if "__nv_bfloat16" in text or "__nv_bfloat16" in " ".join(params):
             headers.append("#include <cuda_bf16.h>")
+        if "gg_atomic_add_narrow" in text:
+            headers.append(_NARROW_ATOMIC_ADD)
         if "gg_bitcast" in text:
             headers.append(_BITCAST_HELPER)
         if "gg_cp_async" in text:

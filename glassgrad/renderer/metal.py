@@ -89,6 +89,17 @@ class MetalRenderer(CStyleLanguage):
     def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
         return f"as_type<{self.render_dtype(dst)}>({x})"
 
+    # Metal's atomics add 32-bit values: atomic_float (Metal 3), atomic_int, atomic_uint
+    scatter_dtypes = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32})
+    _ATOMIC_TYPES = {dtypes.float32: "atomic_float", dtypes.int32: "atomic_int", dtypes.uint32: "atomic_uint"}
+
+    def render_store_add(self, buf: str, index: str, value: str, dtype: DType) -> str:
+        if dtype not in self._ATOMIC_TYPES:
+            raise MetalDTypeError(f"METAL has no atomic add of {dtype} (a scatter: the gradient of an embedding, "
+                                  "gather or indexing); use float32 or int32")
+        return (f"atomic_fetch_add_explicit((device {self._ATOMIC_TYPES[dtype]}*)&{buf}[{index}], {value}, "
+                f"memory_order_relaxed);")
+
     # ---------- the kernel ----------
     def render_param(self, u: UOp, writes: bool) -> str:
         return f"{'' if writes else 'const '}device {self.render_dtype(u.dtype)}* data{u.arg} [[buffer({u.arg})]]"

@@ -41,6 +41,7 @@ from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, structure_
 from glassgrad.schedule.gather import gather_one_hot
 from glassgrad.schedule.indexing import KernelBuilder
 from glassgrad.schedule.rewrite import merge_nested_reduce, rebuild
+from glassgrad.schedule.scatter import scatter_one_hot
 from glassgrad.uop.ops import GroupOp, Ops, UOp, sint
 from glassgrad.uop.sint import max_size, sint_prod
 from glassgrad.uop.symbolic import simplify
@@ -185,6 +186,8 @@ def _walk_start(root: UOp) -> tuple[bool, RowMode, tuple[sint, ...] | None]:
         return (True, "row", root.src[0].shape) if _row_reduce(root, root.src[0].shape) else (True, None, None)
     if root.op in GroupOp.Elementwise or root.op is Ops.CONTIGUOUS:
         return False, "row", root.shape
+    if root.op is Ops.SCATTER:  # its kernel holds no reduction: any under it is materialised
+        return True, None, None
     return False, None, None
 
 
@@ -257,7 +260,7 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
     for n in nodes:
         if _materialised(n):  # the walk stops at these, but lists them: they are loaded, never recomputed
             continue
-        if n.op in (Ops.CONTIGUOUS, Ops.ASSIGN):
+        if n.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.SCATTER):  # (a scatter writes to data-dependent places)
             roots[n] = None
         if n.op in (Ops.COPY, Ops.ALLREDUCE):  # their sources are read whole, from buffers
             roots[n] = None
@@ -315,7 +318,7 @@ def _schedule_graph(outs: list[UOp], originals: list[UOp], sink: UOp, nodes: lis
 
     A reshape keeps row-major order, so an output that is a reshape of some node costs no kernel of its own: the
     node under the reshapes is materialised (unless it already is) and the output becomes a view of its buffer."""
-    for rule in (gather_one_hot, merge_nested_reduce, _split_rule):  # graph rewrites (schedule/rewrite.py)
+    for rule in (gather_one_hot, scatter_one_hot, merge_nested_reduce, _split_rule):  # graph rewrites
         if (rewritten := rebuild(nodes, rule, _materialised)) is not None:
             sink = rewritten
             nodes = sink.toposort(stop=_materialised)
@@ -383,6 +386,8 @@ def _items(nodes: list[UOp], roots: dict[UOp, None], merged: dict[UOp, UOp], cre
             src = (view_of(node.src[0]) or node.src[0]).base
             schedule.append(ScheduleItem(UOp(Ops.COPY, node.dtype, (), node.src[1].arg), (out, src.arg[0]),
                                          frozenset({src.arg}), ((out, 0),)))
+        elif node.op is Ops.SCATTER:
+            schedule += _scatter_items(node, out, own_view)
         else:
             schedule.append(_kernel_item(node, out, 0, own_view, also))
         views[node] = buffer_view(out, node.shape)  # later kernels load it from here
@@ -599,6 +604,18 @@ def _kernel_item(node: UOp, out: Buffer, version: int, view_of: Callable[[UOp], 
     ast = builder.build(node, out, also)
     writes = ((out, version), *((buf, 0) for _, buf in also))
     return ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), writes, builder.var_vals)
+
+
+def _scatter_items(node: UOp, out: Buffer, view_of: Callable[[UOp], UOp | None]) -> list[ScheduleItem]:
+    """A SCATTER (schedule/scatter.py): a kernel filling `out` with zeros, then the kernel adding each source element
+    into its place. Both write version 0 of `out`; the fill comes first in the list, and `order_writes` keeps the
+    given order where nothing forces another (readers of `out` wait for the second, the last writer)."""
+    fill = KernelBuilder(view_of)
+    fill_ast = fill.build_fill(out, node.size)
+    builder = KernelBuilder(view_of)
+    ast = builder.build_scatter(node, out, outer_kept=not _thread_per_output(node.device))
+    return [ScheduleItem(fill_ast, tuple(fill.buffers), frozenset(), ((out, 0),)),
+            ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), ((out, 0),), builder.var_vals)]
 
 
 def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None], created: list[Buffer],

@@ -27,7 +27,7 @@ from typing import cast
 from glassgrad.device import Buffer
 from glassgrad.dtype import DType, dtypes
 from glassgrad.helpers import prod
-from glassgrad.uop.ops import GroupOp, Ops, UOp
+from glassgrad.uop.ops import GroupOp, Ops, UOp, dtype_bounds
 from glassgrad.uop.pattern import substitute
 from glassgrad.uop.sint import max_size, sint, unbind
 from glassgrad.uop.symbolic import simplify
@@ -181,6 +181,46 @@ class KernelBuilder:
         # every Variable, even one left only in the launch size (a GPU grid), so the parameters are always the same
         variables = (self._variables[name] for name in sorted(self._variables))
         return self._ungate(UOp(Ops.SINK, dtypes.void, (*stores, *self._globals.values(), *variables)))
+
+    def build_fill(self, out: Buffer, size: int) -> UOp:
+        """SINK(STORE(out[i], 0)) for i < size: the zeros a SCATTER's kernel adds into."""
+        self.index_dtype = dtypes.int64 if size >= 2**31 else dtypes.int32
+        output = self.global_for(out)
+        store = UOp(Ops.STORE, dtypes.void, (output, self.new_range(size, "global"), UOp.const(out.dtype, 0)))
+        return UOp(Ops.SINK, dtypes.void, (store, output))
+
+    def build_scatter(self, node: UOp, out: Buffer, outer_kept: bool) -> UOp:
+        """SINK(STORE(out[i], value, gate) arg=ADD) for a SCATTER (schedule/scatter.py): its loops run over the
+        source's elements with the selected axes collapsed; each adds x' at the element its indices select into the
+        output element they name, gated off where an index is out of range (the index itself is clamped, so even the
+        address never leaves the buffer). `outer_kept`: the loops of kept (output) axes go outermost, the reduced
+        ones inside (the CPU splits its outer loop over threads; along a kept axis no two threads add to one element);
+        else the source's own order (GPU threads: neighbours along its last axis read and add side by side)."""
+        x, indices = node.src[0], node.src[1:]
+        selected, reduced = node.arg
+        self.index_dtype = dtypes.int64 if max(self._largest(x), node.size) >= 2**31 else dtypes.int32
+        output = self.global_for(out)
+        loop_axes = [a for a, s in enumerate(x.shape) if a not in selected and s != 1]
+        if outer_kept:
+            loop_axes = [a for a in loop_axes if a not in reduced] + [a for a in loop_axes if a in reduced]
+        ranges = {a: self.new_range(x.shape[a], "global") for a in loop_axes}
+        idxs = tuple(ranges.get(a, UOp.const(self.index_dtype, 0)) for a in range(len(x.shape)))
+        picked = list(idxs)
+        inside: UOp | None = None
+        for axis, index_node in zip(selected, indices):
+            value = self.lower(index_node, idxs, None)
+            n = x.shape[axis]
+            fits = _below(value, n)
+            if not value.dtype.is_unsigned:
+                fits = (UOp.const(value.dtype, -1) < value).alu(Ops.AND, fits)
+            inside = fits if inside is None else inside.alu(Ops.AND, fits)
+            picked[axis] = self._clamp(value.cast(self.index_dtype), n)
+        assert inside is not None
+        value = self.lower(x, tuple(picked), None)
+        position = tuple(UOp.const(self.index_dtype, 0) if a in reduced else p for a, p in enumerate(picked))
+        index = flat_index(position, self.shape(node.shape), self.index_dtype)
+        store = UOp(Ops.STORE, dtypes.void, (output, index, value, inside), Ops.ADD)
+        return self._ungate(UOp(Ops.SINK, dtypes.void, (store, *self._globals.values())))
 
     def _ungate(self, ast: UOp) -> UOp:
         """Drop the gates of loads that stay inside their buffer anyway. A gate (a pad's) only keeps a load from
@@ -349,6 +389,13 @@ class KernelBuilder:
         dt = self.index_dtype
         low = i.maximum(UOp.const(dt, 0))
         return -((-low).maximum(UOp.const(dt, 1 - n)))
+
+
+def _below(value: UOp, n: int) -> UOp:
+    """`value < n` (true for every value when n is past the dtype's largest value)."""
+    if n > dtype_bounds(value.dtype)[1]:
+        return UOp.const(dtypes.bool, True)
+    return value < UOp.const(value.dtype, n)
 
 
 def kernel_name(ast: UOp) -> str:

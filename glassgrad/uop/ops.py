@@ -33,6 +33,10 @@ class Ops(Enum):
     # a one-hot reduction recognised as a lookup (schedule/gather.py): src (x, index_1, ...), arg the axes of x
     # each index selects along; the value is x at the selected element, or 0 where an index is out of range
     GATHER = auto()
+    # a one-hot sum over the positions an index names, recognised as a scatter-add (schedule/scatter.py): src (x,
+    # index_1, ...), arg (the axes each index selects along, the reduced axes); the sum of x over the reduced axes
+    # into the element each index names (nothing where one is out of range). Always a kernel of its own
+    SCATTER = auto()
     # dtype changes
     CAST = auto(); BITCAST = auto()  # noqa: E702
     # unary
@@ -44,6 +48,7 @@ class Ops(Enum):
     # ternary
     WHERE = auto()
     # kernel ASTs and linear programs
+    # (a STORE with arg Ops.ADD adds its value into the element: a scatter, schedule/scatter.py)
     SINK = auto(); DEFINE_GLOBAL = auto(); RANGE = auto(); LOAD = auto(); STORE = auto(); REDUCE = auto()  # noqa: E702
     DEFINE_ACC = auto(); ACCUMULATE = auto(); ENDRANGE = auto()  # noqa: E702
     # GPU kernels: thread/block ids, and a reduction finished across a work-group through shared memory
@@ -390,6 +395,8 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
         return tuple(1 if i in arg[1] else s for i, s in enumerate(src))
     if op is Ops.GATHER:
         return tuple(1 if i in arg else s for i, s in enumerate(src))
+    if op is Ops.SCATTER:
+        return tuple(1 if i in arg[1] else s for i, s in enumerate(src))
     if op is Ops.MULTI and arg is not None:  # the parts joined along the axis
         return tuple(sum(p.shape[arg] for p in u.src) if i == arg else s for i, s in enumerate(src))
     if op is Ops.BITCAST and u.dtype.itemsize != u.src[0].dtype.itemsize:
@@ -399,7 +406,8 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
 
 
 _SAME_SHAPE_AS_SOURCES = GroupOp.ALU | {Ops.CAST}
-_SHAPED = GroupOp.Movement | GroupOp.Elementwise | {Ops.BUFFER, Ops.ARANGE, Ops.REDUCE_AXIS, Ops.GATHER, Ops.COPY,
+_SHAPED = GroupOp.Movement | GroupOp.Elementwise | {Ops.BUFFER, Ops.ARANGE, Ops.REDUCE_AXIS, Ops.GATHER, Ops.SCATTER,
+                                                   Ops.COPY,
                                                    Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN, Ops.CONTIGUOUS_BACKWARD,
                                                    Ops.MULTI, Ops.ALLREDUCE}
 _OWN_DEVICE = frozenset({Ops.DEVICE, Ops.BUFFER, Ops.COPY, Ops.MULTI, Ops.ALLREDUCE})  # not their first source's

@@ -180,6 +180,31 @@ template <class T, class F> inline T as_type(F x) {
 }
 
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
+
+// atomics on device memory (what MetalRenderer's scatters use): MSL's atomic_int, atomic_uint and (Metal 3)
+// atomic_float, reached by casting a `device T*` to `device atomic_T*`; only relaxed order exists. The emulator runs
+// a group's threads concurrently, so these are real atomics (the host compiler's __atomic builtins; a float adds in
+// a compare-and-swap loop over its bits).
+enum memory_order { memory_order_relaxed = __ATOMIC_RELAXED };
+template <class T> struct gg_atomic { T value; };
+typedef gg_atomic<int> atomic_int;
+typedef gg_atomic<uint> atomic_uint;
+typedef gg_atomic<float> atomic_float;
+inline int atomic_fetch_add_explicit(volatile atomic_int* object, int operand, memory_order) {
+  return __atomic_fetch_add(&object->value, operand, __ATOMIC_RELAXED);
+}
+inline uint atomic_fetch_add_explicit(volatile atomic_uint* object, uint operand, memory_order) {
+  return __atomic_fetch_add(&object->value, operand, __ATOMIC_RELAXED);
+}
+inline float atomic_fetch_add_explicit(volatile atomic_float* object, float operand, memory_order) {
+  volatile uint* bits = reinterpret_cast<volatile uint*>(&object->value);
+  uint seen = __atomic_load_n(bits, __ATOMIC_RELAXED);
+  while (true) {
+    float old = as_type<float>(seen);
+    uint want = as_type<uint>(old + operand);
+    if (__atomic_compare_exchange_n(bits, &seen, want, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return old;
+  }
+}
 }  // namespace metal
 
 namespace gg {

@@ -32,7 +32,8 @@ Three other tile shapes come first where they fit (the first opt is always the t
 
 A kernel with no vector axis that reduces over a contiguous row gets 16 accumulator lanes (`UNROLL`), one SIMD
 register, and 4 such registers for a long row (independent chains). Elementwise kernels vectorise as they are
-(the C renderer marks their innermost loop `omp simd`).
+(the C renderer marks their innermost loop `omp simd`); a scatter's outermost (output) axis becomes SIMD lanes
+inside its token loop (`_scatter_lanes`).
 
 GPU kernels (`gpu_launch_opts`): the *flat* and *grouped* launch shapes of `codegen/gpudims.py`, written as opts where
 their sizes divide exactly: `LOCAL`s of the innermost output axes making 256 threads (and an `UPCAST` of 4 for large
@@ -77,7 +78,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     if k.renderer.has_local:
         return gpu_launch_opts(k)
     if not k.has_reduce:
-        return []
+        return _scatter_lanes(k)
     k = k.copy()
     opts: list[Opt] = []
     vector = _vector_axis(k)
@@ -400,6 +401,22 @@ def _blocking_axis(k: Kernel, vector: int) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------- GPU launch shapes
+
+def _scatter_lanes(k: Kernel) -> list[Opt]:
+    """A CPU scatter (an accumulating store, schedule/scatter.py) loops over its output axes outermost, the reduced
+    ones inside (`KernelBuilder.build_scatter`): the outermost axis, when every load reads it contiguously or not at
+    all, is upcast by 16 (8, 4) as SIMD lanes inside the token loop, its blocks staying the outer loop the threads
+    share: `dW[row, d0 + l] += g[t, d0 + l]` a vector at a time instead of one float per cache line."""
+    if not any(u.op is Ops.STORE and u.arg is Ops.ADD for u in k.ast.toposort()):
+        return []
+    axes = k.axes_of("global")
+    if len(axes) < 2 or (size := k.size(axes[0])) is None:
+        return []
+    if any(stride not in (0, 1) for stride in k.strides(axes[0])):
+        return []
+    amount = next((w for w in (VECTOR_WIDTH, *VECTOR_SPLITS) if size % w == 0 and size > w), None)
+    return [Opt(OptOps.UPCAST, axes[0], amount)] if amount else []
+
 
 def gpu_launch_opts(k: Kernel) -> list[Opt]:
     """The launch shape gpudims would pick without opts, as LOCAL/GROUP opts when they give the same kernel."""

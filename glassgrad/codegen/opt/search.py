@@ -76,12 +76,16 @@ def stored_buffers(ast: UOp) -> list[int]:
 
 def random_inputs(ast: UOp, seed: int = 0) -> list[tuple[DType, np.ndarray]]:
     """Contents for every buffer of the kernel: random values, the outputs poisoned (NaN, or -1s) so that an element
-    a candidate forgets to write is caught."""
+    a candidate forgets to write is caught; the output of a scatter (a STORE arg=ADD) zeros, as its schedule's fill
+    kernel leaves it (candidates then differ only by the order of the adds: float rounding, within `_agrees`)."""
     rng = np.random.default_rng(seed)
     arrays = []
     outputs = stored_buffers(ast)
+    adds = {u.src[0].arg for u in ast.toposort() if u.op is Ops.STORE and u.arg is Ops.ADD}
     for index, (dtype, size) in sorted(buffer_sizes(ast).items()):
-        if index in outputs:
+        if index in adds:  # a scatter adds into its output, which its schedule fills with zeros first
+            data = np.zeros(size, dtype.np)
+        elif index in outputs:
             data = np.full(size, np.nan if dtype.is_float else -1).astype(dtype.np)
         elif dtype.is_float:
             data = rng.standard_normal(size).astype(dtype.np)
