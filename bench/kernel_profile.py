@@ -2,9 +2,9 @@
 and print the kernels by time (the top `--top`), with their shape, opts and GFLOP/s, and the time per kernel kind.
 
 In: `--workload mnist` (examples/mnist.py's CNN, Adam, `--batch`), `gpt` (bench/gpt.py's training step, AdamW;
-`--small` for its small sizes) or `generate` (one token of bench/gpt.py's cached generation), on the default device
-(`DEV=CUDA`). Out: the table. The step runs eagerly (a TinyJit
-replay runs its kernels as one CUDA graph, which cannot be timed kernel by kernel).
+`--small` for its small sizes), `gpt_bf16` (its bfloat16 GPT-2 124M row) or `generate` (one token of bench/gpt.py's
+cached generation), on the default device (`DEV=CUDA`). Out: the table. The step runs eagerly (a TinyJit replay runs
+its kernels as one CUDA graph, which cannot be timed kernel by kernel).
 
     python bench/kernel_profile.py [--batch 128] [--top 15]
     DEV=CUDA python bench/kernel_profile.py --workload gpt --top 30
@@ -25,25 +25,30 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench import mnist_step_fns  # noqa: E402
 
 
-def gpt_step(small: bool) -> Callable[[], object]:
-    """bench/gpt.py's training step (its sizes), eager: forward, backward and AdamW on a fixed batch."""
+def gpt_step(small: bool, mixed: bool = False) -> Callable[[], object]:
+    """bench/gpt.py's training step (its sizes), eager: forward, backward and AdamW on a fixed batch. `mixed`: its
+    train_bf16 row (GPT-2 124M, batch 8 x 1024, the forward under `amp.autocast(bfloat16)`)."""
     from gpt import FULL, SMALL
 
+    from glassgrad import amp, dtypes
     from glassgrad.models.gpt2 import GPT2
     from glassgrad.nn import optim
     from glassgrad.nn.state import get_parameters
     sizes = SMALL if small else FULL
+    config, batch, context = (sizes.mixed, sizes.mixed_batch, sizes.mixed_context) if mixed else \
+        (sizes.train, sizes.batch, sizes.context)
     Tensor.manual_seed(0)
-    model = GPT2(sizes.train)
+    model = GPT2(config)
     opt = optim.AdamW(get_parameters(model), lr=1e-4)
-    tokens = np.random.default_rng(0).integers(0, sizes.train.vocab_size, (sizes.batch, sizes.context + 1))
+    tokens = np.random.default_rng(0).integers(0, config.vocab_size, (batch, context + 1))
     x, y = Tensor(tokens[:, :-1].astype(np.int32)).realize(), Tensor(tokens[:, 1:].astype(np.int32)).realize()
 
     def step() -> object:
         with Tensor.train():
             opt.zero_grad()
-            loss = model(x).sparse_categorical_crossentropy(y).backward()
-            return loss.realize(*opt.schedule_step())
+            with amp.autocast(dtypes.bfloat16, enabled=mixed):
+                loss = model(x).sparse_categorical_crossentropy(y)
+            return loss.backward().realize(*opt.schedule_step())
     return step
 
 
@@ -68,10 +73,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--top", type=int, default=15)
-    parser.add_argument("--workload", choices=("mnist", "gpt", "generate"), default="mnist")
+    parser.add_argument("--workload", choices=("mnist", "gpt", "gpt_bf16", "generate"), default="mnist")
     parser.add_argument("--small", action="store_true", help="gpt, generate: bench/gpt.py's small sizes")
     args = parser.parse_args()
     steps = {"mnist": lambda: mnist_step_fns(args.batch, Device.DEFAULT)[0], "gpt": lambda: gpt_step(args.small),
+             "gpt_bf16": lambda: gpt_step(args.small, mixed=True),
              "generate": lambda: generate_step(args.small)}
     step = steps[args.workload]()
     for _ in range(2):
@@ -96,6 +102,12 @@ def main() -> None:
     print(f"{len(rows)} kernels, {total * 1e3:.1f} ms in kernels")
     for seconds, name, opts, gflops in sorted(rows, reverse=True)[:args.top]:
         print(f"{seconds * 1e3:8.2f} ms {100 * seconds / total:5.1f}% {gflops:7.1f} GFLOP/s  {name:<28} {opts}")
+    names: dict[str, list[float]] = {}
+    for seconds, name, _, _ in rows:
+        names.setdefault(name, []).append(seconds)
+    print("by name (the top ones): " + ", ".join(
+        f"{name} {len(ts)}x {sum(ts) * 1e3:.2f} ms" for name, ts in
+        sorted(names.items(), key=lambda item: -sum(item[1]))[:args.top]))
     kinds: dict[str, list[float]] = {}
     for seconds, name, _, _ in rows:  # E_ elementwise, r_ reductions; the size names the shape
         kinds.setdefault(name.split("_")[0], []).append(seconds)

@@ -511,15 +511,73 @@ def _split_parts(u: UOp) -> tuple[int, bool] | None:
     reduced = prod(u.src[0].shape[a] for a in u.arg[1])
     if not isinstance(reduced, int) or not isinstance(u.size, int):
         return None  # symbolic reductions stay one stage
+    gpu = _thread_per_output(u.device)
+    if gpu and not _matmul_shaped(u):
+        return _gpu_parts(u, reduced)
     if u.size <= SPLIT_MAX_OUTPUTS:
         factor = _split_factor(u) if reduced >= SPLIT_MIN_REDUCE else None
         return None if factor is None else (factor, False)
     if reduced < SPLIT_MIN_REDUCE_WIDE or u.size > SPLIT_MAX_OUTPUTS_WIDE:
-        factor = _gpu_fill_parts(u, reduced) if _thread_per_output(u.device) else None
+        factor = _gpu_fill_parts(u, reduced) if gpu else None
         return None if factor is None else (factor, False)
-    if _thread_per_output(u.device):
+    if gpu:
         return None if (factor := _split_factor(u)) is None else (factor, False)
     return None if (factor := _batch_parts(u)) is None else (factor, True)
+
+
+GPU_FILL_THREADS = 1 << 15  # threads that fill a large GPU (a flat kernel's threads; 256 x 128 work-groups)
+SPLIT_MIN_COLUMN = 64       # a column reduction's parts are at least this long
+
+
+def _gpu_parts(u: UOp, reduced: int) -> tuple[int, bool] | None:
+    """A GPU's reductions that are not matmul-shaped:
+    * a reduction along the innermost axis (rows: a softmax's, a LayerNorm's, a cross-entropy's over the vocabulary)
+      is read coalesced by a work-group per output (gpudims' grouped and rows shapes), so with more than
+      SPLIT_MAX_OUTPUTS outputs it stays whole: split into parts of a row, neighbouring threads would each read their
+      own part, far apart in memory (a cross-entropy over 50304 logits in 192 parts: 2-3 ms instead of about 0.6).
+      With fewer outputs, very long rows (SPLIT_MIN_REDUCE: BatchNorm's statistics) split as before.
+    * a reduction along outer axes (columns: a bias's or a LayerNorm weight's gradient, summed over the tokens) is a
+      loop per output thread, coalesced across the outputs: too few outputs to fill the GPU and a long loop are split
+      into parts, the parts outermost (neighbouring threads keep neighbouring outputs), each at least SPLIT_MIN_COLUMN
+      long, so that parts x outputs is about GPU_FILL_THREADS."""
+    if _reduces_innermost(u):
+        if u.size > SPLIT_MAX_OUTPUTS or reduced < SPLIT_MIN_REDUCE:
+            return None
+        return None if (factor := _split_factor(u)) is None else (factor, False)
+    if u.size >= GPU_FILL_THREADS or reduced < 2 * SPLIT_MIN_COLUMN:
+        return None
+    parts = 1
+    while parts * 2 * u.size <= GPU_FILL_THREADS and reduced // (parts * 2) >= SPLIT_MIN_COLUMN and parts < 256:
+        parts *= 2
+    outermost = u.src[0].shape[u.arg[1][0]]
+    while parts > 1 and outermost % parts and reduced % parts:
+        parts //= 2
+    return (parts, True) if parts > 1 else None
+
+
+def _reduces_innermost(u: UOp) -> bool:
+    """Whether the reduction runs along the innermost axis of what it reduces (a row of a row-major tensor)."""
+    return len(u.src[0].shape) - 1 in u.arg[1]
+
+
+def _matmul_shaped(u: UOp) -> bool:
+    """A sum of products of two factors that are each expanded along some axis (a matmul, a convolution, a weight
+    gradient): gpudims tiles it, and `_gpu_fill_parts` decides its split."""
+    value = u.src[0]
+    while value.op is Ops.CAST:
+        value = value.src[0]
+    if u.arg[0] is not Ops.ADD or value.op is not Ops.MUL:
+        return False
+    return all(_expanded(factor) for factor in value.src)
+
+
+def _expanded(u: UOp) -> bool:
+    """Whether movement ops (and casts) down from `u` include an EXPAND: the value repeats along some axis."""
+    while u.op in GroupOp.Movement or u.op is Ops.CAST:
+        if u.op is Ops.EXPAND:
+            return True
+        u = u.src[0]
+    return False
 
 
 def _gpu_fill_parts(u: UOp, reduced: int) -> int | None:
