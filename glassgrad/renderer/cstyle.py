@@ -208,7 +208,8 @@ class CStyleLanguage:
     def render_fragment_acc(self, name: str) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
 
-    def render_fragment(self, name: str, buf: str, index: str, kind: str) -> str:
+    def render_fragment(self, name: str, buf: str, indices: list[str], kind: str, dtype: DType) -> str:
+        """A warp's fragment `name` from shared buffer `buf`: one index per lane (ldmatrix), or one per register."""
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
 
     def render_mma(self, acc: str, row_frag: str, col_frag: str, col_half: int, dtype: DType) -> str:
@@ -321,7 +322,7 @@ class CStyleLanguage:
                 names[u] = ""  # rendered by its ACCUMULATE
             elif u.op is Ops.FRAGMENT:
                 names[u] = new_name("frag")
-                line(self.render_fragment(names[u], a[0], a[1], u.arg))
+                line(self.render_fragment(names[u], a[0], a[1:], u.arg, u.dtype))
             elif u.op is Ops.GEP:
                 names[u] = f"{a[0]}[{u.arg}]"
             elif u.op is Ops.ASYNC_COPY:
