@@ -226,13 +226,16 @@ class Emulator:
             index = np.broadcast_to(self.value(u.src[1], env), (self.threads,))
             smem[index] = np.broadcast_to(self.value(u.src[2], env), (self.threads,))
             return
-        _, at, buf, index, *gate = u.src  # 16 bytes: 4 floats from global index to shared index
+        _, at, buf, index, *gate = u.src
         if gate:
             lanes = np.broadcast_to(self.value(gate[0], env), (self.threads,))
-        at_v = np.broadcast_to(self.value(at, env), (self.threads,))[lanes]
-        index_v = np.broadcast_to(self.value(index, env), (self.threads,))[lanes]
-        for e in range(4):
-            smem[at_v + e] = self.bufs[buf.arg][index_v + e]
+        at_v = np.broadcast_to(self.value(at, env), (self.threads,))
+        index_v = np.broadcast_to(self.value(index, env), (self.threads,))
+        if u.arg == 4:  # one float; src-size 0 where the gate is off: zeros, nothing read
+            smem[at_v] = np.where(lanes, self.bufs[buf.arg][np.where(lanes, index_v, 0)], 0.0)
+            return
+        for e in range(4):  # 16 bytes: 4 floats from global index to shared index, skipped where the gate is off
+            smem[at_v[lanes] + e] = self.bufs[buf.arg][index_v[lanes] + e]
 
     def run(self, out: np.ndarray) -> None:
         lanes = np.arange(self.threads)
@@ -271,8 +274,12 @@ class Emulator:
         return np.concatenate([mma_m16n8k8(a[:, w:w + 32], b[:, w:w + 32]) for w in range(0, self.threads, 32)], 1)
 
 
-def emulate_tf32(t: Tensor) -> np.ndarray:
-    """Render `t`'s one kernel for sm_90 with ALLOW_TF32=1 and run the emulation of it on `t`'s inputs."""
+COPIES = {"16-byte": "gg_cp_async(&", "4-byte": "gg_cp_async4(&", "registers": "__syncthreads();"}
+
+
+def emulate_tf32(t: Tensor, copies: str) -> np.ndarray:
+    """Render `t`'s one kernel for sm_90 with ALLOW_TF32=1 and run the emulation of it on `t`'s inputs. `copies`:
+    how the kernel must copy its tiles (a key of COPIES), so each path is known to be the one emulated."""
     schedule, _ = create_schedule([t.uop])
     assert len(schedule) == 1
     item: ScheduleItem = schedule[0]
@@ -288,7 +295,8 @@ def emulate_tf32(t: Tensor) -> np.ndarray:
             spec = get_program(item.ast, CUDARenderer("sm_90"))
     finally:
         codegen.gpu_dims = original  # type: ignore[assignment]
-    assert TF32_MMA in spec.source
+    assert TF32_MMA in spec.source and COPIES[copies] in spec.source
+    assert copies != "registers" or "cp.async" not in spec.source
     sink, (grid, _, _), (threads, _, _) = captured[-1]
     bufs = {i: b.numpy() for i, b in enumerate(item.bufs) if i > 0}
     out = np.full(item.bufs[0].size, np.nan)
@@ -305,22 +313,32 @@ def check_tf32(out: np.ndarray, exact: np.ndarray, rounded: np.ndarray, bound: n
     assert np.linalg.norm(out - exact) > 20 * np.linalg.norm(out - rounded)
 
 
-@pytest.mark.parametrize("m,k,n", [(256, 32, 256),     # whole tiles: cp.async, 3 stages
-                                   (130, 20, 200),     # remainders everywhere: register copies, gated
-                                   (64, 77, 129)])
-def test_emulated_tf32_matmul(m: int, k: int, n: int) -> None:
+@pytest.mark.parametrize("m,k,n,copies", [(256, 32, 256, "16-byte"),  # whole tiles: 3 stages
+                                          (130, 20, 200, "4-byte"),   # remainders everywhere: zero-filled
+                                          (64, 77, 129, "4-byte")])
+def test_emulated_tf32_matmul(m: int, k: int, n: int, copies: str) -> None:
     rng = np.random.default_rng(m + k + n)
     a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
-    out = emulate_tf32(Tensor(a) @ Tensor(b))
+    out = emulate_tf32(Tensor(a) @ Tensor(b), copies)
     ra, rb = tf32_round(a).astype(np.float64), tf32_round(b).astype(np.float64)
     check_tf32(out, a.astype(np.float64) @ b, ra @ rb, np.abs(a).astype(np.float64) @ np.abs(b))
 
 
+def test_emulated_tf32_computed_factor() -> None:
+    """A factor computed on the fly (relu) is copied through registers, double-buffered."""
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((130, 40), dtype=np.float32), rng.standard_normal((40, 200), dtype=np.float32)
+    out = emulate_tf32(Tensor(a).relu() @ Tensor(b), "registers")
+    ra = np.maximum(a, 0)
+    check_tf32(out, ra.astype(np.float64) @ b, tf32_round(ra).astype(np.float64) @ tf32_round(b),
+               np.abs(ra).astype(np.float64) @ np.abs(b))
+
+
 def test_emulated_tf32_transposed_and_batched() -> None:
-    """A transposed factor (copied through registers into the [row][k] tile) and a batch axis."""
+    """A transposed factor (4-byte copies into the [row][k] tile) and a batch axis."""
     rng = np.random.default_rng(7)
     a, b = rng.standard_normal((2, 48, 128), dtype=np.float32), rng.standard_normal((2, 48, 192), dtype=np.float32)
-    out = emulate_tf32(Tensor(a).permute(0, 2, 1) @ Tensor(b))
+    out = emulate_tf32(Tensor(a).permute(0, 2, 1) @ Tensor(b), "4-byte")
     at = a.transpose(0, 2, 1)
     check_tf32(out, at.astype(np.float64) @ b, tf32_round(at).astype(np.float64) @ tf32_round(b),
                np.abs(at).astype(np.float64) @ np.abs(b))
@@ -337,7 +355,7 @@ def conv_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 def test_emulated_tf32_conv() -> None:
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal((2, 8, 10, 10), dtype=np.float32), rng.standard_normal((64, 8, 3, 3), dtype=np.float32)
-    out = emulate_tf32(Tensor(x).conv2d(Tensor(w), padding=1))
+    out = emulate_tf32(Tensor(x).conv2d(Tensor(w), padding=1), "4-byte")
     check_tf32(out, conv_reference(x, w), conv_reference(tf32_round(x), tf32_round(w)),
                conv_reference(np.abs(x), np.abs(w)))
 
@@ -394,13 +412,15 @@ def test_every_tf32_access_is_in_bounds(name: str) -> None:
             for index in u.src[1:]:
                 check_access(UOp(Ops.LOAD, dtypes.float32, (u.src[0], index)), _shared(u).arg[1], "fragment")
                 checked += 1
-        elif u.op is Ops.ASYNC_COPY:
-            gate = u.src[4:]
-            for end in (0, 3):
+        elif u.op is Ops.ASYNC_COPY:  # 16 bytes (skipped where gated off), or 4 (zeros written where gated off)
+            gate, ends = u.src[4:], ((0,) if u.arg == 4 else (0, 3))
+            for end in ends:
                 check_access(UOp(Ops.LOAD, u.src[2].dtype, (u.src[2], u.src[3] + end, *gate)),
                              item.bufs[u.src[2].arg].size, "async copy from global")
-                check_access(UOp(Ops.LOAD, dtypes.float32, (_shared(u), u.src[1] + end, *gate)),
+                check_access(UOp(Ops.LOAD, dtypes.float32, (_shared(u), u.src[1] + end,
+                                                            *(gate if u.arg != 4 else ()))),
                              _shared(u).arg[1], "async copy to shared")
+            checked += 1
         elif u.op in (Ops.LOAD, Ops.STORE):
             buf = u.src[0] if u.src[0].op is Ops.DEFINE_GLOBAL else _shared(u)
             size = buf.arg[1] if buf.op is Ops.DEFINE_LOCAL else item.bufs[buf.arg].size
@@ -428,13 +448,18 @@ def test_tf32_kernels_compile_for_sm_90(name: str, nvrtc: Any) -> None:
         assert nvrtc.compile(spec.source)[:4] == b"\x7fELF"
 
 
-def test_whole_tiles_copy_with_cp_async_and_odd_offsets_do_not() -> None:
-    """cp.async moves 16 bytes from 16-byte aligned addresses: a view starting one float in copies via registers."""
+def test_how_the_tiles_are_copied() -> None:
+    """16-byte cp.async for whole tiles of plain contiguous factors; 4-byte cp.async (zero-filled where gated off)
+    for remainders, a pad's zeros, odd strides or a view starting one float in (16-byte copies need 16-byte
+    aligned addresses); through registers for a computed factor."""
     whole = cuda_source(matmul(256, 64, 256), True)
-    assert "gg_cp_async(&" in whole and "cp.async.wait_group 1;" in whole
+    assert "gg_cp_async(&" in whole and "gg_cp_async4" not in whole and "cp.async.wait_group 1;" in whole
     big = Tensor.empty(256, 65)
-    shifted = cuda_source(lambda: big[:, 1:] @ Tensor.empty(64, 256), True)
-    assert TF32_MMA in shifted and "gg_cp_async(&" not in shifted
+    for gathered in (lambda: big[:, 1:] @ Tensor.empty(64, 256), matmul(1000, 77, 1023), conv(2, 16, 64, 12)):
+        source = cuda_source(gathered, True)
+        assert TF32_MMA in source and "gg_cp_async4(&" in source and "gg_cp_async(&" not in source
+    computed = cuda_source(lambda: Tensor.empty(130, 64).relu() @ Tensor.empty(64, 200), True)
+    assert TF32_MMA in computed and "cp.async" not in computed
 
 
 # ---------------------------------------------------------------- on a GPU

@@ -570,7 +570,10 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp
     b = _block(plan, kind.tile_k, kind.tile_k // kind.mma_k, 32 * WARPS[0] * WARPS[1])
     dt = b.dt
     tile_size = TILE * kind.tile_k  # elements of one factor's tile
-    asynchronous = _copy_runs(_tc_copies(plan, b, kind, (x, y), b.k_outer, 2), kind.chunk) is not None
+    sample = _tc_copies(plan, b, kind, (x, y), b.k_outer, 2)
+    # cp.async: 16-byte runs, or (float32) one gathered element each, zero-filled where its gate is off
+    asynchronous = _copy_runs(sample, kind.chunk) is not None or \
+        (kind.tf32 and all(_gathered(value) is not None for _, value in sample))
     stages = ASYNC_STAGES if asynchronous else 2
     smem = UOp(Ops.DEFINE_LOCAL, x.dtype, (), (0, 2 * stages * tile_size))
     tiles = math.ceil(b.k_size / kind.tile_k)
@@ -705,11 +708,33 @@ def _multiple_of(index: UOp, n: int) -> bool:
 
 
 def _async_copies(order: UOp, copies: list[tuple[UOp, UOp]], gate: UOp | None) -> list[UOp]:
-    """ASYNC_COPY nodes (issued after `order`, only where `gate` holds) for the runs of `copies`."""
+    """ASYNC_COPY nodes (issued after `order`) for `copies`: one 16-byte copy per run, skipped where `gate` is off
+    (arg None); else, for float32 loads, one 4-byte copy per element (arg 4) of `_gathered` loads, zero-filled
+    where `gate` or the element's own gate is off (a pad's zeros, a tile's remainder)."""
     runs = _copy_runs(copies, 16 // copies[0][1].dtype.itemsize)
-    assert runs is not None
-    return [UOp(Ops.ASYNC_COPY, dtypes.void, (order, index, *load.src, *((gate,) if gate is not None else ())))
-            for index, load in runs]
+    if runs is not None:
+        return [UOp(Ops.ASYNC_COPY, dtypes.void, (order, index, *load.src, *((gate,) if gate is not None else ())))
+                for index, load in runs]
+    out = []
+    for index, value in copies:
+        gathered = _gathered(value)
+        assert gathered is not None and value.dtype.itemsize == 4
+        buf, element, valid = gathered
+        valid = _both(valid, gate)
+        out.append(UOp(Ops.ASYNC_COPY, dtypes.void, (order, index, buf, element, *((valid,) if valid is not None
+                                                                                  else ())), 4))
+    return out
+
+
+def _gathered(value: UOp) -> tuple[UOp, UOp, UOp | None] | None:
+    """(buffer, index, gate or None) when `value` is a global load under zero masks (`where(c, load, 0)`, nested;
+    the load's own gate): the element a 4-byte cp.async with zero-fill copies. None for anything computed."""
+    valid: UOp | None = None
+    while value.op is Ops.WHERE and value.src[2].op is Ops.CONST and value.src[2].arg == 0:
+        valid, value = _both(valid, value.src[0]), value.src[1]
+    if value.op is not Ops.LOAD or value.src[0].op is not Ops.DEFINE_GLOBAL or value.dtype.itemsize != 4:
+        return None
+    return value.src[0], value.src[1], _both(valid, value.src[2] if len(value.src) == 3 else None)
 
 
 def _positions(operand: Operand, flat: UOp) -> dict[UOp, UOp]:

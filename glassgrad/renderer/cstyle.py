@@ -218,6 +218,9 @@ class CStyleLanguage:
     def render_async_copy(self, smem: str, index: str, buf: str, buf_index: str) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
 
+    def render_async_copy_element(self, smem: str, index: str, buf: str, buf_index: str, gate: str | None) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
+
     def render_async_commit(self) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
 
@@ -325,6 +328,8 @@ class CStyleLanguage:
                 line(self.render_fragment(names[u], a[0], a[1:], u.arg, u.dtype))
             elif u.op is Ops.GEP:
                 names[u] = f"{a[0]}[{u.arg}]"
+            elif u.op is Ops.ASYNC_COPY and u.arg == 4:  # one element, zeros where the gate is off
+                line(self.render_async_copy_element(a[0], a[1], a[2], a[3], a[4] if len(a) == 5 else None))
             elif u.op is Ops.ASYNC_COPY:
                 line(f"{'if (' + a[4] + ') ' if len(a) == 5 else ''}{self.render_async_copy(a[0], a[1], a[2], a[3])}")
             elif u.op in (Ops.ASYNC_COMMIT, Ops.ASYNC_WAIT):  # they yield the shared buffer

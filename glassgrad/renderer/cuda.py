@@ -36,6 +36,12 @@ __device__ __forceinline__ void gg_cp_async(void* dst, const void* src) {
   unsigned d = (unsigned)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src) : "memory");
 }"""
+# one 4-byte element; src-size 0 reads nothing and writes zeros (a pad's zeros, past a tile's end)
+_ASYNC_ELEMENT_HELPER = """\
+__device__ __forceinline__ void gg_cp_async4(void* dst, const void* src, bool full) {
+  unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(d), "l"(src), "r"(full ? 4 : 0) : "memory");
+}"""
 _MMA = """\
 __device__ __forceinline__ void gg_mma_{name}(float* c, const unsigned* a, const unsigned* b) {{
   asm("mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
@@ -125,6 +131,11 @@ class CUDARenderer(CStyleLanguage):
     def render_async_copy(self, smem: str, index: str, buf: str, buf_index: str) -> str:
         return f"gg_cp_async(&{smem}[{index}], &{buf}[{buf_index}]);"
 
+    def render_async_copy_element(self, smem: str, index: str, buf: str, buf_index: str, gate: str | None) -> str:
+        if gate is None:
+            return f"gg_cp_async4(&{smem}[{index}], &{buf}[{buf_index}], true);"
+        return f"gg_cp_async4(&{smem}[{index}], &{buf}[{gate} ? {buf_index} : 0], {gate});"
+
     def render_async_commit(self) -> str:
         return 'asm volatile("cp.async.commit_group;" ::: "memory");'
 
@@ -140,8 +151,10 @@ class CUDARenderer(CStyleLanguage):
             headers.append("#include <cuda_bf16.h>")
         if "gg_bitcast" in text:
             headers.append(_BITCAST_HELPER)
-        if "gg_cp_async" in text:
+        if "gg_cp_async(" in text:
             headers.append(_ASYNC_HELPERS)
+        if "gg_cp_async4(" in text:
+            headers.append(_ASYNC_ELEMENT_HELPER)
         if "gg_ldmatrix" in text:
             headers.append(_MMA_HELPERS)
         if "gg_tf32" in text:
