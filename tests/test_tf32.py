@@ -305,12 +305,14 @@ def emulate_tf32(t: Tensor, copies: str) -> np.ndarray:
 
 
 def check_tf32(out: np.ndarray, exact: np.ndarray, rounded: np.ndarray, bound: np.ndarray) -> None:
-    """`out` matches the float64 result on tf32-rounded inputs (`rounded`) to float32 accuracy, and the exact one
-    within TF32's bound (`bound`: each product off by at most 2^-10 of |a||b|), and is measurably not exact."""
+    """`out` matches the float64 result on tf32-rounded inputs (`rounded`: the products of tf32 values are exact
+    in float32, so only the float32 accumulation differs), and the exact one within TF32's bound (`bound` = |a||b|:
+    each product off by at most 2^-10 of it), and is several times closer to `rounded` than to `exact`: the factors
+    were rounded (an exact float32 kernel would be closer to `exact`)."""
     assert np.isfinite(out).all()
-    assert np.abs(out - rounded).max() <= 1e-5 * np.abs(rounded).max()
-    assert (np.abs(out - exact) <= 2.0 ** -10 * bound + 1e-5 * np.abs(exact).max()).all()
-    assert np.linalg.norm(out - exact) > 20 * np.linalg.norm(out - rounded)
+    assert np.abs(out - rounded).max() <= 1e-4 * np.abs(rounded).max()
+    assert (np.abs(out - exact) <= 2.0 ** -10 * bound + 1e-4 * np.abs(exact).max()).all()
+    assert np.linalg.norm(out - exact) > 5 * np.linalg.norm(out - rounded)
 
 
 @pytest.mark.parametrize("m,k,n,copies", [(256, 32, 256, "16-byte"),  # whole tiles: 3 stages
