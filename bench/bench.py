@@ -6,6 +6,7 @@ ratio (>1 means glassgrad is faster). Absolute times on shared machines drift; r
 
     python bench/bench.py
     python bench/bench.py --suite wide [--device CUDA]
+    python bench/bench.py --device CUDA --only TF32     # float32 on the tensor cores, both sides (ALLOW_TF32=1)
 """
 from __future__ import annotations
 
@@ -247,6 +248,7 @@ def gpu_rows(device: str, repeat: int, only: str = "") -> list[tuple[str, str, f
         rows.append(("conv2d 64x64x56^2->128 3x3", "TFLOP/s", 2 * 64 * 128 * 56 * 56 * 64 * 9 / 1e12,
                      gpu_kernel_time(lambda: gi.conv2d(gw, padding=1).realize(), repeat),
                      torch_gpu_time(lambda: torch.nn.functional.conv2d(ti, tw, padding=1), repeat)))
+    rows += tf32_rows(pair, want, repeat)
     m = 64 * 1024 * 1024
     # each row is timed only when asked for (with BEAM=n, every kernel that runs is searched)
     if want("(a*b+c).relu() 64M") or want("a*2 64M"):
@@ -278,6 +280,30 @@ def gpu_rows(device: str, repeat: int, only: str = "") -> list[tuple[str, str, f
         rows.append(("MNIST train step b512 (TinyJit)", "steps/s", 1.0,
                      timeit(mnist_glassgrad_step(512, device, jit=True), repeat), t_torch))
     return [row for row in rows if want(row[0])]
+
+
+def tf32_rows(pair: Callable[..., tuple[Tensor, Any]], want: Callable[[str], bool],
+              repeat: int) -> list[tuple[str, str, float, float, float]]:
+    """The float32 matmul and conv rows again with TF32 on both sides: glassgrad's ALLOW_TF32=1 against PyTorch with
+    `torch.backends.cuda.matmul.allow_tf32` / `torch.backends.cudnn.allow_tf32` (cuDNN's default) on."""
+    assert torch is not None
+    rows = []
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        with Context(ALLOW_TF32=1):  # read when the kernels are built, inside the timed calls' first runs
+            if want("matmul 4096 float32 TF32"):
+                (ga, ta), (gb, tb) = pair(4096, 4096), pair(4096, 4096)
+                rows.append(("matmul 4096 float32 TF32", "TFLOP/s", 2 * 4096**3 / 1e12,
+                             gpu_kernel_time(lambda: (ga @ gb).realize(), repeat),
+                             torch_gpu_time(lambda: ta @ tb, repeat)))
+            if want("conv2d 64x64x56^2->128 3x3 TF32"):
+                (gi, ti), (gw, tw) = pair(64, 64, 56, 56), pair(128, 64, 3, 3)
+                rows.append(("conv2d 64x64x56^2->128 3x3 TF32", "TFLOP/s", 2 * 64 * 128 * 56 * 56 * 64 * 9 / 1e12,
+                             gpu_kernel_time(lambda: gi.conv2d(gw, padding=1).realize(), repeat),
+                             torch_gpu_time(lambda: torch.nn.functional.conv2d(ti, tw, padding=1), repeat)))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    return rows
 
 
 def print_gpu(device: str, repeat: int, only: str = "") -> None:

@@ -61,6 +61,16 @@ SCACHE = ContextVar("SCACHE", 1)  # reuse the schedule of a graph with the struc
 TIMING = ContextVar("TIMING", 0)  # time every kernel on the device (adds a sync per kernel); DEBUG>=2 implies it
 IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0)  # BEAM searches again instead of reading its disk cache
 BEAM_BUDGET = ContextVar("BEAM_BUDGET", 60)  # seconds one kernel's BEAM search may take; then the best so far wins
+# float32 matmuls and convolutions on a GPU with tensor cores (sm_80+) round their factors to TensorFloat-32 (10
+# mantissa bits; float32 range and accumulation): several times faster, ~1e-3 relative error. Opt-in, as in tinygrad
+ALLOW_TF32 = ContextVar("ALLOW_TF32", 0)
+
+
+def kernel_flags() -> tuple[int, ...]:
+    """The flags that change the kernel codegen builds for an AST (read when the kernel is built): part of the key
+    of every cache of built kernels (engine/realize.py's, BEAM's, the JIT's captures), so that switching one never
+    reuses a kernel built under the other setting. The compile cache is keyed by the source, which they change."""
+    return (int(ALLOW_TF32),)
 
 # tinygrad's flags that glassgrad has under another name: tinygrad's name -> (glassgrad's, value conversion)
 FLAG_ALIASES: dict[str, tuple[str, Callable[[int], int]]] = {
@@ -73,7 +83,7 @@ TINYGRAD_ONLY_FLAGS = frozenset({
     "ALLREDUCE_CAST", "VALIDATE_WITH_CPU", "DISABLE_FAST_IDIV", "FUSE_OPTIM", "ALLOW_DEVICE_USAGE", "MAX_BUFFER_SIZE",
     "MAX_KERNEL_BUFFERS", "EMULATED_DTYPES", "DEFAULT_FLOAT", "DEFAULT_INT", "CAPTURE_PROCESS_REPLAY",
     "NUM_CPU_THREADS", "NULL_ALLOW_COPYOUT", "VIZ", "PARALLEL", "PROFILE", "SPEC", "CHECK_OOB", "PCONTIG",
-    "DEBUG_RANGEIFY", "TUPLE_ORDER", "CCACHE", "ALLOW_TF32", "USE_ATOMICS", "DISALLOW_BROADCAST",
+    "DEBUG_RANGEIFY", "TUPLE_ORDER", "CCACHE", "USE_ATOMICS", "DISALLOW_BROADCAST",
 })
 
 

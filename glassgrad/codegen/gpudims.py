@@ -30,7 +30,9 @@ gates every load with `l + step*L < n`.
   loops, `y` of the others). A block computes a 128 x 128 tile of outputs from tiles of both factors copied into
   shared memory (`DEFINE_LOCAL`, `BARRIER`): in float32 each of 256 threads an 8 x 8 register tile; for
   float16/bfloat16 with whole tiles on a target with tensor cores, 4 warps of 64 x 64 with ldmatrix + mma.sync
-  (`FRAGMENT`, `WMMA`, `GEP`) fed by cp.async (`ASYNC_COPY`, `ASYNC_COMMIT`, `ASYNC_WAIT`).
+  m16n8k16 (`FRAGMENT`, `WMMA`, `GEP`) fed by cp.async (`ASYNC_COPY`, `ASYNC_COMMIT`, `ASYNC_WAIT`). With
+  `tf32=True` (ALLOW_TF32=1, opt-in: it rounds the factors to 10 mantissa bits) float32 products take the same
+  4 warps on mma.sync m16n8k8 .tf32 (fragments read with plain shared loads and cvt.rna.tf32), remainders included.
 
 Every shape's 64-bit index arithmetic becomes 32-bit where it provably fits (`narrow_indices`).
 """
@@ -63,13 +65,14 @@ _INDEX_OPS = frozenset({Ops.RANGE, Ops.CONST, Ops.SPECIAL, Ops.ADD, Ops.MUL, Ops
 
 
 def gpu_dims(ast: UOp, local_order: tuple[UOp, ...] = (), local_size: int = LOCAL_SIZE,
-             tensor_cores: bool = False) -> tuple[UOp, Grid, Dims]:
+             tensor_cores: bool = False, tf32: bool = False) -> tuple[UOp, Grid, Dims]:
     """`local_order`: the kernel's local ranges (from `Opt(LOCAL)`), outermost first. `tensor_cores`: the target
-    has mma.sync (half/bfloat16 matmuls with whole tiles use them)."""
+    has mma.sync (half/bfloat16 matmuls with whole tiles use them). `tf32`: float32 matmuls may use them too, on
+    factors rounded to TensorFloat-32 (ALLOW_TF32=1; ignored without tensor cores)."""
     if any(u.op is Ops.RANGE and u.arg[1] in ("local", "group") for u in ast.toposort()):
         ast, global_size, local = _from_opts(ast, local_order)
     else:
-        ast, global_size, local = _launch_shape(ast, local_size, tensor_cores)
+        ast, global_size, local = _launch_shape(ast, local_size, tensor_cores, tensor_cores and tf32)
     return narrow_indices(ast), global_size, local
 
 
@@ -91,13 +94,13 @@ def automatic_shape(ast: UOp) -> str:
     return "flat"
 
 
-def _launch_shape(ast: UOp, local_size: int, tensor_cores: bool) -> tuple[UOp, Grid, Dims]:
+def _launch_shape(ast: UOp, local_size: int, tensor_cores: bool, tf32: bool) -> tuple[UOp, Grid, Dims]:
     nodes = ast.toposort()
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
     reduces = [u for u in nodes if u.op is Ops.REDUCE]
     shape = automatic_shape(ast)
     if shape == "tiled":
-        return _tiled(ast, cast(MatmulPlan, matmul_plan(ast, nodes, global_ranges, reduces)), tensor_cores)
+        return _tiled(ast, cast(MatmulPlan, matmul_plan(ast, nodes, global_ranges, reduces)), tensor_cores, tf32)
     if shape == "rows":
         return _rows(ast, nodes, cast(tuple[list[UOp], list[UOp]], _row_split(global_ranges, reduces)), reduces,
                      local_size)
@@ -450,14 +453,14 @@ def _output(plan: MatmulPlan, b: _Block, result: UOp, row: UOp, col: UOp) -> UOp
     return store if valid is None else store.replace(src=(*store.src[:3], valid))
 
 
-def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool) -> tuple[UOp, Dims, Dims]:
+def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool, tf32: bool = False) -> tuple[UOp, Dims, Dims]:
     """Each block computes a TILE x TILE tile of outputs (NARROW_TILE along an axis shorter than MIN_SIDE: 64
     threads), each thread an 8 x 8 register tile of it (one REDUCE per output: the linearizer gives them one loop).
     Per TILE_K step of the reduction the block copies both factors' tiles into shared memory (double-buffered: one
     barrier per step), then every thread reads its 8 + 8 factors per k from there. Tiles past the end of an axis
     read zeros and store nothing."""
-    if tensor_cores and _tensor_core_operands(plan) is not None:
-        return _tensor_core_tiled(ast, plan)
+    if tensor_cores and (kind := _tensor_core_kind(plan, tf32)) is not None:
+        return _tensor_core_tiled(ast, plan, kind)
     row_tile, col_tile = plan.rows.tile, plan.cols.tile
     col_threads = col_tile // PER_THREAD
     b = _block(plan, TILE_K, TILE_K, row_tile // PER_THREAD * col_threads)
@@ -489,12 +492,42 @@ def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool) -> tuple[UOp, Dims, D
     return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
 
 
-# tensor cores: mma.sync m16n8k16 (float16/bfloat16 in, float32 accumulators)
-TC_TILE_K = 32          # reduction elements per shared-memory tile (two mma k-steps of 16)
+# tensor cores: mma.sync m16n8k16 (float16/bfloat16 in) or m16n8k8 (tf32 in), float32 accumulators
 ASYNC_STAGES = 3        # tiles in shared memory with cp.async: two in flight while one is multiplied (48 KB)
 WARPS = (2, 2)          # warps of a block along rows and columns; each computes a 64 x 64 part of the tile
-MMA_M, MMA_N, MMA_K = 16, 8, 16
-CHUNK = 8               # halves in 16 bytes: the unit of cp.async, of an ldmatrix row, and of the swizzle
+MMA_M, MMA_N = 16, 8
+CHUNK_BYTES = 16        # the unit of cp.async, of an ldmatrix row, and of the swizzle
+
+
+@dataclass(frozen=True)
+class TensorCoreKind:
+    """What differs between the tensor-core tiles: the factors' dtype in shared memory, the k of one mma, and the k
+    of one shared-memory tile (64-byte rows of the rows factor in both kinds: the swizzle is the same)."""
+    dtype: DType
+    mma_k: int
+    tile_k: int
+
+    @property
+    def chunk(self) -> int:
+        """Elements in 16 bytes."""
+        return CHUNK_BYTES // self.dtype.itemsize
+
+    @property
+    def tf32(self) -> bool:
+        return self.dtype == dtypes.float32
+
+
+TF32 = TensorCoreKind(dtypes.float32, 8, 16)
+
+
+def _tensor_core_kind(plan: MatmulPlan, tf32: bool) -> tuple[TensorCoreKind, UOp, UOp] | None:
+    """(kind, the two values its tiles hold) when the tiled kernel `plan` can run on the tensor cores: half/bfloat16
+    factors with whole tiles (m16n8k16), or with `tf32` float32 factors (m16n8k8, any sizes); None otherwise."""
+    if (operands := _tensor_core_operands(plan)) is not None:
+        return TensorCoreKind(operands[0].dtype, 16, 32), *operands
+    if tf32 and _tf32_operands(plan):
+        return TF32, plan.rows.value, plan.cols.value
+    return None
 
 
 def _tensor_core_operands(plan: MatmulPlan) -> tuple[UOp, UOp] | None:
@@ -505,57 +538,72 @@ def _tensor_core_operands(plan: MatmulPlan) -> tuple[UOp, UOp] | None:
         return None
     if x.src[0].dtype not in (dtypes.float16, dtypes.bfloat16) or plan.reduce.dtype != dtypes.float32:
         return None
-    if plan.rows.size % TILE or plan.cols.size % TILE or _reduce_size(plan.reduce) % TC_TILE_K:
+    if plan.rows.size % TILE or plan.cols.size % TILE or _reduce_size(plan.reduce) % 32:
         return None
     return x.src[0], y.src[0]
 
 
-def _tensor_core_tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
+def _tf32_operands(plan: MatmulPlan) -> bool:
+    """A float32 product of float32 factors (not widened halves: those stay exact) summed in float32, both tile axes
+    TILE wide (64 outputs or more). Remainders are fine: the tiles copied into shared memory hold zeros past the
+    ends, the fragments read whole tiles there, and the stores past the ends are gated off."""
+    x, y = plan.rows.value, plan.cols.value
+    if plan.reduce.dtype != dtypes.float32 or x.dtype != dtypes.float32 or y.dtype != dtypes.float32:
+        return False
+    return plan.rows.tile == plan.cols.tile == TILE and not _widened(x) and not _widened(y)
+
+
+def _widened(value: UOp) -> bool:
+    """`value` (under a pad's masks) is a float16/bfloat16 value cast to float32."""
+    while value.op is Ops.WHERE and value.src[2].op is Ops.CONST:
+        value = value.src[1]
+    return value.op is Ops.CAST and value.src[0].dtype in (dtypes.float16, dtypes.bfloat16)
+
+
+def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp, UOp]) -> tuple[UOp, Dims, Dims]:
     """Like `_tiled`, but the 4 warps of a block each multiply a 64 x 64 part of the tile on the tensor cores:
-    per k-step of 16 a warp loads 4 row fragments and 4 column-fragment pairs from shared memory (ldmatrix) and
-    issues 4 x 8 mma.sync, each adding a 16 x 8 product into 4 float32 accumulators per thread (one REDUCE per
-    mma tile, whose value is a WMMA; GEP picks an accumulator for the output it holds). Plain contiguous factors
-    are copied with cp.async, ASYNC_STAGES tiles deep; others through registers, double-buffered."""
-    x, y = _tensor_core_operands(plan)  # type: ignore[misc]
-    b = _block(plan, TC_TILE_K, TC_TILE_K // MMA_K, 32 * WARPS[0] * WARPS[1])
+    per mma k-step a warp loads its row and column fragments from shared memory (ldmatrix for halves, plain loads
+    for tf32) and issues 4 x 8 mma.sync, each adding a 16 x 8 product into 4 float32 accumulators per thread (one
+    REDUCE per mma tile, whose value is a WMMA; GEP picks an accumulator for the output it holds). Plain contiguous
+    factors are copied with cp.async, ASYNC_STAGES tiles deep; others through registers, double-buffered."""
+    kind, x, y = tc
+    b = _block(plan, kind.tile_k, kind.tile_k // kind.mma_k, 32 * WARPS[0] * WARPS[1])
     dt = b.dt
-    tile_size = TILE * TC_TILE_K  # halves of one factor's tile
-    asynchronous = _copy_runs(_tc_copies(plan, b, (x, y), b.k_outer, 2), CHUNK) is not None
+    tile_size = TILE * kind.tile_k  # elements of one factor's tile
+    sample = _tc_copies(plan, b, kind, (x, y), b.k_outer, 2)
+    # cp.async: 16-byte runs, or (float32) one gathered element each, zero-filled where its gate is off
+    asynchronous = _copy_runs(sample, kind.chunk) is not None or \
+        (kind.tf32 and all(_gathered(value) is not None for _, value in sample))
     stages = ASYNC_STAGES if asynchronous else 2
     smem = UOp(Ops.DEFINE_LOCAL, x.dtype, (), (0, 2 * stages * tile_size))
-    tiles = math.ceil(b.k_size / TC_TILE_K)
+    tiles = math.ceil(b.k_size / kind.tile_k)
     if not asynchronous:
-        reader = UOp(Ops.BARRIER, smem.dtype, (smem, *(UOp(Ops.STORE, dtypes.void, (smem, i, v))
-                                                       for i, v in _tc_copies(plan, b, (x, y), b.k_outer, stages))))
+        stores = [UOp(Ops.STORE, dtypes.void, (smem, i, v)) for i, v in _tc_copies(plan, b, kind, (x, y), b.k_outer,
+                                                                                  stages)]
+        reader = UOp(Ops.BARRIER, smem.dtype, (smem, *stores))
     else:  # tiles 0..S-2 before the loop; in step k: wait for tile k, barrier, start tile k+S-1, multiply tile k
         committed = smem
         for t in range(stages - 1):  # S-1 groups (empty past the last tile): the wait below counts on them
-            copies = _async_copies(committed, _tc_copies(plan, b, (x, y), UOp.const(dt, t), stages), None) \
+            first = _async_copies(committed, _tc_copies(plan, b, kind, (x, y), UOp.const(dt, t), stages), None) \
                 if t < tiles else []
-            committed = UOp(Ops.ASYNC_COMMIT, smem.dtype, (committed, *copies))
+            committed = UOp(Ops.ASYNC_COMMIT, smem.dtype, (committed, *first))
         wait = UOp(Ops.ASYNC_WAIT, smem.dtype, (committed, b.k_outer), stages - 2)
         barrier = UOp(Ops.BARRIER, smem.dtype, (wait,))  # tile k landed for all; all are done with tile k-1
         ahead = b.k_outer + UOp.const(dt, stages - 1)
-        copies = _async_copies(barrier, _tc_copies(plan, b, (x, y), ahead, stages), ahead < UOp.const(dt, tiles))
-        reader = UOp(Ops.ASYNC_COMMIT, smem.dtype, (barrier, *copies))
-    stage = b.k_outer % UOp.const(dt, stages)
+        later = _async_copies(barrier, _tc_copies(plan, b, kind, (x, y), ahead, stages), ahead < UOp.const(dt, tiles))
+        reader = UOp(Ops.ASYNC_COMMIT, smem.dtype, (barrier, *later))
     warp, lane = b.lidx // UOp.const(dt, 32), b.lidx % UOp.const(dt, 32)
     warp_row = (warp // UOp.const(dt, WARPS[1])) * UOp.const(dt, TILE // WARPS[0])
     warp_col = (warp % UOp.const(dt, WARPS[1])) * UOp.const(dt, TILE // WARPS[1])
-    k0 = b.k_inner * UOp.const(dt, MMA_K)
-    lane16, lane_half = lane % UOp.const(dt, 16), (lane // UOp.const(dt, 16)) * UOp.const(dt, CHUNK)
-    m_tiles, n_tiles = TILE // WARPS[0] // MMA_M, TILE // WARPS[1] // MMA_N
-    # ldmatrix.x4: lane l gives the address of row l%16 (and k half l/16) of a 16 x 16 row fragment, or of k row
-    # l%16 (and column half l/16) of a 16 x 16 block of the [k][col] tile: two 16 x 8 column fragments
-    row_frags = [UOp(Ops.FRAGMENT, x.dtype, (reader, _tc_at(0, stages, stage, warp_row + UOp.const(dt, i * MMA_M) +
-                                                            lane16, k0 + lane_half)), "row") for i in range(m_tiles)]
-    col_frags = [UOp(Ops.FRAGMENT, x.dtype, (reader, _tc_at(1, stages, stage, warp_col + UOp.const(dt, p * 2 * MMA_N)
-                                                            + lane_half, k0 + lane16)), "col")
-                 for p in range(n_tiles // 2)]
+    at = _TileAt(kind, stages, b.k_outer % UOp.const(dt, stages))
+    k0 = b.k_inner * UOp.const(dt, kind.mma_k)
+    row_frags, col_frags = (_tf32_fragments if kind.tf32 else _half_fragments)(reader, at, warp_row, warp_col, lane, k0)
     outputs = []
-    for i in range(m_tiles):
-        for j in range(n_tiles):
-            mma = UOp(Ops.WMMA, dtypes.float32, (row_frags[i], col_frags[j // 2]), j % 2)
+    for i in range(len(row_frags)):
+        for j in range(TILE // WARPS[1] // MMA_N):
+            # a half col fragment holds two 16 x 8 column tiles (WMMA's arg: which), a tf32 one a single tile
+            col_frag, half = (col_frags[j], 0) if kind.tf32 else (col_frags[j // 2], j % 2)
+            mma = UOp(Ops.WMMA, dtypes.float32, (row_frags[i], col_frag), half)
             red = UOp(Ops.REDUCE, dtypes.float32, (mma, b.k_outer, b.k_inner), Ops.ADD)
             for e in range(4):  # accumulator e holds row lane/4 (+8 for e >= 2), column 2*(lane%4) + e%2
                 row = b.row_tile * UOp.const(dt, TILE) + warp_row + UOp.const(dt, i * MMA_M + 8 * (e // 2)) + \
@@ -567,35 +615,82 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan) -> tuple[UOp, Dims, Dims]:
     return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
 
 
-def _tc_at(side: int, stages: int, stage: UOp, pos: UOp, k: UOp) -> UOp:
-    """Shared-memory index of element (pos, k) of a tensor-core tile: the rows factor as [row][k] (64-byte rows),
-    the cols factor as [k][col] (256-byte rows). 16-byte chunks are swizzled (chunk ^ a few row bits) so the 8 rows
-    an ldmatrix reads, and the chunks cp.async writes, fall in distinct banks without padding."""
-    dt = pos.dtype
-    row, col, width = (pos, k, TC_TILE_K) if side == 0 else (k, pos, TILE)
-    swizzle = (row // UOp.const(dt, 2)) % UOp.const(dt, 4) if side == 0 else row % UOp.const(dt, CHUNK)
-    chunk = (col // UOp.const(dt, CHUNK)).alu(Ops.XOR, swizzle)
-    base = UOp.const(dt, side * stages * TILE * TC_TILE_K) + stage * UOp.const(dt, TILE * TC_TILE_K)
-    return base + row * UOp.const(dt, width) + chunk * UOp.const(dt, CHUNK) + col % UOp.const(dt, CHUNK)
+Fragments = tuple[list[UOp], list[UOp]]
 
 
-def _tc_copies(plan: MatmulPlan, b: _Block, values: tuple[UOp, UOp], k_tile: UOp,
+def _half_fragments(reader: UOp, at: _TileAt, warp_row: UOp, warp_col: UOp, lane: UOp, k0: UOp) -> Fragments:
+    """ldmatrix.x4: lane l gives the address of row l%16 (and k half l/16) of a 16 x 16 row fragment, or of k row
+    l%16 (and column half l/16) of a 16 x 16 block of the [k][col] tile: two 16 x 8 column fragments."""
+    dt, chunk = lane.dtype, at.kind.chunk
+    lane16, lane_half = lane % UOp.const(dt, 16), (lane // UOp.const(dt, 16)) * UOp.const(dt, chunk)
+    m_tiles, n_tiles = TILE // WARPS[0] // MMA_M, TILE // WARPS[1] // MMA_N
+    row_frags = [UOp(Ops.FRAGMENT, at.kind.dtype, (reader, at(0, warp_row + UOp.const(dt, i * MMA_M) + lane16,
+                                                              k0 + lane_half)), "row") for i in range(m_tiles)]
+    col_frags = [UOp(Ops.FRAGMENT, at.kind.dtype, (reader, at(1, warp_col + UOp.const(dt, p * 2 * MMA_N) + lane_half,
+                                                              k0 + lane16)), "col") for p in range(n_tiles // 2)]
+    return row_frags, col_frags
+
+
+def _tf32_fragments(reader: UOp, at: _TileAt, warp_row: UOp, warp_col: UOp, lane: UOp, k0: UOp) -> Fragments:
+    """The m16n8k8 .tf32 fragments (PTX ISA), each element read on its own (ldmatrix moves 16-bit elements). With
+    g = lane/4, t = lane%4: a row fragment is 4 registers, a0..a3 = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4] of a
+    16 x 8 (row, k) block; a column fragment 2, b0, b1 = B[t][g], B[t+4][g] of an 8 x 8 (k, column) block. FRAGMENT's
+    sources: the reader, then one shared index per register."""
+    dt = lane.dtype
+    g, t = lane // UOp.const(dt, 4), lane % UOp.const(dt, 4)
+    m_tiles, n_tiles = TILE // WARPS[0] // MMA_M, TILE // WARPS[1] // MMA_N
+    row_frags = [UOp(Ops.FRAGMENT, dtypes.float32, (reader, *(
+        at(0, warp_row + UOp.const(dt, i * MMA_M + 8 * (r % 2)) + g, k0 + UOp.const(dt, 4 * (r // 2)) + t)
+        for r in range(4))), "row") for i in range(m_tiles)]
+    col_frags = [UOp(Ops.FRAGMENT, dtypes.float32, (reader, *(
+        at(1, warp_col + UOp.const(dt, j * MMA_N) + g, k0 + UOp.const(dt, 4 * r) + t)
+        for r in range(2))), "col") for j in range(n_tiles)]
+    return row_frags, col_frags
+
+
+@dataclass(frozen=True)
+class _TileAt:
+    """Shared-memory index of element (pos, k) of a tensor-core tile in stage `stage`: the rows factor as [row][k]
+    (64-byte rows), the cols factor as [k][col] (TILE wide). 16-byte chunks are swizzled (chunk ^ a few row bits)
+    so that what a warp reads at once, and the chunks cp.async writes, fall in distinct banks without padding:
+    rows factor chunk ^ (row/2)%4 (8 rows of 16 bytes for ldmatrix; 8 rows x 4 k for the tf32 a-fragments); cols
+    factor chunk ^ k%8 for halves (ldmatrix.trans reads 8 k rows of 16 bytes), chunk ^ 2*(k%4) for tf32 (a
+    b-fragment reads 4 k rows x 8 columns: the XOR spreads the 4 rows over the 8 chunks of a 128-byte line)."""
+    kind: TensorCoreKind
+    stages: int
+    stage: UOp
+
+    def __call__(self, side: int, pos: UOp, k: UOp) -> UOp:
+        dt, chunk_size = pos.dtype, self.kind.chunk
+        row, col, width = (pos, k, self.kind.tile_k) if side == 0 else (k, pos, TILE)
+        if side == 0:
+            swizzle = (row // UOp.const(dt, 2)) % UOp.const(dt, 4)
+        else:
+            swizzle = (row % UOp.const(dt, 4)) * UOp.const(dt, 2) if self.kind.tf32 else row % UOp.const(dt, 8)
+        chunk = (col // UOp.const(dt, chunk_size)).alu(Ops.XOR, swizzle)
+        tile = TILE * self.kind.tile_k
+        base = UOp.const(dt, side * self.stages * tile) + self.stage * UOp.const(dt, tile)
+        return base + row * UOp.const(dt, width) + chunk * UOp.const(dt, chunk_size) + col % UOp.const(dt, chunk_size)
+
+
+def _tc_copies(plan: MatmulPlan, b: _Block, kind: TensorCoreKind, values: tuple[UOp, UOp], k_tile: UOp,
                stages: int) -> list[tuple[UOp, UOp]]:
     """(shared index, value): this thread's part of k tile `k_tile` of both factors, in stage k_tile % stages."""
-    stage = k_tile % UOp.const(b.dt, stages)
+    at = _TileAt(kind, stages, k_tile % UOp.const(b.dt, stages))
     sides = zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), values)
-    return [(_tc_at(side, stages, stage, *position), value) for side, (operand, tile, factor) in enumerate(sides)
-            for position, value in _tile_copy(operand, factor, tile, b, plan.k_ranges, TC_TILE_K, k_tile)]
+    return [(at(side, *position), value) for side, (operand, tile, factor) in enumerate(sides)
+            for position, value in _tile_copy(operand, factor, tile, b, plan.k_ranges, kind.tile_k, k_tile)]
 
 
 def _copy_runs(copies: list[tuple[UOp, UOp]], run: int) -> list[tuple[UOp, UOp]] | None:
     """(shared index, LOAD) of the first element of each run of `run` copies, when every run copies `run`
-    neighbouring elements of one buffer, ungated, to neighbouring shared positions (one 16-byte async copy each);
-    None otherwise."""
+    neighbouring elements of one buffer, ungated, to neighbouring shared positions (one 16-byte async copy each),
+    starting at a global index that is provably a multiple of `run` (16-byte aligned, as cp.async needs: a view at
+    an odd offset, or rows of an odd length, copy through registers); None otherwise."""
     out = []
     for start in range(0, len(copies), run):
         index0, load0 = copies[start]
-        if load0.op is not Ops.LOAD or len(load0.src) != 2:
+        if load0.op is not Ops.LOAD or len(load0.src) != 2 or not _multiple_of(load0.src[1], run):
             return None
         for step, (index, load) in enumerate(copies[start:start + run]):
             offset = UOp.const(index.dtype, step)
@@ -607,12 +702,39 @@ def _copy_runs(copies: list[tuple[UOp, UOp]], run: int) -> list[tuple[UOp, UOp]]
     return out
 
 
+def _multiple_of(index: UOp, n: int) -> bool:
+    remainder = simplify(index % UOp.const(index.dtype, n))
+    return remainder.op is Ops.CONST and remainder.arg == 0
+
+
 def _async_copies(order: UOp, copies: list[tuple[UOp, UOp]], gate: UOp | None) -> list[UOp]:
-    """ASYNC_COPY nodes (issued after `order`, only where `gate` holds) for the runs of `copies`."""
+    """ASYNC_COPY nodes (issued after `order`) for `copies`: one 16-byte copy per run, skipped where `gate` is off
+    (arg None); else, for float32 loads, one 4-byte copy per element (arg 4) of `_gathered` loads, zero-filled
+    where `gate` or the element's own gate is off (a pad's zeros, a tile's remainder)."""
     runs = _copy_runs(copies, 16 // copies[0][1].dtype.itemsize)
-    assert runs is not None
-    return [UOp(Ops.ASYNC_COPY, dtypes.void, (order, index, *load.src, *((gate,) if gate is not None else ())))
-            for index, load in runs]
+    if runs is not None:
+        return [UOp(Ops.ASYNC_COPY, dtypes.void, (order, index, *load.src, *((gate,) if gate is not None else ())))
+                for index, load in runs]
+    out = []
+    for index, value in copies:
+        gathered = _gathered(value)
+        assert gathered is not None and value.dtype.itemsize == 4
+        buf, element, valid = gathered
+        valid = _both(valid, gate)
+        out.append(UOp(Ops.ASYNC_COPY, dtypes.void, (order, index, buf, element, *((valid,) if valid is not None
+                                                                                  else ())), 4))
+    return out
+
+
+def _gathered(value: UOp) -> tuple[UOp, UOp, UOp | None] | None:
+    """(buffer, index, gate or None) when `value` is a global load under zero masks (`where(c, load, 0)`, nested;
+    the load's own gate): the element a 4-byte cp.async with zero-fill copies. None for anything computed."""
+    valid: UOp | None = None
+    while value.op is Ops.WHERE and value.src[2].op is Ops.CONST and value.src[2].arg == 0:
+        valid, value = _both(valid, value.src[0]), value.src[1]
+    if value.op is not Ops.LOAD or value.src[0].op is not Ops.DEFINE_GLOBAL or value.dtype.itemsize != 4:
+        return None
+    return value.src[0], value.src[1], _both(valid, value.src[2] if len(value.src) == 3 else None)
 
 
 def _positions(operand: Operand, flat: UOp) -> dict[UOp, UOp]:

@@ -52,7 +52,7 @@ from glassgrad.dtype import dtypes
 from glassgrad.engine import realize
 from glassgrad.engine.memory import allocate_blocks, plan_memory
 from glassgrad.engine.realize import compile_kernel, count_launch, run_allreduce, run_copy
-from glassgrad.helpers import CUDAGRAPH, DEBUG, JIT, TIMING
+from glassgrad.helpers import CUDAGRAPH, DEBUG, JIT, TIMING, kernel_flags
 from glassgrad.multi import at_current_versions, is_realized, view_parts
 from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
 from glassgrad.tensor import ASSIGN_TARGETS, LINEAGE, Tensor, any_lazy_tensors, no_grad, realize_readers_of
@@ -112,7 +112,8 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Hashable,
     found = _Arguments()
     key = tuple((name, _describe(value, f"{name!r}" if isinstance(name, str) else f"#{name}", found))
                 for name, value in [*enumerate(args), *sorted(kwargs.items())])
-    return (key, Tensor.training, Tensor.no_grad), found  # the modes change what the function builds
+    # the modes change what the function builds; the codegen flags (ALLOW_TF32) the kernels it captures
+    return (key, Tensor.training, Tensor.no_grad, kernel_flags()), found
 
 
 def _input_buffers(tensors: list[Tensor], names: list[str]) -> tuple[list[Buffer], list[Tensor]]:

@@ -17,7 +17,7 @@ from glassgrad.codegen import ProgramSpec, get_program
 from glassgrad.codegen.opt.search import beam_search
 from glassgrad.device import Buffer, Device
 from glassgrad.engine.collectives import allreduce
-from glassgrad.helpers import BEAM, DEBUG, NOOPT, TIMING, getenv
+from glassgrad.helpers import BEAM, DEBUG, NOOPT, TIMING, getenv, kernel_flags
 from glassgrad.schedule import ScheduleItem
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import sint_eval
@@ -42,7 +42,8 @@ class CompiledKernel:
     program: Any
 
 
-_kernel_cache: dict[tuple[str, UOp], CompiledKernel] = {}
+KernelKey = tuple[str, UOp, tuple[int, ...]]
+_kernel_cache: dict[KernelKey, CompiledKernel] = {}  # (device, ast, the codegen flags it was built under)
 NOT_KERNELS = (Ops.COPY, Ops.ALLREDUCE)  # schedule items the runtime moves data for, without a compiled kernel
 
 
@@ -54,8 +55,13 @@ def _render(device: str, ast: UOp) -> ProgramSpec:
     return spec
 
 
+def kernel_key(device: str, ast: UOp) -> KernelKey:
+    """The kernel cache's key: a kernel built with other codegen flags (ALLOW_TF32) is another kernel."""
+    return (device, ast, kernel_flags())
+
+
 def compile_kernel(device: str, ast: UOp) -> CompiledKernel:
-    key = (device, ast)
+    key = kernel_key(device, ast)
     if key not in _kernel_cache:
         spec = _render(device, ast)
         dev = Device[device]
@@ -112,7 +118,8 @@ class Compiles:
         job = self.jobs[(key[0], self.source_of[key])]
         for source, binary in zip(job.sources, job.binaries.result()):
             for ast, spec in self.kernels[(job.device, source)]:
-                _kernel_cache[(job.device, ast)] = CompiledKernel(spec, Device[job.device].program(spec.name, binary))
+                program = Device[job.device].program(spec.name, binary)
+                _kernel_cache[kernel_key(job.device, ast)] = CompiledKernel(spec, program)
                 del self.source_of[(job.device, ast)]
 
     def finish(self) -> None:
@@ -138,7 +145,7 @@ def compile_schedule(schedule: list[ScheduleItem]) -> Compiles:
     todo: dict[tuple[str, UOp], None] = {}
     for item in schedule:
         key = (item.bufs[0].device, item.ast) if item.ast.op not in NOT_KERNELS else None
-        if key is not None and key not in _kernel_cache:
+        if key is not None and kernel_key(*key) not in _kernel_cache:
             todo[key] = None
     if len(todo) < 2:
         return compiles

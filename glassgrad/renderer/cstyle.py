@@ -215,13 +215,17 @@ class CStyleLanguage:
     def render_fragment_acc(self, name: str) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
 
-    def render_fragment(self, name: str, buf: str, index: str, kind: str) -> str:
+    def render_fragment(self, name: str, buf: str, indices: list[str], kind: str, dtype: DType) -> str:
+        """A warp's fragment `name` from shared buffer `buf`: one index per lane (ldmatrix), or one per register."""
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
 
     def render_mma(self, acc: str, row_frag: str, col_frag: str, col_half: int, dtype: DType) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
 
     def render_async_copy(self, smem: str, index: str, buf: str, buf_index: str) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
+
+    def render_async_copy_element(self, smem: str, index: str, buf: str, buf_index: str, gate: str | None) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
 
     def render_async_commit(self) -> str:
@@ -328,9 +332,11 @@ class CStyleLanguage:
                 names[u] = ""  # rendered by its ACCUMULATE
             elif u.op is Ops.FRAGMENT:
                 names[u] = new_name("frag")
-                line(self.render_fragment(names[u], a[0], a[1], u.arg))
+                line(self.render_fragment(names[u], a[0], a[1:], u.arg, u.dtype))
             elif u.op is Ops.GEP:
                 names[u] = f"{a[0]}[{u.arg}]"
+            elif u.op is Ops.ASYNC_COPY and u.arg == 4:  # one element, zeros where the gate is off
+                line(self.render_async_copy_element(a[0], a[1], a[2], a[3], a[4] if len(a) == 5 else None))
             elif u.op is Ops.ASYNC_COPY:
                 line(f"{'if (' + a[4] + ') ' if len(a) == 5 else ''}{self.render_async_copy(a[0], a[1], a[2], a[3])}")
             elif u.op in (Ops.ASYNC_COMMIT, Ops.ASYNC_WAIT):  # they yield the shared buffer

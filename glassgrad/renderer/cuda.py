@@ -36,6 +36,12 @@ __device__ __forceinline__ void gg_cp_async(void* dst, const void* src) {
   unsigned d = (unsigned)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src) : "memory");
 }"""
+# one 4-byte element; src-size 0 reads nothing and writes zeros (a pad's zeros, past a tile's end)
+_ASYNC_ELEMENT_HELPER = """\
+__device__ __forceinline__ void gg_cp_async4(void* dst, const void* src, bool full) {
+  unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(d), "l"(src), "r"(full ? 4 : 0) : "memory");
+}"""
 _MMA = """\
 __device__ __forceinline__ void gg_mma_{name}(float* c, const unsigned* a, const unsigned* b) {{
   asm("mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
@@ -57,6 +63,17 @@ template <class T> __device__ __forceinline__ void gg_atomic_add_narrow(T* p, in
     old = atomicCAS(word, seen, (seen & ~mask) | (sum & mask));
   } while (old != seen);
 }"""
+# float32 on the tensor cores (ALLOW_TF32=1): each fragment element is a float rounded to TensorFloat-32 (cvt.rna:
+# to nearest, ties away), m16n8k8 multiplies a 16 x 8 row fragment (4 registers) by an 8 x 8 column fragment (2)
+_TF32_HELPERS = """\
+__device__ __forceinline__ unsigned gg_tf32(float x) {
+  unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r;
+}
+__device__ __forceinline__ void gg_mma_tf32(float* c, const unsigned* a, const unsigned* b) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}"""
 
 
 class CUDARenderer(CStyleLanguage):
@@ -71,7 +88,8 @@ class CUDARenderer(CStyleLanguage):
         if not isinstance(arch, str) or re.fullmatch(r"sm_\d+a?", arch) is None:
             raise ValueError(f"a CUDA architecture looks like 'sm_90' or 'sm_80'; got {arch!r}")
         self.arch = arch
-        self.tensor_cores = int(arch.removeprefix("sm_").rstrip("a")) >= 80  # mma.sync m16n8k16 and ldmatrix
+        # mma.sync m16n8k16 (halves) and m16n8k8 (tf32, ALLOW_TF32=1), ldmatrix
+        self.tensor_cores = int(arch.removeprefix("sm_").rstrip("a")) >= 80
 
     type_names = {**CStyleLanguage.type_names, dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
 
@@ -130,14 +148,24 @@ class CUDARenderer(CStyleLanguage):
     def render_fragment_acc(self, name: str) -> str:
         return f"float {name}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};"
 
-    def render_fragment(self, name: str, buf: str, index: str, kind: str) -> str:
-        return f"unsigned {name}[4]; gg_ldmatrix{'_trans' if kind == 'col' else ''}({name}, &{buf}[{index}]);"
+    def render_fragment(self, name: str, buf: str, indices: list[str], kind: str, dtype: DType) -> str:
+        if dtype == dtypes.float32:  # tf32: every register from its own shared element
+            values = ", ".join(f"gg_tf32({buf}[{i}])" for i in indices)
+            return f"unsigned {name}[{len(indices)}] = {{{values}}};"
+        return f"unsigned {name}[4]; gg_ldmatrix{'_trans' if kind == 'col' else ''}({name}, &{buf}[{indices[0]}]);"
 
     def render_mma(self, acc: str, row_frag: str, col_frag: str, col_half: int, dtype: DType) -> str:
+        if dtype == dtypes.float32:
+            return f"gg_mma_tf32({acc}, {row_frag}, {col_frag});"
         return f"gg_mma_{_MMA_TYPES[dtype]}({acc}, {row_frag}, {col_frag} + {2 * col_half});"
 
     def render_async_copy(self, smem: str, index: str, buf: str, buf_index: str) -> str:
         return f"gg_cp_async(&{smem}[{index}], &{buf}[{buf_index}]);"
+
+    def render_async_copy_element(self, smem: str, index: str, buf: str, buf_index: str, gate: str | None) -> str:
+        if gate is None:
+            return f"gg_cp_async4(&{smem}[{index}], &{buf}[{buf_index}], true);"
+        return f"gg_cp_async4(&{smem}[{index}], &{buf}[{gate} ? {buf_index} : 0], {gate});"
 
     def render_async_commit(self) -> str:
         return 'asm volatile("cp.async.commit_group;" ::: "memory");'
@@ -156,10 +184,14 @@ class CUDARenderer(CStyleLanguage):
             headers.append(_NARROW_ATOMIC_ADD)
         if "gg_bitcast" in text:
             headers.append(_BITCAST_HELPER)
-        if "gg_cp_async" in text:
+        if "gg_cp_async(" in text:
             headers.append(_ASYNC_HELPERS)
+        if "gg_cp_async4(" in text:
+            headers.append(_ASYNC_ELEMENT_HELPER)
         if "gg_ldmatrix" in text:
             headers.append(_MMA_HELPERS)
+        if "gg_tf32" in text:
+            headers.append(_TF32_HELPERS)
         headers += [_MMA.format(name=t, t=t) for t in _MMA_TYPES.values() if f"gg_mma_{t}(" in text]
         return "\n".join([*headers, f'extern "C" __global__ void __launch_bounds__({local_size}) {name}('
                           f'{", ".join(params)}) {{', *body, "}", ""])

@@ -63,7 +63,8 @@ class Ops(Enum):
     # the warp's 4-float fragment; arg: which column half of the col fragment), and one element of such a REDUCE
     FRAGMENT = auto(); WMMA = auto(); GEP = auto()  # noqa: E702
     # asynchronous copies into shared memory: ASYNC_COPY (src: what it comes after, shared index, global buffer,
-    # global index[, gate]) moves 16 bytes; ASYNC_COMMIT closes a group of them; ASYNC_WAIT waits until at most
+    # global index[, gate]) moves 16 bytes (skipped where the gate is off), or with arg 4 one 4-byte element
+    # (zero-filled where the gate is off); ASYNC_COMMIT closes a group of them; ASYNC_WAIT waits until at most
     # `arg` groups are pending. Both yield the shared buffer, like BARRIER, so what reads it is ordered after them
     ASYNC_COPY = auto(); ASYNC_COMMIT = auto(); ASYNC_WAIT = auto()  # noqa: E702
     # several devices (glassgrad/multi.py): MULTI(part_0, ..., part_n-1) arg=axis is one tensor whose parts live on
