@@ -16,6 +16,7 @@ The host path is the same for every device: the CPU's kernels on 16 floats are a
 
     python bench/overhead.py
     python bench/overhead.py --profile mlp
+    python bench/overhead.py --clock process   # CPU time instead of wall time (a loaded machine)
 """
 from __future__ import annotations
 
@@ -39,15 +40,18 @@ except ImportError:  # PyTorch is optional
     torch = None
 
 
+CLOCK = time.perf_counter  # `--clock process`: the process's CPU time, steadier than wall time on a loaded machine
+
+
 def median_us(fn: Callable[[], float | None], repeat: int, warmup: int = 3) -> float:
-    """Median over `repeat` calls of fn()'s own timing (seconds, when it returns one) or of its wall time, in µs."""
+    """Median over `repeat` calls of fn()'s own timing (seconds, when it returns one) or of its time, in µs."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = CLOCK()
         inner = fn()
-        times.append(inner if inner is not None else time.perf_counter() - start)
+        times.append(inner if inner is not None else CLOCK() - start)
     return statistics.median(times) * 1e6
 
 
@@ -90,9 +94,9 @@ def gg_hit(device: str, kernels: int) -> Callable[[], float | None]:
 
     def run() -> float:
         t = graph()
-        start = time.perf_counter()
+        start = CLOCK()
         t.realize()
-        return time.perf_counter() - start
+        return CLOCK() - start
     return run
 
 
@@ -156,7 +160,11 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="comma-separated workload names")
     parser.add_argument("--profile", default=None, help="cProfile this workload (a name) instead of timing")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--clock", choices=("wall", "process"), default="wall",
+                        help="process: CPU time of the process (all its threads), steadier on a loaded machine")
     args = parser.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "process" else time.perf_counter
     gg = workloads(args.device)
     names = args.only.split(",") if args.only else list(gg)
     if args.profile:
@@ -179,9 +187,10 @@ def main() -> None:
             row["torch"] = median_us(tt[name], repeat) / PER[name]
         results[name] = row
     if args.json:
-        print(json.dumps({"load": os.getloadavg()[0], **results}))
+        print(json.dumps({"load": os.getloadavg()[0], "clock": args.clock, **results}))
         return
-    print(f"device {args.device}, load {os.getloadavg()[0]:.2f}, medians of {args.repeat} calls (mlp: /10)")
+    print(f"device {args.device}, load {os.getloadavg()[0]:.2f}, {args.clock} clock, medians of {args.repeat} calls "
+          "(mlp: /10)")
     units = {"build": "µs/op", "chain": "µs/op", "hit1": "µs/call", "hit10": "µs/call", "mlp": "µs/step"}
     for name, row in results.items():
         torch_text = f"{row['torch']:10.2f}" if "torch" in row else f"{'-':>10}"

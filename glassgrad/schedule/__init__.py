@@ -32,12 +32,13 @@ import functools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import dtypes
 from glassgrad.engine.memory import SchedulePlan
 from glassgrad.helpers import SCACHE, prod
-from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, structure_key
+from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, walk_graph
 from glassgrad.schedule.gather import gather_one_hot
 from glassgrad.schedule.indexing import KernelBuilder
 from glassgrad.schedule.rewrite import merge_nested_reduce, rebuild
@@ -90,6 +91,10 @@ class RealizedMap:
 
     def __contains__(self, node: UOp) -> bool:
         return self.get(node) is not None
+
+    def id_tables(self) -> tuple[dict[int, Any], dict[int, Any]]:
+        """The tables keyed by `id(node)`: `get(node)` is None for a node whose id is in none of them."""
+        return self._map, self._assigned
 
     @contextlib.contextmanager
     def isolated(self) -> Iterator[None]:
@@ -268,15 +273,8 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     that schedule through `SCHEDULE_CACHE` (see schedule/cache.py; `SCACHE=0` turns it off)."""
     originals = [without_reshapes(o) for o in outs]
     sink = UOp(Ops.SINK, dtypes.void, tuple(originals))
-    leaves: dict[UOp, UOp] = {}  # materialised node -> the buffer view it is loaded from (a BUFFER is its own)
-
-    def is_leaf(u: UOp) -> bool:
-        view = u if u.op is Ops.BUFFER else REALIZED.get(u)
-        if view is not None:
-            leaves[u] = view
-        return view is not None
-    nodes = sink.toposort(stop=is_leaf)
-    key = structure_key(nodes, outs, leaves.get) if SCACHE else None
+    # the walk (stopping at materialised nodes) and the structure key in one pass
+    nodes, _, key = walk_graph(sink, outs, REALIZED.get, REALIZED.id_tables(), bool(SCACHE))
     if key is not None and (template := SCHEDULE_CACHE.get(key.graph)) is not None:
         return template.instantiate(key, nodes, outs, ScheduleItem)
     created: list[Buffer] = []
