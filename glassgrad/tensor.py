@@ -686,11 +686,23 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         return self._wrap(UOp(op, self.dtype, (self.uop,)))
 
     def _binary(self, op: Ops, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        if not isinstance(other, (Tensor, np.ndarray, np.generic)):
+        a = self.uop
+        if isinstance(other, Tensor):
+            b = other.uop
+            if a.dtype is b.dtype and a.shape == b.shape and a.device == b.device:  # nothing to broadcast or cast:
+                # the node is made here, without the general path's checks (`_binary_general` makes the same node)
+                return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (b, a) if reverse else
+                                  (a, b)))
+        elif not isinstance(other, (np.ndarray, np.generic)):
             const = self._scalar_operand(other)
-            if const.dtype is self.uop.dtype:  # `x * 0.5` on a float tensor: nothing to broadcast or cast, so the
+            if const.dtype is a.dtype:  # `x * 0.5` on a float tensor: nothing to broadcast or cast, so the
                 # node is made here, without the two Tensors of the general path below (this is most lazy ops)
-                return Tensor(const.alu(op, self.uop) if reverse else self.uop.alu(op, const))
+                return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (const, a) if reverse
+                                  else (a, const)))
+        return self._binary_general(op, other, reverse)
+
+    def _binary_general(self, op: Ops, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """`_binary` through `_broadcasted` (device check, broadcasting, dtype promotion), for any operands."""
         x, y = self._broadcasted(other, reverse)
         return x._wrap(x.uop.alu(op, y.uop))
 
@@ -1786,7 +1798,8 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
     a tensor marked `requires_grad=False` (running statistics, the random generator's state). The target's old
     version forgets its lineage, since nothing can read that version any more: no chain of steps builds up."""
     leaves = {id(t.uop) for t in list(ASSIGN_TARGETS.values())
-              if t.requires_grad is not None and t.uop.op is Ops.ASSIGN}
+              if t.requires_grad is not None and t.uop.op is Ops.ASSIGN} \
+        if any(node.op is Ops.ASSIGN for node in views) else set()
     for node, view in views.items():
         REALIZED[node] = view
         if node.op is Ops.ASSIGN:

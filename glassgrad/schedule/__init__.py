@@ -286,6 +286,9 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     # the outputs' buffers outlive the schedule (their tensors hold the views); the other created buffers are the
     # schedule's own, since REALIZED holds views weakly: they share memory by lifetime
     held = {view.base.arg[0] for o in outs if (view := views.get(o)) is not None}
+    # a view of any other buffer would die with the caller's dict (REALIZED holds views weakly, an assign's excepted)
+    # and its buffer's memory is shared with others: it is not handed back (nor made again by a cache hit)
+    views = {n: v for n, v in views.items() if id(n) in out_ids or n.op is Ops.ASSIGN or v.base.arg[0] in held}
     plan = SchedulePlan.make([item.bufs for item in schedule], created, held)
     plan.place(created)
     if key is not None and (template := ScheduleTemplate.capture((schedule, views), key, created, outs,

@@ -199,12 +199,10 @@ class ScheduleTemplate:
         self.plan.place(created)
         bufs = key.buffers + created
         base_version = [b.version for b in key.buffers] + [0] * len(self.new_buffers)
-
-        def versioned(r: tuple[int, int]) -> tuple[Buffer, int]:
-            return bufs[r[0]], base_version[r[0]] + r[1]
-
-        items = [make_item(ast, tuple(bufs[r] for r in refs), frozenset(versioned(r) for r in reads),
-                           tuple(versioned(w) for w in writes), dict(var_vals))
+        # (list comprehensions, not generators: this runs for every item of every cache hit)
+        items = [make_item(ast, tuple([bufs[r] for r in refs]),
+                           frozenset([(bufs[b], base_version[b] + k) for b, k in reads]),
+                           tuple([(bufs[b], base_version[b] + k) for b, k in writes]), dict(var_vals))
                  for ast, refs, reads, writes, var_vals in self.items]
         views: dict[UOp, UOp] = {}
         for is_out, index, (buf_ref, offset, shapes) in self.views:

@@ -102,7 +102,10 @@ def _arg_key(arg: Any) -> Any:
     if kind is bool:
         return ("b", arg)
     if kind is tuple:
-        return arg if all(type(a) is int for a in arg) else tuple(_arg_key(a) for a in arg)
+        for a in arg:  # (a loop, not all(): shapes are the most common argument)
+            if type(a) is not int:
+                return tuple([_arg_key(a) for a in arg])
+        return arg
     if isinstance(arg, float):  # numpy floats
         return ("f", struct.pack("<d", arg))
     return arg
@@ -263,7 +266,13 @@ class UOp:
         if shape is None:
             for s in self.src:  # (a loop, not any(): this runs for every new node)
                 if s._shape is None:
-                    _fill_sources(self, "_shape", _infer_shape, lambda n: n._shape is not None)
+                    for x in s.src:
+                        if x._shape is None:  # deeper: sources first, without recursion
+                            _fill_sources(self, "_shape", _infer_shape, lambda n: n._shape is not None)
+                            break
+                    else:  # (most often a leaf, or a node over known ones: one level, no walk)
+                        _set_shape(s, _infer_shape(s))
+                        continue
                     break
             shape = _infer_shape(self)
             _set_shape(self, shape)
