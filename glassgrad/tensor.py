@@ -693,6 +693,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
                 # the node is made here, without the general path's checks (`_binary_general` makes the same node)
                 return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (b, a) if reverse else
                                   (a, b)))
+        elif type(other) is float and other and other == other and a.dtype.is_float:  # `x * 0.5`, the most common
+            # case: its constant node is cached by value (no ±0.0 or NaN here, whose cache key is their bits)
+            const = _scalar_node(a.dtype, a.device, a.shape, other, other)
+            return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (const, a) if reverse else
+                              (a, const)))
         elif not isinstance(other, (np.ndarray, np.generic)):
             const = self._scalar_operand(other)
             if const.dtype is a.dtype:  # `x * 0.5` on a float tensor: nothing to broadcast or cast, so the

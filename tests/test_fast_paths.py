@@ -20,7 +20,7 @@ NUMPY = {Ops.ADD: np.add, Ops.MUL: np.multiply, Ops.MAX: np.maximum, Ops.CMPLT: 
          Ops.CMPNE: np.not_equal}
 SHAPES = [(), (1,), (5,), (3, 4), (2, 1, 4)]
 DTYPES = ["float32", "float16", "int32", "int64", "bool"]
-SCALARS = [0.5, -0.0, 3, 0, True, False, 2**40]
+SCALARS = [0.5, -0.0, 0.0, 1.0001, float("nan"), float("-inf"), 3, 0, True, False, 2**40]
 
 
 def make(shape: tuple[int, ...], dtype: str, seed: int = 0) -> tuple[Tensor, np.ndarray]:
@@ -90,11 +90,15 @@ def test_scalar_operands_match_numpy_promotion(dtype: str, scalar: object) -> No
     assert got.dtype == want
     if isinstance(scalar, int) and not isinstance(scalar, bool) and scalar >= 2**31 and not want.itemsize == 8:
         return  # wraps in the tensor's dtype (as PyTorch does): no numpy reference without its own wrapping rules
-    ref = (xa.astype(np.float64) + float(scalar)) if not isinstance(scalar, bool) or dtype == "bool" else \
-        xa.astype(np.float64) * float(scalar)
+    np_dtype = want.np
+    operand = np.asarray(scalar).astype(np_dtype)
     if dtype == "bool" and isinstance(scalar, bool):
-        ref = (xa | scalar).astype(np.float64)
-    np.testing.assert_allclose(got.numpy().astype(np.float64), ref, rtol=1e-3)
+        ref = xa | scalar
+    elif isinstance(scalar, bool):
+        ref = xa.astype(np_dtype) * operand
+    else:
+        ref = xa.astype(np_dtype) + operand  # computed in the result's dtype, as the kernel does
+    np.testing.assert_allclose(got.numpy().astype(np.float64), ref.astype(np.float64), rtol=1e-6)
 
 
 def test_mismatched_devices_still_raise() -> None:
