@@ -11,8 +11,9 @@ entries by internal time), `--json` (one JSON line of the medians, for comparing
   mlp     one eager training step (no JIT) of a 2-layer MLP (64 -> 128 -> 10, ReLU) with Adam, batch 32, cross
           entropy, loss realized with the update; per step.
 
-PyTorch (CPU, eager) runs the same workloads alongside where they make sense (build+chain: its eager ops; mlp).
-The host path is the same for every device: the CPU's kernels on 16 floats are all overhead.
+PyTorch (CPU, eager) runs the same workloads alongside where they make sense (build+chain: its eager ops; mlp), on
+the CPU device only. The host path is the same for every device: the CPU's kernels on 16 floats are all overhead.
+On a GPU: `python bench/overhead.py --device CUDA` (glassgrad's columns only).
 
     python bench/overhead.py
     python bench/overhead.py --profile mlp
@@ -178,7 +179,7 @@ def main() -> None:
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
         return
-    tt = torch_fns()
+    tt = torch_fns() if args.device == "CPU" else {}  # (PyTorch's column is its CPU eager mode)
     results: dict[str, dict[str, float]] = {}
     for name in names:
         repeat = max(20, args.repeat // (10 if name == "mlp" else 1))
