@@ -160,6 +160,9 @@ class Compiled:
     graph: Callable[[list[Launch]], LaunchGraph] | None = None
 
 
+_CANONICAL: dict[str, str] = {}  # a device name -> its canonical form, for the names seen
+
+
 class _DeviceRegistry:
     """`Device['CPU']` gives the Compiled backend, created on first use. `Device.DEFAULT` is $DEV or CPU."""
 
@@ -169,6 +172,8 @@ class _DeviceRegistry:
 
     @staticmethod
     def canonicalize(name: str) -> str:
+        if type(name) is str and (known := _CANONICAL.get(name)) is not None:  # (every Buffer asks)
+            return known
         if not isinstance(name, str) or not name:
             raise ValueError(f"device must be a non-empty string like 'CPU' or 'CUDA:1', got {name!r}")
         base, _, index = name.partition(":")
@@ -178,7 +183,8 @@ class _DeviceRegistry:
         base = "CPU" if base == "CLANG" else base
         if index and not index.isdigit():
             raise ValueError(f"device index in {name!r} must be a number, as in 'CUDA:1'")
-        return base if not index or index == "0" else f"{base}:{index}"
+        canonical = _CANONICAL[name] = base if not index or index == "0" else f"{base}:{index}"
+        return canonical
 
     def opened(self, name: str) -> Compiled | None:
         """The device if it has been created already, else None (nothing is opened)."""

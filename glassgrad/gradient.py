@@ -145,11 +145,18 @@ NO_GRADIENT = GroupOp.Comparison | {Ops.IDIV, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL,
 
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
     """Reverse-mode accumulation from `root` to every node in `targets` that it depends on."""
-    order = root.toposort(stop=lambda n: n.op is Ops.DETACH)
+    detach = Ops.DETACH  # (a local: an Enum member's lookup is slow, and these loops run over the whole graph)
+    order = root.toposort(stop=lambda n: n.op is detach)
     # only walk nodes that lie on a path to some target
     on_path: dict[UOp, bool] = {}
     for n in order:
-        on_path[n] = n in targets or (n.op is not Ops.DETACH and any(on_path.get(s, False) for s in n.src))
+        found = n in targets
+        if not found and n.op is not detach:
+            for s in n.src:
+                if on_path[s]:  # (every source is listed before the node: toposort)
+                    found = True
+                    break
+        on_path[n] = found
     grads: dict[UOp, UOp] = {root: root_grad}
     for node in reversed(order):
         g = grads.get(node)

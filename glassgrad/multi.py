@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from glassgrad.dtype import dtypes
 from glassgrad.errors import ShapeError
 from glassgrad.helpers import prod
+from glassgrad.schedule import is_buffer_view
 from glassgrad.uop.ops import GroupOp, Ops, UOp
 
 Bounds = tuple[tuple[int, int], ...]
@@ -50,7 +51,6 @@ def bounds_of(multi: UOp) -> Bounds | None:
 
 def is_realized(u: UOp) -> bool:
     """A buffer view, or a MULTI of buffer views (a realized tensor on several devices)."""
-    from glassgrad.schedule import is_buffer_view
     return is_buffer_view(u) or (u.op is Ops.MULTI and all(is_buffer_view(p) for p in u.src))
 
 

@@ -34,6 +34,7 @@ from glassgrad.tensor_math import MathOps
 from glassgrad.tensor_nn import NNOps
 from glassgrad.tensor_shape import ShapeOps
 from glassgrad.uop.ops import GroupOp, Ops, UOp, _arg_key, sint
+from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.sint import (
     as_sint,
     render_sint,
@@ -449,7 +450,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
             gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
         if gradient.shape != self.shape:
             raise ValueError(f"gradient shape {gradient.shape} does not match tensor shape {self.shape}")
-        root = _with_lineage(self.uop)
+        return self._gradient(_with_lineage(self.uop), targets, gradient)
+
+    def _gradient(self, root: UOp, targets: Sequence[Tensor], gradient: Tensor) -> list[Tensor]:
+        """`gradient()` of this tensor, whose graph with lineage substituted (`_with_lineage`) is `root`."""
         target_uops = [_with_lineage(t.uop) for t in targets]
         grads = compute_gradient(root, gradient.cast(self.dtype).uop, set(target_uops))
         out = []
@@ -465,12 +469,15 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
                                "implicit gradient of 1")
         if gradient is not None and gradient.shape != self.shape:
             raise ValueError(f"backward(): gradient shape {gradient.shape} does not match tensor shape {self.shape}")
-        root_nodes = set(_with_lineage(self.uop).toposort())
+        root = _with_lineage(self.uop)  # (once: the walk is over the whole forward graph)
+        root_nodes = set(root.toposort())
         targets = [t for t in list(_REQUIRES_GRAD.values()) if t.requires_grad is not False and
                    _with_lineage(t.uop) in root_nodes]
         if not targets:
             raise RuntimeError("backward(): no tensor with requires_grad=True is part of this computation")
-        for t, g in zip(targets, self.gradient(*targets, gradient=gradient)):
+        if gradient is None:
+            gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
+        for t, g in zip(targets, self._gradient(root, targets, gradient)):
             t.grad = g if t.grad is None else t.grad + g
         return self
 
@@ -679,11 +686,28 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         return self._wrap(UOp(op, self.dtype, (self.uop,)))
 
     def _binary(self, op: Ops, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        if not isinstance(other, (Tensor, np.ndarray, np.generic)):
+        a = self.uop
+        if isinstance(other, Tensor):
+            b = other.uop
+            if a.dtype is b.dtype and a.shape == b.shape and a.device == b.device:  # nothing to broadcast or cast:
+                # the node is made here, without the general path's checks (`_binary_general` makes the same node)
+                return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (b, a) if reverse else
+                                  (a, b)))
+        elif type(other) is float and other and other == other and a.dtype.is_float:  # `x * 0.5`, the most common
+            # case: its constant node is cached by value (no ±0.0 or NaN here, whose cache key is their bits)
+            const = _scalar_node(a.dtype, a.device, a.shape, other, other)
+            return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (const, a) if reverse else
+                              (a, const)))
+        elif not isinstance(other, (np.ndarray, np.generic)):
             const = self._scalar_operand(other)
-            if const.dtype is self.uop.dtype:  # `x * 0.5` on a float tensor: nothing to broadcast or cast, so the
+            if const.dtype is a.dtype:  # `x * 0.5` on a float tensor: nothing to broadcast or cast, so the
                 # node is made here, without the two Tensors of the general path below (this is most lazy ops)
-                return Tensor(const.alu(op, self.uop) if reverse else self.uop.alu(op, const))
+                return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (const, a) if reverse
+                                  else (a, const)))
+        return self._binary_general(op, other, reverse)
+
+    def _binary_general(self, op: Ops, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """`_binary` through `_broadcasted` (device check, broadcasting, dtype promotion), for any operands."""
         x, y = self._broadcasted(other, reverse)
         return x._wrap(x.uop.alu(op, y.uop))
 
@@ -1779,7 +1803,8 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
     a tensor marked `requires_grad=False` (running statistics, the random generator's state). The target's old
     version forgets its lineage, since nothing can read that version any more: no chain of steps builds up."""
     leaves = {id(t.uop) for t in list(ASSIGN_TARGETS.values())
-              if t.requires_grad is not None and t.uop.op is Ops.ASSIGN}
+              if t.requires_grad is not None and t.uop.op is Ops.ASSIGN} \
+        if any(node.op is Ops.ASSIGN for node in views) else set()
     for node, view in views.items():
         REALIZED[node] = view
         if node.op is Ops.ASSIGN:
@@ -1862,15 +1887,25 @@ def _is_leaf_view(u: UOp) -> bool:
     return u.op is Ops.BUFFER and u not in LINEAGE
 
 
+_LINEAGE_OPS = (Ops.RESHAPE, Ops.BUFFER, Ops.MULTI)  # the nodes LINEAGE has entries for (realized views)
+
+
 def _with_lineage(u: UOp) -> UOp:
-    """Replace realized buffer views by the graphs that computed them (so gradients reach the leaves)."""
+    """Replace realized buffer views by the graphs that computed them (so gradients reach the leaves).
+
+    Usually no node of the graph has lineage (a training step's forward graph reads parameters and a batch): one walk
+    finds that, and the graph is returned as it is, without a rewrite."""
     if not LINEAGE or _is_leaf_view(u):
         return u
-    from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
-    pm = PatternMatcher([(UPat(Ops.RESHAPE, name="x"), lambda x: LINEAGE.get(x)),
-                         (UPat(Ops.BUFFER, name="x"), lambda x: LINEAGE.get(x)),
-                         (UPat(Ops.MULTI, name="x"), lambda x: LINEAGE.get(x))])
-    return graph_rewrite(u, pm)
+    if not any(n.op in _LINEAGE_OPS and n in LINEAGE for n in u.toposort()):
+        return u
+    return graph_rewrite(u, _lineage_matcher())
+
+
+@functools.cache
+def _lineage_matcher() -> PatternMatcher:
+    """The rewrite rules of `_with_lineage` (made once)."""
+    return PatternMatcher([(UPat(op, name="x"), lambda x: LINEAGE.get(x)) for op in _LINEAGE_OPS])
 
 
 def _scalar_dtype(x: Scalar) -> DType:

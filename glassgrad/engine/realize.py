@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from glassgrad.codegen import ProgramSpec, get_program
@@ -40,6 +40,11 @@ class GlobalCounters:
 class CompiledKernel:
     spec: ProgramSpec
     program: Any
+    # (flops, work) of every launch, for a kernel without Variables (symbolic sizes): evaluated once, not per launch
+    fixed: tuple[int, int] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fixed = None if self.spec.vars else (sint_eval(self.spec.flops), sint_eval(self.spec.work))
 
 
 KernelKey = tuple[str, UOp, tuple[int, ...]]
@@ -123,6 +128,8 @@ class Compiles:
                 del self.source_of[(job.device, ast)]
 
     def finish(self) -> None:
+        if not self.jobs:
+            return
         futures = [job.binaries for job in self.jobs.values()]
         for future in futures:
             future.cancel()  # only those still queued are cancelled
@@ -179,14 +186,17 @@ def compile_schedule(schedule: list[ScheduleItem]) -> Compiles:
     return compiles
 
 
-def count_launch(name: str, seconds: float, flops: int, nbytes: int, extra: str = "", launches: int = 1) -> None:
+def count_launch(name: str, seconds: float, flops: int, nbytes: int, extra: str = "", launches: int = 1,
+                 work: int | None = None) -> None:
     """Add one launch (a kernel or a copy; or a graph of `launches` kernels) to `GlobalCounters`; `DEBUG=2` prints
-    its line."""
+    its line (`work`: a kernel's loop iterations, printed as its size)."""
     GlobalCounters.kernel_count += launches
     GlobalCounters.global_ops += flops
     GlobalCounters.global_mem += nbytes
     GlobalCounters.time_sum_s += seconds
-    if DEBUG >= 2:
+    if DEBUG.value >= 2:
+        if work is not None:
+            extra = f"size {work}"
         print(f"*** {GlobalCounters.kernel_count:4d} {name:<32s} {extra:<20s} {seconds * 1e6:9.2f} us "
               f"{flops / max(seconds, 1e-9) / 1e9:8.2f} GFLOP/s {nbytes / max(seconds, 1e-9) / 1e9:8.2f} GB/s")
 
@@ -225,7 +235,8 @@ def run_schedule(schedule: list[ScheduleItem]) -> None:
     compiles = compile_schedule(schedule)
     try:
         for item in schedule:
-            compiles.ready(item)
+            if compiles.jobs:
+                compiles.ready(item)
             run_item(item)
             for buf, version in item.writes:
                 buf.version = max(buf.version, version)
@@ -243,11 +254,18 @@ def run_item(item: ScheduleItem) -> None:
         run_allreduce(item.ast.arg[0], item.bufs)
         return
     device = item.bufs[0].device
-    kernel = compile_kernel(device, item.ast)
+    kernel = _kernel_cache.get((device, item.ast)) or compile_kernel(device, item.ast)
     handles = [b.handle for b in item.bufs]
-    spec = kernel.spec.at(item.var_vals) if kernel.spec.vars else kernel.spec  # symbolic sizes: this launch's
-    vals = tuple(item.var_vals[name] for name in spec.vars)
-    flops, work = sint_eval(spec.flops), sint_eval(spec.work)
+    vals: tuple[int, ...] = ()
+    if kernel.fixed is not None:  # (nearly every kernel: no Variables, nothing to evaluate per launch)
+        spec, (flops, work) = kernel.spec, kernel.fixed
+    else:
+        spec = kernel.spec.at(item.var_vals)  # symbolic sizes: this launch's
+        vals = tuple(item.var_vals[name] for name in spec.vars)
+        flops, work = sint_eval(spec.flops), sint_eval(spec.work)
     seconds = kernel.program(*handles, global_size=spec.global_size, local_size=spec.local_size, vals=vals,
-                             work=work, wait=DEBUG >= 2 or bool(TIMING))
-    count_launch(spec.name, seconds or 0.0, flops, sum(b.nbytes for b in item.bufs), f"size {work}")
+                             work=work, wait=DEBUG.value >= 2 or bool(TIMING.value))
+    nbytes = 0
+    for b in item.bufs:
+        nbytes += b.size * b.dtype.itemsize
+    count_launch(spec.name, seconds or 0.0, flops, nbytes, "", work=work)

@@ -26,12 +26,22 @@ from glassgrad.renderer.cstyle import ClangRenderer
 from glassgrad.runtime.ccompiler import CCompilerError, CCompilerInfo, find_c_compiler
 from glassgrad.runtime.cpu_pool import LazyPool
 
+# id(handle) -> (the handle, its address), for every handle an allocator made and has not released: a launch looks
+# the addresses up instead of asking ctypes for each. The entry holds its array, so the id cannot be reused while
+# the entry exists.
+_ADDRESSES: dict[int, tuple[np.ndarray, int]] = {}
+
 
 class CPUAllocator(Allocator):
     def _alloc(self, nbytes: int) -> np.ndarray:
         raw = np.empty(nbytes + 64, dtype=np.uint8)
         offset = (-raw.ctypes.data) % 64
-        return raw[offset:offset + nbytes]
+        handle = raw[offset:offset + nbytes]
+        _ADDRESSES[id(handle)] = (handle, _address(handle))
+        return handle
+
+    def _release(self, handle: np.ndarray, nbytes: int) -> None:
+        _ADDRESSES.pop(id(handle), None)
 
     # (a buffer living in a memory plan's block has a handle that may be longer than the buffer: copy its bytes only)
     def copyin(self, handle: np.ndarray, src: memoryview) -> None:
@@ -130,6 +140,15 @@ def _address(handle: np.ndarray) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(handle))  # type: ignore[arg-type]  # (an ndarray is a buffer)
 
 
+def _addresses(handles: tuple[np.ndarray, ...]) -> list[int]:
+    """The addresses of the handles' memory: known since allocation (`_ADDRESSES`), else asked of ctypes."""
+    out = []
+    for h in handles:
+        known = _ADDRESSES.get(id(h))
+        out.append(known[1] if known is not None else _address(h))
+    return out
+
+
 class CPUProgram:
     """One compiled kernel. Calling it runs the outer loop's range, split across threads when there is enough work.
     The C function takes the buffers, then `vals` (Variable values, symbolic sizes) as ints, then the [start, end)
@@ -153,14 +172,14 @@ class CPUProgram:
         threads = max(1, min(THREADS, outer, work // MIN_WORK_PER_THREAD))
         start = time.perf_counter()
         if threads == 1:
-            self.fn(*[_address(b) for b in bufs], *vals, 0, outer)
+            self.fn(*_addresses(bufs), *vals, 0, outer)
         elif self.entry is not None and self.pool is not None and (pool := self.pool.get()) is not None:
             pool.start(threads - 1)
-            addresses = (ctypes.c_void_p * len(bufs))(*[_address(b) for b in bufs])
+            addresses = (ctypes.c_void_p * len(bufs))(*_addresses(bufs))
             ints = (ctypes.c_longlong * max(1, len(vals)))(*vals)
             pool.run(self.entry, addresses, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
         else:
-            self._python_threads([_address(b) for b in bufs] + list(vals), outer, threads)
+            self._python_threads(_addresses(bufs) + list(vals), outer, threads)
         return time.perf_counter() - start
 
     def _python_threads(self, args: list[int], outer: int, threads: int) -> None:

@@ -32,12 +32,13 @@ import functools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import dtypes
 from glassgrad.engine.memory import SchedulePlan
 from glassgrad.helpers import SCACHE, prod
-from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, structure_key
+from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, walk_graph
 from glassgrad.schedule.gather import gather_one_hot
 from glassgrad.schedule.indexing import KernelBuilder
 from glassgrad.schedule.rewrite import merge_nested_reduce, rebuild
@@ -97,6 +98,10 @@ class RealizedMap:
 
     def __contains__(self, node: UOp) -> bool:
         return self.get(node) is not None
+
+    def id_tables(self) -> tuple[dict[int, Any], dict[int, Any]]:
+        """The tables keyed by `id(node)`: `get(node)` is None for a node whose id is in none of them."""
+        return self._map, self._assigned
 
     @contextlib.contextmanager
     def isolated(self) -> Iterator[None]:
@@ -284,15 +289,8 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     that schedule through `SCHEDULE_CACHE` (see schedule/cache.py; `SCACHE=0` turns it off)."""
     originals = [without_reshapes(o) for o in outs]
     sink = UOp(Ops.SINK, dtypes.void, tuple(originals))
-    leaves: dict[UOp, UOp] = {}  # materialised node -> the buffer view it is loaded from (a BUFFER is its own)
-
-    def is_leaf(u: UOp) -> bool:
-        view = u if u.op is Ops.BUFFER else REALIZED.get(u)
-        if view is not None:
-            leaves[u] = view
-        return view is not None
-    nodes = sink.toposort(stop=is_leaf)
-    key = structure_key(nodes, outs, leaves.get) if SCACHE else None
+    # the walk (stopping at materialised nodes) and the structure key in one pass
+    nodes, _, key = walk_graph(sink, outs, REALIZED.get, REALIZED.id_tables(), bool(SCACHE))
     if key is not None and (template := SCHEDULE_CACHE.get(key.graph)) is not None:
         return template.instantiate(key, nodes, outs, ScheduleItem)
     created: list[Buffer] = []
@@ -304,6 +302,9 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     # the outputs' buffers outlive the schedule (their tensors hold the views); the other created buffers are the
     # schedule's own, since REALIZED holds views weakly: they share memory by lifetime
     held = {view.base.arg[0] for o in outs if (view := views.get(o)) is not None}
+    # a view of any other buffer would die with the caller's dict (REALIZED holds views weakly, an assign's excepted)
+    # and its buffer's memory is shared with others: it is not handed back (nor made again by a cache hit)
+    views = {n: v for n, v in views.items() if id(n) in out_ids or n.op is Ops.ASSIGN or v.base.arg[0] in held}
     plan = SchedulePlan.make([item.bufs for item in schedule], created, held)
     plan.place(created)
     if key is not None and (template := ScheduleTemplate.capture((schedule, views), key, created, outs,

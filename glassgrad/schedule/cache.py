@@ -20,14 +20,14 @@ buffers at a new version every step, therefore hits.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import DType
 from glassgrad.engine.memory import SchedulePlan
-from glassgrad.uop.ops import Ops, UOp, _arg_key
+from glassgrad.uop.ops import Ops, UOp
 
 # what the scheduler returns: the items (typed as Any here: ScheduleItem lives in the package that imports this)
 # and {tensor-graph node: buffer view}
@@ -52,25 +52,88 @@ class GraphKey:
     position: dict[UOp, int]
 
 
+def walk_graph(sink: UOp, outs: list[UOp], realized: Callable[[UOp], UOp | None],
+               realized_ids: tuple[dict[int, Any], dict[int, Any]], keyed: bool = True
+               ) -> tuple[list[UOp], dict[UOp, UOp], GraphKey | None]:
+    """The scheduler's walk of the graph under `sink` and, in the same pass, its cache key.
+
+    Returns the nodes (sources first, as `sink.toposort` lists them, stopping at materialised nodes: a BUFFER, or a
+    node `realized` gives a buffer view for), each materialised node's view (a BUFFER is its own), and the key of
+    `structure_key` (None when `keyed` is off, or the graph must not be cached: a leaf that reads an old version of
+    its buffer, or a view that is not reshapes of a buffer). `realized` is asked only about nodes whose id is in one
+    of `realized_ids` (REALIZED's tables: nearly every node is in none, and a dictionary test is cheaper than a call).
+    """
+    nodes: list[UOp] = []
+    leaves: dict[UOp, UOp] = {}
+    position: dict[UOp, int] = {}
+    slot_of: dict[Buffer, int] = {}
+    parts: list[tuple[Any, ...]] | None = [] if keyed else None
+    # (locals: this loop runs for every node of every graph realized)
+    ids_a, ids_b = realized_ids
+    get, listed, push, buffer_op = position.__getitem__, nodes.append, None, Ops.BUFFER
+    stack: list[tuple[UOp, Iterator[UOp]]] = [(sink, iter(sink.src))]
+    push = stack.append
+    while stack:
+        node, sources = stack[-1]
+        for s in sources:
+            if s in position:
+                continue
+            if s.op is buffer_op:
+                view = s
+            else:
+                sid = id(s)
+                found = realized(s) if sid in ids_a or sid in ids_b else None
+                if found is None:
+                    push((s, iter(s.src)))
+                    break
+                view = found
+            leaves[s] = view  # a leaf is listed when found, its sources are not walked
+            position[s] = len(nodes)
+            listed(s)
+            if parts is not None and not _add_leaf(parts, s, view, slot_of):
+                parts = None
+        else:
+            stack.pop()
+            position[node] = len(nodes)
+            listed(node)
+            if parts is not None:  # (op, dtype, argument, positions of the sources)
+                parts.append((node.op, node.dtype, node.arg_key, *map(get, node.src)))
+    if parts is None:
+        return nodes, leaves, None
+    outputs = []
+    for out in outs:
+        under, shapes = reshape_chain(out)
+        outputs.append((position[under], shapes))
+    return nodes, leaves, GraphKey((tuple(parts), tuple(outputs)), list(slot_of), position)
+
+
+def _add_leaf(parts: list[tuple[Any, ...]], node: UOp, view: UOp, slot_of: dict[Buffer, int]) -> bool:
+    """Add a materialised leaf's entry to `parts`: its buffer's slot (the n-th distinct buffer of the walk), the
+    buffer's kind and the view's reshapes. False (no key) when the view is not reshapes of the buffer's current
+    version."""
+    base, shapes = reshape_chain(view)
+    if base.op is not Ops.BUFFER or base.arg[1] != base.arg[0].version:
+        return False
+    buf: Buffer = base.arg[0]
+    slot = slot_of.setdefault(buf, len(slot_of))
+    parts.append(("leaf", node.op is Ops.BUFFER, slot, buf.device, buf.size, buf.dtype, shapes))
+    return True
+
+
 def structure_key(nodes: list[UOp], outs: list[UOp], leaf_view: Callable[[UOp], UOp | None]) -> GraphKey | None:
     """The cache key of a graph. `nodes` is its walk (sources first, ending with the SINK of the outputs' nodes
     under their reshapes); `leaf_view(n)` is the buffer view of a materialised node, else None. Returns None when
     the graph must not be cached: a leaf that reads an old version of its buffer, or a view that is not reshapes of
-    a buffer."""
+    a buffer. (`walk_graph` computes the same key during its walk.)"""
     position: dict[UOp, int] = {}
     slot_of: dict[Buffer, int] = {}
     parts: list[tuple[Any, ...]] = []
     for i, node in enumerate(nodes):
         view = leaf_view(node)
         if view is None:
-            parts.append((node.op, node.dtype, _arg_key(node.arg), tuple([position[s] for s in node.src])))
-        else:
-            base, shapes = reshape_chain(view)
-            if base.op is not Ops.BUFFER or base.arg[1] != base.arg[0].version:
-                return None
-            buf: Buffer = base.arg[0]
-            slot = slot_of.setdefault(buf, len(slot_of))
-            parts.append(("leaf", node.op is Ops.BUFFER, slot, buf.device, buf.size, buf.dtype, shapes))
+            parts.append((node.op, node.dtype, node.arg_key, *[position[s] for s in node.src]))
+        elif not _add_leaf(parts, node, view, slot_of):
+            return None
         position[node] = i
     outputs = []
     for out in outs:
@@ -136,12 +199,10 @@ class ScheduleTemplate:
         self.plan.place(created)
         bufs = key.buffers + created
         base_version = [b.version for b in key.buffers] + [0] * len(self.new_buffers)
-
-        def versioned(r: tuple[int, int]) -> tuple[Buffer, int]:
-            return bufs[r[0]], base_version[r[0]] + r[1]
-
-        items = [make_item(ast, tuple(bufs[r] for r in refs), frozenset(versioned(r) for r in reads),
-                           tuple(versioned(w) for w in writes), dict(var_vals))
+        # (list comprehensions, not generators: this runs for every item of every cache hit)
+        items = [make_item(ast, tuple([bufs[r] for r in refs]),
+                           frozenset([(bufs[b], base_version[b] + k) for b, k in reads]),
+                           tuple([(bufs[b], base_version[b] + k) for b, k in writes]), dict(var_vals))
                  for ast, refs, reads, writes, var_vals in self.items]
         views: dict[UOp, UOp] = {}
         for is_out, index, (buf_ref, offset, shapes) in self.views:

@@ -108,7 +108,10 @@ def _arg_key(arg: Any) -> Any:
     if kind is bool:
         return ("b", arg)
     if kind is tuple:
-        return arg if all(type(a) is int for a in arg) else tuple(_arg_key(a) for a in arg)
+        for a in arg:  # (a loop, not all(): shapes are the most common argument)
+            if type(a) is not int:
+                return tuple([_arg_key(a) for a in arg])
+        return arg
     if isinstance(arg, float):  # numpy floats
         return ("f", struct.pack("<d", arg))
     return arg
@@ -116,19 +119,21 @@ def _arg_key(arg: Any) -> Any:
 
 class UOp:
     """One node of the graph. Never mutate one: build a new node instead (they are shared)."""
-    __slots__ = ("op", "dtype", "src", "arg", "_shape", "_range", "_device", "__weakref__")
+    __slots__ = ("op", "dtype", "src", "arg", "arg_key", "_shape", "_range", "_device", "__weakref__")
     _cache: ClassVar[dict[tuple, _CacheRef]] = {}
 
     op: Ops
     dtype: DType
     src: tuple[UOp, ...]
     arg: Any
+    arg_key: Any  # `_arg_key(arg)`, kept from construction (the schedule cache's structure key reads it per node)
     _shape: tuple[int, ...] | None
     _range: tuple[ConstType, ConstType] | None
     _device: str | tuple[str, ...] | None
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-        key = (op, dtype, src, _arg_key(arg))
+        arg_key = arg if arg is None else _arg_key(arg)  # (ALU nodes have none: no call)
+        key = (op, dtype, src, arg_key)
         ref = UOp._cache.get(key)
         if ref is not None and (hit := ref()) is not None:
             return hit
@@ -139,6 +144,7 @@ class UOp:
         _set_dtype(node, dtype)
         _set_src(node, src)
         _set_arg(node, arg)
+        _set_arg_key(node, arg_key)
         # the cached properties are computed when first asked, except what an elementwise node takes from its first
         # source when that source knows it already: its shape and device (so `x * 2` on a known x knows them too)
         first = src[0] if src and op in _SAME_SHAPE_AS_SOURCES else None
@@ -266,7 +272,13 @@ class UOp:
         if shape is None:
             for s in self.src:  # (a loop, not any(): this runs for every new node)
                 if s._shape is None:
-                    _fill_sources(self, "_shape", _infer_shape, lambda n: n._shape is not None)
+                    for x in s.src:
+                        if x._shape is None:  # deeper: sources first, without recursion
+                            _fill_sources(self, "_shape", _infer_shape, lambda n: n._shape is not None)
+                            break
+                    else:  # (most often a leaf, or a node over known ones: one level, no walk)
+                        _set_shape(s, _infer_shape(s))
+                        continue
                     break
             shape = _infer_shape(self)
             _set_shape(self, shape)
@@ -361,7 +373,8 @@ def _slot_setter(name: str) -> Callable[[UOp, Any], None]:
     return setter
 
 
-_set_op, _set_dtype, _set_src, _set_arg = (_slot_setter(name) for name in ("op", "dtype", "src", "arg"))
+_set_op, _set_dtype, _set_src, _set_arg, _set_arg_key = (_slot_setter(name) for name in ("op", "dtype", "src", "arg",
+                                                                                       "arg_key"))
 _set_shape, _set_range, _set_device = (_slot_setter(name) for name in ("_shape", "_range", "_device"))
 
 

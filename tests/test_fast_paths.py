@@ -1,0 +1,108 @@
+"""The host-overhead fast paths give what the general paths give.
+
+`Tensor._binary` makes the node itself when both operands already agree (a tensor of the same shape, dtype and
+device; a Python scalar whose constant needs no cast); `_binary_general` goes through `_broadcasted` (device check,
+broadcasting, dtype promotion). Nodes are hash-consed, so "the same node" is identity. The values are checked against
+numpy too, for scalars of every Python type with int, bool, float and half tensors, broadcasting and 0-d tensors.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from glassgrad import Tensor, dtypes
+from glassgrad.uop.ops import Ops
+
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # float16 + 2**40 is inf
+
+BINARY = [Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE]
+NUMPY = {Ops.ADD: np.add, Ops.MUL: np.multiply, Ops.MAX: np.maximum, Ops.CMPLT: np.less, Ops.CMPEQ: np.equal,
+         Ops.CMPNE: np.not_equal}
+SHAPES = [(), (1,), (5,), (3, 4), (2, 1, 4)]
+DTYPES = ["float32", "float16", "int32", "int64", "bool"]
+SCALARS = [0.5, -0.0, 0.0, 1.0001, float("nan"), float("-inf"), 3, 0, True, False, 2**40]
+
+
+def make(shape: tuple[int, ...], dtype: str, seed: int = 0) -> tuple[Tensor, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-3, 4, size=shape)
+    array = (values > 0) if dtype == "bool" else values.astype(dtype)
+    return Tensor(array), np.asarray(array)
+
+
+@pytest.mark.parametrize("op", BINARY)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scalar", SCALARS)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scalar_operand_fast_path_is_the_general_path(op: Ops, dtype: str, scalar: object, reverse: bool) -> None:
+    x, _ = make((3, 4), dtype)
+    try:
+        general = x._binary_general(op, scalar, reverse)  # type: ignore[arg-type]
+    except Exception as e:  # the fast path must raise the same way
+        with pytest.raises(type(e)):
+            x._binary(op, scalar, reverse)  # type: ignore[arg-type]
+        return
+    fast = x._binary(op, scalar, reverse)  # type: ignore[arg-type]
+    assert fast.uop is general.uop
+    assert fast.dtype == general.dtype
+
+
+@pytest.mark.parametrize("op", BINARY)
+@pytest.mark.parametrize("dtypes_", [("float32", "float32"), ("int32", "int32"), ("bool", "bool"),
+                                     ("float16", "float16"), ("int32", "float32"), ("bool", "int64"),
+                                     ("float16", "float32")])
+@pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((), ()), ((3, 4), (4,)), ((1,), (5,)), ((2, 1, 4), (3, 1)),
+                                    ((), (3,))])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_tensor_operand_fast_path_is_the_general_path(op: Ops, dtypes_: tuple[str, str],
+                                                      shapes: tuple[tuple[int, ...], tuple[int, ...]],
+                                                      reverse: bool) -> None:
+    (x, xa), (y, ya) = make(shapes[0], dtypes_[0], 1), make(shapes[1], dtypes_[1], 2)
+    fast = x._binary(op, y, reverse)
+    general = x._binary_general(op, y, reverse)
+    assert fast.uop is general.uop
+    if op not in (Ops.ADD, Ops.CMPLT):  # (the same node: the values of two ops stand for the rest)
+        return
+    a, b = (ya, xa) if reverse else (xa, ya)
+    expected = NUMPY[op](a, b)
+    got = fast.numpy()
+    assert got.shape == expected.shape
+    if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE):
+        assert fast.dtype == dtypes.bool
+    np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64), rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scalar", SCALARS)
+def test_scalar_operands_match_numpy_promotion(dtype: str, scalar: object) -> None:
+    """PyTorch's scalar promotion (a Python float makes an int or bool tensor the default float; an int makes a
+    bool tensor the default int; a scalar never widens a tensor of its kind), and the values."""
+    x, xa = make((5,), dtype)
+    got = (x + scalar) if not isinstance(scalar, bool) or dtype == "bool" else (x * scalar)  # (bool + bool is or)
+    if isinstance(scalar, float):
+        want = x.dtype if x.dtype.is_float else dtypes.default_float
+    elif isinstance(scalar, bool):
+        want = x.dtype
+    elif dtype == "bool":
+        want = dtypes.int64 if scalar >= 2**31 else dtypes.int32
+    else:
+        want = x.dtype
+    assert got.dtype == want
+    if isinstance(scalar, int) and not isinstance(scalar, bool) and scalar >= 2**31 and not want.itemsize == 8:
+        return  # wraps in the tensor's dtype (as PyTorch does): no numpy reference without its own wrapping rules
+    np_dtype = want.np
+    operand = np.asarray(scalar).astype(np_dtype)
+    if dtype == "bool" and isinstance(scalar, bool):
+        ref = xa | scalar
+    elif isinstance(scalar, bool):
+        ref = xa.astype(np_dtype) * operand
+    else:
+        ref = xa.astype(np_dtype) + operand  # computed in the result's dtype, as the kernel does
+    np.testing.assert_allclose(got.numpy().astype(np.float64), ref.astype(np.float64), rtol=1e-6)
+
+
+def test_mismatched_devices_still_raise() -> None:
+    x = Tensor(np.ones(4, np.float32))
+    y = Tensor(np.ones(4, np.float32), device="CPU:1")
+    with pytest.raises(RuntimeError, match="different devices"):
+        x + y
