@@ -254,7 +254,7 @@ def run_item(item: ScheduleItem) -> None:
         run_allreduce(item.ast.arg[0], item.bufs)
         return
     device = item.bufs[0].device
-    kernel = _kernel_cache.get((device, item.ast)) or compile_kernel(device, item.ast)
+    kernel = _kernel_cache.get(kernel_key(device, item.ast)) or compile_kernel(device, item.ast)
     handles = [b.handle for b in item.bufs]
     vals: tuple[int, ...] = ()
     if kernel.fixed is not None:  # (nearly every kernel: no Variables, nothing to evaluate per launch)
