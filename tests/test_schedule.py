@@ -1194,3 +1194,17 @@ def test_a_weight_gradient_with_few_output_tiles_is_split_to_fill_a_gpu() -> Non
     assert len(kernels(short.sum((0, 1)), device="CUDA")) == 1  # 512 tokens: not worth a second pass
     out = (g.reshape(16, 256, 96, 1) * x.reshape(16, 256, 1, 32)).sum((0, 1))
     np.testing.assert_allclose(out.numpy(), np.einsum("bto,bti->oi", g_np, x_np), rtol=1e-4, atol=1e-3)
+
+
+def test_gpu_splits_columns_with_the_parts_outermost_and_keeps_rows_whole() -> None:
+    """On a GPU: a bias gradient (a column sum over 8 x 1024 tokens into 768 outputs) is split so that parts x
+    outputs fill the GPU, the parts outermost (neighbouring threads keep neighbouring outputs); a cross-entropy's
+    rows (8192 of 50304 logits) stay one kernel, a work-group per row; BatchNorm's statistics over N x H x W into 128
+    channels still split (few outputs, very long reductions); a short column sum does not split."""
+    bias = kernels(Tensor.empty(8, 1024, 768).sum((0, 1)), device="CUDA")
+    assert [k.name for k in bias] == ["r_32_768_256", "r_768_32"], [k.name for k in bias]
+    assert [k.name for k in kernels(Tensor.empty(8192, 50304).logsumexp(1), device="CUDA")
+            if k.name.startswith("r_")] == ["r_8192_50304", "r_8192_50304"]
+    assert len(kernels(Tensor.empty(64, 128, 56, 56).sum((0, 2, 3)), device="CUDA")) == 2
+    assert len(kernels(Tensor.empty(128, 48).sum(0), device="CUDA")) == 1
+    assert len(kernels(Tensor.empty(8, 1024, 768).sum((0, 1)), device="CPU")) == 1

@@ -527,7 +527,8 @@ def _split_parts(u: UOp) -> tuple[int, bool] | None:
 
 
 GPU_FILL_THREADS = 1 << 15  # threads that fill a large GPU (a flat kernel's threads; 256 x 128 work-groups)
-SPLIT_MIN_COLUMN = 64       # a column reduction's parts are at least this long
+SPLIT_MIN_COLUMN = 64       # a column reduction's parts are at least this long ...
+SPLIT_COLUMN_REDUCE = 4096  # ... and only reductions this long are split (a shorter loop per thread is cheap)
 
 
 def _gpu_parts(u: UOp, reduced: int) -> tuple[int, bool] | None:
@@ -545,7 +546,7 @@ def _gpu_parts(u: UOp, reduced: int) -> tuple[int, bool] | None:
         if u.size > SPLIT_MAX_OUTPUTS or reduced < SPLIT_MIN_REDUCE:
             return None
         return None if (factor := _split_factor(u)) is None else (factor, False)
-    if u.size >= GPU_FILL_THREADS or reduced < 2 * SPLIT_MIN_COLUMN:
+    if u.size >= GPU_FILL_THREADS or reduced < SPLIT_COLUMN_REDUCE:
         return None
     parts = 1
     while parts * 2 * u.size <= GPU_FILL_THREADS and reduced // (parts * 2) >= SPLIT_MIN_COLUMN and parts < 256:
