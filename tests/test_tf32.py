@@ -277,12 +277,9 @@ class Emulator:
 COPIES = {"16-byte": "gg_cp_async(&", "4-byte": "gg_cp_async4(&", "registers": "__syncthreads();"}
 
 
-def emulate_tf32(t: Tensor, copies: str) -> np.ndarray:
-    """Render `t`'s one kernel for sm_90 with ALLOW_TF32=1 and run the emulation of it on `t`'s inputs. `copies`:
-    how the kernel must copy its tiles (a key of COPIES), so each path is known to be the one emulated."""
-    schedule, _ = create_schedule([t.uop])
-    assert len(schedule) == 1
-    item: ScheduleItem = schedule[0]
+def _render_tf32(ast: UOp) -> tuple[Any, list[Any]]:
+    """The kernel rendered for sm_90 with ALLOW_TF32=1, and what gpu_dims returned while making it (the AST it
+    launches, the grid and the block)."""
     captured = []
     original = codegen.gpu_dims
 
@@ -292,9 +289,19 @@ def emulate_tf32(t: Tensor, copies: str) -> np.ndarray:
     codegen.gpu_dims = spy  # type: ignore[assignment]
     try:
         with Context(ALLOW_TF32=1):
-            spec = get_program(item.ast, CUDARenderer("sm_90"))
+            spec = get_program(ast, CUDARenderer("sm_90"))
     finally:
         codegen.gpu_dims = original  # type: ignore[assignment]
+    return spec, captured
+
+
+def emulate_tf32(t: Tensor, copies: str) -> np.ndarray:
+    """Render `t`'s one kernel for sm_90 with ALLOW_TF32=1 and run the emulation of it on `t`'s inputs. `copies`:
+    how the kernel must copy its tiles (a key of COPIES), so each path is known to be the one emulated."""
+    schedule, _ = create_schedule([t.uop])
+    assert len(schedule) == 1
+    item: ScheduleItem = schedule[0]
+    spec, captured = _render_tf32(item.ast)
     assert TF32_MMA in spec.source and COPIES[copies] in spec.source
     assert copies != "registers" or "cp.async" not in spec.source
     sink, (grid, _, _), (threads, _, _) = captured[-1]
@@ -525,18 +532,7 @@ def test_fragment_reads_and_async_writes_are_free_of_bank_conflicts() -> None:
     emulation above checks the numbers whatever the swizzle.)"""
     t = Tensor(np.zeros((256, 32), np.float32)) @ Tensor(np.zeros((32, 256), np.float32))
     item = create_schedule([t.uop])[0][-1]
-    captured = []
-    original = codegen.gpu_dims
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        captured.append(original(*args, **kwargs))
-        return captured[-1]
-    codegen.gpu_dims = spy  # type: ignore[assignment]
-    try:
-        with Context(ALLOW_TF32=1):
-            get_program(item.ast, CUDARenderer("sm_90"))
-    finally:
-        codegen.gpu_dims = original  # type: ignore[assignment]
+    _, captured = _render_tf32(item.ast)
     sink, (grid, _, _), (threads, _, _) = captured[-1]
     emu = Emulator(sink, grid, threads, {})
     nodes = sink.toposort()

@@ -183,20 +183,30 @@ def _fits(u: UOp, dtype: DType) -> bool:
     return bool(lo <= u.vmin and u.vmax <= hi)
 
 
-def _rebuild(u: UOp, where: UOp, terms: list[UOp], chosen: list[tuple[int, Selection]]) -> UOp:
-    """GATHER over the selected axes of where(rest, x, 0), reduced over the other axes as before."""
+def masked_by_the_rest(value: UOp, zero: UOp, terms: list[UOp], chosen: list[tuple[int, Selection]]) -> UOp:
+    """where(rest, value, zero): the AND terms of the condition that no chosen selection took stay in the value."""
     picked = {p for p, _ in chosen}
     rest = [t for p, t in enumerate(terms) if p not in picked]
-    value = where.src[1]
-    zero = where.src[2]
-    if rest:
-        cond = rest[0]
-        for t in rest[1:]:
-            cond = cond.alu(Ops.AND, t)
-        value = cond.where(value, zero)
-    gathered = tuple(s.axis for _, s in chosen)
-    bounds = tuple((0, 1) if i in gathered else (0, n) for i, n in enumerate(where.shape))
-    indices = tuple(s.index.shrink(bounds) for _, s in chosen)
+    if not rest:
+        return value
+    cond = rest[0]
+    for t in rest[1:]:
+        cond = cond.alu(Ops.AND, t)
+    return cond.where(value, zero)
+
+
+def selected_indices(chosen: list[tuple[int, Selection]], shape: tuple[int, ...]) -> tuple[tuple[int, ...],
+                                                                                          tuple[UOp, ...]]:
+    """(the selected axes, each selection's index tensor with those axes of size 1)."""
+    selected = tuple(s.axis for _, s in chosen)
+    bounds = tuple((0, 1) if i in selected else (0, n) for i, n in enumerate(shape))
+    return selected, tuple(s.index.shrink(bounds) for _, s in chosen)
+
+
+def _rebuild(u: UOp, where: UOp, terms: list[UOp], chosen: list[tuple[int, Selection]]) -> UOp:
+    """GATHER over the selected axes of where(rest, x, 0), reduced over the other axes as before."""
+    value = masked_by_the_rest(where.src[1], where.src[2], terms, chosen)
+    gathered, indices = selected_indices(chosen, where.shape)
     node = UOp(Ops.GATHER, value.dtype, (value, *indices), gathered)
     others = tuple(a for a in u.arg[1] if a not in gathered)
     return node.reduce_axis(u.arg[0], others) if others else node

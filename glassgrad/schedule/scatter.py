@@ -35,7 +35,7 @@ Metal's atomic float/int); elsewhere the one-hot sum stays (slow, never wrong). 
 from __future__ import annotations
 
 from glassgrad.helpers import prod
-from glassgrad.schedule.gather import _conjuncts, _is_zero, _selections
+from glassgrad.schedule.gather import _conjuncts, _is_zero, _selections, masked_by_the_rest, selected_indices
 from glassgrad.uop.ops import Ops, UOp
 
 
@@ -61,19 +61,11 @@ def scatter_one_hot(u: UOp, uses: dict[UOp, int]) -> UOp | None:
     chosen = _selections(terms, kept, shape)
     if not chosen:
         return None
-    picked = {p for p, _ in chosen}
     value, zero = where.src[1], where.src[2]
     for dtype in reversed(casts):
         value, zero = UOp(Ops.CAST, dtype, (value,)), UOp(Ops.CAST, dtype, (zero,))
-    rest = [t for p, t in enumerate(terms) if p not in picked]
-    if rest:
-        cond = rest[0]
-        for t in rest[1:]:
-            cond = cond.alu(Ops.AND, t)
-        value = cond.where(value, zero)
-    selected = tuple(s.axis for _, s in chosen)
-    bounds = tuple((0, 1) if i in selected else (0, n) for i, n in enumerate(shape))
-    indices = tuple(s.index.shrink(bounds) for _, s in chosen)
+    value = masked_by_the_rest(value, zero, terms, chosen)
+    selected, indices = selected_indices(chosen, shape)
     return UOp(Ops.SCATTER, value.dtype, (value, *indices), (selected, reduced))
 
 
