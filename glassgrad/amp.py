@@ -85,8 +85,13 @@ def compute_dtype() -> DType | None:
 
 
 def _to(t: Tensor, dt: DType) -> Tensor:
-    """t in dt when t is a float tensor (ints and bools pass: masks, ids)."""
-    return t.cast(dt) if t.dtype.is_float else t
+    """t in dt when t is a float tensor (ints and bools pass: masks, ids). A cast is stored (`contiguous`), as
+    PyTorch's autocast stores its casts: a matmul that reads float32 and converts while copying its tiles cannot use
+    the GPU's asynchronous 16-byte copies (cp.async), and one that reads the stored half values can; the weights'
+    copies are then made once a step, not in every matmul that reads them (forward, input and weight gradients)."""
+    if not t.dtype.is_float or t.dtype == dt:
+        return t
+    return t.cast(dt).contiguous()
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
