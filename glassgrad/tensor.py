@@ -686,25 +686,22 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         return self._wrap(UOp(op, self.dtype, (self.uop,)))
 
     def _binary(self, op: Ops, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        a = self.uop
+        """`self op other`. When nothing is to broadcast or cast (a tensor of the same shape, dtype and device, or a
+        Python scalar whose constant takes self's dtype: most lazy ops), the node is made here, without the general
+        path's checks and intermediate Tensors; `_binary_general` makes the same node."""
+        a, b = self.uop, None
         if isinstance(other, Tensor):
-            b = other.uop
-            if a.dtype is b.dtype and a.shape == b.shape and a.device == b.device:  # nothing to broadcast or cast:
-                # the node is made here, without the general path's checks (`_binary_general` makes the same node)
-                return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (b, a) if reverse else
-                                  (a, b)))
+            if other.uop.dtype is a.dtype and other.uop.shape == a.shape and other.uop.device == a.device:
+                b = other.uop
         elif type(other) is float and other and other == other and a.dtype.is_float:  # `x * 0.5`, the most common
             # case: its constant node is cached by value (no ±0.0 or NaN here, whose cache key is their bits)
-            const = _scalar_node(a.dtype, a.device, a.shape, other, other)
-            return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (const, a) if reverse else
-                              (a, const)))
+            b = _scalar_node(a.dtype, a.device, a.shape, other, other)
         elif not isinstance(other, (np.ndarray, np.generic)):
             const = self._scalar_operand(other)
-            if const.dtype is a.dtype:  # `x * 0.5` on a float tensor: nothing to broadcast or cast, so the
-                # node is made here, without the two Tensors of the general path below (this is most lazy ops)
-                return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (const, a) if reverse
-                                  else (a, const)))
-        return self._binary_general(op, other, reverse)
+            b = const if const.dtype is a.dtype else None
+        if b is None:
+            return self._binary_general(op, other, reverse)
+        return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (b, a) if reverse else (a, b)))
 
     def _binary_general(self, op: Ops, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """`_binary` through `_broadcasted` (device check, broadcasting, dtype promotion), for any operands."""

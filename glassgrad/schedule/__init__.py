@@ -119,7 +119,18 @@ class RealizedMap:
 
 def _views_owned_buffer(view: UOp) -> bool:
     """Whether a realized view reads a buffer that is written in place (one device or several)."""
-    return any(u.op is Ops.BUFFER and u.arg[0].owned for u in view.toposort())
+    return any(buf.owned for buf, _ in view_versions(view))
+
+
+def view_versions(view: UOp) -> list[BufferVersion]:
+    """The buffer versions a realized view reads (a MULTI view: one per device)."""
+    out = []
+    for part in view.src if view.op is Ops.MULTI else (view,):
+        base = without_reshapes(part)
+        base = base.src[0] if base.op is Ops.SHRINK else base
+        if base.op is Ops.BUFFER:
+            out.append(base.arg)
+    return out
 
 
 REALIZED = RealizedMap()

@@ -15,11 +15,8 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable
 
-from glassgrad.device import Buffer
-from glassgrad.schedule import without_reshapes
+from glassgrad.schedule import BufferVersion, view_versions, without_reshapes
 from glassgrad.uop.ops import Ops, UOp
-
-BufferVersion = tuple[Buffer, int]
 
 
 def written_versions(assign: UOp) -> list[BufferVersion]:
@@ -27,17 +24,6 @@ def written_versions(assign: UOp) -> list[BufferVersion]:
     target = assign.src[0]
     parts = target.src if target.op is Ops.MULTI else (target,)
     return [without_reshapes(p).arg for p in parts]
-
-
-def view_versions(view: UOp) -> list[BufferVersion]:
-    """The buffer versions a realized view reads (a MULTI view: one per device)."""
-    out = []
-    for part in view.src if view.op is Ops.MULTI else (view,):
-        base = without_reshapes(part)
-        base = base.src[0] if base.op is Ops.SHRINK else base
-        if base.op is Ops.BUFFER:
-            out.append(base.arg)
-    return out
 
 
 def overwritten_versions(outs: Iterable[UOp], realized: Callable[[UOp], UOp | None]) -> set[BufferVersion]:

@@ -23,6 +23,7 @@ from typing import Any
 from glassgrad.dtype import dtypes
 from glassgrad.uop.ops import ConstType, Ops, UOp, sint
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from glassgrad.uop.symbolic import exec_alu
 
 # names the renderers give their own variables and parameters; a Variable may not take one (it is a parameter too)
 _RESERVED = re.compile(r"^((data|ridx|val|alu|acc|smem|red|gidx|bidx|lidx)\d*|start|end|gid|lid)$")
@@ -173,7 +174,7 @@ def _evaluator(x: UOp) -> Callable[[dict[str, int] | None], int]:
     steps = [_step(u, tuple(slot[s] for s in u.src) if u.op is not Ops.BIND else ()) for u in nodes]
 
     def evaluate(var_vals: dict[str, int] | None) -> int:
-        values: list[int] = []
+        values: list[ConstType] = []
         for kind, payload, sources in steps:
             if kind == _CONST:
                 values.append(payload)
@@ -186,7 +187,7 @@ def _evaluator(x: UOp) -> Callable[[dict[str, int] | None], int]:
                 values.append(values[sources[0]])
             else:
                 values.append(_alu(payload, [values[s] for s in sources]))
-        return values[-1]
+        return int(values[-1])
     return evaluate
 
 
@@ -202,9 +203,8 @@ def _step(u: UOp, sources: tuple[int, ...]) -> Step:
     return _ALU, (u.op, u.dtype), sources
 
 
-def _alu(op_dtype: tuple[Ops, Any], operands: list[int]) -> int:
-    from glassgrad.uop.symbolic import exec_alu
-    out = exec_alu(op_dtype[0], op_dtype[1], list[ConstType](operands))  # C semantics, as the kernel computes it
+def _alu(op_dtype: tuple[Ops, Any], operands: list[ConstType]) -> int:
+    out = exec_alu(op_dtype[0], op_dtype[1], operands)  # C semantics, as the kernel computes it
     if out is None or isinstance(out, float):
         raise RuntimeError(f"cannot evaluate {op_dtype[0]} in a symbolic size")
     return int(out)
