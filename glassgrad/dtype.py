@@ -54,14 +54,18 @@ class DType:
         """The numpy dtype that stores this type (bfloat16 is stored as uint16 bits)."""
         return np.dtype(self.fmt if self.fmt is not None else "uint16")
 
+    @property
     def min(self) -> int | float | bool:
+        """The smallest value (-inf for floats), as tinygrad's `dtypes.int.min`."""
         if self.is_bool:
             return False
         if self.is_int:
             return int(np.iinfo(self.np).min)
         return float("-inf")
 
+    @property
     def max(self) -> int | float | bool:
+        """The largest value (inf for floats), as tinygrad's `dtypes.int.max`."""
         if self.is_bool:
             return True
         if self.is_int:

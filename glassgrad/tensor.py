@@ -853,7 +853,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         if self.dtype.is_float:
             raise DTypeError(f"bitwise_not needs int or bool tensors, got {self.dtype}")
         return self.logical_not() if self.dtype.is_bool else self ^ -1 if not self.dtype.is_unsigned else \
-            self ^ int(self.dtype.max())
+            self ^ int(self.dtype.max)
 
     def logical_not(self) -> Tensor:
         return self == 0 if not self.dtype.is_bool else self != True  # noqa: E712
@@ -1190,12 +1190,18 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         expanded = expanded.expand(tuple(x for r, s in zip(reps, base.shape) for x in (r, s)))
         return expanded.reshape(tuple(r * s for r, s in zip(reps, base.shape)))
 
-    def cat(self, *others: Tensor, dim: int = 0) -> Tensor:
+    def cat(self: Tensor | Sequence[Tensor], *others: Tensor, dim: int = 0) -> Tensor:
+        """Join tensors along `dim`: `a.cat(b, c)`, `Tensor.cat(a, b, c)` and, as `torch.cat`, `Tensor.cat([a, b])`."""
+        if isinstance(self, (list, tuple)):
+            if others or not self:
+                raise ValueError("cat takes either one non-empty sequence of tensors or tensors as arguments")
+            return self[0].cat(*self[1:], dim=dim)
+        self = cast(Tensor, self)
         tensors = (self, *others)
         d = normalize_axis(dim, self.ndim, "dim")
         for t in tensors:
             if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != d):
-                raise ValueError(f"cat: shapes {[x.shape for x in tensors]} differ outside dimension {d}")
+                raise ShapeError(f"cat: shapes {[x.shape for x in tensors]} differ outside dimension {d}")
         dt = least_upper_dtype(*(t.dtype for t in tensors))
         total = sum(t.shape[d] for t in tensors)
         out: Tensor | None = None
@@ -1211,6 +1217,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
     def stack(self: Tensor | Sequence[Tensor] = (), *others: Tensor, dim: int = 0) -> Tensor:
         """Join tensors of one shape along a new dim: `a.stack(b, c)` and `Tensor.stack(a, b, c)` alike (a method,
         as in tinygrad); `Tensor.stack([a, b])` also takes one list."""
+        if isinstance(self, (list, tuple)) and others:
+            raise ValueError("stack takes either one sequence of tensors or tensors as arguments, not both")
         tensors: tuple[Tensor, ...] = (*self, *others) if isinstance(self, (list, tuple)) else \
             (cast(Tensor, self), *others)
         if not tensors:
@@ -1908,9 +1916,9 @@ def _lineage_matcher() -> PatternMatcher:
 def _scalar_dtype(x: Scalar) -> DType:
     """A Python scalar's dtype: bool, the default float, or the default int (int64 if it does not fit int32)."""
     d = dtypes.from_py(x)
-    if d != dtypes.default_int or dtypes.int32.min() <= x <= dtypes.int32.max():
+    if d != dtypes.default_int or dtypes.int32.min <= x <= dtypes.int32.max:
         return d
-    if not dtypes.int64.min() <= x <= dtypes.int64.max():
+    if not dtypes.int64.min <= x <= dtypes.int64.max:
         raise OverflowError(f"Python int {x} does not fit int64; pass dtype= to choose how to store it")
     return dtypes.int64
 
@@ -1972,8 +1980,8 @@ def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:
 def _check_fits(dtype: DType, values: Sequence[Scalar], op: str) -> None:
     """OverflowError when a value an int tensor would hold does not fit its dtype (numpy and PyTorch wrap)."""
     for v in values:
-        if not dtype.min() <= v <= dtype.max():
-            raise OverflowError(f"{op}: value {v} does not fit {dtype.name} (range {dtype.min()}..{dtype.max()})")
+        if not dtype.min <= v <= dtype.max:
+            raise OverflowError(f"{op}: value {v} does not fit {dtype.name} (range {dtype.min}..{dtype.max})")
 
 
 def _check_bound(x: UOp, where: str) -> None:

@@ -24,7 +24,11 @@ def _tensor_class() -> type[Tensor]:
 
 
 def _dims(shape: tuple[Any, ...]) -> tuple[int, ...]:
-    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    """The shape of a creation call (`f(2, 3)` or `f((2, 3))`); a negative size is a ValueError, as for `ones`."""
+    dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    if any(isinstance(d, int) and d < 0 for d in dims):
+        raise ValueError(f"negative dimensions are not allowed, got shape {dims}")
+    return dims
 
 
 class ExtraOps:

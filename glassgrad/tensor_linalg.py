@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from glassgrad.dtype import DType, dtypes
+from glassgrad.errors import ShapeError
 from glassgrad.helpers import normalize_axis, prod
 
 if TYPE_CHECKING:
@@ -133,22 +134,22 @@ def _einsum(formula: str, xs: list[Tensor], dtype: DType | str | None) -> Tensor
     lhs, arrow, rhs = formula.partition("->")
     inputs = lhs.split(",")
     if len(inputs) != len(xs):
-        raise ValueError(f"einsum: formula {formula!r} has {len(inputs)} operands, got {len(xs)} tensors")
+        raise ShapeError(f"einsum: formula {formula!r} has {len(inputs)} operands, got {len(xs)} tensors")
     inputs, rhs = _expand_ellipsis(formula, inputs, rhs if arrow else None, xs)
     for spec, x in zip(inputs, xs):
         if not spec.isalpha() and spec:
-            raise ValueError(f"einsum: operand spec {spec!r} of {formula!r} may hold only letters (and one ...)")
+            raise ShapeError(f"einsum: operand spec {spec!r} of {formula!r} may hold only letters (and one ...)")
         if len(spec) != x.ndim:
-            raise ValueError(f"einsum: spec {spec!r} names {len(spec)} dims, its operand has shape {x.shape}")
+            raise ShapeError(f"einsum: spec {spec!r} names {len(spec)} dims, its operand has shape {x.shape}")
     if len(set(rhs)) != len(rhs) or any(c not in "".join(inputs) for c in rhs):
-        raise ValueError(f"einsum: output {rhs!r} must use distinct letters of the inputs ({formula!r})")
+        raise ShapeError(f"einsum: output {rhs!r} must use distinct letters of the inputs ({formula!r})")
     pairs = [_take_diagonals(spec, x) for spec, x in zip(inputs, xs)]
     sizes: dict[str, int] = {}
     for spec, x in pairs:
         for c, s in zip(spec, x.shape):
             seen = sizes.get(c, 1)
             if seen != 1 and s not in (1, seen):
-                raise ValueError(f"einsum: letter {c!r} has sizes {seen} and {s} ({formula!r})")
+                raise ShapeError(f"einsum: letter {c!r} has sizes {seen} and {s} ({formula!r})")
             sizes[c] = s if seen == 1 else seen  # size-1 dims broadcast
     alphabet = sorted(sizes)
     aligned = []
@@ -171,10 +172,10 @@ def _expand_ellipsis(formula: str, inputs: list[str], rhs: str | None, xs: list[
     counts = []
     for spec, x in zip(inputs, xs):
         if spec.count("...") > 1:
-            raise ValueError(f"einsum: operand spec {spec!r} has more than one ...")
+            raise ShapeError(f"einsum: operand spec {spec!r} has more than one ...")
         counts.append(x.ndim - (len(spec) - 3) if "..." in spec else 0)
         if counts[-1] < 0:
-            raise ValueError(f"einsum: spec {spec!r} names more dims than its operand's shape {x.shape}")
+            raise ShapeError(f"einsum: spec {spec!r} names more dims than its operand's shape {x.shape}")
     width = max(counts, default=0)
     ell = "".join(spare[:width])
     inputs = [spec.replace("...", ell[width - k:]) for spec, k in zip(inputs, counts)]
@@ -192,7 +193,7 @@ def _take_diagonals(spec: str, x: Tensor) -> tuple[str, Tensor]:
             i = spec.index(c)
             j = spec.index(c, i + 1)
             if x.shape[i] != x.shape[j]:
-                raise ValueError(f"einsum: repeated letter {c!r} spans dims of sizes {x.shape[i]} and {x.shape[j]}")
+                raise ShapeError(f"einsum: repeated letter {c!r} spans dims of sizes {x.shape[i]} and {x.shape[j]}")
             x = x.diagonal(0, i, j)
             spec = "".join(ch for k, ch in enumerate(spec) if k not in (i, j)) + c
     return spec, x
@@ -299,8 +300,8 @@ def _bitonic(rows: Tensor, descending: bool) -> tuple[Tensor, Tensor]:
     tensor = _tensor_class()
     batch, n = rows.shape
     size = 1 << (n - 1).bit_length()
-    pad_value: Any = (-float("inf") if rows.dtype.is_float else rows.dtype.min()) if descending else \
-        (float("inf") if rows.dtype.is_float else rows.dtype.max())
+    pad_value: Any = (-float("inf") if rows.dtype.is_float else rows.dtype.min) if descending else \
+        (float("inf") if rows.dtype.is_float else rows.dtype.max)
     values = rows.pad(((0, 0), (0, size - n)), value=pad_value) if size > n else rows
     indices = tensor.arange(size, device=rows.device).reshape(1, size).expand(batch, size).cast(dtypes.int32)
     block = 2
@@ -358,7 +359,7 @@ def _topk_by_selection(t: Tensor, k: int, axis: int, largest: bool) -> tuple[Ten
     rows = moved.reshape(-1, n)
     key = rows if largest else (-rows if rows.dtype.is_float else rows.bitwise_not())
     key = key.detach()
-    lowest: Any = -float("inf") if key.dtype.is_float else key.dtype.min()
+    lowest: Any = -float("inf") if key.dtype.is_float else key.dtype.min
     positions = tensor.arange(n, device=t.device).reshape(1, n).cast(dtypes.int32)
     taken = tensor.zeros(rows.shape, dtype=dtypes.bool, device=t.device)
     picked = []

@@ -59,7 +59,7 @@ def _conv_padding(padding: int | Sequence[int], n: int) -> list[tuple[int, int]]
 
 def _lowest(dtype: DType) -> float | int | bool:
     """The value a max never picks over a real one: -inf, the int dtype's minimum, False."""
-    return -math.inf if dtype.is_float else dtype.min()
+    return -math.inf if dtype.is_float else dtype.min
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from glassgrad.dtype import DType, dtypes, to_dtype
+from glassgrad.errors import ArgumentError, DTypeError, ShapeError
 from glassgrad.helpers import normalize_axis, prod
 
 if TYPE_CHECKING:
@@ -40,11 +41,11 @@ def _shape_args(shape: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _lowest(dtype: DType) -> Scalar:
-    return -math.inf if dtype.is_float else dtype.min()
+    return -math.inf if dtype.is_float else dtype.min
 
 
 def _highest(dtype: DType) -> Scalar:
-    return math.inf if dtype.is_float else dtype.max()
+    return math.inf if dtype.is_float else dtype.max
 
 
 class ShapeOps:
@@ -90,7 +91,7 @@ class ShapeOps:
         t = self._m
         d1, d2 = normalize_axis(dim1, t.ndim, "dim1"), normalize_axis(dim2, t.ndim, "dim2")
         if d1 == d2:
-            raise ValueError(f"diagonal: dim1 and dim2 must differ, both name dim {d1}")
+            raise ShapeError(f"diagonal: dim1 and dim2 must differ, both name dim {d1}")
         x = t.permute(*[i for i in range(t.ndim) if i not in (d1, d2)], d1, d2)
         lead = x.shape[:-2]
         rows, cols = x.shape[-2], x.shape[-1]
@@ -107,12 +108,14 @@ class ShapeOps:
         t = self._m
         if dims is None:
             if not isinstance(shifts, int):
-                raise ValueError(f"roll without dims takes one int shift, got {shifts!r}")
+                if len(shifts) != 1:
+                    raise ShapeError(f"roll without dims takes one shift, got {len(shifts)}: {shifts!r}")
+                shifts = shifts[0]
             return t.flatten().roll(shifts, 0).reshape(t.shape)
         dim_list = [dims] if isinstance(dims, int) else list(dims)
         shift_list = [shifts] if isinstance(shifts, int) else list(shifts)
         if len(dim_list) != len(shift_list):
-            raise ValueError(f"roll: {len(shift_list)} shifts for {len(dim_list)} dims")
+            raise ShapeError(f"roll: {len(shift_list)} shifts for {len(dim_list)} dims")
         out = t
         for d, s in zip(dim_list, shift_list):
             a = normalize_axis(d, t.ndim, "dim")
@@ -130,10 +133,10 @@ class ShapeOps:
         t = self._m
         a = normalize_axis(dim, max(t.ndim, 1), "dim")
         if size < 0 or step <= 0:
-            raise ValueError(f"unfold needs size >= 0 and step > 0, got size={size}, step={step}")
+            raise ShapeError(f"unfold needs size >= 0 and step > 0, got size={size}, step={step}")
         x = t if t.ndim else t.reshape(1)
         if size > x.shape[a]:
-            raise ValueError(f"unfold: size {size} is larger than dim {dim} of shape {t.shape}")
+            raise ShapeError(f"unfold: size {size} is larger than dim {dim} of shape {t.shape}")
         order = [i for i in range(x.ndim) if i != a] + [a]
         moved = x.permute(order)
         if size == 0:  # (n // step + 1) empty windows
@@ -160,7 +163,7 @@ class ShapeOps:
     def meshgrid(self, *args: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
         """Coordinate grids from 0-d or 1-D tensors: `x.meshgrid(y)` or `Tensor.meshgrid(x, y)`."""
         if indexing not in ("ij", "xy"):
-            raise ValueError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
+            raise ArgumentError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
         tensors = (self._m, *args)
         if any(t.ndim > 1 for t in tensors):
             raise ValueError(f"meshgrid takes 0-d or 1-D tensors, got shapes {[t.shape for t in tensors]}")
@@ -367,9 +370,9 @@ class ShapeOps:
         ('sum', 'prod', 'mean', 'amax', 'amin'); include_self=False leaves self's value out where anything lands."""
         t = self._m
         if reduce not in SCATTER_REDUCTIONS:
-            raise ValueError(f"scatter_reduce: reduce must be one of {SCATTER_REDUCTIONS}, got {reduce!r}")
+            raise ArgumentError(f"scatter_reduce: reduce must be one of {SCATTER_REDUCTIONS}, got {reduce!r}")
         if t.dtype != src.dtype:
-            raise TypeError(f"scatter_reduce: self is {t.dtype} but src is {src.dtype}; cast one of them")
+            raise DTypeError(f"scatter_reduce: self is {t.dtype} but src is {src.dtype}; cast one of them")
         values, hit = t._scatter_operands(dim, index, src)
         landed = hit.any(-1)
 

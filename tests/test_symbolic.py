@@ -130,7 +130,7 @@ def const_values(dtype: DType) -> st.SearchStrategy[int]:
     big = st.sampled_from(BIG) if not dtype.is_unsigned else st.sampled_from([2**32 - 1, 2**31, 2**31 - 1, 65536])
     if dtype.itemsize == 8:
         big = st.sampled_from(BIG + [-(2**63), 2**63 - 1, 2**62, 3 * 2**40])
-    lo, hi = (dtype.min(), dtype.max())
+    lo, hi = (dtype.min, dtype.max)
     return st.one_of(small, small, small, big, st.integers(lo, hi))  # type: ignore[arg-type]
 
 

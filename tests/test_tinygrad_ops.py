@@ -70,7 +70,51 @@ ERRORS: list[tuple[str, Any, tuple[type[Exception], ...]]] = [
     ("unknown dtype name prod", lambda: T([1.0, 2.0]).prod(dtype="float3"), (AttributeError, TypeError)),
     ("conv kernel over input", lambda: Tensor.ones(1, 1, 6, 7, device=DEVICE).conv2d(
         Tensor.ones(6, 1, 3, 3, device=DEVICE), dilation=3), (RuntimeError, ValueError)),
+    # tinygrad's test_ops (master) expects RuntimeError, as PyTorch raises, for these
+    ("unfold size over dim", lambda: Tensor.ones(8, device=DEVICE).unfold(0, 9, 3), (RuntimeError, ValueError)),
+    ("unfold negative step", lambda: Tensor.ones(8, device=DEVICE).unfold(0, 1, -1), (RuntimeError, ValueError)),
+    ("meshgrid bad indexing", lambda: T([1.0, 2.0]).meshgrid(indexing="bad"), (RuntimeError, ValueError)),
+    ("diagonal same dims", lambda: Tensor.ones(3, 3, device=DEVICE).diagonal(dim1=0, dim2=0),
+     (RuntimeError, ValueError)),
+    ("roll two shifts no dims", lambda: Tensor.ones(2, 4, device=DEVICE).roll((1, 2)), (RuntimeError, ValueError)),
+    ("einsum two ellipses", lambda: Tensor.einsum("...ik..., ...jk ->", Tensor.ones(2, 3, 4, device=DEVICE),
+                                                  Tensor.ones(2, 3, 4, device=DEVICE)), (RuntimeError, ValueError)),
+    ("einsum letter sizes", lambda: Tensor.einsum("pqrs,tuqvr->pstuv", Tensor.ones(3, 8, 10, 5, device=DEVICE),
+                                                  Tensor.ones(11, 5, 13, 16, 8, device=DEVICE)),
+     (RuntimeError, ValueError)),
+    ("scatter_reduce typo", lambda: Tensor.ones(3, device=DEVICE).scatter_reduce(0, T([0]), T([1.0]), "INVALID"),
+     (RuntimeError, ValueError)),
+    ("scatter_reduce dtypes", lambda: Tensor.ones(3, device=DEVICE).half().scatter_reduce(0, T([0]), T([1.0]), "sum"),
+     (RuntimeError, TypeError)),
+    ("cat shapes", lambda: Tensor.ones(2, 3, device=DEVICE).cat(Tensor.ones(2, 4, device=DEVICE)),
+     (RuntimeError, ValueError)),
+    ("stack sequence and tensor", lambda: Tensor.stack((T([1, 2]), T([3, 4])), T([5, 6])), (ValueError,)),
+    ("glorot_uniform negative", lambda: Tensor.glorot_uniform((2, -3, 0)), (ValueError,)),
+    ("scaled_uniform negative", lambda: Tensor.scaled_uniform(-3, 2), (ValueError,)),
 ]
+
+
+def test_dtype_min_max_are_values() -> None:
+    """tinygrad's `dtypes.int.max` is a value (a property), so `Tensor.maximum(x, dtypes.int.max)` works."""
+    assert (dtypes.int32.min, dtypes.int32.max) == (-2**31, 2**31 - 1)
+    assert (dtypes.uint8.min, dtypes.uint8.max, dtypes.bool.max, dtypes.float32.min) == (0, 255, True, -math.inf)
+    x = T([-1234, 0, 1234, dtypes.int.max, dtypes.int.min], dtype=dtypes.int32)
+    np.testing.assert_array_equal(x.maximum(dtypes.int.min).numpy(), x.numpy())
+    np.testing.assert_array_equal(x.minimum(dtypes.int.max).numpy(), x.numpy())
+
+
+def test_roll_one_shift_in_a_sequence() -> None:
+    """torch.roll(x, (1,)) without dims rolls the flattened tensor, as roll(x, 1)."""
+    x = rand((2, 4), seed=11)
+    check(lambda a: a.roll((1,)), lambda a: np.roll(a, 1), inputs=[x], torch_fn=lambda a: a.roll((1,)))
+
+
+def test_cat_takes_a_list_as_torch_cat() -> None:
+    x, y = rand((2, 3), seed=12), rand((1, 3), seed=13)
+    check(lambda a, b: Tensor.cat([a, b]), lambda a, b: np.concatenate([a, b]), inputs=[x, y],
+          torch_fn=lambda a, b: torch.cat([a, b]))
+    check(lambda a, b: Tensor.cat((a, b), dim=0), lambda a, b: np.concatenate([a, b]), inputs=[x, y],
+          torch_fn=lambda a, b: torch.cat((a, b), dim=0))
 
 
 @pytest.mark.parametrize("case", ERRORS, ids=[c[0] for c in ERRORS])

@@ -153,7 +153,7 @@ def narrow_indices(ast: UOp) -> UOp:
     of the kernel is large, e.g. the n^3 product a matmul reduces, though no index reaches that far; 32-bit
     indices take half the registers and a single instruction per multiply-add on a GPU."""
     wide = [u for u in ast.toposort() if u.dtype == dtypes.int64]
-    lo, hi = dtypes.int32.min(), dtypes.int32.max()
+    lo, hi = dtypes.int32.min, dtypes.int32.max
     if not wide or any(u.op not in _INDEX_OPS or not lo <= u.vmin <= u.vmax <= hi for u in wide):
         return ast
     new: dict[UOp, UOp] = {}

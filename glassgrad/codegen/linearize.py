@@ -29,7 +29,7 @@ def reduce_identity(op: Ops, dtype: DType) -> int | float | bool:
         return 0
     if op is Ops.MUL:
         return 1
-    return dtype.min()
+    return dtype.min
 
 
 class Scopes:

@@ -150,7 +150,7 @@ class CStyleLanguage:
                 text = repr(float(value)) + ("f" if dtype != dtypes.float64 else "")
             return text if dtype in (dtypes.float32, dtypes.float64) else self.render_cast(text, dtypes.float32, dtype)
         suffix = {dtypes.int64: "ll", dtypes.uint64: "ull", dtypes.uint32: "u"}.get(dtype, "")
-        if dtype in (dtypes.int64, dtypes.int32) and value == dtype.min():
+        if dtype in (dtypes.int64, dtypes.int32) and value == dtype.min:
             return f"({value + 1}{suffix}-1)"
         text = f"{value}{suffix}"
         return text if dtype in (dtypes.int32, dtypes.int64, dtypes.uint32, dtypes.uint64) else \

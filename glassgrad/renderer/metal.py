@@ -73,7 +73,7 @@ class MetalRenderer(CStyleLanguage):
         if dtype.is_bool or dtype.is_float:
             return super().render_const(value, dtype)  # INFINITY and NAN are defined by metal_stdlib
         text = f"{int(value)}{ {dtypes.int64: 'l', dtypes.uint64: 'ul', dtypes.uint32: 'u'}.get(dtype, '')}"
-        if dtype in (dtypes.int32, dtypes.int64) and value == dtype.min():
+        if dtype in (dtypes.int32, dtypes.int64) and value == dtype.min:
             text = f"({int(value) + 1}{'l' if dtype == dtypes.int64 else ''}-1)"  # the literal itself would overflow
         return text if dtype in (dtypes.int32, dtypes.int64, dtypes.uint32, dtypes.uint64) else \
             f"(({self.render_dtype(dtype)}){text})"

@@ -443,7 +443,7 @@ def as_dtype(value: ConstType, dtype: DType) -> ConstType:
 @functools.cache
 def dtype_bounds(dt: DType) -> Range:
     """(smallest, largest) value of an int or bool dtype (cached: numpy's iinfo is slow)."""
-    return (dt.min(), dt.max())
+    return (dt.min, dt.max)
 
 
 def _range_uses_src(u: UOp) -> bool:

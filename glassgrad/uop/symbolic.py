@@ -99,7 +99,7 @@ def _fold_cast(x: UOp, c: UOp) -> UOp | None:
     value = c.arg
     if isinstance(value, float) and (x.dtype.is_int or x.dtype.is_bool) and not math.isfinite(value):
         return None  # float->int of inf/NaN has no defined C result: leave it to the device
-    if isinstance(value, float) and x.dtype.is_int and not (x.dtype.min() <= value <= x.dtype.max()):
+    if isinstance(value, float) and x.dtype.is_int and not (x.dtype.min <= value <= x.dtype.max):
         return None
     return UOp.const(x.dtype, bool(value) if x.dtype.is_bool else value)
 
