@@ -27,7 +27,7 @@ from glassgrad.codegen import ProgramSpec, get_program
 from glassgrad.codegen.opt import Opt, OptOps
 from glassgrad.codegen.opt import kernel as kernel_module
 from glassgrad.helpers import prod
-from glassgrad.kernels import renderer_for
+from glassgrad.kernels import _retarget, renderer_for
 from glassgrad.schedule import (
     REALIZED,
     ROW_FUSE_MAX,
@@ -270,6 +270,35 @@ def test_matmul_of_transposed_views_is_one_kernel() -> None:
     out = Tensor(a).T @ Tensor(b).T
     assert count_kernels(out) == 1
     np.testing.assert_array_equal(out.numpy(), a.T @ b.T)
+
+
+def _reductions_per_kernel(*tensors: Tensor, device: str | None = None) -> list[int]:
+    """REDUCE_AXIS nodes in each kernel's AST that realizing `tensors` (rendered for `device`) would run."""
+    sink = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in tensors))
+    if device is not None:
+        sink = _retarget(sink, device)
+    items, _ = create_schedule(list(sink.src))
+    return [sum(u.op is Ops.REDUCE_AXIS for u in item.ast.toposort()) for item in items]
+
+
+@pytest.mark.parametrize("device", [None, "CUDA"])
+def test_two_matmuls_summed_are_two_kernels_of_one_reduction(device: str | None) -> None:
+    """`x @ W1 + h @ W2` (an RNN cell; the gradient of a tensor read by two matmuls): each matmul is the one
+    reduction of its kernel (tiled), the sum the epilogue of the second, not two nested untiled loops."""
+    a, b, c, d = ints(6, 5, seed=1), ints(5, 4, seed=2), ints(6, 3, seed=3), ints(3, 4, seed=4)
+    out = Tensor(a) @ Tensor(b) + Tensor(c) @ Tensor(d)
+    assert all(n <= 1 for n in _reductions_per_kernel(out, device=device))
+    assert count_kernels(out) == 2
+    np.testing.assert_array_equal(out.numpy(), a @ b + c @ d)
+
+
+def test_padded_matmul_results_summed_keep_one_reduction_per_kernel() -> None:
+    """The q, k and v gradients of a fused qkv projection: three matmuls, padded into one (T, 3D) gradient."""
+    qs = [(ints(4, 6, seed=i), ints(6, 2, seed=10 + i)) for i in range(3)]
+    parts = [(Tensor(a) @ Tensor(b)).pad(((0, 0), (2 * i, 4 - 2 * i))) for i, (a, b) in enumerate(qs)]
+    out = (parts[0] + parts[1] + parts[2]).contiguous()
+    assert all(n <= 1 for n in _reductions_per_kernel(out))
+    np.testing.assert_array_equal(out.numpy(), np.concatenate([a @ b for a, b in qs], axis=1))
 
 
 def test_reduce_of_reduce_materialises_the_inner_one() -> None:

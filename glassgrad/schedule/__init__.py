@@ -218,6 +218,7 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
     cost: dict[UOp, int] = {}
     for root in roots:
         seen: set[WalkState] = set()
+        fused: dict[UOp, None] = {root: None} if root.op is Ops.REDUCE_AXIS else {}
         repeated, mode, row_shape = _walk_start(root)
         stack: list[WalkState] = [(s, repeated, False, mode, row_shape) for s in root.src]
         while stack:
@@ -227,6 +228,7 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
                 continue
             seen.add(state)
             if node.op is Ops.REDUCE_AXIS:
+                fused[node] = None
                 if reached_from.setdefault(node, root) is not root:
                     found.add(node)
                     continue
@@ -252,7 +254,24 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
             else:
                 below = repeated or node.op in (Ops.EXPAND, Ops.REDUCE_AXIS)
                 stack.extend((s, below, expanded or node.op is Ops.EXPAND, None, None) for s in node.src)
+        found.update(_matmuls_sharing_a_kernel(fused, root))
     return found
+
+
+def _matmuls_sharing_a_kernel(fused: dict[UOp, None], root: UOp) -> list[UOp]:
+    """The matmul-shaped reductions of a kernel that would hold several reductions (but for one, kept, when all
+    of them are matmuls under an elementwise root): each becomes a kernel of its own. A matmul is fast only as the
+    one reduction of its kernel (tiles, tensor cores; the CPU's packed tiles); a kernel holding two of them
+    (`x @ W1 + h @ W2`, the gradient of a tensor read by two matmuls, the q, k and v gradients stored as one) nests
+    their loops untiled. On the H100 the bf16 GPT-2 step went from 210.5 to 200.3 ms (the MLP's input gradients),
+    and with the q, k and v gradients stored as one tensor it had been 8.7 s (docs/OPTIMIZER.md)."""
+    others = [u for u in fused if u is not root]
+    matmuls = [u for u in others if _matmul_shaped(u)]
+    if len(fused) < 2 or not matmuls:
+        return []
+    if root.op is not Ops.REDUCE_AXIS and len(matmuls) == len(others):
+        return matmuls[1:]  # one of them stays, with the root's elementwise work as its epilogue
+    return matmuls
 
 
 COSTLY_ELEMENTWISE = 32  # ALU work (divisions and transcendentals count 8) worth a buffer rather than recomputing

@@ -1,0 +1,73 @@
+"""bfloat16 matmuls of GPT-2 124M's training step by operand layout, on a GPU: glassgrad against PyTorch (cuBLAS).
+
+A linear layer's three products read their operands in three layouts: the forward `x @ W.T` (both factors
+contiguous along the reduced axis, "NT"), the input gradient `g @ W` (the second factor contiguous across the
+outputs, "NN") and the weight gradient `g.T @ x` (both factors strided along the reduced axis, "TN"). A fourth row
+per shape reads the gradient as float32 and converts it in the tile copies (`g32.cast(bf16) @ W`), as a step does
+when the gradient reaching a half product is a float32 one cast down.
+
+In: `--repeat` (calls timed per row). Out: one line per shape and layout: median ms, TFLOP/s, PyTorch's ms and
+TFLOP/s for the same layout, and the error relative to PyTorch's result.
+
+    python bench/matmul_layouts.py
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from glassgrad import Device, Tensor, dtypes
+
+# (M, K, N) of x @ W.T for GPT-2 124M's linear layers at batch 8 x 1024 tokens (c_attn, c_proj, c_fc, mlp c_proj)
+SHAPES = [(8192, 768, 2304), (8192, 768, 768), (8192, 768, 3072), (8192, 3072, 768)]
+
+
+def median_ms(fn: Callable[[], object], sync: Callable[[], None], runs: int) -> float:
+    fn()
+    sync()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
+
+
+def one_shape(m: int, k: int, n: int, runs: int) -> None:
+    import torch
+    flops = 2 * m * k * n
+    rng = np.random.default_rng(0)
+    xs, ws, gs = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (n, k), (m, n)))
+    bf = dtypes.bfloat16
+    x, w, g = (Tensor(a, device="CUDA").cast(bf).realize() for a in (xs, ws, gs))
+    g32 = Tensor(gs, device="CUDA").realize()
+    tx, tw, tg = (torch.from_numpy(a).cuda().bfloat16() for a in (xs, ws, gs))
+    tg32 = torch.from_numpy(gs).cuda()
+    rows = {"NT x@W.T": (lambda: x @ w.T, lambda: tx @ tw.T),
+            "NN g@W": (lambda: g @ w, lambda: tg @ tw),
+            "TN g.T@x": (lambda: g.T @ x, lambda: tg.T @ tx),
+            "NN g32->bf16 @W": (lambda: g32.cast(bf) @ w, lambda: tg32.bfloat16() @ tw)}
+    for name, (ours, theirs) in rows.items():
+        out = ours().realize()
+        ref = theirs().float().cpu().numpy()
+        err = float(np.linalg.norm(out.float().numpy() - ref) / np.linalg.norm(ref))
+        ms = median_ms(lambda f=ours: f().realize(), Device["CUDA"].synchronize, runs)  # type: ignore[misc]
+        tms = median_ms(theirs, torch.cuda.synchronize, runs)
+        print(f"{name:16s} {m}x{k}x{n}: {ms:7.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s | torch {tms:7.3f} ms "
+              f"{flops / tms / 1e9:6.1f} TFLOP/s | {tms / ms:4.2f}x  rel. error {err:.1e}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args()
+    for shape in SHAPES:
+        one_shape(*shape, runs=args.repeat)
+
+
+if __name__ == "__main__":
+    main()
