@@ -1,0 +1,42 @@
+"""Behaviours that tinygrad's backend tests (test_dtype, test_setitem, test_jit, test_tensor, test_randomness, ...)
+check, held by glassgrad: each one a bug that a tinygrad or PyTorch program could hit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_ops import DEVICE
+
+from glassgrad import Tensor, dtypes
+from glassgrad.dtype import ALL_DTYPES, to_dtype
+
+
+# ---------------------------------------------------------------------- dtypes namespace
+@pytest.mark.parametrize("alias,numpy_name", [("char", "int8"), ("uchar", "uint8"), ("short", "int16"),
+                                              ("ushort", "uint16"), ("uint", "uint32"), ("ulong", "uint64"),
+                                              ("long", "int64")])
+def test_c_style_dtype_aliases(alias: str, numpy_name: str) -> None:
+    dt = getattr(dtypes, alias)
+    assert dt.np == np.dtype(numpy_name)
+    assert to_dtype(alias) is dt
+    assert Tensor([1, 2], dtype=alias, device=DEVICE).numpy().dtype == np.dtype(numpy_name)
+
+
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=lambda d: d.name)
+def test_dtype_predicates_as_functions(dt) -> None:  # type: ignore[no-untyped-def]
+    npdt = np.dtype("float32" if dt is dtypes.bfloat16 else dt.np)
+    assert dtypes.is_float(dt) == (npdt.kind == "f") == dt.is_float
+    assert dtypes.is_int(dt) == (npdt.kind in "iu") == dt.is_int
+    assert dtypes.is_unsigned(dt) == (npdt.kind == "u")
+    assert dtypes.is_bool(dt) == (npdt.kind == "b")
+    assert (dt in dtypes.floats, dt in dtypes.ints, dt in dtypes.uints, dt in dtypes.sints) == \
+        (npdt.kind == "f", npdt.kind in "iu", npdt.kind == "u", npdt.kind == "i")
+    assert (dt in dtypes.all) == (dt is not dtypes.void)
+
+
+def test_finfo() -> None:
+    for dt in (dtypes.float16, dtypes.float32, dtypes.float64):
+        info = np.finfo(dt.np)
+        assert dtypes.finfo(dt) == (info.bits - info.nmant - 1, info.nmant)
+    assert dtypes.finfo(dtypes.bfloat16) == (8, 7)
+    with pytest.raises(ValueError, match="not a floating point"):
+        dtypes.finfo(dtypes.int32)
