@@ -1005,8 +1005,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
     def __itruediv__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self / x)  # noqa: E704
 
     def _inplace(self, result: Tensor) -> Tensor:
+        """`t += x` and friends. A realized tensor that needs no gradient is written in place (`assign`), as in
+        PyTorch and tinygrad, so a TinyJit replays the write into its buffer; others (lazy graphs, tensors that
+        autograd tracks) are rebound to the result."""
         if result.shape != self.shape:
             raise ValueError(f"in-place op would change shape {self.shape} to {result.shape}")
+        if not self.requires_grad and is_realized(self.uop) and all(isinstance(d, int) for d in self.shape):
+            return self.assign(result.cast(self.dtype))
         self.uop = result.cast(self.dtype).uop
         _LAZY.add(self)
         return self

@@ -40,3 +40,32 @@ def test_finfo() -> None:
     assert dtypes.finfo(dtypes.bfloat16) == (8, 7)
     with pytest.raises(ValueError, match="not a floating point"):
         dtypes.finfo(dtypes.int32)
+
+
+# ---------------------------------------------------------------------- in-place operators
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_inplace_operator_on_state_is_replayed_by_tinyjit(op: str) -> None:
+    """`x += y` on a realized tensor writes x's buffer (PyTorch's and tinygrad's in-place semantics), so the replays
+    of a TinyJit keep updating x; rebinding x to a new graph made every replay recompute from the captured value."""
+    from glassgrad import TinyJit
+    x = Tensor([1.0, 2.0], device=DEVICE).realize()
+    expected = np.array([1.0, 2.0], np.float32)
+
+    @TinyJit
+    def step(y: Tensor) -> Tensor:
+        nonlocal x
+        if op == "add":
+            x += y
+        elif op == "sub":
+            x -= y
+        elif op == "mul":
+            x *= y
+        else:
+            x /= y
+        return x
+
+    for i in range(5):
+        y = np.array([2.0, 0.5 + i], np.float32)
+        step(Tensor(y, device=DEVICE))
+        expected = {"add": expected + y, "sub": expected - y, "mul": expected * y, "div": expected / y}[op]
+        np.testing.assert_allclose(x.numpy(), expected, rtol=1e-6)
