@@ -69,3 +69,40 @@ def test_inplace_operator_on_state_is_replayed_by_tinyjit(op: str) -> None:
         step(Tensor(y, device=DEVICE))
         expected = {"add": expected + y, "sub": expected - y, "mul": expected * y, "div": expected / y}[op]
         np.testing.assert_allclose(x.numpy(), expected, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------- TinyJit and in-place writes into inputs
+def test_tinyjit_setitem_into_an_input_that_shares_its_buffer() -> None:
+    """`Tensor.zeros(6, 6).contiguous().realize()` made in a loop realizes to one shared buffer (equal graphs); a
+    setitem into it inside a TinyJit copied it into a buffer of its own during the capture, which the replays kept
+    writing as state: from the third call on, the caller's tensor was never written (silently zeros)."""
+    from glassgrad import TinyJit
+
+    @TinyJit
+    def f(t: Tensor, a: Tensor) -> Tensor:
+        t[2:4, 3:5] = a
+        return t
+
+    for i in range(1, 6):
+        t = Tensor.zeros(6, 6, device=DEVICE).contiguous().realize()
+        a = Tensor.full((2, 2), float(i), device=DEVICE).contiguous()
+        out = f(t, a)
+        expected = np.zeros((6, 6), np.float32)
+        expected[2:4, 3:5] = i
+        np.testing.assert_equal(t.numpy(), expected)
+        assert out is t  # the returned input is this call's tensor
+
+
+def test_tinyjit_assign_into_a_shared_input_leaves_its_twin_alone() -> None:
+    from glassgrad import TinyJit
+
+    @TinyJit
+    def f(t: Tensor) -> None:
+        t.assign(t + 1).realize()
+
+    for i in range(4):
+        t = Tensor.ones(3, device=DEVICE).contiguous().realize()
+        twin = Tensor.ones(3, device=DEVICE).contiguous().realize()  # the same graph: the same buffer
+        f(t)
+        np.testing.assert_equal(t.numpy(), [2.0, 2.0, 2.0], err_msg=f"call {i}")
+        np.testing.assert_equal(twin.numpy(), [1.0, 1.0, 1.0], err_msg=f"call {i}")
