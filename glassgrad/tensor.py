@@ -95,6 +95,8 @@ def _settled(t: Tensor) -> bool:
 
 
 _LAZY = _LazyTensors()
+# bits of the significand (with the implicit one) of the float dtypes narrower than float32: rand's resolution
+_SIGNIFICAND_BITS = {dtypes.float16: 11, dtypes.bfloat16: 8}
 
 
 class _RNG:
@@ -336,7 +338,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
     def detach(self) -> Tensor:
-        return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+        """The same values, cut from autograd. Like a PyTorch detach it shares this tensor's storage: a write into it
+        (`t.detach()[0] = 1`, `assign`) writes this tensor."""
+        return self._view(UOp(Ops.DETACH, self.dtype, (self.uop,)))
 
     def clone(self) -> Tensor:
         return self.contiguous()
@@ -577,13 +581,15 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
     @staticmethod
     def rand(*shape: Any, dtype: DType | str | None = None, device: str | None = None,
              requires_grad: bool | None = None) -> Tensor:
-        """Uniform in [0, 1), 24 random bits each, drawn on the device (see `_RNG`, `manual_seed`)."""
+        """Uniform in [0, 1), drawn on the device (see `_RNG`, `manual_seed`): k / 2**m for m random bits, m as many
+        as the dtype's significand holds (24; 11 for float16, 8 for bfloat16), so rounding never gives 1.0."""
         dims = Tensor._shape_arg(shape)
         dev = canonical_devices(device or Device.DEFAULT)
         if isinstance(dev, tuple):  # drawn on the first device, the same numbers on every one
             return Tensor.rand(*dims, dtype=dtype, device=dev[0], requires_grad=requires_grad).to(dev)
+        m = _SIGNIFICAND_BITS.get(to_dtype(dtype or dtypes.default_float), 24)
         bits = _RNG.bits(prod(dims), dev)
-        out = ((bits >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))).reshape(dims)
+        out = ((bits >> (32 - m)).cast(dtypes.float32) * (1.0 / (1 << m))).reshape(dims)
         return Tensor._random_result(out, dtype, requires_grad)
 
     @staticmethod
@@ -1751,10 +1757,10 @@ def _index_tensor(n: int, device: str | None) -> Tensor:
 
 
 def _movement_chain(top: UOp, bottom: UOp) -> list[UOp]:
-    """The movement nodes from `top` down to (not including) `bottom`, top first."""
+    """The movement nodes (and DETACHes) from `top` down to (not including) `bottom`, top first."""
     chain, node = [], top
     while node is not bottom:
-        if node.op not in GroupOp.Movement:
+        if node.op not in GroupOp.Movement and node.op is not Ops.DETACH:
             raise RuntimeError("internal error: a view's node is not a chain of movement ops over its parent's")
         chain.append(node)
         node = node.src[0]
@@ -1774,6 +1780,8 @@ def _undo_movement(node: UOp, u: UOp) -> UOp:
     """`u`, shaped like movement node `node`, taken back to the shape of the node's source. An expanded (broadcast)
     view shows one element in several places, so it cannot be written; what lands in a PAD's padding is dropped."""
     below = node.src[0].shape
+    if node.op is Ops.DETACH:  # (a detached view shows every element as it is)
+        return u
     if node.op is Ops.RESHAPE:
         return u.reshape(below)
     if node.op is Ops.PERMUTE:

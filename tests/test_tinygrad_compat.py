@@ -106,3 +106,35 @@ def test_tinyjit_assign_into_a_shared_input_leaves_its_twin_alone() -> None:
         f(t)
         np.testing.assert_equal(t.numpy(), [2.0, 2.0, 2.0], err_msg=f"call {i}")
         np.testing.assert_equal(twin.numpy(), [1.0, 1.0, 1.0], err_msg=f"call {i}")
+
+
+# ---------------------------------------------------------------------- detach shares storage
+def test_setitem_and_assign_through_detach_write_the_tensor() -> None:
+    """PyTorch's and tinygrad's `detach()` share the tensor's storage; glassgrad's made a new tensor, so
+    `t.detach()[1, 2] = 5` was silently lost."""
+    t = Tensor.zeros(3, 3, device=DEVICE).contiguous().realize()
+    t.detach()[1, 2] = 5
+    t.detach().T[0, 1] = 7  # t[1, 0]
+    expected = np.zeros((3, 3), np.float32)
+    expected[1, 2], expected[1, 0] = 5, 7
+    np.testing.assert_equal(t.numpy(), expected)
+    w = Tensor(np.ones(3, np.float32), device=DEVICE, requires_grad=True)
+    w.detach().assign(Tensor([1.0, 2.0, 3.0], device=DEVICE)).realize()
+    np.testing.assert_equal(w.numpy(), [1.0, 2.0, 3.0])
+    (w * w.detach()).sum().backward()  # detach still cuts the gradient
+    assert w.grad is not None
+    np.testing.assert_allclose(w.grad.numpy(), [1.0, 2.0, 3.0])
+
+
+# ---------------------------------------------------------------------- random numbers
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16, dtypes.float32])
+def test_rand_of_a_narrow_float_stays_below_one(dt) -> None:  # type: ignore[no-untyped-def]
+    """rand drew 24 bits in float32 and cast: values within half an ulp of 1 rounded up to 1.0 in float16 (8 in
+    32768) and bfloat16 (~70), outside PyTorch's [0, 1)."""
+    Tensor.manual_seed(0)
+    x = Tensor.rand(2, 128, 128, dtype=dt, device=DEVICE)
+    assert x.dtype == dt
+    v = x.float().numpy()
+    assert v.min() >= 0.0 and v.max() < 1.0
+    assert (v == 0).any() or dt is dtypes.float32  # the low end is still drawn
+    assert abs(v.mean() - 0.5) < 0.01
