@@ -9,11 +9,13 @@ import builtins
 import contextlib
 import functools
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from glassgrad.errors import UnknownDTypeError
+from glassgrad.helpers import STATE_FLAGS
 
 
 @dataclass(frozen=True, eq=False)
@@ -228,3 +230,17 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
 def bf16_to_f32(x: np.ndarray) -> np.ndarray:
     """bfloat16 bits (uint16) -> float32 array."""
     return (x.astype(np.uint32) << 16).view(np.float32)
+
+
+def _default_setter(attr: str, kind: str) -> Callable[[DType | str], None]:
+    """The setter of `dtypes.default_float` or `default_int` for tinygrad's Context(DEFAULT_FLOAT=...)."""
+    def write(value: DType | str) -> None:
+        dt = to_dtype(value)
+        if (kind == "float" and not dt.is_float) or (kind == "int" and not dt.is_int):
+            raise ValueError(f"{attr} must be a{'' if kind == 'float' else 'n'} {kind} dtype, got {dt}")
+        setattr(dtypes, attr, dt)
+    return write
+
+
+STATE_FLAGS["DEFAULT_FLOAT"] = (lambda: dtypes.default_float, _default_setter("default_float", "float"))
+STATE_FLAGS["DEFAULT_INT"] = (lambda: dtypes.default_int, _default_setter("default_int", "int"))

@@ -23,7 +23,7 @@ from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper
 from glassgrad.engine.realize import run_schedule
 from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
-from glassgrad.helpers import normalize_axis, prod
+from glassgrad.helpers import STATE_FLAGS, normalize_axis, prod
 from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
@@ -1754,6 +1754,13 @@ def _index_tensor(n: int, device: str | None) -> Tensor:
     """0, 1, ..., n-1 as int32: the ARANGE leaf, which a kernel evaluates as its loop index (no memory read)."""
     dev = UOp(Ops.DEVICE, dtypes.void, (), canonical_devices(device or Device.DEFAULT))
     return Tensor(UOp(Ops.ARANGE, dtypes.int32, (dev,), n))
+
+
+def _set_training(value: Any) -> None:
+    Tensor.training = bool(value)
+
+
+STATE_FLAGS["TRAINING"] = (lambda: int(Tensor.training), _set_training)  # tinygrad's Context(TRAINING=1)
 
 
 def _movement_chain(top: UOp, bottom: UOp) -> list[UOp]:

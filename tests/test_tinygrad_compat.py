@@ -138,3 +138,38 @@ def test_rand_of_a_narrow_float_stays_below_one(dt) -> None:  # type: ignore[no-
     assert v.min() >= 0.0 and v.max() < 1.0
     assert (v == 0).any() or dt is dtypes.float32  # the low end is still drawn
     assert abs(v.mean() - 0.5) < 0.01
+
+
+# ---------------------------------------------------------------------- tinygrad's state flags in Context
+def test_context_training_is_tensor_training() -> None:
+    """tinygrad 0.14 turns dropout and BatchNorm's batch statistics on with Context(TRAINING=1) (it has no
+    Tensor.train()); glassgrad raised KeyError ("no meaning in glassgrad")."""
+    from glassgrad import Context, nn
+    x = Tensor.ones(4000, device=DEVICE)
+    assert not Tensor.training
+    with Context(TRAINING=1):
+        assert Tensor.training
+        dropped = float((x.dropout(0.5) == 0).float().mean().item())
+        bn = nn.BatchNorm(3)
+        batch = np.random.default_rng(0).standard_normal((8, 3, 2, 2)).astype(np.float32)
+        out = bn(Tensor(batch, device=DEVICE)).numpy()
+    assert not Tensor.training
+    assert 0.45 < dropped < 0.55
+    mean, var = batch.mean((0, 2, 3), keepdims=True), batch.var((0, 2, 3), keepdims=True)
+    np.testing.assert_allclose(out, (batch - mean) / np.sqrt(var + 1e-5), atol=1e-4)  # batch statistics used
+    np.testing.assert_equal(x.dropout(0.5).numpy(), x.numpy())
+    with pytest.raises(ZeroDivisionError), Context(TRAINING=1):
+        _ = 1 / 0
+    assert not Tensor.training  # restored on an exception too
+
+
+def test_context_default_float_and_int() -> None:
+    from glassgrad import Context
+    with Context(DEFAULT_FLOAT=dtypes.half, DEFAULT_INT="int64"):
+        assert Tensor([1.5], device=DEVICE).dtype == dtypes.half
+        assert Tensor.rand(3, device=DEVICE).dtype == dtypes.half
+        assert Tensor([1, 2], device=DEVICE).dtype == dtypes.int64
+    assert Tensor([1.5], device=DEVICE).dtype == dtypes.float32 and Tensor([1], device=DEVICE).dtype == dtypes.int32
+    with pytest.raises(ValueError, match="float dtype"), Context(DEFAULT_FLOAT=dtypes.int8):
+        pass
+    assert dtypes.default_float == dtypes.float32
