@@ -1485,7 +1485,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
             raise ShapeError(f"matmul batch dims {x.shape[:-2]} and {y.shape[:-2]} cannot be broadcast together "
                              f"(shapes {self.shape} @ {w.shape})") from None
         # (..., n, 1, k) * (..., 1, m, k) summed over k
-        out = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1, dtype=dtype)
+        products = x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)
+        out = products.sum(-1, dtype=dtype)
+        if dtype is None and products.dtype.is_int:  # int8 @ int8 is int8 (wrapping), as in PyTorch and tinygrad;
+            out = out.cast(products.dtype)           # sum alone widens small ints to int32
         if self.ndim == 1:
             out = out.squeeze(-2)
         if w.ndim == 1:

@@ -173,3 +173,20 @@ def test_context_default_float_and_int() -> None:
     with pytest.raises(ValueError, match="float dtype"), Context(DEFAULT_FLOAT=dtypes.int8):
         pass
     assert dtypes.default_float == dtypes.float32
+
+
+# ---------------------------------------------------------------------- dtypes of results
+@pytest.mark.parametrize("a,b", [("int8", "int8"), ("int8", "int16"), ("uint8", "uint8"), ("int16", "int32"),
+                                 ("uint8", "int8"), ("int64", "int64")])
+def test_integer_matmul_keeps_the_promoted_dtype(a: str, b: str) -> None:
+    """int8 @ int16 is int16 in PyTorch and tinygrad (the products' dtype, wrapping on overflow); glassgrad returned
+    the widened accumulator (int32) of the sum inside."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(-100 if a[0] == "i" else 0, 100, (3, 5)).astype(a)
+    y = rng.integers(-100 if b[0] == "i" else 0, 100, (5, 2)).astype(b)
+    promoted = np.promote_types(a, b)
+    out = Tensor(x, device=DEVICE) @ Tensor(y, device=DEVICE)
+    assert out.dtype.np == promoted
+    np.testing.assert_equal(out.numpy(), (x.astype(np.int64) @ y.astype(np.int64)).astype(promoted))  # wraps
+    vec = Tensor(x[0], device=DEVICE).dot(Tensor(y[:, 0], device=DEVICE))
+    assert vec.dtype.np == promoted
