@@ -1266,16 +1266,30 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         return getitem(self, index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        """`t[1:3] = v`, `t[0, ::2] = 5`, `t[mask] = 0` (a bool mask of t's shape): lazily, like `assign`, into this
-        tensor's own buffer. Indices that select by tensors or lists (a gather) raise: use `scatter` or `where`."""
+        """`t[1:3] = v`, `t[0, ::2] = 5`, `t[mask] = 0` (a bool mask of t's shape), `t[[0, 2], 1] = v` (tensor or
+        list indices): lazily, like `assign`, into this tensor's own buffer."""
         if isinstance(index, Tensor) and index.dtype == dtypes.bool and index.shape == self.shape:
             self.assign(index.where(value, self))
             return
         view = self[index]
         if not view._shows(self):
-            raise NotImplementedError("t[index] = value with tensor or list indices (advanced indexing) is not "
-                                      "supported: use t.scatter(...) or t.assign(mask.where(value, t))")
+            self._setitem_by_positions(index, value)
+            return
         view.assign(value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype))
+
+    def _setitem_by_positions(self, index: Any, value: Any) -> None:
+        """`t[idx] = v` with tensor or list indices (advanced indexing): the same index applied to the flat
+        positions of `t` says where each element of `v` goes, and a scatter writes them. Where one position is
+        named several times the last write wins (numpy's and PyTorch's CPU order)."""
+        positions = Tensor.arange(self.numel(), device=self.device).reshape(self.shape)[index]
+        values = value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype)
+        try:
+            values = values.cast(self.dtype)._broadcast_to(positions.shape)
+        except ValueError:
+            raise ShapeError(f"t[index] = value: value of shape {values.shape} cannot be broadcast to the indexed "
+                             f"shape {positions.shape}") from None
+        flat = self.reshape(-1).scatter(0, positions.reshape(-1), values.reshape(-1))
+        self.assign(flat.reshape(self.shape))
 
     def gather(self, dim: int, index: Tensor) -> Tensor:
         """out[i][j][k] = self[index[i][j][k]][j][k] for dim=0 (PyTorch's gather)."""

@@ -2,9 +2,11 @@
 check, held by glassgrad: each one a bug that a tinygrad or PyTorch program could hit."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
-from test_ops import DEVICE
+from test_ops import DEVICE, torch
 
 from glassgrad import Tensor, dtypes
 from glassgrad.dtype import ALL_DTYPES, to_dtype
@@ -190,3 +192,52 @@ def test_integer_matmul_keeps_the_promoted_dtype(a: str, b: str) -> None:
     np.testing.assert_equal(out.numpy(), (x.astype(np.int64) @ y.astype(np.int64)).astype(promoted))  # wraps
     vec = Tensor(x[0], device=DEVICE).dot(Tensor(y[:, 0], device=DEVICE))
     assert vec.dtype.np == promoted
+
+
+# ---------------------------------------------------------------------- setitem with tensor or list indices
+SETITEM_CASES: list[tuple[str, tuple[int, ...], Any, Any]] = [
+    ("tensor rows", (5, 3), lambda T: T([0, 2]), lambda T: T(np.arange(6, dtype=np.float32).reshape(2, 3))),
+    ("list rows, scalar", (5, 3), lambda T: [4, 1], lambda T: 7.0),
+    ("pairs", (6, 6), lambda T: ([1, 2], [3, 2]), lambda T: 3.0),
+    ("tensor and int", (4, 3), lambda T: (T([0, 2]), 0), lambda T: T(np.array([99.0, 88.0], np.float32))),
+    ("tensor and slice", (4, 3), lambda T: (T([3, -4]), slice(None, 2)),
+     lambda T: T(np.array([[10.0, 20.0], [30.0, 40.0]], np.float32))),
+    ("2-d index", (3,), lambda T: T([[0, 1], [2, 0]]), lambda T: T(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32))),
+    ("repeated, last wins", (4,), lambda T: [1, 1], lambda T: T(np.array([5.0, 6.0], np.float32))),
+    ("broadcast value", (4, 2, 3), lambda T: (slice(None), [1, 0], 2), lambda T: T(np.array([8.0, 9.0], np.float32))),
+]
+
+
+@pytest.mark.parametrize("name,shape,index,value", SETITEM_CASES, ids=[c[0] for c in SETITEM_CASES])
+def test_setitem_with_tensor_or_list_indices(name: str, shape: tuple[int, ...], index: Any, value: Any) -> None:
+    """t[idx] = v with advanced indices raised NotImplementedError (tinygrad and PyTorch write it)."""
+    base = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+
+    def as_np(x: Any) -> Any:
+        return x.numpy() if isinstance(x, Tensor) else x
+
+    def gg(a: Any) -> Tensor:
+        return Tensor(np.asarray(a), device=DEVICE)
+
+    t = Tensor(base, device=DEVICE)
+    t[index(gg)] = value(gg)
+    expected = base.copy()
+    idx = index(gg)
+    expected[tuple(as_np(i) for i in idx) if isinstance(idx, tuple) else as_np(idx)] = as_np(value(gg))
+    np.testing.assert_equal(t.numpy(), expected)
+    if torch is not None:
+        def tt(a: Any) -> Any:
+            return torch.tensor(np.asarray(a))
+        ref = torch.tensor(base)
+        ref[index(tt)] = value(tt)
+        np.testing.assert_equal(t.numpy(), ref.numpy())
+
+
+def test_setitem_with_indices_errors_and_views() -> None:
+    t = Tensor.zeros(4, 3, device=DEVICE).contiguous().realize()
+    with pytest.raises((RuntimeError, ValueError), match="cannot be broadcast"):
+        t[[0, 1]] = Tensor(np.ones(4, np.float32), device=DEVICE)
+    before = t[1]  # a tensor taken before the write keeps its value (value semantics)
+    t.T[[2, 0], [1, 1]] = 5.0  # through a view: t[1, 2] and t[1, 0]
+    np.testing.assert_equal(t.numpy()[1], [5.0, 0.0, 5.0])
+    np.testing.assert_equal(before.numpy(), [0.0, 0.0, 0.0])
