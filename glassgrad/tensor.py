@@ -10,6 +10,7 @@ Shapes and dtypes are checked here, eagerly, so mistakes raise at the line that 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import math
 import weakref
@@ -344,6 +345,24 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
 
     def clone(self) -> Tensor:
         return self.contiguous()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
+        """`copy.deepcopy(t)` (and of a model holding tensors): a tensor with its own copy of the values, the same
+        requires_grad (a layer's parameter stays one) and a copy of `.grad`, as PyTorch's. Copying the node graph
+        instead would duplicate buffer handles: two tensors freeing one device allocation."""
+        out = Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (UOp(Ops.DETACH, self.dtype, (self.uop,)),)))
+        with no_grad():  # copied now, as PyTorch does: the copy's graph no longer reaches this tensor
+            out.realize()
+        if self.requires_grad:
+            out.requires_grad_(True)
+        else:
+            out.requires_grad = self.requires_grad
+            if id(self) in _REQUIRES_GRAD:
+                mark_trainable(out)
+        if self.grad is not None:
+            out.grad = copy.deepcopy(self.grad, memo)
+        memo[id(self)] = out
+        return out
 
     def assign(self, x: Tensor | Scalar) -> Tensor:
         """Write `x` into this tensor's own buffer, in place (lazily, like everything else): whatever holds this

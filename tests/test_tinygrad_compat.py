@@ -241,3 +241,28 @@ def test_setitem_with_indices_errors_and_views() -> None:
     t.T[[2, 0], [1, 1]] = 5.0  # through a view: t[1, 2] and t[1, 0]
     np.testing.assert_equal(t.numpy()[1], [5.0, 0.0, 5.0])
     np.testing.assert_equal(before.numpy(), [0.0, 0.0, 0.0])
+
+
+# ---------------------------------------------------------------------- copy.deepcopy
+def test_deepcopy_of_tensors_and_models() -> None:
+    """copy.deepcopy of a lazy tensor crashed (UnknownDTypeError 'void'); of a realized one it duplicated the
+    buffer's device handle. Now a copy owns its values, as in PyTorch."""
+    import copy
+
+    from glassgrad import nn
+    lazy = Tensor.ones(3, 3, device=DEVICE) * 2
+    np.testing.assert_equal(copy.deepcopy(lazy).numpy(), np.full((3, 3), 2.0))
+    y = Tensor([1.0, 2.0], device=DEVICE).realize()
+    z = copy.deepcopy(y)
+    y.assign(Tensor([5.0, 5.0], device=DEVICE)).realize()
+    np.testing.assert_equal((y.numpy(), z.numpy()), ([5.0, 5.0], [1.0, 2.0]))
+    w = Tensor([1.0, 2.0], device=DEVICE, requires_grad=True)
+    (w * w).sum().backward()
+    w2 = copy.deepcopy(w)
+    assert w2.requires_grad and w2.grad is not None
+    np.testing.assert_equal(w2.grad.numpy(), [2.0, 4.0])
+    layer = nn.Linear(2, 2)
+    twin = copy.deepcopy(layer)
+    np.testing.assert_equal(twin.weight.numpy(), layer.weight.numpy())
+    twin(Tensor.ones(1, 2, device=DEVICE)).sum().backward()  # the copy's parameters are parameters
+    assert twin.weight.grad is not None and layer.weight.grad is None
