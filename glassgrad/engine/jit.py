@@ -488,10 +488,13 @@ class TinyJit(Generic[ReturnType]):
     """`@TinyJit` on a function of tensors: call 1 runs it, call 2 captures its kernels, later calls replay them
     (per signature: shapes, dtypes and devices of the tensor arguments, values of the others). Returned tensors are
     realized, and their buffers are reused by the next call: read or copy a result before calling again.
-    `plan_memory=False` gives every intermediate its own buffer (to measure what the planner saves)."""
+    `plan_memory=False` gives every intermediate its own buffer (to measure what the planner saves). `prune` is
+    tinygrad's keyword, accepted for its programs: tinygrad drops the kernels that do not depend on the inputs from
+    the replays; here every captured kernel is replayed (the same results, a few more launches)."""
 
-    def __init__(self, fn: Callable[..., ReturnType], plan_memory: bool = True) -> None:
+    def __init__(self, fn: Callable[..., ReturnType], plan_memory: bool = True, prune: bool = False) -> None:
         self.fn = fn
+        self.prune = prune
         self.plan_memory = plan_memory
         self._seen: set[Hashable] = set()
         self._captures: dict[Hashable, _Capture] = {}
