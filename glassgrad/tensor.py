@@ -201,6 +201,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
             d = want or _scalar_dtype(data)
             uop = UOp.const(d, data, device)
+        elif isinstance(data, (bytes, bytearray)):  # tinygrad's Tensor(b"...") : the bytes as uint8
+            uop = _uop_from_array(np.frombuffer(bytes(data), dtype=np.uint8), want, device)
+        elif data is None:  # tinygrad's Tensor(None): empty
+            uop = _uop_from_array(np.zeros(0, (want or dtypes.default_float).np), want, device)
         else:
             uop = _uop_from_array(data, want, device)
         if want is not None and uop.dtype != want:

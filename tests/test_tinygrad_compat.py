@@ -266,3 +266,14 @@ def test_deepcopy_of_tensors_and_models() -> None:
     np.testing.assert_equal(twin.weight.numpy(), layer.weight.numpy())
     twin(Tensor.ones(1, 2, device=DEVICE)).sum().backward()  # the copy's parameters are parameters
     assert twin.weight.grad is not None and layer.weight.grad is None
+
+
+def test_tensor_from_bytes_and_none() -> None:
+    """tinygrad's Tensor(b"...") (uint8 bytes) and Tensor(None) (empty) raised TypeError."""
+    data = b"abc\x00\xff"
+    t = Tensor(data, device=DEVICE)
+    assert t.dtype == dtypes.uint8 and t.shape == (5,)
+    np.testing.assert_equal(t.numpy(), list(data))
+    np.testing.assert_equal(Tensor(bytearray(data), dtype=dtypes.int32, device=DEVICE).numpy(), list(data))
+    empty = Tensor(None, device=DEVICE)
+    assert empty.shape == (0,) and empty.dtype == dtypes.float32 and empty.numpy().size == 0
