@@ -5,14 +5,17 @@ promotion (tinygrad's/PyTorch's lattice), and conversions to numpy dtypes and C 
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import functools
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from glassgrad.errors import UnknownDTypeError
+from glassgrad.helpers import STATE_FLAGS
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,6 +100,38 @@ class dtypes:
     long = int64
     default_float = float32
     default_int = int32
+    # tinygrad's C-style aliases
+    char, uchar, short, ushort, uint, ulong = int8, uint8, int16, uint16, uint32, uint64
+    # groups (tinygrad's `dtypes.floats`, `dtypes.ints`, ...)
+    floats = (float16, bfloat16, float32, float64)
+    uints = (uint8, uint16, uint32, uint64)
+    sints = (int8, int16, int32, int64)
+    ints = uints + sints
+    all = floats + ints + (bool,)  # noqa: A003  (tinygrad's name)
+
+    # tinygrad's predicates take the dtype (`dtypes.is_float(t.dtype)`); `t.dtype.is_float` is the same question
+    @staticmethod
+    def is_float(x: DType) -> builtins.bool:  # (`bool` here is dtypes.bool)
+        return x in _FLOATS
+
+    @staticmethod
+    def is_int(x: DType) -> builtins.bool:
+        return x in _INTS
+
+    @staticmethod
+    def is_unsigned(x: DType) -> builtins.bool:
+        return x in _UINTS
+
+    @staticmethod
+    def is_bool(x: DType) -> builtins.bool:
+        return x is dtypes.bool
+
+    @staticmethod
+    def finfo(x: DType) -> tuple[builtins.int, builtins.int]:
+        """(exponent bits, mantissa bits) of a float dtype."""
+        if x not in _FINFO:
+            raise ValueError(f"finfo: {x} is not a floating point type")
+        return _FINFO[x]
 
     @staticmethod
     def from_np(npdtype: np.dtype | type) -> DType:
@@ -126,7 +161,9 @@ ALL_DTYPES: tuple[DType, ...] = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.
 _FLOATS = frozenset({dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64})
 _UINTS = frozenset({dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64})
 _INTS = frozenset({dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64}) | _UINTS
+_FINFO = {dtypes.float16: (5, 10), dtypes.bfloat16: (8, 7), dtypes.float32: (8, 23), dtypes.float64: (11, 52)}
 DTYPE_BY_NAME: dict[str, DType] = {d.name: d for d in ALL_DTYPES}
+_ALIASES = ("half", "float", "double", "int", "long", "char", "uchar", "short", "ushort", "uint", "ulong")
 
 # Each type's direct supertypes. A set of types promotes to the lowest common ancestor in this lattice,
 # so int8+uint8 -> int16, int64+float16 -> float16, float16+bfloat16 -> float32 (as in tinygrad/PyTorch).
@@ -157,7 +194,7 @@ def to_dtype(x: DType | str | type | np.dtype) -> DType:
         return x
     if isinstance(x, str) and x in DTYPE_BY_NAME:
         return DTYPE_BY_NAME[x]
-    if isinstance(x, str) and x in ("half", "float", "double", "int", "long"):
+    if isinstance(x, str) and x in _ALIASES:
         return getattr(dtypes, x)
     try:
         return dtypes.from_np(x)  # type: ignore[arg-type]
@@ -193,3 +230,17 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
 def bf16_to_f32(x: np.ndarray) -> np.ndarray:
     """bfloat16 bits (uint16) -> float32 array."""
     return (x.astype(np.uint32) << 16).view(np.float32)
+
+
+def _default_setter(attr: str, kind: str) -> Callable[[DType | str], None]:
+    """The setter of `dtypes.default_float` or `default_int` for tinygrad's Context(DEFAULT_FLOAT=...)."""
+    def write(value: DType | str) -> None:
+        dt = to_dtype(value)
+        if (kind == "float" and not dt.is_float) or (kind == "int" and not dt.is_int):
+            raise ValueError(f"{attr} must be a{'' if kind == 'float' else 'n'} {kind} dtype, got {dt}")
+        setattr(dtypes, attr, dt)
+    return write
+
+
+STATE_FLAGS["DEFAULT_FLOAT"] = (lambda: dtypes.default_float, _default_setter("default_float", "float"))
+STATE_FLAGS["DEFAULT_INT"] = (lambda: dtypes.default_int, _default_setter("default_int", "int"))

@@ -78,17 +78,24 @@ FLAG_ALIASES: dict[str, tuple[str, Callable[[int], int]]] = {
 }
 # tinygrad's flags (tinygrad/helpers.py) that mean nothing here: other backends, features glassgrad does not have
 TINYGRAD_ONLY_FLAGS = frozenset({
-    "IMAGE", "FLOAT16", "OPENPILOT_HACKS", "JIT_BATCH_SIZE", "WINO", "CAPTURING", "TRACEMETA", "NO_COLOR", "TRAINING",
+    "IMAGE", "FLOAT16", "OPENPILOT_HACKS", "JIT_BATCH_SIZE", "WINO", "CAPTURING", "TRACEMETA", "NO_COLOR",
     "TC", "TC_SELECT", "TC_OPT", "TRANSCENDENTAL", "NOLOCALS", "SPLIT_REDUCEOP", "LRU", "RING", "ALL2ALL",
     "ALLREDUCE_CAST", "VALIDATE_WITH_CPU", "DISABLE_FAST_IDIV", "FUSE_OPTIM", "ALLOW_DEVICE_USAGE", "MAX_BUFFER_SIZE",
-    "MAX_KERNEL_BUFFERS", "EMULATED_DTYPES", "DEFAULT_FLOAT", "DEFAULT_INT", "CAPTURE_PROCESS_REPLAY",
+    "MAX_KERNEL_BUFFERS", "EMULATED_DTYPES", "CAPTURE_PROCESS_REPLAY",
     "NUM_CPU_THREADS", "NULL_ALLOW_COPYOUT", "VIZ", "PARALLEL", "PROFILE", "SPEC", "CHECK_OOB", "PCONTIG",
     "DEBUG_RANGEIFY", "TUPLE_ORDER", "CCACHE", "USE_ATOMICS", "DISALLOW_BROADCAST",
 })
 
 
-def _resolve_flag(key: str, value: int) -> tuple[str, int]:
+# tinygrad's flags that stand for Python state here: name -> (read it, set it), registered by the module owning the
+# state: TRAINING is `Tensor.training` (tensor.py), DEFAULT_FLOAT/DEFAULT_INT are `dtypes.default_*` (dtype.py)
+STATE_FLAGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
+
+
+def _resolve_flag(key: str, value: Any) -> tuple[str, Any]:
     """A flag name given to Context -> (glassgrad's flag, its value); KeyError naming the flag if it has none."""
+    if key in STATE_FLAGS:
+        return key, value
     if key in FLAG_ALIASES:
         name, convert = FLAG_ALIASES[key]
         return name, convert(value)
@@ -101,19 +108,28 @@ def _resolve_flag(key: str, value: int) -> tuple[str, int]:
 
 
 @contextlib.contextmanager
-def Context(**flags: int) -> Iterator[None]:
+def Context(**flags: Any) -> Iterator[None]:
     """Temporarily set flags: `with Context(DEBUG=2): ...`. tinygrad's names for glassgrad's flags work too
-    (NO_MEMORY_PLANNER=1 is MEMPLAN=0); a tinygrad flag with no meaning here raises a KeyError that says so."""
+    (NO_MEMORY_PLANNER=1 is MEMPLAN=0; TRAINING=1 is `Tensor.training`; DEFAULT_FLOAT=dtypes.half is
+    `dtypes.default_float`); a tinygrad flag with no meaning here raises a KeyError that says so."""
     resolved = [_resolve_flag(key, value) for key, value in flags.items()]  # all checked before any is set
-    old: dict[str, int] = {}
-    for key, value in resolved:
-        old.setdefault(key, ContextVar._registry[key].value)
-        ContextVar._registry[key].value = value
+    old: dict[str, Any] = {}
     try:
+        for key, value in resolved:
+            if key in STATE_FLAGS:
+                read, write = STATE_FLAGS[key]
+                old.setdefault(key, read())
+                write(value)
+            else:
+                old.setdefault(key, ContextVar._registry[key].value)
+                ContextVar._registry[key].value = value
         yield
     finally:
         for key, value in old.items():
-            ContextVar._registry[key].value = value
+            if key in STATE_FLAGS:
+                STATE_FLAGS[key][1](value)
+            else:
+                ContextVar._registry[key].value = value
 
 
 def prod(xs: Iterable[int]) -> int:

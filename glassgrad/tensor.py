@@ -10,6 +10,7 @@ Shapes and dtypes are checked here, eagerly, so mistakes raise at the line that 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import math
 import weakref
@@ -23,7 +24,7 @@ from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper
 from glassgrad.engine.realize import run_schedule
 from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
-from glassgrad.helpers import normalize_axis, prod
+from glassgrad.helpers import STATE_FLAGS, normalize_axis, prod
 from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
@@ -95,6 +96,8 @@ def _settled(t: Tensor) -> bool:
 
 
 _LAZY = _LazyTensors()
+# bits of the significand (with the implicit one) of the float dtypes narrower than float32: rand's resolution
+_SIGNIFICAND_BITS = {dtypes.float16: 11, dtypes.bfloat16: 8}
 
 
 class _RNG:
@@ -198,6 +201,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
             d = want or _scalar_dtype(data)
             uop = UOp.const(d, data, device)
+        elif isinstance(data, (bytes, bytearray)):  # tinygrad's Tensor(b"...") : the bytes as uint8
+            uop = _uop_from_array(np.frombuffer(bytes(data), dtype=np.uint8), want, device)
+        elif data is None:  # tinygrad's Tensor(None): empty
+            uop = _uop_from_array(np.zeros(0, (want or dtypes.default_float).np), want, device)
         else:
             uop = _uop_from_array(data, want, device)
         if want is not None and uop.dtype != want:
@@ -336,10 +343,30 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
     def detach(self) -> Tensor:
-        return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+        """The same values, cut from autograd. Like a PyTorch detach it shares this tensor's storage: a write into it
+        (`t.detach()[0] = 1`, `assign`) writes this tensor."""
+        return self._view(UOp(Ops.DETACH, self.dtype, (self.uop,)))
 
     def clone(self) -> Tensor:
         return self.contiguous()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
+        """`copy.deepcopy(t)` (and of a model holding tensors): a tensor with its own copy of the values, the same
+        requires_grad (a layer's parameter stays one) and a copy of `.grad`, as PyTorch's. Copying the node graph
+        instead would duplicate buffer handles: two tensors freeing one device allocation."""
+        out = Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (UOp(Ops.DETACH, self.dtype, (self.uop,)),)))
+        with no_grad():  # copied now, as PyTorch does: the copy's graph no longer reaches this tensor
+            out.realize()
+        if self.requires_grad:
+            out.requires_grad_(True)
+        else:
+            out.requires_grad = self.requires_grad
+            if id(self) in _REQUIRES_GRAD:
+                mark_trainable(out)
+        if self.grad is not None:
+            out.grad = copy.deepcopy(self.grad, memo)
+        memo[id(self)] = out
+        return out
 
     def assign(self, x: Tensor | Scalar) -> Tensor:
         """Write `x` into this tensor's own buffer, in place (lazily, like everything else): whatever holds this
@@ -577,13 +604,15 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
     @staticmethod
     def rand(*shape: Any, dtype: DType | str | None = None, device: str | None = None,
              requires_grad: bool | None = None) -> Tensor:
-        """Uniform in [0, 1), 24 random bits each, drawn on the device (see `_RNG`, `manual_seed`)."""
+        """Uniform in [0, 1), drawn on the device (see `_RNG`, `manual_seed`): k / 2**m for m random bits, m as many
+        as the dtype's significand holds (24; 11 for float16, 8 for bfloat16), so rounding never gives 1.0."""
         dims = Tensor._shape_arg(shape)
         dev = canonical_devices(device or Device.DEFAULT)
         if isinstance(dev, tuple):  # drawn on the first device, the same numbers on every one
             return Tensor.rand(*dims, dtype=dtype, device=dev[0], requires_grad=requires_grad).to(dev)
+        m = _SIGNIFICAND_BITS.get(to_dtype(dtype or dtypes.default_float), 24)
         bits = _RNG.bits(prod(dims), dev)
-        out = ((bits >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))).reshape(dims)
+        out = ((bits >> (32 - m)).cast(dtypes.float32) * (1.0 / (1 << m))).reshape(dims)
         return Tensor._random_result(out, dtype, requires_grad)
 
     @staticmethod
@@ -1005,8 +1034,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
     def __itruediv__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self / x)  # noqa: E704
 
     def _inplace(self, result: Tensor) -> Tensor:
+        """`t += x` and friends. A realized tensor that needs no gradient is written in place (`assign`), as in
+        PyTorch and tinygrad, so a TinyJit replays the write into its buffer; others (lazy graphs, tensors that
+        autograd tracks) are rebound to the result."""
         if result.shape != self.shape:
             raise ValueError(f"in-place op would change shape {self.shape} to {result.shape}")
+        if not self.requires_grad and is_realized(self.uop) and all(isinstance(d, int) for d in self.shape):
+            return self.assign(result.cast(self.dtype))
         self.uop = result.cast(self.dtype).uop
         _LAZY.add(self)
         return self
@@ -1255,16 +1289,30 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         return getitem(self, index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        """`t[1:3] = v`, `t[0, ::2] = 5`, `t[mask] = 0` (a bool mask of t's shape): lazily, like `assign`, into this
-        tensor's own buffer. Indices that select by tensors or lists (a gather) raise: use `scatter` or `where`."""
+        """`t[1:3] = v`, `t[0, ::2] = 5`, `t[mask] = 0` (a bool mask of t's shape), `t[[0, 2], 1] = v` (tensor or
+        list indices): lazily, like `assign`, into this tensor's own buffer."""
         if isinstance(index, Tensor) and index.dtype == dtypes.bool and index.shape == self.shape:
             self.assign(index.where(value, self))
             return
         view = self[index]
         if not view._shows(self):
-            raise NotImplementedError("t[index] = value with tensor or list indices (advanced indexing) is not "
-                                      "supported: use t.scatter(...) or t.assign(mask.where(value, t))")
+            self._setitem_by_positions(index, value)
+            return
         view.assign(value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype))
+
+    def _setitem_by_positions(self, index: Any, value: Any) -> None:
+        """`t[idx] = v` with tensor or list indices (advanced indexing): the same index applied to the flat
+        positions of `t` says where each element of `v` goes, and a scatter writes them. Where one position is
+        named several times the last write wins (numpy's and PyTorch's CPU order)."""
+        positions = Tensor.arange(self.numel(), device=self.device).reshape(self.shape)[index]
+        values = value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype)
+        try:
+            values = values.cast(self.dtype)._broadcast_to(positions.shape)
+        except ValueError:
+            raise ShapeError(f"t[index] = value: value of shape {values.shape} cannot be broadcast to the indexed "
+                             f"shape {positions.shape}") from None
+        flat = self.reshape(-1).scatter(0, positions.reshape(-1), values.reshape(-1))
+        self.assign(flat.reshape(self.shape))
 
     def gather(self, dim: int, index: Tensor) -> Tensor:
         """out[i][j][k] = self[index[i][j][k]][j][k] for dim=0 (PyTorch's gather)."""
@@ -1474,7 +1522,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
             raise ShapeError(f"matmul batch dims {x.shape[:-2]} and {y.shape[:-2]} cannot be broadcast together "
                              f"(shapes {self.shape} @ {w.shape})") from None
         # (..., n, 1, k) * (..., 1, m, k) summed over k
-        out = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1, dtype=dtype)
+        products = x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)
+        out = products.sum(-1, dtype=dtype)
+        if dtype is None and products.dtype.is_int:  # int8 @ int8 is int8 (wrapping), as in PyTorch and tinygrad;
+            out = out.cast(products.dtype)           # sum alone widens small ints to int32
         if self.ndim == 1:
             out = out.squeeze(-2)
         if w.ndim == 1:
@@ -1745,11 +1796,18 @@ def _index_tensor(n: int, device: str | None) -> Tensor:
     return Tensor(UOp(Ops.ARANGE, dtypes.int32, (dev,), n))
 
 
+def _set_training(value: Any) -> None:
+    Tensor.training = bool(value)
+
+
+STATE_FLAGS["TRAINING"] = (lambda: int(Tensor.training), _set_training)  # tinygrad's Context(TRAINING=1)
+
+
 def _movement_chain(top: UOp, bottom: UOp) -> list[UOp]:
-    """The movement nodes from `top` down to (not including) `bottom`, top first."""
+    """The movement nodes (and DETACHes) from `top` down to (not including) `bottom`, top first."""
     chain, node = [], top
     while node is not bottom:
-        if node.op not in GroupOp.Movement:
+        if node.op not in GroupOp.Movement and node.op is not Ops.DETACH:
             raise RuntimeError("internal error: a view's node is not a chain of movement ops over its parent's")
         chain.append(node)
         node = node.src[0]
@@ -1769,6 +1827,8 @@ def _undo_movement(node: UOp, u: UOp) -> UOp:
     """`u`, shaped like movement node `node`, taken back to the shape of the node's source. An expanded (broadcast)
     view shows one element in several places, so it cannot be written; what lands in a PAD's padding is dropped."""
     below = node.src[0].shape
+    if node.op is Ops.DETACH:  # (a detached view shows every element as it is)
+        return u
     if node.op is Ops.RESHAPE:
         return u.reshape(below)
     if node.op is Ops.PERMUTE:

@@ -151,6 +151,27 @@ def _returned_tensors(ret: Any) -> list[Tensor]:
                    f"{type(ret).__name__}: a replay runs kernels only and could not recompute it")
 
 
+def _with_tensors_swapped(ret: Any, swap: dict[int, Tensor]) -> Any:
+    """`ret` with every tensor whose id is in `swap` replaced (in lists, tuples and dicts, as returned)."""
+    if isinstance(ret, Tensor):
+        return swap.get(id(ret), ret)
+    if isinstance(ret, (list, tuple)):
+        return type(ret)(_with_tensors_swapped(r, swap) for r in ret)
+    if isinstance(ret, dict):
+        return {k: _with_tensors_swapped(v, swap) for k, v in ret.items()}
+    return ret
+
+
+def _own_buffers(tensors: list[Tensor]) -> None:
+    """Give each of these input tensors a buffer of its own where it shares one (equal graphs realize to one
+    buffer), so an in-place write the function makes goes into the input's own buffer, which a replay swaps for the
+    next call's, instead of into a copy the capture would keep as state."""
+    for t in tensors:
+        if isinstance(t.device, str) and t._view_of is None and is_buffer_view(t.uop) and \
+                not t.uop.base.arg[0].owned:
+            t._take_own_buffer()
+
+
 # ---------------------------------------------------------------------- a capture
 @dataclass(eq=False)
 class _Slot:
@@ -327,10 +348,14 @@ def _steps_of(items: list[ScheduleItem], inputs: list[Buffer]) -> tuple[list[_St
 class _Capture:
     """The kernels of one signature, ready to replay."""
 
-    def __init__(self, items: list[ScheduleItem], inputs: list[Buffer], ret: Any, plan: bool) -> None:
+    def __init__(self, items: list[ScheduleItem], inputs: list[Buffer], ret: Any, plan: bool,
+                 input_tensors: list[Tensor]) -> None:
         steps, inplace = _steps_of(items, inputs)
         gc.collect()  # intermediates only the recorded items held are gone now
         self.ret = ret
+        # an input returned itself (written in place, `t[1:3] = v; return t`): a replay returns that call's tensor
+        returned = {id(t) for t in _returned_tensors(ret)}
+        self.returned_inputs = {id(t): i for i, t in enumerate(input_tensors) if id(t) in returned}
         self.intermediate_bytes = 0  # bytes of the intermediates nothing else holds, each in its own buffer
         self.pool: list[Buffer] = []  # the memory they share when planned
         slot_buffers = self._place(steps, plan)
@@ -407,6 +432,8 @@ class _Capture:
                 step.run(handles, var_vals, wait)
         self._advance_versions(tensors, inputs)
         self._bind_returned(var_vals)
+        if self.returned_inputs:
+            return _with_tensors_swapped(self.ret, {k: tensors[i] for k, i in self.returned_inputs.items()})
         return self.ret
 
     def _bind_returned(self, var_vals: dict[str, int]) -> None:
@@ -461,10 +488,13 @@ class TinyJit(Generic[ReturnType]):
     """`@TinyJit` on a function of tensors: call 1 runs it, call 2 captures its kernels, later calls replay them
     (per signature: shapes, dtypes and devices of the tensor arguments, values of the others). Returned tensors are
     realized, and their buffers are reused by the next call: read or copy a result before calling again.
-    `plan_memory=False` gives every intermediate its own buffer (to measure what the planner saves)."""
+    `plan_memory=False` gives every intermediate its own buffer (to measure what the planner saves). `prune` is
+    tinygrad's keyword, accepted for its programs: tinygrad drops the kernels that do not depend on the inputs from
+    the replays; here every captured kernel is replayed (the same results, a few more launches)."""
 
-    def __init__(self, fn: Callable[..., ReturnType], plan_memory: bool = True) -> None:
+    def __init__(self, fn: Callable[..., ReturnType], plan_memory: bool = True, prune: bool = False) -> None:
         self.fn = fn
+        self.prune = prune
         self.plan_memory = plan_memory
         self._seen: set[Hashable] = set()
         self._captures: dict[Hashable, _Capture] = {}
@@ -495,11 +525,17 @@ class TinyJit(Generic[ReturnType]):
         inputs, owners = _input_buffers(found.tensors, found.names)
         captured = self._captures.get(key)
         if captured is not None:
+            if any(not inputs[i].owned for i, _ in captured.written_inputs):
+                _own_buffers([owners[i] for i, _ in captured.written_inputs])
+                inputs, owners = _input_buffers(found.tensors, found.names)
             return captured.replay(owners, inputs, found.var_vals)
         if key not in self._seen:
             self._seen.add(key)
             return self._run_eagerly(args, kwargs)
-        captured = self._capture(args, kwargs, inputs)
+        if not all(b.owned for b in inputs):
+            _own_buffers(found.tensors)
+            inputs, owners = _input_buffers(found.tensors, found.names)
+        captured = self._capture(args, kwargs, inputs, owners)
         self._captures[key] = captured
         return captured.ret
 
@@ -509,7 +545,8 @@ class TinyJit(Generic[ReturnType]):
             Tensor.realize_all(*_returned_tensors(ret))
         return ret
 
-    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: list[Buffer]) -> _Capture:
+    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: list[Buffer],
+                 input_tensors: list[Tensor]) -> _Capture:
         items: list[ScheduleItem] = []
         hook = items.append
         realize.capture_hooks.append(hook)
@@ -520,9 +557,10 @@ class TinyJit(Generic[ReturnType]):
             realize.capture_hooks.remove(hook)
         input_ids = {id(b) for b in inputs}
         for t in _returned_tensors(ret):
-            if any(id(part.base.arg[0]) in input_ids for part in view_parts(t.uop)):
+            if all(t is not i for i in input_tensors) and \
+                    any(id(part.base.arg[0]) in input_ids for part in view_parts(t.uop)):
                 raise JitError(f"{self.fn.__name__} returns (a view of) one of its inputs; return a copy "
                                "(x.contiguous()), since a replay does not recompute it")
         if not items:
             raise JitError(f"{self.fn.__name__} ran no kernels while being captured: nothing to replay")
-        return _Capture(items, inputs, ret, self.plan_memory)
+        return _Capture(items, inputs, ret, self.plan_memory, input_tensors)

@@ -1,0 +1,279 @@
+"""Behaviours that tinygrad's backend tests (test_dtype, test_setitem, test_jit, test_tensor, test_randomness, ...)
+check, held by glassgrad: each one a bug that a tinygrad or PyTorch program could hit."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from test_ops import DEVICE, torch
+
+from glassgrad import Tensor, dtypes
+from glassgrad.dtype import ALL_DTYPES, to_dtype
+
+
+# ---------------------------------------------------------------------- dtypes namespace
+@pytest.mark.parametrize("alias,numpy_name", [("char", "int8"), ("uchar", "uint8"), ("short", "int16"),
+                                              ("ushort", "uint16"), ("uint", "uint32"), ("ulong", "uint64"),
+                                              ("long", "int64")])
+def test_c_style_dtype_aliases(alias: str, numpy_name: str) -> None:
+    dt = getattr(dtypes, alias)
+    assert dt.np == np.dtype(numpy_name)
+    assert to_dtype(alias) is dt
+    assert Tensor([1, 2], dtype=alias, device=DEVICE).numpy().dtype == np.dtype(numpy_name)
+
+
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=lambda d: d.name)
+def test_dtype_predicates_as_functions(dt) -> None:  # type: ignore[no-untyped-def]
+    npdt = np.dtype("float32" if dt is dtypes.bfloat16 else dt.np)
+    assert dtypes.is_float(dt) == (npdt.kind == "f") == dt.is_float
+    assert dtypes.is_int(dt) == (npdt.kind in "iu") == dt.is_int
+    assert dtypes.is_unsigned(dt) == (npdt.kind == "u")
+    assert dtypes.is_bool(dt) == (npdt.kind == "b")
+    assert (dt in dtypes.floats, dt in dtypes.ints, dt in dtypes.uints, dt in dtypes.sints) == \
+        (npdt.kind == "f", npdt.kind in "iu", npdt.kind == "u", npdt.kind == "i")
+    assert (dt in dtypes.all) == (dt is not dtypes.void)
+
+
+def test_finfo() -> None:
+    for dt in (dtypes.float16, dtypes.float32, dtypes.float64):
+        info = np.finfo(dt.np)
+        assert dtypes.finfo(dt) == (info.bits - info.nmant - 1, info.nmant)
+    assert dtypes.finfo(dtypes.bfloat16) == (8, 7)
+    with pytest.raises(ValueError, match="not a floating point"):
+        dtypes.finfo(dtypes.int32)
+
+
+# ---------------------------------------------------------------------- in-place operators
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_inplace_operator_on_state_is_replayed_by_tinyjit(op: str) -> None:
+    """`x += y` on a realized tensor writes x's buffer (PyTorch's and tinygrad's in-place semantics), so the replays
+    of a TinyJit keep updating x; rebinding x to a new graph made every replay recompute from the captured value."""
+    from glassgrad import TinyJit
+    x = Tensor([1.0, 2.0], device=DEVICE).realize()
+    expected = np.array([1.0, 2.0], np.float32)
+
+    @TinyJit
+    def step(y: Tensor) -> Tensor:
+        nonlocal x
+        if op == "add":
+            x += y
+        elif op == "sub":
+            x -= y
+        elif op == "mul":
+            x *= y
+        else:
+            x /= y
+        return x
+
+    for i in range(5):
+        y = np.array([2.0, 0.5 + i], np.float32)
+        step(Tensor(y, device=DEVICE))
+        expected = {"add": expected + y, "sub": expected - y, "mul": expected * y, "div": expected / y}[op]
+        np.testing.assert_allclose(x.numpy(), expected, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------- TinyJit and in-place writes into inputs
+def test_tinyjit_setitem_into_an_input_that_shares_its_buffer() -> None:
+    """`Tensor.zeros(6, 6).contiguous().realize()` made in a loop realizes to one shared buffer (equal graphs); a
+    setitem into it inside a TinyJit copied it into a buffer of its own during the capture, which the replays kept
+    writing as state: from the third call on, the caller's tensor was never written (silently zeros)."""
+    from glassgrad import TinyJit
+
+    @TinyJit
+    def f(t: Tensor, a: Tensor) -> Tensor:
+        t[2:4, 3:5] = a
+        return t
+
+    for i in range(1, 6):
+        t = Tensor.zeros(6, 6, device=DEVICE).contiguous().realize()
+        a = Tensor.full((2, 2), float(i), device=DEVICE).contiguous()
+        out = f(t, a)
+        expected = np.zeros((6, 6), np.float32)
+        expected[2:4, 3:5] = i
+        np.testing.assert_equal(t.numpy(), expected)
+        assert out is t  # the returned input is this call's tensor
+
+
+def test_tinyjit_assign_into_a_shared_input_leaves_its_twin_alone() -> None:
+    from glassgrad import TinyJit
+
+    @TinyJit
+    def f(t: Tensor) -> None:
+        t.assign(t + 1).realize()
+
+    for i in range(4):
+        t = Tensor.ones(3, device=DEVICE).contiguous().realize()
+        twin = Tensor.ones(3, device=DEVICE).contiguous().realize()  # the same graph: the same buffer
+        f(t)
+        np.testing.assert_equal(t.numpy(), [2.0, 2.0, 2.0], err_msg=f"call {i}")
+        np.testing.assert_equal(twin.numpy(), [1.0, 1.0, 1.0], err_msg=f"call {i}")
+
+
+# ---------------------------------------------------------------------- detach shares storage
+def test_setitem_and_assign_through_detach_write_the_tensor() -> None:
+    """PyTorch's and tinygrad's `detach()` share the tensor's storage; glassgrad's made a new tensor, so
+    `t.detach()[1, 2] = 5` was silently lost."""
+    t = Tensor.zeros(3, 3, device=DEVICE).contiguous().realize()
+    t.detach()[1, 2] = 5
+    t.detach().T[0, 1] = 7  # t[1, 0]
+    expected = np.zeros((3, 3), np.float32)
+    expected[1, 2], expected[1, 0] = 5, 7
+    np.testing.assert_equal(t.numpy(), expected)
+    w = Tensor(np.ones(3, np.float32), device=DEVICE, requires_grad=True)
+    w.detach().assign(Tensor([1.0, 2.0, 3.0], device=DEVICE)).realize()
+    np.testing.assert_equal(w.numpy(), [1.0, 2.0, 3.0])
+    (w * w.detach()).sum().backward()  # detach still cuts the gradient
+    assert w.grad is not None
+    np.testing.assert_allclose(w.grad.numpy(), [1.0, 2.0, 3.0])
+
+
+# ---------------------------------------------------------------------- random numbers
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16, dtypes.float32])
+def test_rand_of_a_narrow_float_stays_below_one(dt) -> None:  # type: ignore[no-untyped-def]
+    """rand drew 24 bits in float32 and cast: values within half an ulp of 1 rounded up to 1.0 in float16 (8 in
+    32768) and bfloat16 (~70), outside PyTorch's [0, 1)."""
+    Tensor.manual_seed(0)
+    x = Tensor.rand(2, 128, 128, dtype=dt, device=DEVICE)
+    assert x.dtype == dt
+    v = x.float().numpy()
+    assert v.min() >= 0.0 and v.max() < 1.0
+    assert (v == 0).any() or dt is dtypes.float32  # the low end is still drawn
+    assert abs(v.mean() - 0.5) < 0.01
+
+
+# ---------------------------------------------------------------------- tinygrad's state flags in Context
+def test_context_training_is_tensor_training() -> None:
+    """tinygrad 0.14 turns dropout and BatchNorm's batch statistics on with Context(TRAINING=1) (it has no
+    Tensor.train()); glassgrad raised KeyError ("no meaning in glassgrad")."""
+    from glassgrad import Context, nn
+    x = Tensor.ones(4000, device=DEVICE)
+    assert not Tensor.training
+    with Context(TRAINING=1):
+        assert Tensor.training
+        dropped = float((x.dropout(0.5) == 0).float().mean().item())
+        bn = nn.BatchNorm(3)
+        batch = np.random.default_rng(0).standard_normal((8, 3, 2, 2)).astype(np.float32)
+        out = bn(Tensor(batch, device=DEVICE)).numpy()
+    assert not Tensor.training
+    assert 0.45 < dropped < 0.55
+    mean, var = batch.mean((0, 2, 3), keepdims=True), batch.var((0, 2, 3), keepdims=True)
+    np.testing.assert_allclose(out, (batch - mean) / np.sqrt(var + 1e-5), atol=1e-4)  # batch statistics used
+    np.testing.assert_equal(x.dropout(0.5).numpy(), x.numpy())
+    with pytest.raises(ZeroDivisionError), Context(TRAINING=1):
+        _ = 1 / 0
+    assert not Tensor.training  # restored on an exception too
+
+
+def test_context_default_float_and_int() -> None:
+    from glassgrad import Context
+    with Context(DEFAULT_FLOAT=dtypes.half, DEFAULT_INT="int64"):
+        assert Tensor([1.5], device=DEVICE).dtype == dtypes.half
+        assert Tensor.rand(3, device=DEVICE).dtype == dtypes.half
+        assert Tensor([1, 2], device=DEVICE).dtype == dtypes.int64
+    assert Tensor([1.5], device=DEVICE).dtype == dtypes.float32 and Tensor([1], device=DEVICE).dtype == dtypes.int32
+    with pytest.raises(ValueError, match="float dtype"), Context(DEFAULT_FLOAT=dtypes.int8):
+        pass
+    assert dtypes.default_float == dtypes.float32
+
+
+# ---------------------------------------------------------------------- dtypes of results
+@pytest.mark.parametrize("a,b", [("int8", "int8"), ("int8", "int16"), ("uint8", "uint8"), ("int16", "int32"),
+                                 ("uint8", "int8"), ("int64", "int64")])
+def test_integer_matmul_keeps_the_promoted_dtype(a: str, b: str) -> None:
+    """int8 @ int16 is int16 in PyTorch and tinygrad (the products' dtype, wrapping on overflow); glassgrad returned
+    the widened accumulator (int32) of the sum inside."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(-100 if a[0] == "i" else 0, 100, (3, 5)).astype(a)
+    y = rng.integers(-100 if b[0] == "i" else 0, 100, (5, 2)).astype(b)
+    promoted = np.promote_types(a, b)
+    out = Tensor(x, device=DEVICE) @ Tensor(y, device=DEVICE)
+    assert out.dtype.np == promoted
+    np.testing.assert_equal(out.numpy(), (x.astype(np.int64) @ y.astype(np.int64)).astype(promoted))  # wraps
+    vec = Tensor(x[0], device=DEVICE).dot(Tensor(y[:, 0], device=DEVICE))
+    assert vec.dtype.np == promoted
+
+
+# ---------------------------------------------------------------------- setitem with tensor or list indices
+SETITEM_CASES: list[tuple[str, tuple[int, ...], Any, Any]] = [
+    ("tensor rows", (5, 3), lambda T: T([0, 2]), lambda T: T(np.arange(6, dtype=np.float32).reshape(2, 3))),
+    ("list rows, scalar", (5, 3), lambda T: [4, 1], lambda T: 7.0),
+    ("pairs", (6, 6), lambda T: ([1, 2], [3, 2]), lambda T: 3.0),
+    ("tensor and int", (4, 3), lambda T: (T([0, 2]), 0), lambda T: T(np.array([99.0, 88.0], np.float32))),
+    ("tensor and slice", (4, 3), lambda T: (T([3, -4]), slice(None, 2)),
+     lambda T: T(np.array([[10.0, 20.0], [30.0, 40.0]], np.float32))),
+    ("2-d index", (3,), lambda T: T([[0, 1], [2, 0]]), lambda T: T(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32))),
+    ("repeated, last wins", (4,), lambda T: [1, 1], lambda T: T(np.array([5.0, 6.0], np.float32))),
+    ("broadcast value", (4, 2, 3), lambda T: (slice(None), [1, 0], 2), lambda T: T(np.array([8.0, 9.0], np.float32))),
+]
+
+
+@pytest.mark.parametrize("name,shape,index,value", SETITEM_CASES, ids=[c[0] for c in SETITEM_CASES])
+def test_setitem_with_tensor_or_list_indices(name: str, shape: tuple[int, ...], index: Any, value: Any) -> None:
+    """t[idx] = v with advanced indices raised NotImplementedError (tinygrad and PyTorch write it)."""
+    base = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+
+    def as_np(x: Any) -> Any:
+        return x.numpy() if isinstance(x, Tensor) else x
+
+    def gg(a: Any) -> Tensor:
+        return Tensor(np.asarray(a), device=DEVICE)
+
+    t = Tensor(base, device=DEVICE)
+    t[index(gg)] = value(gg)
+    expected = base.copy()
+    idx = index(gg)
+    expected[tuple(as_np(i) for i in idx) if isinstance(idx, tuple) else as_np(idx)] = as_np(value(gg))
+    np.testing.assert_equal(t.numpy(), expected)
+    if torch is not None:
+        def tt(a: Any) -> Any:
+            return torch.tensor(np.asarray(a))
+        ref = torch.tensor(base)
+        ref[index(tt)] = value(tt)
+        np.testing.assert_equal(t.numpy(), ref.numpy())
+
+
+def test_setitem_with_indices_errors_and_views() -> None:
+    t = Tensor.zeros(4, 3, device=DEVICE).contiguous().realize()
+    with pytest.raises((RuntimeError, ValueError), match="cannot be broadcast"):
+        t[[0, 1]] = Tensor(np.ones(4, np.float32), device=DEVICE)
+    before = t[1]  # a tensor taken before the write keeps its value (value semantics)
+    t.T[[2, 0], [1, 1]] = 5.0  # through a view: t[1, 2] and t[1, 0]
+    np.testing.assert_equal(t.numpy()[1], [5.0, 0.0, 5.0])
+    np.testing.assert_equal(before.numpy(), [0.0, 0.0, 0.0])
+
+
+# ---------------------------------------------------------------------- copy.deepcopy
+def test_deepcopy_of_tensors_and_models() -> None:
+    """copy.deepcopy of a lazy tensor crashed (UnknownDTypeError 'void'); of a realized one it duplicated the
+    buffer's device handle. Now a copy owns its values, as in PyTorch."""
+    import copy
+
+    from glassgrad import nn
+    lazy = Tensor.ones(3, 3, device=DEVICE) * 2
+    np.testing.assert_equal(copy.deepcopy(lazy).numpy(), np.full((3, 3), 2.0))
+    y = Tensor([1.0, 2.0], device=DEVICE).realize()
+    z = copy.deepcopy(y)
+    y.assign(Tensor([5.0, 5.0], device=DEVICE)).realize()
+    np.testing.assert_equal((y.numpy(), z.numpy()), ([5.0, 5.0], [1.0, 2.0]))
+    w = Tensor([1.0, 2.0], device=DEVICE, requires_grad=True)
+    (w * w).sum().backward()
+    w2 = copy.deepcopy(w)
+    assert w2.requires_grad and w2.grad is not None
+    np.testing.assert_equal(w2.grad.numpy(), [2.0, 4.0])
+    layer = nn.Linear(2, 2)
+    twin = copy.deepcopy(layer)
+    np.testing.assert_equal(twin.weight.numpy(), layer.weight.numpy())
+    twin(Tensor.ones(1, 2, device=DEVICE)).sum().backward()  # the copy's parameters are parameters
+    assert twin.weight.grad is not None and layer.weight.grad is None
+
+
+def test_tensor_from_bytes_and_none() -> None:
+    """tinygrad's Tensor(b"...") (uint8 bytes) and Tensor(None) (empty) raised TypeError."""
+    data = b"abc\x00\xff"
+    t = Tensor(data, device=DEVICE)
+    assert t.dtype == dtypes.uint8 and t.shape == (5,)
+    np.testing.assert_equal(t.numpy(), list(data))
+    np.testing.assert_equal(Tensor(bytearray(data), dtype=dtypes.int32, device=DEVICE).numpy(), list(data))
+    empty = Tensor(None, device=DEVICE)
+    assert empty.shape == (0,) and empty.dtype == dtypes.float32 and empty.numpy().size == 0
