@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import gc
 import math
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -93,6 +94,18 @@ def _settled(t: Tensor) -> bool:
         return False
     buf, version = t.uop.base.arg
     return not buf.owned or (version == buf.version and ASSIGN_TARGETS.get(id(t)) is t)
+
+
+def _tinygrad_targets(root_nodes: set[UOp], root: Tensor) -> list[Tensor]:
+    """backward()'s targets when no tensor of the graph requires grad: tinygrad 0.14's rule, every live float tensor
+    whose node is in the graph (leaves and held intermediates alike; not the root itself), found by a scan of the
+    live objects (this path runs only for programs that never set requires_grad). A graph holding a tensor made
+    with requires_grad=False is a PyTorch program's: none (backward() then raises, as PyTorch does)."""
+    found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and o.dtype.is_float and
+             isinstance(o.device, str) and _with_lineage(o.uop) in root_nodes]
+    if any(t.requires_grad is False for t in found):
+        return []
+    return [t for t in found if t.requires_grad is None]
 
 
 _LAZY = _LazyTensors()
@@ -490,7 +503,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         return out
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
-        """Accumulate d(self)/d(t) into `t.grad` for every tensor `t` with requires_grad=True that self depends on."""
+        """Accumulate d(self)/d(t) into `t.grad` for every tensor `t` with requires_grad=True that self depends on.
+        When none of them has requires_grad=True (where PyTorch raises), as tinygrad 0.14 (which has no
+        requires_grad): every live float tensor of the computation not marked requires_grad=False gets its `.grad`,
+        so `t = Tensor([1.0, 2.0]); t.sum().backward(); t.grad` works as in tinygrad."""
         if gradient is None and self.numel() != 1:
             raise RuntimeError(f"backward() of a tensor of shape {self.shape} needs `gradient=`; only scalars get an "
                                "implicit gradient of 1")
@@ -499,9 +515,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         root = _with_lineage(self.uop)  # (once: the walk is over the whole forward graph)
         root_nodes = set(root.toposort())
         targets = [t for t in list(_REQUIRES_GRAD.values()) if t.requires_grad is not False and
-                   _with_lineage(t.uop) in root_nodes]
+                   _with_lineage(t.uop) in root_nodes] or _tinygrad_targets(root_nodes, self)
         if not targets:
-            raise RuntimeError("backward(): no tensor with requires_grad=True is part of this computation")
+            raise RuntimeError("backward(): no tensor of this computation can take a gradient (int and bool tensors "
+                               "cannot, nor tensors made with requires_grad=False)")
         if gradient is None:
             gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
         for t, g in zip(targets, self._gradient(root, targets, gradient)):

@@ -181,8 +181,11 @@ def test_backward_errors() -> None:
         x.exp().backward()
     with pytest.raises(ValueError, match=esc("(3,)") + ".*" + esc("(2, 3)")):
         x.exp().backward(ones(3))
-    with pytest.raises(RuntimeError, match="no tensor with requires_grad"):
-        ones(2, 3).sum().backward()
+    frozen = T(np.ones((2, 3), np.float32), requires_grad=False)  # (held: a PyTorch program's graph)
+    with pytest.raises(RuntimeError, match="no tensor of this computation can take a gradient"):
+        frozen.sum().backward()
+    with pytest.raises(RuntimeError, match="no tensor of this computation can take a gradient"):
+        T(np.ones((2, 3), np.int32)).sum().backward()
     with pytest.raises(RuntimeError, match=esc("(2, 3)")):
         x.exp().gradient(x)
     with pytest.raises(ValueError, match=esc("(3,)") + ".*" + esc("(2, 3)")):

@@ -277,3 +277,37 @@ def test_tensor_from_bytes_and_none() -> None:
     np.testing.assert_equal(Tensor(bytearray(data), dtype=dtypes.int32, device=DEVICE).numpy(), list(data))
     empty = Tensor(None, device=DEVICE)
     assert empty.shape == (0,) and empty.dtype == dtypes.float32 and empty.numpy().size == 0
+
+
+def test_backward_without_requires_grad_fills_every_float_tensor_as_tinygrad() -> None:
+    """tinygrad 0.14 has no requires_grad: backward() fills .grad of every live float tensor of the graph (its
+    docstring's example). glassgrad does so when no tensor of the graph requires grad (where PyTorch raises);
+    values against PyTorch with every tensor marked (and the intermediate's grad retained)."""
+    xs, ws = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), np.array([[1.0], [-2.0]], np.float32)
+    x, w = Tensor(xs, device=DEVICE), Tensor(ws, device=DEVICE)
+    h = x @ w
+    (h * h).sum().backward()
+    assert x.grad is not None and w.grad is not None and h.grad is not None
+    np.testing.assert_allclose(w.grad.numpy(), 2 * xs.T @ (xs @ ws), rtol=1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), 2 * (xs @ ws) @ ws.T, rtol=1e-6)
+    np.testing.assert_allclose(h.grad.numpy(), 2 * (xs @ ws), rtol=1e-6)
+    if torch is not None:
+        tx, tw = torch.tensor(xs, requires_grad=True), torch.tensor(ws, requires_grad=True)
+        th = tx @ tw
+        th.retain_grad()
+        (th * th).sum().backward()
+        for ours, theirs in ((x, tx), (w, tw), (h, th)):
+            np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-6)
+    t = Tensor([1.0, 2.0, 3.0, 4.0], device=DEVICE)
+    t.sum().backward()
+    np.testing.assert_array_equal(t.grad.numpy(), np.ones(4, np.float32))
+
+
+def test_backward_with_requires_grad_keeps_pytorchs_rule() -> None:
+    """Once a tensor of the graph requires grad, only those get .grad (an unmarked input does not)."""
+    x = Tensor(np.ones((2, 2), np.float32), device=DEVICE)
+    w = Tensor(np.full((2, 2), 3.0, np.float32), device=DEVICE, requires_grad=True)
+    frozen = Tensor(np.ones((2, 2), np.float32), device=DEVICE, requires_grad=False)
+    (x @ w * frozen).sum().backward()
+    assert x.grad is None and frozen.grad is None
+    np.testing.assert_array_equal(w.grad.numpy(), np.full((2, 2), 2.0, np.float32))
