@@ -1808,9 +1808,11 @@ def _scalar_node(dtype: DType, device: str, shape: tuple[int, ...], value: Scala
 
 
 def _index_tensor(n: int, device: str | None) -> Tensor:
-    """0, 1, ..., n-1 as int32: the ARANGE leaf, which a kernel evaluates as its loop index (no memory read)."""
+    """0, 1, ..., n-1 as int32 (int64 past int32's range: an index over 2**31 positions must not wrap): the ARANGE
+    leaf, which a kernel evaluates as its loop index (no memory read)."""
     dev = UOp(Ops.DEVICE, dtypes.void, (), canonical_devices(device or Device.DEFAULT))
-    return Tensor(UOp(Ops.ARANGE, dtypes.int32, (dev,), n))
+    dt = dtypes.int64 if isinstance(n, int) and n - 1 > dtypes.int32.max else dtypes.int32
+    return Tensor(UOp(Ops.ARANGE, dt, (dev,), n))
 
 
 def _set_training(value: Any) -> None:

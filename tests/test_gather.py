@@ -274,3 +274,10 @@ def test_take_along_any_axis_matches_numpy(problem: tuple[np.ndarray, np.ndarray
     out = Tensor(x)[(slice(None),) * axis + (_lazy(idx),)]
     assert out.dtype == (dtypes.bool if x.dtype == np.bool_ else Tensor(x).dtype)
     np.testing.assert_array_equal(out.numpy(), _expected_take(x, idx, axis))
+
+
+def test_gather_past_int32_positions() -> None:
+    """tinygrad's test_tensor_index_overflow: positions over 2**31 are compared as int64 (the index's arange was
+    int32 and wrapped, so the last element silently read 0)."""
+    big = Tensor([1]).expand(2**31 + 3)
+    np.testing.assert_array_equal(big[Tensor([0, 2**31 + 2])].numpy(), np.array([1, 1]))
