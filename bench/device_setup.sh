@@ -8,3 +8,7 @@ if ! python3 -c "import cuda.bindings" 2>/dev/null; then
 fi
 nvidia-smi --query-gpu=name,uuid,clocks.sm,utilization.gpu --format=csv,noheader
 python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"
+# pytest, pytest-xdist and hypothesis for the CUDA tests, when carried (pip download ... pytest pytest-xdist hypothesis)
+if ! python3 -c "import pytest, xdist, hypothesis" 2>/dev/null && ls .wheels/pytest-* > /dev/null 2>&1; then
+  python3 -m pip install --quiet --no-index --find-links .wheels pytest pytest-xdist hypothesis
+fi

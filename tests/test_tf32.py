@@ -460,15 +460,19 @@ def test_tf32_kernels_compile_for_sm_90(name: str, nvrtc: Any) -> None:
 def test_how_the_tiles_are_copied() -> None:
     """16-byte cp.async for whole tiles of plain contiguous factors; 4-byte cp.async (zero-filled where gated off)
     for remainders, a pad's zeros, odd strides or a view starting one float in (16-byte copies need 16-byte
-    aligned addresses); through registers for a computed factor."""
+    aligned addresses). A computed factor is stored by a kernel of its own first (the scheduler's
+    `_computed_tile_operands`), so the matmul's tiles copy it with cp.async too."""
     whole = cuda_source(matmul(256, 64, 256), True)
     assert "gg_cp_async(&" in whole and "gg_cp_async4" not in whole and "cp.async.wait_group 1;" in whole
     big = Tensor.empty(256, 65)
     for gathered in (lambda: big[:, 1:] @ Tensor.empty(64, 256), matmul(1000, 77, 1023), conv(2, 16, 64, 12)):
         source = cuda_source(gathered, True)
         assert TF32_MMA in source and "gg_cp_async4(&" in source and "gg_cp_async(&" not in source
-    computed = cuda_source(lambda: Tensor.empty(130, 64).relu() @ Tensor.empty(64, 200), True)
-    assert TF32_MMA in computed and "cp.async" not in computed
+    with Context(ALLOW_TF32=1):
+        first, product = kernels(Tensor.empty(130, 64).relu() @ Tensor.empty(64, 200), device="CUDA", arch="sm_90")
+    assert first.name.startswith("E_") and TF32_MMA not in first.source
+    assert TF32_MMA in product.source and "cp.async" in product.source and "? 0.0f :" not in product.source
+    assert "? 0.0f :" in first.source  # the relu
 
 
 # ---------------------------------------------------------------- on a GPU
