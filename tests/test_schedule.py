@@ -292,6 +292,19 @@ def test_two_matmuls_summed_are_two_kernels_of_one_reduction(device: str | None)
     np.testing.assert_array_equal(out.numpy(), a @ b + c @ d)
 
 
+def test_a_gpu_matmul_stores_its_computed_factor() -> None:
+    """On a GPU a factor computed elementwise (`(a + b) @ w`) is stored first, so the tiled kernel copies a buffer;
+    a cast or a view of a buffer stays in the tile copy; a CPU packs the computed factor inside the matmul kernel."""
+    a, b, w = ints(8, 16, seed=1), ints(8, 16, seed=2), ints(16, 4, seed=3)
+    summed = Tensor(a) + Tensor(b)
+    assert [k.name[0] for k in kernels(summed @ Tensor(w), device="CUDA")] == ["E", "r"]
+    assert len(kernels(Tensor(a).cast(dtypes.float16) @ Tensor(w).cast(dtypes.float16), device="CUDA")) == 1
+    assert len(kernels(Tensor(a).T.pad(((0, 0), (1, 1))).T @ Tensor(w[:, :3]).pad(((0, 0), (1, 0))), device="CUDA")) == 1
+    out = (Tensor(a) + Tensor(b)) @ Tensor(w)
+    assert count_kernels(out) == 1
+    np.testing.assert_array_equal(out.numpy(), (a + b) @ w)
+
+
 def test_padded_matmul_results_summed_keep_one_reduction_per_kernel() -> None:
     """The q, k and v gradients of a fused qkv projection: three matmuls, padded into one (T, 3D) gradient."""
     qs = [(ints(4, 6, seed=i), ints(6, 2, seed=10 + i)) for i in range(3)]
