@@ -64,6 +64,9 @@ BEAM_BUDGET = ContextVar("BEAM_BUDGET", 60)  # seconds one kernel's BEAM search 
 # float32 matmuls and convolutions on a GPU with tensor cores (sm_80+) round their factors to TensorFloat-32 (10
 # mantissa bits; float32 range and accumulation): several times faster, ~1e-3 relative error. Opt-in, as in tinygrad
 ALLOW_TF32 = ContextVar("ALLOW_TF32", 0)
+# training mode: dropout drops, BatchNorm uses (and updates) batch statistics, Optimizer.step is allowed. tinygrad's
+# `Context(TRAINING=1)`; `Tensor.training` and `with Tensor.train():` read and set this same flag
+TRAINING = ContextVar("TRAINING", 0)
 
 
 def kernel_flags() -> tuple[int, ...]:
@@ -78,7 +81,7 @@ FLAG_ALIASES: dict[str, tuple[str, Callable[[int], int]]] = {
 }
 # tinygrad's flags (tinygrad/helpers.py) that mean nothing here: other backends, features glassgrad does not have
 TINYGRAD_ONLY_FLAGS = frozenset({
-    "IMAGE", "FLOAT16", "OPENPILOT_HACKS", "JIT_BATCH_SIZE", "WINO", "CAPTURING", "TRACEMETA", "NO_COLOR", "TRAINING",
+    "IMAGE", "FLOAT16", "OPENPILOT_HACKS", "JIT_BATCH_SIZE", "WINO", "CAPTURING", "TRACEMETA", "NO_COLOR",
     "TC", "TC_SELECT", "TC_OPT", "TRANSCENDENTAL", "NOLOCALS", "SPLIT_REDUCEOP", "LRU", "RING", "ALL2ALL",
     "ALLREDUCE_CAST", "VALIDATE_WITH_CPU", "DISABLE_FAST_IDIV", "FUSE_OPTIM", "ALLOW_DEVICE_USAGE", "MAX_BUFFER_SIZE",
     "MAX_KERNEL_BUFFERS", "EMULATED_DTYPES", "DEFAULT_FLOAT", "DEFAULT_INT", "CAPTURE_PROCESS_REPLAY",

@@ -23,7 +23,7 @@ from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper
 from glassgrad.engine.realize import run_schedule
 from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
-from glassgrad.helpers import normalize_axis, prod
+from glassgrad.helpers import TRAINING, normalize_axis, prod
 from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
@@ -167,10 +167,22 @@ class _CastShortcuts:
     def double(self) -> Tensor: return self.cast(dtypes.float64)  # noqa: E704
 
 
-class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
+class _TensorType(type):
+    """Tensor's metaclass, for one class-level property: `Tensor.training` is a view of the TRAINING flag, so
+    `Tensor.training = True`, `with Tensor.train():` and tinygrad's `Context(TRAINING=1)` set one state."""
+
+    @property
+    def training(cls) -> bool:
+        return bool(TRAINING)
+
+    @training.setter
+    def training(cls, mode: bool) -> None:
+        TRAINING.value = int(mode)
+
+
+class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, metaclass=_TensorType):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "requires_grad", "grad", "_view_of", "__weakref__")
-    training: ClassVar[bool] = False
     no_grad: ClassVar[bool] = False
     uop: UOp
     grad: Tensor | None

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from glassgrad import Tensor, TinyJit, nn
+from glassgrad import Context, Tensor, TinyJit, nn
+from glassgrad.helpers import TRAINING
 from glassgrad.nn import optim
 from glassgrad.nn.state import get_parameters
 
@@ -131,6 +132,38 @@ def test_beautiful_mnist_step(name: str) -> None:
 
     losses = [step(Tensor(x), Tensor(y)).item() for x, y in data]
     np.testing.assert_allclose(losses, torch_losses(initial, name, data), rtol=RTOL)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_context_training_flag_is_training_mode(jit: bool) -> None:
+    """tinygrad's current spelling of training mode, `@Context(TRAINING=1)` (beautiful_mnist on tinygrad master),
+    is `Tensor.training`: BatchNorm uses batch statistics, `opt.step()` is allowed, losses match PyTorch; outside
+    it, eval mode is back (running statistics). `Tensor.train()` sets the same flag."""
+    model, opt = fresh("adam")
+    initial, data = snapshot(model), batches(4)
+
+    @Context(TRAINING=1)
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        assert Tensor.training
+        opt.zero_grad()
+        loss = model(x).sparse_categorical_crossentropy(y).backward()
+        return loss.realize(*opt.schedule_step())
+
+    run = TinyJit(step) if jit else step
+    losses = [run(Tensor(x), Tensor(y)).item() for x, y in data]
+    np.testing.assert_allclose(losses, torch_losses(initial, "adam", data), rtol=RTOL)
+    assert not Tensor.training and not TRAINING
+    assert np.abs(model.bn.running_mean.numpy()).max() > 0  # the steps updated the running statistics
+    with Tensor.train():
+        assert TRAINING.value == 1
+    x = Tensor(data[0][0])
+    with Context(TRAINING=0):
+        evaluated = model.bn(model.conv(x)).numpy()
+    assert model.bn.running_var is not None
+    by_hand = (model.conv(x) - model.bn.running_mean.reshape(1, -1, 1, 1)) * \
+        (model.bn.running_var.reshape(1, -1, 1, 1) + model.bn.eps).rsqrt() * model.bn.weight.reshape(1, -1, 1, 1) + \
+        model.bn.bias.reshape(1, -1, 1, 1)
+    np.testing.assert_allclose(evaluated, by_hand.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_train_as_a_context_manager_and_a_decorator_agree() -> None:

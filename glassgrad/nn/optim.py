@@ -124,7 +124,8 @@ class Optimizer:
         `skip` (a bool tensor of one element), every param and state tensor keeps its value where it is true."""
         if not Tensor.training:
             raise RuntimeError("Optimizer.step() needs Tensor.training=True (as in tinygrad): run the training loop "
-                               "inside `with Tensor.train():`, or set Tensor.training = True")
+                               "inside `with Tensor.train():` or `with Context(TRAINING=1):`, or set "
+                               "Tensor.training = True")
         self._skip = _check_skip(skip, self.device)
         try:
             grads = self._grads()
