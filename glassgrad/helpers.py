@@ -9,6 +9,7 @@ import functools
 import math
 import os
 import pathlib
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -188,3 +189,57 @@ def trange(n: int, **kwargs: Any) -> Any:
     except ImportError:
         return _PlainRange(n)
     return tqdm_trange(n, **kwargs)
+
+
+def partition(items: Iterable[Any], keep: Callable[[Any], bool]) -> tuple[list[Any], list[Any]]:
+    """Split `items` in two lists, those where `keep(item)` is true and the others, each in order."""
+    chosen: list[Any] = []
+    rest: list[Any] = []
+    for item in items:
+        (chosen if keep(item) else rest).append(item)
+    return chosen, rest
+
+
+def flatten(nested: Iterable[Iterable[Any]]) -> list[Any]:
+    """One level of nesting removed: [[1, 2], [3]] -> [1, 2, 3]."""
+    return [item for inner in nested for item in inner]
+
+
+def dedup(items: Iterable[Any]) -> list[Any]:
+    """The items without repeats, first occurrence kept, in order (items must be hashable)."""
+    return list(dict.fromkeys(items))
+
+
+def round_up(n: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= n."""
+    return -(-n // multiple) * multiple
+
+
+def get_child(obj: Any, key: str) -> Any:
+    """Follow a dotted path of attributes, list indices and dict keys: get_child(model, "layers.0.weight")."""
+    for part in key.split("."):
+        if isinstance(obj, (list, tuple)) and part.isdigit():
+            obj = obj[int(part)]
+        elif isinstance(obj, dict):
+            obj = obj[part]
+        else:
+            obj = getattr(obj, part)
+    return obj
+
+
+class Timing(contextlib.ContextDecorator):
+    """`with Timing("step: "):` prints the wall time of the block in ms (tinygrad's helper); `on_exit(ns)` may
+    return extra text to append, `enabled=False` prints nothing."""
+
+    def __init__(self, prefix: str = "", on_exit: Callable[[int], str] | None = None, enabled: bool = True) -> None:
+        self.prefix, self.on_exit, self.enabled = prefix, on_exit, enabled
+        self.start = 0
+
+    def __enter__(self) -> Timing:
+        self.start = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = time.perf_counter_ns() - self.start
+        if self.enabled:
+            print(f"{self.prefix}{elapsed * 1e-6:6.2f} ms" + (self.on_exit(elapsed) if self.on_exit else ""))

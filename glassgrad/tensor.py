@@ -282,6 +282,24 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             _REQUIRES_GRAD[id(self)] = self
         return self
 
+    @property
+    def is_param(self) -> bool:
+        """tinygrad's name (since it dropped `requires_grad`) for "an optimizer updates this": every tensor but one
+        marked `requires_grad=False` / `is_param_(False)` (BatchNorm's running statistics are such buffers)."""
+        return self.requires_grad is not False
+
+    @is_param.setter
+    def is_param(self, value: bool) -> None:
+        self.is_param_(value)
+
+    def is_param_(self, value: bool = True) -> Tensor:
+        """Mark this tensor a parameter (the optimizer trains it) or, with False, a buffer it only realizes."""
+        if not value:
+            self.requires_grad = False
+        elif self.requires_grad is False:
+            self.requires_grad = None  # undecided, as a fresh tensor: an optimizer turns gradients on
+        return self
+
     # ------------------------------------------------------------------ realizing
     def realize(self, *others: Tensor) -> Tensor:
         """Compute this tensor (and `others`) now, in as few kernels as the scheduler can."""
