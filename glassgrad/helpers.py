@@ -120,6 +120,12 @@ def Context(**flags: int) -> Iterator[None]:
             ContextVar._registry[key].value = value
 
 
+def shape_args(first: Any, rest: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The dims of a `f(shape, *args)` call, tinygrad's signature: `f((2, 3))`, `f([2, 3])`, `f(2, 3)` and
+    `f(shape=(2, 3))` all give (2, 3)."""
+    return tuple(first) if isinstance(first, (tuple, list)) and not rest else (first, *rest)
+
+
 def prod(xs: Iterable[int]) -> int:
     return math.prod(xs)
 

@@ -23,7 +23,7 @@ from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper
 from glassgrad.engine.realize import run_schedule
 from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
-from glassgrad.helpers import TRAINING, normalize_axis, prod
+from glassgrad.helpers import TRAINING, normalize_axis, prod, shape_args
 from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
@@ -1050,8 +1050,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             raise ShapeError(f"cannot broadcast shape {self.shape} to {shape}")
         return self._view(self.uop.reshape(padded).expand(shape))
 
-    def reshape(self, *shape: Any) -> Tensor:
-        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    def reshape(self, shape: Any, *args: Any) -> Tensor:
+        """`reshape((2, 3))`, `reshape(2, 3)` or `reshape(shape=(2, 3))`; one -1 is inferred, None keeps the dim."""
+        dims = shape_args(shape, args)
         dims = tuple(self.shape[i] if d is None else d for i, d in enumerate(dims))
         numel = self.numel()
         if isinstance(numel, UOp):
@@ -1091,16 +1092,16 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
                              f"({', '.join(render_sint(d) for d in dims)}): the sizes differ for some variable values")
         return self if dims == self.shape else self._view(self.uop.reshape(dims))
 
-    def expand(self, *shape: Any) -> Tensor:
-        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    def expand(self, shape: Any, *args: Any) -> Tensor:
+        dims = shape_args(shape, args)
         if len(dims) < self.ndim:
             raise ShapeError(f"expand: target {dims} has fewer dimensions than the tensor's shape {self.shape}")
         padded = (1,) * (len(dims) - self.ndim) + self.shape
         dims = tuple(s if d == -1 else d for s, d in zip(padded, dims))
         return self._broadcast_to(dims)
 
-    def permute(self, *order: Any) -> Tensor:
-        axes = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
+    def permute(self, order: Any, *args: Any) -> Tensor:
+        axes = shape_args(order, args)
         norm = tuple(normalize_axis(a, self.ndim) for a in axes)
         if sorted(norm) != list(range(self.ndim)):
             raise ShapeError(f"permute order {axes} is not a permutation of the {self.ndim} dimensions")
@@ -1116,8 +1117,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     def T(self) -> Tensor:
         return self.permute(tuple(range(self.ndim))[::-1])
 
-    def flip(self, axis: AxisArg = None) -> Tensor:
-        axes = self._resolve_axes(axis)
+    def flip(self, axis: AxisArg = None, *args: int) -> Tensor:
+        axes = self._resolve_axes(shape_args(axis, args) if args else axis)
         return self._view(self.uop.flip(tuple(i in axes for i in range(self.ndim))))
 
     def shrink(self, bounds: Sequence[tuple[sint, sint] | None]) -> Tensor:
@@ -1211,8 +1212,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         d = normalize_axis(dim, self.ndim + 1)
         return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
-    def repeat(self, *repeats: Any) -> Tensor:
-        reps = tuple(repeats[0]) if len(repeats) == 1 and isinstance(repeats[0], (tuple, list)) else tuple(repeats)
+    def repeat(self, repeats: Any, *args: Any) -> Tensor:
+        reps = shape_args(repeats, args)
         if len(reps) < self.ndim:
             raise ShapeError(f"repeat needs at least {self.ndim} repeat counts, got {reps}")
         base = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
