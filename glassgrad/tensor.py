@@ -312,7 +312,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         if not pending:
             return
         pending += _RNG.advances()
-        pending += _readers_of_overwritten(pending)
+        readers = _readers_of_overwritten(pending)
+        pending += readers
         outs = [t.uop for t in pending]
         lowered = lower(outs, REALIZED.get) if multi_in_use() else outs
         schedule, views = create_schedule([p for u in lowered for p in (u.src if u.op is Ops.MULTI else (u,))])
@@ -324,7 +325,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         # after lowering, only the logical graphs are lineage (gradients are taken on them, never per device)
         # (and not a node whose lowered form is a buffer view already: `x.to(d)` of a replicated x is its part on d)
         lineage_of = {o for o, low in zip(outs, lowered) if not is_realized(low)} if lowered is not outs else None
-        _record_realized(views, not Tensor.no_grad, lineage_of)
+        if Tensor.no_grad:  # the tensors asked for get no lineage; the readers realized only because a write here
+            # overwrites what they read keep theirs: they were built outside this block, maybe for a backward (a
+            # training forward whose BatchNorm realizes the last step's statistics, and with them the update of a
+            # weight that the forward read: the forward so far is realized, and must still lead to the weight)
+            kept = {t.uop for t in readers}
+            lineage_of = kept if lineage_of is None else lineage_of & kept
+        _record_realized(views, True, lineage_of)
         assigned = any(node.op is Ops.ASSIGN for node in views)
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
@@ -480,15 +487,17 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
         if gradient.shape != self.shape:
             raise ValueError(f"gradient shape {gradient.shape} does not match tensor shape {self.shape}")
-        return self._gradient(_with_lineage(self.uop), targets, gradient)
+        root = _with_lineage(self.uop)
+        return self._gradient(root, targets, _graph_nodes_of(targets, set(root.toposort())), gradient)
 
-    def _gradient(self, root: UOp, targets: Sequence[Tensor], gradient: Tensor) -> list[Tensor]:
-        """`gradient()` of this tensor, whose graph with lineage substituted (`_with_lineage`) is `root`."""
-        target_uops = [_with_lineage(t.uop) for t in targets]
-        grads = compute_gradient(root, gradient.cast(self.dtype).uop, set(target_uops))
+    def _gradient(self, root: UOp, targets: Sequence[Tensor], nodes: Sequence[UOp | None],
+                  gradient: Tensor) -> list[Tensor]:
+        """`gradient()` of this tensor, whose graph with lineage substituted (`_with_lineage`) is `root`; `nodes`
+        are the targets' nodes in it (`_graph_nodes_of`; None: not in the graph, a zero gradient)."""
+        grads = compute_gradient(root, gradient.cast(self.dtype).uop, {u for u in nodes if u is not None})
         out = []
-        for t, u in zip(targets, target_uops):
-            g = grads.get(u)
+        for t, u in zip(targets, nodes):
+            g = None if u is None else grads.get(u)
             out.append(Tensor(g) if g is not None else Tensor.zeros(t.shape, dtype=t.dtype, device=t.device))
         return out
 
@@ -500,14 +509,14 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         if gradient is not None and gradient.shape != self.shape:
             raise ValueError(f"backward(): gradient shape {gradient.shape} does not match tensor shape {self.shape}")
         root = _with_lineage(self.uop)  # (once: the walk is over the whole forward graph)
-        root_nodes = set(root.toposort())
-        targets = [t for t in list(_REQUIRES_GRAD.values()) if t.requires_grad is not False and
-                   _with_lineage(t.uop) in root_nodes]
-        if not targets:
+        candidates = [t for t in list(_REQUIRES_GRAD.values()) if t.requires_grad is not False]
+        found = [(t, u) for t, u in zip(candidates, _graph_nodes_of(candidates, set(root.toposort()))) if u is not None]
+        if not found:
             raise RuntimeError("backward(): no tensor with requires_grad=True is part of this computation")
         if gradient is None:
             gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
-        for t, g in zip(targets, self._gradient(root, targets, gradient)):
+        targets = [t for t, _ in found]
+        for t, g in zip(targets, self._gradient(root, targets, [u for _, u in found], gradient)):
             t.grad = g if t.grad is None else t.grad + g
         return self
 
@@ -1923,6 +1932,21 @@ def _is_leaf_view(u: UOp) -> bool:
     return u.op is Ops.BUFFER and u not in LINEAGE
 
 
+def _graph_nodes_of(targets: Sequence[Tensor], nodes: set[UOp]) -> list[UOp | None]:
+    """Each target's node in a graph (`nodes`, lineage substituted), or None if the graph does not hold it.
+
+    Usually that is the target's node itself. But a graph built on a pending update, `w.assign(...)` then `x @ w`,
+    holds that ASSIGN node; if the update is realized before the backward (BatchNorm's forward realizes its running
+    statistics, and the scheduler realizes with them the pending writes that read what they overwrite), `w` moves
+    to the written buffer's view while the graph keeps the ASSIGN: the target is then that ASSIGN node."""
+    written = {view: n for n in nodes if n.op is Ops.ASSIGN and (view := REALIZED.get(n)) is not None}
+    out: list[UOp | None] = []
+    for t in targets:
+        u = _with_lineage(t.uop)
+        out.append(u if u in nodes else written.get(t.uop))
+    return out
+
+
 _LINEAGE_OPS = (Ops.RESHAPE, Ops.BUFFER, Ops.MULTI)  # the nodes LINEAGE has entries for (realized views)
 
 
@@ -1933,15 +1957,21 @@ def _with_lineage(u: UOp) -> UOp:
     finds that, and the graph is returned as it is, without a rewrite."""
     if not LINEAGE or _is_leaf_view(u):
         return u
-    if not any(n.op in _LINEAGE_OPS and n in LINEAGE for n in u.toposort()):
+    nodes = u.toposort()
+    if not any(n.op in _LINEAGE_OPS and n in LINEAGE for n in nodes):
         return u
-    return graph_rewrite(u, _lineage_matcher())
+    # an ASSIGN's target is where it writes, not a value: it stays the buffer, also where the graph reads it (the
+    # same node). A state tensor written each step, `c.assign(c + 1)`, has lineage from its last write, which reads
+    # the version this pending write will overwrite: substituting it would recompute the old value from contents
+    # that are gone (and write the result into c's buffer). A gradient through that read is not taken (a leaf).
+    return graph_rewrite(u, _lineage_matcher(), ctx={n.src[0] for n in nodes if n.op is Ops.ASSIGN})
 
 
 @functools.cache
 def _lineage_matcher() -> PatternMatcher:
-    """The rewrite rules of `_with_lineage` (made once)."""
-    return PatternMatcher([(UPat(op, name="x"), lambda x: LINEAGE.get(x)) for op in _LINEAGE_OPS])
+    """The rewrite rules of `_with_lineage` (made once); ctx: the nodes not to replace (assign targets)."""
+    return PatternMatcher([(UPat(op, name="x"), lambda ctx, x: None if x in ctx else LINEAGE.get(x))
+                           for op in _LINEAGE_OPS])
 
 
 def _scalar_dtype(x: Scalar) -> DType:

@@ -1,6 +1,7 @@
 """Tensor.assign: in-place writes into a tensor's own buffer, with the ordering hazards they bring."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 from typing import Any
@@ -8,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from glassgrad import GlobalCounters, Tensor
+from glassgrad import GlobalCounters, Tensor, no_grad
 from glassgrad.helpers import Context
 
 
@@ -339,3 +340,36 @@ def test_slice_assign_with_a_variable_position_in_a_jit() -> None:
         expected[:, i] = i + 1
         np.testing.assert_array_equal(out.numpy(), expected.sum(axis=(0, 2)))
     np.testing.assert_array_equal(cache.numpy(), expected)
+
+
+@pytest.mark.parametrize("under_no_grad", [False, True], ids=["realize", "realize_under_no_grad"])
+def test_gradient_to_a_param_whose_pending_update_was_realized_after_the_forward(under_no_grad: bool) -> None:
+    """`w.assign(...)` (a lazy optimizer step), a forward built on it, then the update realized before backward
+    (under no_grad, as BatchNorm's forward realizes the last step's statistics, which realizes the weight update and
+    the forward that reads it): w stays a leaf whose gradient is x^T, and the forward keeps its value."""
+    w = Tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    x = Tensor([[1.0, 1.0]])
+    w.assign(w * 2)
+    h = x @ w
+    with no_grad() if under_no_grad else contextlib.nullcontext():
+        w.realize()
+    y = h.sum()
+    y.backward()
+    assert w.grad is not None
+    np.testing.assert_allclose(w.grad.numpy(), [[1.0, 1.0], [1.0, 1.0]])
+    assert y.item() == 20.0
+
+
+def test_a_state_written_every_step_and_read_by_a_loss() -> None:
+    """`c.assign(c + 1)` each step (a counter, a running value) while a loss reads c: the write realized by the next
+    one records lineage; the next backward must not substitute it into the pending write (which once made the
+    scheduler fail on an ASSIGN into an expression) nor recompute c from the version the write replaced."""
+    c = Tensor([1.0])
+    w = Tensor([2.0], requires_grad=True)
+    for expected in (2.0, 3.0, 4.0):
+        c.assign(c + 1)
+        w.grad = None
+        (w * c).sum().backward()
+        assert w.grad is not None
+        assert w.grad.numpy().tolist() == [expected]
+        assert c.numpy().tolist() == [expected]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from glassgrad import Context, Tensor, TinyJit, nn
+from glassgrad import Context, Tensor, TinyJit, Variable, nn
 from glassgrad.helpers import TRAINING
 from glassgrad.nn import optim
 from glassgrad.nn.state import get_parameters
@@ -164,6 +164,29 @@ def test_context_training_flag_is_training_mode(jit: bool) -> None:
         (model.bn.running_var.reshape(1, -1, 1, 1) + model.bn.eps).rsqrt() * model.bn.weight.reshape(1, -1, 1, 1) + \
         model.bn.bias.reshape(1, -1, 1, 1)
     np.testing.assert_allclose(evaluated, by_hand.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("symbolic", [False, True], ids=["int", "variable"])
+def test_one_graph_for_all_steps_stunning_mnist(symbolic: bool) -> None:
+    """tinygrad's stunning_mnist: every step scheduled lazily (`opt.schedule_step()`, nothing realized), the batches
+    gathered from a lazy sample of a dataset and picked by a step index (an int or a bound Variable), the losses
+    read at the end. BatchNorm's forward realizes the last step's statistics, and with them the weight updates and
+    the forward so far: the gradients must still reach the weights before the BatchNorm. Losses match PyTorch's."""
+    model, opt = fresh("adam")
+    initial, data = snapshot(model), batches(3)
+    pool_x = Tensor(np.concatenate([x for x, _ in data]))
+    pool_y = Tensor(np.concatenate([y for _, y in data]))
+    order = Tensor(np.arange(24, dtype=np.int32).reshape(3, 8))  # lazy gathers, as X_train[Tensor.randint(...)]
+    xs, ys = pool_x[order], pool_y[order]
+    step = Variable("step", 0, len(data) - 1)
+    losses = []
+    with Context(TRAINING=1):
+        for i in range(len(data)):
+            at = step.bind(i) if symbolic else i
+            opt.zero_grad()
+            losses.append(model(xs[at]).sparse_categorical_crossentropy(ys[at]).backward())
+            opt.schedule_step()
+    np.testing.assert_allclose([loss.item() for loss in losses], torch_losses(initial, "adam", data), rtol=RTOL)
 
 
 def test_train_as_a_context_manager_and_a_decorator_agree() -> None:

@@ -64,9 +64,12 @@ def _ensure_own_buffers(tensors: Sequence[Tensor], what: str) -> None:
 def new_state(shape: tuple[int, ...], dtype: DType, device: str, value: float = 0.0,
               like: Tensor | None = None) -> Tensor:
     """A fresh buffer filled with `value`, for optimiser state (never shared with another tensor). With `like` (a
-    param), the state is laid out as it is: on several devices, split along the same axis."""
+    param), the state is laid out as it is: on several devices, split along the same axis. It is marked
+    `requires_grad=False`: no gradient ever flows into state, so its writes record no lineage (see
+    Tensor._record_realized), which would keep each step's update graph alive and be substituted into later graphs."""
     with no_grad():
         empty = Tensor.empty(*shape, dtype=dtype, device=device) if like is None else like.empty_like(dtype=dtype)
+        empty.requires_grad = False
         return empty.assign(value).realize()
 
 
