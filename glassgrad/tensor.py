@@ -39,7 +39,9 @@ from glassgrad.uop.sint import (
     as_sint,
     render_sint,
     sint_add,
+    sint_ceildiv,
     sint_eval,
+    sint_max,
     sint_min,
     sint_prod,
     sint_sub,
@@ -378,11 +380,16 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     def clone(self) -> Tensor:
         return self.contiguous()
 
-    def assign(self, x: Tensor | Scalar) -> Tensor:
+    def assign(self, x: Tensor | Scalar | list[Any] | tuple[Any, ...] | np.ndarray) -> Tensor:
         """Write `x` into this tensor's own buffer, in place (lazily, like everything else): whatever holds this
         tensor sees the new values after the next realize, and the buffer keeps its identity, which optimisers and
         the JIT rely on. A tensor with no buffer yet gets one first. Returns self."""
-        value = x if isinstance(x, Tensor) else Tensor.full(self.shape, x, self.dtype, self.device)
+        if isinstance(x, Tensor):
+            value = x
+        elif isinstance(x, (list, tuple, np.ndarray)):  # data, as tinygrad: `w.assign(np_array)`
+            value = Tensor(x, device=self.device, dtype=self.dtype)
+        else:
+            value = Tensor.full(self.shape, x, self.dtype, self.device)
         _no_symbolic("assign", self.shape, value.shape)
         if value.device != self.device:
             raise RuntimeError(f"assign: value is on {value.device}, tensor is on {self.device}")
@@ -544,6 +551,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     def full(shape: tuple[int, ...] | int, fill_value: Scalar, dtype: DType | str | None = None,
              device: str | None = None, requires_grad: bool | None = None) -> Tensor:
         dims = Tensor._shape_arg((shape,) if isinstance(shape, (int, UOp)) else (tuple(shape),), symbolic=True)
+        if isinstance(fill_value, (list, tuple, Tensor)) or (isinstance(fill_value, np.ndarray) and fill_value.ndim):
+            raise TypeError(f"full: fill_value must be a scalar, got {type(fill_value).__name__} (to fill a tensor "
+                            "from data, use Tensor(data) or assign(data))")
         t = Tensor(fill_value, device=device, dtype=dtype)
         out = Tensor(t.uop.reshape((1,) * len(dims)).expand(dims))
         return out.requires_grad_(True) if requires_grad else out
@@ -573,6 +583,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
                device: str | None = None) -> Tensor:
         if stop is None:
             start, stop = 0, start
+        if isinstance(stop, UOp) and not isinstance(start, UOp) and not isinstance(step, UOp):
+            return Tensor._symbolic_arange(start, stop, step, dtype, device)
         _no_symbolic("arange (and ops built on it: argmax, one_hot, eye, cumsum, gather)", (start, stop, step))
         if step == 0:
             raise ValueError("arange step must not be zero")
@@ -585,6 +597,21 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         # index i -> start + i*step, built from a cumulative count so it stays one fused kernel
         idx = _index_tensor(count, device)
         return (idx.cast(dt if dt.is_float else dtypes.int64) * step + start).cast(dt)
+
+    @staticmethod
+    def _symbolic_arange(start: Scalar, stop: UOp, step: Scalar, dtype: DType | str | None,
+                         device: str | None) -> Tensor:
+        """arange up to a bound Variable expression (`arange(start_pos + n)`, as a causal mask's `triu` needs): the
+        arange of the largest count its Variables allow, shrunk to the symbolic count (int start and step > 0)."""
+        _check_bound(stop, "arange")
+        if isinstance(start, float) or isinstance(step, float) or step <= 0:
+            raise NotImplementedError(f"arange to a symbolic stop needs an int start and an int step > 0, got start="
+                                      f"{start}, step={step}")
+        count = sint_ceildiv(sint_sub(stop, int(start)), int(step))
+        if sint_min(count) < 0:
+            raise ValueError(f"arange({start}, {render_sint(stop)}, {step}): the count can be negative for some "
+                             "values of its Variables")
+        return Tensor.arange(start, start + sint_max(count) * step, step, dtype, device).shrink(((0, count),))
 
     @staticmethod
     def linspace(start: Scalar, stop: Scalar, steps: int, dtype: DType | str | None = None,

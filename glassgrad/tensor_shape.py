@@ -188,8 +188,8 @@ class ShapeOps:
         if t.ndim < 2:
             raise ValueError(f"{'triu' if upper else 'tril'} needs at least 2 dims, got shape {t.shape}")
         tensor = _tensor_class()
-        rows = tensor.arange(t.shape[-2], device=t.device).reshape(-1, 1)
-        cols = tensor.arange(t.shape[-1], device=t.device).reshape(1, -1)
+        rows = tensor.arange(t.shape[-2], device=t.device).reshape(t.shape[-2], 1)
+        cols = tensor.arange(t.shape[-1], device=t.device).reshape(1, t.shape[-1])
         return (cols - rows >= diagonal) if upper else (cols - rows <= diagonal)
 
     def triu(self, diagonal: int = 0) -> Tensor:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from glassgrad import GlobalCounters, Tensor, no_grad
+from glassgrad import GlobalCounters, Tensor, dtypes, no_grad
 from glassgrad.helpers import Context
 
 
@@ -373,3 +373,21 @@ def test_a_state_written_every_step_and_read_by_a_loss() -> None:
         assert w.grad is not None
         assert w.grad.numpy().tolist() == [expected]
         assert c.numpy().tolist() == [expected]
+
+
+def test_assign_takes_data_as_tinygrad_does() -> None:
+    """`w.assign(numpy_array)` / `w.assign([[...]])` write that data (in w's dtype), as tinygrad's assign makes a
+    Tensor of it; it once went to `Tensor.full` and built a broken graph that failed deep in the scheduler, which
+    now raises a TypeError for a non-scalar fill value."""
+    w = Tensor.zeros(2, 2).contiguous().realize()
+    w.assign(np.array([[1, 2], [3, 4]]))
+    np.testing.assert_array_equal(w.numpy(), [[1, 2], [3, 4]])
+    assert w.dtype == dtypes.float32
+    buf = _buffer(w)
+    w.assign([[5.0, 6.0], [7.0, 8.0]])
+    np.testing.assert_array_equal(w.numpy(), [[5, 6], [7, 8]])
+    assert _buffer(w) is buf
+    w.assign(np.float32(3))
+    np.testing.assert_array_equal(w.numpy(), [[3, 3], [3, 3]])
+    with pytest.raises(TypeError, match="fill_value must be a scalar"):
+        Tensor.full((2,), np.array([1.0, 2.0]))
