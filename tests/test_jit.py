@@ -421,3 +421,30 @@ def test_a_replay_realizes_a_leftover_graph_whose_part_was_assigned_since() -> N
     np.testing.assert_allclose(leftover.numpy(), [3.0, 5.0, 7.0, 9.0])
     np.testing.assert_allclose(t.numpy(), [3.0, 5.0, 7.0, 9.0])
     assert old_view is not t.uop
+
+
+def test_inputs_gathered_by_a_random_sample_each_call() -> None:
+    """beautiful_cartpole's loop: `samples = Tensor.randint(...).realize()`, then `step(X[samples], R[samples])`, the
+    step reading `r.reshape(-1, 1)`. Realizing the gathered input recorded lineage for another shape of its buffer
+    (the gather's (n, 1) sum), which the capture's backward recomputed from the random draw, whose generator state
+    had moved on: the capture failed. Losses of eager, capture and replays match a run without the JIT."""
+    def run(jit: bool) -> list[float]:
+        Tensor.manual_seed(0)
+        lin = nn.Linear(4, 2)
+        opt = nn.optim.Adam(nn.state.get_parameters(lin), lr=1e-2)
+
+        def step(x: Tensor, r: Tensor) -> Tensor:
+            with Tensor.train():
+                opt.zero_grad()
+                loss = (lin(x) - r.reshape(-1, 1)).square().mean().backward()
+                opt.step()
+                return loss.realize()
+        fn = TinyJit(step) if jit else step
+        rng = np.random.default_rng(0)
+        xs, rs = Tensor(rng.random((50, 4), dtype=np.float32)), Tensor(rng.random(50, dtype=np.float32))
+        losses = []
+        for _ in range(4):
+            samples = Tensor.randint(8, high=50).realize()
+            losses.append(fn(xs[samples], rs[samples]).item())
+        return losses
+    np.testing.assert_allclose(run(True), run(False), rtol=1e-6)
