@@ -592,3 +592,19 @@ def test_optimizer_state_records_no_lineage() -> None:
     w = Tensor([1.0, 2.0], requires_grad=True)
     opt = Adam([w])
     assert all(s.requires_grad is False for s in opt.state())
+
+
+def test_lr_has_tinygrads_shape_and_a_scheduler_written_for_tinygrad_drives_it() -> None:
+    """`opt.lr` is a (1,) tensor as in tinygrad: tinygrad's extra/lr_scheduler.py reads `opt.lr.numpy()[0]` and
+    writes `opt.lr.assign(<(1,) tensor>)`. Such a write changes the next step; a 0-d param keeps its shape."""
+    w, s = Tensor([1.0, 2.0], requires_grad=True), Tensor(3.0, requires_grad=True)
+    opt = SGD([w, s], lr=0.1)
+    assert opt.lr.shape == (1,) and opt.lr.numpy()[0] == pytest.approx(0.1)
+    with Tensor.train():
+        for lr in (0.1, 0.5):
+            opt.lr.assign(Tensor([lr])).realize()
+            opt.zero_grad()
+            ((w * w).sum() + s * s).backward()
+            opt.step()
+    np.testing.assert_allclose(w.numpy(), [0.0, 0.0], atol=1e-7)  # (1 - 2 * 0.1) then (1 - 2 * 0.5) times w
+    assert s.shape == () and s.item() == pytest.approx(0.0, abs=1e-6)
