@@ -1071,11 +1071,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     def __itruediv__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self / x)  # noqa: E704
 
     def _inplace(self, result: Tensor) -> Tensor:
+        """`x += y` and the like write into x's own buffer (`assign`), as tinygrad's and PyTorch's in-place ops do:
+        a TinyJit replays the write (rebinding x to a new graph was captured as a kernel reading x's buffer as it was
+        at the capture, so state updated with `*=` in a jitted step froze), and `v += 1` on a view `v = x[1:3]`
+        writes x."""
         if result.shape != self.shape:
             raise ValueError(f"in-place op would change shape {self.shape} to {result.shape}")
-        self.uop = result.cast(self.dtype).uop
-        _LAZY.add(self)
-        return self
+        return self.assign(result)
 
     # ------------------------------------------------------------------ movement
     def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
@@ -1871,22 +1873,32 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
     An assign's view gets its value's graph (gradients flow through `y.assign(w * 2)`, as through PyTorch's `copy_`),
     and the value node itself is known to be realized there (a backward that needs the value loads it, instead of
     recomputing it from the target's old contents, which the write replaced). An assign into a tensor that requires
-    a gradient records no lineage: a parameter stays a leaf, whatever its optimiser writes into it; nor does one into
+    a gradient records no lineage: a parameter stays a leaf, whatever its optimiser writes into it (also a layer's
+    parameter not yet given to an optimiser, requires_grad None: gradaccum_mnist.py updates its parameters with
+    hand-written Adam, and a lineage would recompute them from overwritten buffers); nor does one into
     a tensor marked `requires_grad=False` (running statistics, the random generator's state). The target's old
     version forgets its lineage, since nothing can read that version any more: no chain of steps builds up."""
     leaves = {id(t.uop) for t in list(ASSIGN_TARGETS.values())
-              if t.requires_grad is not None and t.uop.op is Ops.ASSIGN} \
+              if (t.requires_grad is not None or id(t) in _REQUIRES_GRAD) and t.uop.op is Ops.ASSIGN} \
         if any(node.op is Ops.ASSIGN for node in views) else set()
     for node, view in views.items():
         REALIZED[node] = view
         if node.op is Ops.ASSIGN:
             LINEAGE.pop(node.src[0], None)
-            if keep_lineage and id(node) not in leaves and (lineage_of is None or node in lineage_of):
+            if keep_lineage and id(node) not in leaves and (lineage_of is None or node in lineage_of) and \
+                    _reads_a_buffer(node.src[1]):
                 # (the value's graph does not hold the ASSIGN node, which REALIZED keeps the view for: no cycle)
                 LINEAGE[view] = node.src[1]
                 REALIZED.set_assigned_value(node.src[1], view)
         elif keep_lineage and not is_buffer_view(node) and (lineage_of is None or node in lineage_of):
             LINEAGE[view] = node  # (movement ops of a buffer are computed too)
+
+
+def _reads_a_buffer(value: UOp) -> bool:
+    """Whether a graph reads memory. One that does not (a fill: `loss.assign(Tensor.zeros_like(loss))`) is a node
+    every equal constant in the program shares (hash-consing): recorded as realized in the assigned buffer, a zero in
+    any later graph (relu's) would be loaded from that buffer, which the next write overwrites."""
+    return any(n.op is Ops.BUFFER for n in value.toposort())
 
 
 def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:

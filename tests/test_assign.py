@@ -391,3 +391,20 @@ def test_assign_takes_data_as_tinygrad_does() -> None:
     np.testing.assert_array_equal(w.numpy(), [[3, 3], [3, 3]])
     with pytest.raises(TypeError, match="fill_value must be a scalar"):
         Tensor.full((2,), np.array([1.0, 2.0]))
+
+
+def test_inplace_operators_write_the_buffer_and_through_views() -> None:
+    """`x += 1` writes x's own buffer (an alias taken before keeps seeing x, a tensor built from x before keeps its
+    value), and `v += 1` on a view `v = x[1:3]` writes x, as in PyTorch."""
+    x = Tensor([1.0, 2.0, 3.0, 4.0]).contiguous().realize()
+    before = x * 1
+    x += 1
+    buf = _buffer(x.realize())
+    x *= 2
+    assert _buffer(x.realize()) is buf
+    np.testing.assert_array_equal(x.numpy(), [4, 6, 8, 10])
+    np.testing.assert_array_equal(before.numpy(), [1, 2, 3, 4])
+    v = x[1:3]
+    v += 1
+    np.testing.assert_array_equal(v.numpy(), [7, 9])
+    np.testing.assert_array_equal(x.numpy(), [4, 7, 9, 10])

@@ -448,3 +448,24 @@ def test_inputs_gathered_by_a_random_sample_each_call() -> None:
             losses.append(fn(xs[samples], rs[samples]).item())
         return losses
     np.testing.assert_allclose(run(True), run(False), rtol=1e-6)
+
+
+def test_state_updated_in_place_with_an_operator_inside_a_jit() -> None:
+    """gradaccum_mnist's functional Adam: `b1_t *= b1` on a state tensor the step closes over. The in-place operator
+    rebound the tensor to a new graph, which the capture recorded as a kernel reading the state as it was at the
+    capture: replays kept writing the same value (b1_t froze at b1**2, the loss drifted from the eager run's).
+    Eager and jitted calls give the same sequence."""
+    def run(jit: bool) -> list[float]:
+        state = Tensor.ones((1,)).contiguous().realize()
+        acc = Tensor.zeros((1,)).contiguous().realize()
+
+        def step() -> Tensor:
+            nonlocal state
+            state *= 0.5
+            acc.assign(acc + state)
+            return acc.realize(state)
+        fn = TinyJit(step) if jit else step
+        return [float(fn().item()) for _ in range(5)]
+    expected = [sum(0.5 ** k for k in range(1, n + 1)) for n in range(1, 6)]
+    np.testing.assert_allclose(run(False), expected, rtol=1e-6)
+    np.testing.assert_allclose(run(True), expected, rtol=1e-6)
