@@ -9,6 +9,7 @@ import functools
 import math
 import os
 import pathlib
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -64,6 +65,9 @@ BEAM_BUDGET = ContextVar("BEAM_BUDGET", 60)  # seconds one kernel's BEAM search 
 # float32 matmuls and convolutions on a GPU with tensor cores (sm_80+) round their factors to TensorFloat-32 (10
 # mantissa bits; float32 range and accumulation): several times faster, ~1e-3 relative error. Opt-in, as in tinygrad
 ALLOW_TF32 = ContextVar("ALLOW_TF32", 0)
+# training mode: dropout drops, BatchNorm uses (and updates) batch statistics, Optimizer.step is allowed. tinygrad's
+# `Context(TRAINING=1)`; `Tensor.training` and `with Tensor.train():` read and set this same flag
+TRAINING = ContextVar("TRAINING", 0)
 
 
 def kernel_flags() -> tuple[int, ...]:
@@ -88,7 +92,7 @@ TINYGRAD_ONLY_FLAGS = frozenset({
 
 
 # tinygrad's flags that stand for Python state here: name -> (read it, set it), registered by the module owning the
-# state: TRAINING is `Tensor.training` (tensor.py), DEFAULT_FLOAT/DEFAULT_INT are `dtypes.default_*` (dtype.py)
+# state: DEFAULT_FLOAT/DEFAULT_INT are `dtypes.default_*` (dtype.py). (TRAINING is a flag of its own, above.)
 STATE_FLAGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
 
 
@@ -130,6 +134,12 @@ def Context(**flags: Any) -> Iterator[None]:
                 STATE_FLAGS[key][1](value)
             else:
                 ContextVar._registry[key].value = value
+
+
+def shape_args(first: Any, rest: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The dims of a `f(shape, *args)` call, tinygrad's signature: `f((2, 3))`, `f([2, 3])`, `f(2, 3)` and
+    `f(shape=(2, 3))` all give (2, 3)."""
+    return tuple(first) if isinstance(first, (tuple, list)) and not rest else (first, *rest)
 
 
 def prod(xs: Iterable[int]) -> int:
@@ -201,3 +211,57 @@ def trange(n: int, **kwargs: Any) -> Any:
     except ImportError:
         return _PlainRange(n)
     return tqdm_trange(n, **kwargs)
+
+
+def partition(items: Iterable[Any], keep: Callable[[Any], bool]) -> tuple[list[Any], list[Any]]:
+    """Split `items` in two lists, those where `keep(item)` is true and the others, each in order."""
+    chosen: list[Any] = []
+    rest: list[Any] = []
+    for item in items:
+        (chosen if keep(item) else rest).append(item)
+    return chosen, rest
+
+
+def flatten(nested: Iterable[Iterable[Any]]) -> list[Any]:
+    """One level of nesting removed: [[1, 2], [3]] -> [1, 2, 3]."""
+    return [item for inner in nested for item in inner]
+
+
+def dedup(items: Iterable[Any]) -> list[Any]:
+    """The items without repeats, first occurrence kept, in order (items must be hashable)."""
+    return list(dict.fromkeys(items))
+
+
+def round_up(n: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= n."""
+    return -(-n // multiple) * multiple
+
+
+def get_child(obj: Any, key: str) -> Any:
+    """Follow a dotted path of attributes, list indices and dict keys: get_child(model, "layers.0.weight")."""
+    for part in key.split("."):
+        if isinstance(obj, (list, tuple)) and part.isdigit():
+            obj = obj[int(part)]
+        elif isinstance(obj, dict):
+            obj = obj[part]
+        else:
+            obj = getattr(obj, part)
+    return obj
+
+
+class Timing(contextlib.ContextDecorator):
+    """`with Timing("step: "):` prints the wall time of the block in ms (tinygrad's helper); `on_exit(ns)` may
+    return extra text to append, `enabled=False` prints nothing."""
+
+    def __init__(self, prefix: str = "", on_exit: Callable[[int], str] | None = None, enabled: bool = True) -> None:
+        self.prefix, self.on_exit, self.enabled = prefix, on_exit, enabled
+        self.start = 0
+
+    def __enter__(self) -> Timing:
+        self.start = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = time.perf_counter_ns() - self.start
+        if self.enabled:
+            print(f"{self.prefix}{elapsed * 1e-6:6.2f} ms" + (self.on_exit(elapsed) if self.on_exit else ""))

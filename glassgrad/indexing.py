@@ -22,7 +22,8 @@ Boolean masks are not supported: a bool tensor, list or array index raises Index
 TypeError.
 Symbolic slices: a bound Variable (or an int expression of one) as a slice's start or stop, `t[:v]`, `t[v:v+2]`,
 is a shrink with symbolic bounds (step 1, no negative bounds); a dimension that is already symbolic takes such
-slices and in-range ints.
+slices and in-range ints. A bound Variable alone, `t[v]`, selects like an int (a shrink to [v, v+1), the dim
+dropped); it must lie in the dim for every value in the Variable's range (no counting from the end).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ import numpy as np
 
 from glassgrad.errors import IndexTypeError
 from glassgrad.uop.ops import UOp
-from glassgrad.uop.sint import render_sint, sint, sint_eval
+from glassgrad.uop.sint import render_sint, sint, sint_add, sint_eval
 
 if TYPE_CHECKING:
     from glassgrad.tensor import Tensor
@@ -85,6 +86,10 @@ def _classify(t: Tensor, entry: Any) -> _Item:
         raise IndexTypeError("boolean indices are not supported; use where() or an integer index instead")
     if isinstance(entry, (int, np.integer)):
         return _Item("int", int(entry))
+    if isinstance(entry, UOp):  # a bound Variable (or an int expression of one) selects like an int: t[v]
+        if not entry.dtype.is_int:
+            raise TypeError(f"a symbolic index must be an int expression of bound Variables, got dtype {entry.dtype}")
+        return _Item("int", entry)
     if isinstance(entry, slice):
         if isinstance(entry.start, UOp) or isinstance(entry.stop, UOp):
             return _Item("slice", entry)  # a symbolic slice: checked by _symbolic_span and shrink
@@ -135,7 +140,11 @@ def _basic(t: Tensor, items: list[_Item]) -> tuple[Tensor, list[int]]:
     dim = 0
     for it in (it for it in items if it.kind != "none"):
         size = t.shape[dim]
-        if it.kind == "int":
+        if it.kind == "int" and isinstance(it.value, UOp):
+            bounds.append((it.value, sint_add(it.value, 1)))  # shrink checks it fits for every value of the Variables
+            flips.append(False)
+            steps.append(1)
+        elif it.kind == "int":
             i = _check_int(it.value, dim, size)
             bounds.append((i, i + 1))
             flips.append(False)

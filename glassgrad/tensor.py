@@ -25,7 +25,7 @@ from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper
 from glassgrad.engine.realize import run_schedule
 from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
-from glassgrad.helpers import STATE_FLAGS, normalize_axis, prod
+from glassgrad.helpers import TRAINING, normalize_axis, prod, shape_args
 from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
@@ -41,7 +41,9 @@ from glassgrad.uop.sint import (
     as_sint,
     render_sint,
     sint_add,
+    sint_ceildiv,
     sint_eval,
+    sint_max,
     sint_min,
     sint_prod,
     sint_sub,
@@ -183,10 +185,22 @@ class _CastShortcuts:
     def double(self) -> Tensor: return self.cast(dtypes.float64)  # noqa: E704
 
 
-class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
+class _TensorType(type):
+    """Tensor's metaclass, for one class-level property: `Tensor.training` is a view of the TRAINING flag, so
+    `Tensor.training = True`, `with Tensor.train():` and tinygrad's `Context(TRAINING=1)` set one state."""
+
+    @property
+    def training(cls) -> bool:
+        return bool(TRAINING)
+
+    @training.setter
+    def training(cls, mode: bool) -> None:
+        TRAINING.value = int(mode)
+
+
+class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, metaclass=_TensorType):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "requires_grad", "grad", "_view_of", "__weakref__")
-    training: ClassVar[bool] = False
     no_grad: ClassVar[bool] = False
     uop: UOp
     grad: Tensor | None
@@ -290,6 +304,24 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
             _REQUIRES_GRAD[id(self)] = self
         return self
 
+    @property
+    def is_param(self) -> bool:
+        """tinygrad's name (since it dropped `requires_grad`) for "an optimizer updates this": every tensor but one
+        marked `requires_grad=False` / `is_param_(False)` (BatchNorm's running statistics are such buffers)."""
+        return self.requires_grad is not False
+
+    @is_param.setter
+    def is_param(self, value: bool) -> None:
+        self.is_param_(value)
+
+    def is_param_(self, value: bool = True) -> Tensor:
+        """Mark this tensor a parameter (the optimizer trains it) or, with False, a buffer it only realizes."""
+        if not value:
+            self.requires_grad = False
+        elif self.requires_grad is False:
+            self.requires_grad = None  # undecided, as a fresh tensor: an optimizer turns gradients on
+        return self
+
     # ------------------------------------------------------------------ realizing
     def realize(self, *others: Tensor) -> Tensor:
         """Compute this tensor (and `others`) now, in as few kernels as the scheduler can."""
@@ -302,7 +334,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         if not pending:
             return
         pending += _RNG.advances()
-        pending += _readers_of_overwritten(pending)
+        readers = _readers_of_overwritten(pending)
+        pending += readers
         outs = [t.uop for t in pending]
         lowered = lower(outs, REALIZED.get) if multi_in_use() else outs
         schedule, views = create_schedule([p for u in lowered for p in (u.src if u.op is Ops.MULTI else (u,))])
@@ -314,7 +347,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         # after lowering, only the logical graphs are lineage (gradients are taken on them, never per device)
         # (and not a node whose lowered form is a buffer view already: `x.to(d)` of a replicated x is its part on d)
         lineage_of = {o for o, low in zip(outs, lowered) if not is_realized(low)} if lowered is not outs else None
-        _record_realized(views, not Tensor.no_grad, lineage_of)
+        if Tensor.no_grad:  # the tensors asked for get no lineage; the readers realized only because a write here
+            # overwrites what they read keep theirs: they were built outside this block, maybe for a backward (a
+            # training forward whose BatchNorm realizes the last step's statistics, and with them the update of a
+            # weight that the forward read: the forward so far is realized, and must still lead to the weight)
+            kept = {t.uop for t in readers}
+            lineage_of = kept if lineage_of is None else lineage_of & kept
+        _record_realized(views, True, lineage_of)
         assigned = any(node.op is Ops.ASSIGN for node in views)
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
@@ -381,11 +420,16 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         memo[id(self)] = out
         return out
 
-    def assign(self, x: Tensor | Scalar) -> Tensor:
+    def assign(self, x: Tensor | Scalar | list[Any] | tuple[Any, ...] | np.ndarray) -> Tensor:
         """Write `x` into this tensor's own buffer, in place (lazily, like everything else): whatever holds this
         tensor sees the new values after the next realize, and the buffer keeps its identity, which optimisers and
         the JIT rely on. A tensor with no buffer yet gets one first. Returns self."""
-        value = x if isinstance(x, Tensor) else Tensor.full(self.shape, x, self.dtype, self.device)
+        if isinstance(x, Tensor):
+            value = x
+        elif isinstance(x, (list, tuple, np.ndarray)):  # data, as tinygrad: `w.assign(np_array)`
+            value = Tensor(x, device=self.device, dtype=self.dtype)
+        else:
+            value = Tensor.full(self.shape, x, self.dtype, self.device)
         _no_symbolic("assign", self.shape, value.shape)
         if value.device != self.device:
             raise RuntimeError(f"assign: value is on {value.device}, tensor is on {self.device}")
@@ -490,15 +534,17 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
             gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
         if gradient.shape != self.shape:
             raise ValueError(f"gradient shape {gradient.shape} does not match tensor shape {self.shape}")
-        return self._gradient(_with_lineage(self.uop), targets, gradient)
+        root = _with_lineage(self.uop)
+        return self._gradient(root, targets, _graph_nodes_of(targets, set(root.toposort())), gradient)
 
-    def _gradient(self, root: UOp, targets: Sequence[Tensor], gradient: Tensor) -> list[Tensor]:
-        """`gradient()` of this tensor, whose graph with lineage substituted (`_with_lineage`) is `root`."""
-        target_uops = [_with_lineage(t.uop) for t in targets]
-        grads = compute_gradient(root, gradient.cast(self.dtype).uop, set(target_uops))
+    def _gradient(self, root: UOp, targets: Sequence[Tensor], nodes: Sequence[UOp | None],
+                  gradient: Tensor) -> list[Tensor]:
+        """`gradient()` of this tensor, whose graph with lineage substituted (`_with_lineage`) is `root`; `nodes`
+        are the targets' nodes in it (`_graph_nodes_of`; None: not in the graph, a zero gradient)."""
+        grads = compute_gradient(root, gradient.cast(self.dtype).uop, {u for u in nodes if u is not None})
         out = []
-        for t, u in zip(targets, target_uops):
-            g = grads.get(u)
+        for t, u in zip(targets, nodes):
+            g = None if u is None else grads.get(u)
             out.append(Tensor(g) if g is not None else Tensor.zeros(t.shape, dtype=t.dtype, device=t.device))
         return out
 
@@ -513,15 +559,19 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         if gradient is not None and gradient.shape != self.shape:
             raise ValueError(f"backward(): gradient shape {gradient.shape} does not match tensor shape {self.shape}")
         root = _with_lineage(self.uop)  # (once: the walk is over the whole forward graph)
+        candidates = [t for t in list(_REQUIRES_GRAD.values()) if t.requires_grad is not False]
         root_nodes = set(root.toposort())
-        targets = [t for t in list(_REQUIRES_GRAD.values()) if t.requires_grad is not False and
-                   _with_lineage(t.uop) in root_nodes] or _tinygrad_targets(root_nodes, self)
-        if not targets:
+        found = [(t, u) for t, u in zip(candidates, _graph_nodes_of(candidates, root_nodes)) if u is not None]
+        if not found:  # tinygrad 0.14's rule (it has no requires_grad), where PyTorch would raise
+            fallback = _tinygrad_targets(root_nodes, self)
+            found = [(t, u) for t, u in zip(fallback, _graph_nodes_of(fallback, root_nodes)) if u is not None]
+        if not found:
             raise RuntimeError("backward(): no tensor of this computation can take a gradient (int and bool tensors "
                                "cannot, nor tensors made with requires_grad=False)")
         if gradient is None:
             gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
-        for t, g in zip(targets, self._gradient(root, targets, gradient)):
+        targets = [t for t, _ in found]
+        for t, g in zip(targets, self._gradient(root, targets, [u for _, u in found], gradient)):
             t.grad = g if t.grad is None else t.grad + g
         return self
 
@@ -549,6 +599,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
     def full(shape: tuple[int, ...] | int, fill_value: Scalar, dtype: DType | str | None = None,
              device: str | None = None, requires_grad: bool | None = None) -> Tensor:
         dims = Tensor._shape_arg((shape,) if isinstance(shape, (int, UOp)) else (tuple(shape),), symbolic=True)
+        if isinstance(fill_value, (list, tuple, Tensor)) or (isinstance(fill_value, np.ndarray) and fill_value.ndim):
+            raise TypeError(f"full: fill_value must be a scalar, got {type(fill_value).__name__} (to fill a tensor "
+                            "from data, use Tensor(data) or assign(data))")
         t = Tensor(fill_value, device=device, dtype=dtype)
         out = Tensor(t.uop.reshape((1,) * len(dims)).expand(dims))
         return out.requires_grad_(True) if requires_grad else out
@@ -578,6 +631,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
                device: str | None = None) -> Tensor:
         if stop is None:
             start, stop = 0, start
+        if isinstance(stop, UOp) and not isinstance(start, UOp) and not isinstance(step, UOp):
+            return Tensor._symbolic_arange(start, stop, step, dtype, device)
         _no_symbolic("arange (and ops built on it: argmax, one_hot, eye, cumsum, gather)", (start, stop, step))
         if step == 0:
             raise ValueError("arange step must not be zero")
@@ -590,6 +645,21 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         # index i -> start + i*step, built from a cumulative count so it stays one fused kernel
         idx = _index_tensor(count, device)
         return (idx.cast(dt if dt.is_float else dtypes.int64) * step + start).cast(dt)
+
+    @staticmethod
+    def _symbolic_arange(start: Scalar, stop: UOp, step: Scalar, dtype: DType | str | None,
+                         device: str | None) -> Tensor:
+        """arange up to a bound Variable expression (`arange(start_pos + n)`, as a causal mask's `triu` needs): the
+        arange of the largest count its Variables allow, shrunk to the symbolic count (int start and step > 0)."""
+        _check_bound(stop, "arange")
+        if isinstance(start, float) or isinstance(step, float) or step <= 0:
+            raise NotImplementedError(f"arange to a symbolic stop needs an int start and an int step > 0, got start="
+                                      f"{start}, step={step}")
+        count = sint_ceildiv(sint_sub(stop, int(start)), int(step))
+        if sint_min(count) < 0:
+            raise ValueError(f"arange({start}, {render_sint(stop)}, {step}): the count can be negative for some "
+                             "values of its Variables")
+        return Tensor.arange(start, start + sint_max(count) * step, step, dtype, device).shrink(((0, count),))
 
     @staticmethod
     def linspace(start: Scalar, stop: Scalar, steps: int, dtype: DType | str | None = None,
@@ -1051,16 +1121,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
     def __itruediv__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self / x)  # noqa: E704
 
     def _inplace(self, result: Tensor) -> Tensor:
-        """`t += x` and friends. A realized tensor that needs no gradient is written in place (`assign`), as in
-        PyTorch and tinygrad, so a TinyJit replays the write into its buffer; others (lazy graphs, tensors that
-        autograd tracks) are rebound to the result."""
+        """`x += y` and the like write into x's own buffer (`assign`), as tinygrad's and PyTorch's in-place ops do:
+        a TinyJit replays the write (rebinding x to a new graph was captured as a kernel reading x's buffer as it was
+        at the capture, so state updated with `*=` in a jitted step froze), and `v += 1` on a view `v = x[1:3]`
+        writes x."""
         if result.shape != self.shape:
             raise ValueError(f"in-place op would change shape {self.shape} to {result.shape}")
-        if not self.requires_grad and is_realized(self.uop) and all(isinstance(d, int) for d in self.shape):
-            return self.assign(result.cast(self.dtype))
-        self.uop = result.cast(self.dtype).uop
-        _LAZY.add(self)
-        return self
+        return self.assign(result)
 
     # ------------------------------------------------------------------ movement
     def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
@@ -1071,8 +1138,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
             raise ShapeError(f"cannot broadcast shape {self.shape} to {shape}")
         return self._view(self.uop.reshape(padded).expand(shape))
 
-    def reshape(self, *shape: Any) -> Tensor:
-        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    def reshape(self, shape: Any, *args: Any) -> Tensor:
+        """`reshape((2, 3))`, `reshape(2, 3)` or `reshape(shape=(2, 3))`; one -1 is inferred, None keeps the dim."""
+        dims = shape_args(shape, args)
         dims = tuple(self.shape[i] if d is None else d for i, d in enumerate(dims))
         numel = self.numel()
         if isinstance(numel, UOp):
@@ -1112,16 +1180,16 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
                              f"({', '.join(render_sint(d) for d in dims)}): the sizes differ for some variable values")
         return self if dims == self.shape else self._view(self.uop.reshape(dims))
 
-    def expand(self, *shape: Any) -> Tensor:
-        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    def expand(self, shape: Any, *args: Any) -> Tensor:
+        dims = shape_args(shape, args)
         if len(dims) < self.ndim:
             raise ShapeError(f"expand: target {dims} has fewer dimensions than the tensor's shape {self.shape}")
         padded = (1,) * (len(dims) - self.ndim) + self.shape
         dims = tuple(s if d == -1 else d for s, d in zip(padded, dims))
         return self._broadcast_to(dims)
 
-    def permute(self, *order: Any) -> Tensor:
-        axes = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
+    def permute(self, order: Any, *args: Any) -> Tensor:
+        axes = shape_args(order, args)
         norm = tuple(normalize_axis(a, self.ndim) for a in axes)
         if sorted(norm) != list(range(self.ndim)):
             raise ShapeError(f"permute order {axes} is not a permutation of the {self.ndim} dimensions")
@@ -1137,8 +1205,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
     def T(self) -> Tensor:
         return self.permute(tuple(range(self.ndim))[::-1])
 
-    def flip(self, axis: AxisArg = None) -> Tensor:
-        axes = self._resolve_axes(axis)
+    def flip(self, axis: AxisArg = None, *args: int) -> Tensor:
+        axes = self._resolve_axes(shape_args(axis, args) if args else axis)
         return self._view(self.uop.flip(tuple(i in axes for i in range(self.ndim))))
 
     def shrink(self, bounds: Sequence[tuple[sint, sint] | None]) -> Tensor:
@@ -1232,8 +1300,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps):
         d = normalize_axis(dim, self.ndim + 1)
         return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
-    def repeat(self, *repeats: Any) -> Tensor:
-        reps = tuple(repeats[0]) if len(repeats) == 1 and isinstance(repeats[0], (tuple, list)) else tuple(repeats)
+    def repeat(self, repeats: Any, *args: Any) -> Tensor:
+        reps = shape_args(repeats, args)
         if len(reps) < self.ndim:
             raise ShapeError(f"repeat needs at least {self.ndim} repeat counts, got {reps}")
         base = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
@@ -1815,13 +1883,6 @@ def _index_tensor(n: int, device: str | None) -> Tensor:
     return Tensor(UOp(Ops.ARANGE, dt, (dev,), n))
 
 
-def _set_training(value: Any) -> None:
-    Tensor.training = bool(value)
-
-
-STATE_FLAGS["TRAINING"] = (lambda: int(Tensor.training), _set_training)  # tinygrad's Context(TRAINING=1)
-
-
 def _movement_chain(top: UOp, bottom: UOp) -> list[UOp]:
     """The movement nodes (and DETACHes) from `top` down to (not including) `bottom`, top first."""
     chain, node = [], top
@@ -1883,22 +1944,32 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
     An assign's view gets its value's graph (gradients flow through `y.assign(w * 2)`, as through PyTorch's `copy_`),
     and the value node itself is known to be realized there (a backward that needs the value loads it, instead of
     recomputing it from the target's old contents, which the write replaced). An assign into a tensor that requires
-    a gradient records no lineage: a parameter stays a leaf, whatever its optimiser writes into it; nor does one into
+    a gradient records no lineage: a parameter stays a leaf, whatever its optimiser writes into it (also a layer's
+    parameter not yet given to an optimiser, requires_grad None: gradaccum_mnist.py updates its parameters with
+    hand-written Adam, and a lineage would recompute them from overwritten buffers); nor does one into
     a tensor marked `requires_grad=False` (running statistics, the random generator's state). The target's old
     version forgets its lineage, since nothing can read that version any more: no chain of steps builds up."""
     leaves = {id(t.uop) for t in list(ASSIGN_TARGETS.values())
-              if t.requires_grad is not None and t.uop.op is Ops.ASSIGN} \
+              if (t.requires_grad is not None or id(t) in _REQUIRES_GRAD) and t.uop.op is Ops.ASSIGN} \
         if any(node.op is Ops.ASSIGN for node in views) else set()
     for node, view in views.items():
         REALIZED[node] = view
         if node.op is Ops.ASSIGN:
             LINEAGE.pop(node.src[0], None)
-            if keep_lineage and id(node) not in leaves and (lineage_of is None or node in lineage_of):
+            if keep_lineage and id(node) not in leaves and (lineage_of is None or node in lineage_of) and \
+                    _reads_a_buffer(node.src[1]):
                 # (the value's graph does not hold the ASSIGN node, which REALIZED keeps the view for: no cycle)
                 LINEAGE[view] = node.src[1]
                 REALIZED.set_assigned_value(node.src[1], view)
         elif keep_lineage and not is_buffer_view(node) and (lineage_of is None or node in lineage_of):
             LINEAGE[view] = node  # (movement ops of a buffer are computed too)
+
+
+def _reads_a_buffer(value: UOp) -> bool:
+    """Whether a graph reads memory. One that does not (a fill: `loss.assign(Tensor.zeros_like(loss))`) is a node
+    every equal constant in the program shares (hash-consing): recorded as realized in the assigned buffer, a zero in
+    any later graph (relu's) would be loaded from that buffer, which the next write overwrites."""
+    return any(n.op is Ops.BUFFER for n in value.toposort())
 
 
 def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
@@ -1971,6 +2042,21 @@ def _is_leaf_view(u: UOp) -> bool:
     return u.op is Ops.BUFFER and u not in LINEAGE
 
 
+def _graph_nodes_of(targets: Sequence[Tensor], nodes: set[UOp]) -> list[UOp | None]:
+    """Each target's node in a graph (`nodes`, lineage substituted), or None if the graph does not hold it.
+
+    Usually that is the target's node itself. But a graph built on a pending update, `w.assign(...)` then `x @ w`,
+    holds that ASSIGN node; if the update is realized before the backward (BatchNorm's forward realizes its running
+    statistics, and the scheduler realizes with them the pending writes that read what they overwrite), `w` moves
+    to the written buffer's view while the graph keeps the ASSIGN: the target is then that ASSIGN node."""
+    written = {view: n for n in nodes if n.op is Ops.ASSIGN and (view := REALIZED.get(n)) is not None}
+    out: list[UOp | None] = []
+    for t in targets:
+        u = _with_lineage(t.uop)
+        out.append(u if u in nodes else written.get(t.uop))
+    return out
+
+
 _LINEAGE_OPS = (Ops.RESHAPE, Ops.BUFFER, Ops.MULTI)  # the nodes LINEAGE has entries for (realized views)
 
 
@@ -1981,15 +2067,21 @@ def _with_lineage(u: UOp) -> UOp:
     finds that, and the graph is returned as it is, without a rewrite."""
     if not LINEAGE or _is_leaf_view(u):
         return u
-    if not any(n.op in _LINEAGE_OPS and n in LINEAGE for n in u.toposort()):
+    nodes = u.toposort()
+    if not any(n.op in _LINEAGE_OPS and n in LINEAGE for n in nodes):
         return u
-    return graph_rewrite(u, _lineage_matcher())
+    # an ASSIGN's target is where it writes, not a value: it stays the buffer, also where the graph reads it (the
+    # same node). A state tensor written each step, `c.assign(c + 1)`, has lineage from its last write, which reads
+    # the version this pending write will overwrite: substituting it would recompute the old value from contents
+    # that are gone (and write the result into c's buffer). A gradient through that read is not taken (a leaf).
+    return graph_rewrite(u, _lineage_matcher(), ctx={n.src[0] for n in nodes if n.op is Ops.ASSIGN})
 
 
 @functools.cache
 def _lineage_matcher() -> PatternMatcher:
-    """The rewrite rules of `_with_lineage` (made once)."""
-    return PatternMatcher([(UPat(op, name="x"), lambda x: LINEAGE.get(x)) for op in _LINEAGE_OPS])
+    """The rewrite rules of `_with_lineage` (made once); ctx: the nodes not to replace (assign targets)."""
+    return PatternMatcher([(UPat(op, name="x"), lambda ctx, x: None if x in ctx else LINEAGE.get(x))
+                           for op in _LINEAGE_OPS])
 
 
 def _scalar_dtype(x: Scalar) -> DType:

@@ -22,7 +22,7 @@ import numpy as np
 
 from glassgrad.dtype import DType, dtypes, to_dtype
 from glassgrad.errors import ArgumentError, DTypeError, ShapeError
-from glassgrad.helpers import normalize_axis, prod
+from glassgrad.helpers import normalize_axis, prod, shape_args
 
 if TYPE_CHECKING:
     from glassgrad.tensor import AxisArg, Scalar, Tensor
@@ -33,11 +33,6 @@ SCATTER_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
 def _tensor_class() -> type[Tensor]:
     from glassgrad.tensor import Tensor
     return Tensor
-
-
-def _shape_args(shape: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """`f((2, 3))` and `f(2, 3)` alike."""
-    return tuple(shape) if isinstance(shape, (tuple, list)) and not args else (shape, *args)
 
 
 def _lowest(dtype: DType) -> Scalar:
@@ -61,7 +56,7 @@ class ShapeOps:
     def shrink_to(self, shape: Any, *args: Any) -> Tensor:
         """Keep the first `shape[d]` elements of each dim d (None keeps the dim whole)."""
         t = self._m
-        dims = _shape_args(shape, args)
+        dims = shape_args(shape, args)
         if len(dims) != t.ndim:
             raise ValueError(f"shrink_to: shape {dims} needs one entry per dim of {t.shape}")
         return t.shrink(tuple(None if d is None else (0, d) for d in dims))
@@ -69,7 +64,7 @@ class ShapeOps:
     def pad_to(self, shape: Any, *args: Any, value: Scalar = 0) -> Tensor:
         """Pad each dim d at its end up to `shape[d]` with `value` (None keeps the dim as it is)."""
         t = self._m
-        dims = _shape_args(shape, args)
+        dims = shape_args(shape, args)
         if len(dims) != t.ndim:
             raise ValueError(f"pad_to: shape {dims} needs one entry per dim of {t.shape}")
         if any(d is not None and d < s for d, s in zip(dims, t.shape)):
@@ -193,8 +188,8 @@ class ShapeOps:
         if t.ndim < 2:
             raise ValueError(f"{'triu' if upper else 'tril'} needs at least 2 dims, got shape {t.shape}")
         tensor = _tensor_class()
-        rows = tensor.arange(t.shape[-2], device=t.device).reshape(-1, 1)
-        cols = tensor.arange(t.shape[-1], device=t.device).reshape(1, -1)
+        rows = tensor.arange(t.shape[-2], device=t.device).reshape(t.shape[-2], 1)
+        cols = tensor.arange(t.shape[-1], device=t.device).reshape(1, t.shape[-1])
         return (cols - rows >= diagonal) if upper else (cols - rows <= diagonal)
 
     def triu(self, diagonal: int = 0) -> Tensor:

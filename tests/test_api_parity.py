@@ -56,7 +56,7 @@ _INTERNAL = "tinygrad internals (its UOp/function/linearizer API), not part of g
 DELIBERATELY_ABSENT: dict[str, str] = {
     "alu": _INTERNAL, "call": _INTERNAL, "callify": _INTERNAL, "custom_kernel": _INTERNAL, "ufix": _INTERNAL,
     "linear_with_vars": _INTERNAL, "schedule_linear": _INTERNAL, "invalids": _INTERNAL, "const": _INTERNAL,
-    "uprod": _INTERNAL, "usum": _INTERNAL, "as_param": _INTERNAL, "is_param": _INTERNAL, "is_param_": _INTERNAL,
+    "uprod": _INTERNAL, "usum": _INTERNAL, "as_param": _INTERNAL,
     "max_numel": _INTERNAL + " (symbolic-shape bookkeeping)", "max_shape": _INTERNAL + " (symbolic-shape bookkeeping)",
     "image_conv2d": "tinygrad's Qualcomm image-texture path; glassgrad has no image dtypes",
     "image_dot": "tinygrad's Qualcomm image-texture path; glassgrad has no image dtypes",

@@ -1,6 +1,7 @@
 """Tensor.assign: in-place writes into a tensor's own buffer, with the ordering hazards they bring."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 from typing import Any
@@ -8,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from glassgrad import GlobalCounters, Tensor
+from glassgrad import GlobalCounters, Tensor, dtypes, no_grad
 from glassgrad.helpers import Context
 
 
@@ -339,3 +340,71 @@ def test_slice_assign_with_a_variable_position_in_a_jit() -> None:
         expected[:, i] = i + 1
         np.testing.assert_array_equal(out.numpy(), expected.sum(axis=(0, 2)))
     np.testing.assert_array_equal(cache.numpy(), expected)
+
+
+@pytest.mark.parametrize("under_no_grad", [False, True], ids=["realize", "realize_under_no_grad"])
+def test_gradient_to_a_param_whose_pending_update_was_realized_after_the_forward(under_no_grad: bool) -> None:
+    """`w.assign(...)` (a lazy optimizer step), a forward built on it, then the update realized before backward
+    (under no_grad, as BatchNorm's forward realizes the last step's statistics, which realizes the weight update and
+    the forward that reads it): w stays a leaf whose gradient is x^T, and the forward keeps its value."""
+    w = Tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    x = Tensor([[1.0, 1.0]])
+    w.assign(w * 2)
+    h = x @ w
+    with no_grad() if under_no_grad else contextlib.nullcontext():
+        w.realize()
+    y = h.sum()
+    y.backward()
+    assert w.grad is not None
+    np.testing.assert_allclose(w.grad.numpy(), [[1.0, 1.0], [1.0, 1.0]])
+    assert y.item() == 20.0
+
+
+def test_a_state_written_every_step_and_read_by_a_loss() -> None:
+    """`c.assign(c + 1)` each step (a counter, a running value) while a loss reads c: the write realized by the next
+    one records lineage; the next backward must not substitute it into the pending write (which once made the
+    scheduler fail on an ASSIGN into an expression) nor recompute c from the version the write replaced."""
+    c = Tensor([1.0])
+    w = Tensor([2.0], requires_grad=True)
+    for expected in (2.0, 3.0, 4.0):
+        c.assign(c + 1)
+        w.grad = None
+        (w * c).sum().backward()
+        assert w.grad is not None
+        assert w.grad.numpy().tolist() == [expected]
+        assert c.numpy().tolist() == [expected]
+
+
+def test_assign_takes_data_as_tinygrad_does() -> None:
+    """`w.assign(numpy_array)` / `w.assign([[...]])` write that data (in w's dtype), as tinygrad's assign makes a
+    Tensor of it; it once went to `Tensor.full` and built a broken graph that failed deep in the scheduler, which
+    now raises a TypeError for a non-scalar fill value."""
+    w = Tensor.zeros(2, 2).contiguous().realize()
+    w.assign(np.array([[1, 2], [3, 4]]))
+    np.testing.assert_array_equal(w.numpy(), [[1, 2], [3, 4]])
+    assert w.dtype == dtypes.float32
+    buf = _buffer(w)
+    w.assign([[5.0, 6.0], [7.0, 8.0]])
+    np.testing.assert_array_equal(w.numpy(), [[5, 6], [7, 8]])
+    assert _buffer(w) is buf
+    w.assign(np.float32(3))
+    np.testing.assert_array_equal(w.numpy(), [[3, 3], [3, 3]])
+    with pytest.raises(TypeError, match="fill_value must be a scalar"):
+        Tensor.full((2,), np.array([1.0, 2.0]))
+
+
+def test_inplace_operators_write_the_buffer_and_through_views() -> None:
+    """`x += 1` writes x's own buffer (an alias taken before keeps seeing x, a tensor built from x before keeps its
+    value), and `v += 1` on a view `v = x[1:3]` writes x, as in PyTorch."""
+    x = Tensor([1.0, 2.0, 3.0, 4.0]).contiguous().realize()
+    before = x * 1
+    x += 1
+    buf = _buffer(x.realize())
+    x *= 2
+    assert _buffer(x.realize()) is buf
+    np.testing.assert_array_equal(x.numpy(), [4, 6, 8, 10])
+    np.testing.assert_array_equal(before.numpy(), [1, 2, 3, 4])
+    v = x[1:3]
+    v += 1
+    np.testing.assert_array_equal(v.numpy(), [7, 9])
+    np.testing.assert_array_equal(x.numpy(), [4, 7, 9, 10])

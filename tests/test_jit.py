@@ -430,3 +430,51 @@ def test_prune_keyword_of_tinygrad() -> None:
     for i in range(4):
         a = Tensor(_arr(16) + i).realize()
         np.testing.assert_allclose(fn(a).numpy(), weights.numpy() * 2 + a.numpy(), rtol=1e-6)
+
+
+def test_inputs_gathered_by_a_random_sample_each_call() -> None:
+    """beautiful_cartpole's loop: `samples = Tensor.randint(...).realize()`, then `step(X[samples], R[samples])`, the
+    step reading `r.reshape(-1, 1)`. Realizing the gathered input recorded lineage for another shape of its buffer
+    (the gather's (n, 1) sum), which the capture's backward recomputed from the random draw, whose generator state
+    had moved on: the capture failed. Losses of eager, capture and replays match a run without the JIT."""
+    def run(jit: bool) -> list[float]:
+        Tensor.manual_seed(0)
+        lin = nn.Linear(4, 2)
+        opt = nn.optim.Adam(nn.state.get_parameters(lin), lr=1e-2)
+
+        def step(x: Tensor, r: Tensor) -> Tensor:
+            with Tensor.train():
+                opt.zero_grad()
+                loss = (lin(x) - r.reshape(-1, 1)).square().mean().backward()
+                opt.step()
+                return loss.realize()
+        fn = TinyJit(step) if jit else step
+        rng = np.random.default_rng(0)
+        xs, rs = Tensor(rng.random((50, 4), dtype=np.float32)), Tensor(rng.random(50, dtype=np.float32))
+        losses = []
+        for _ in range(4):
+            samples = Tensor.randint(8, high=50).realize()
+            losses.append(fn(xs[samples], rs[samples]).item())
+        return losses
+    np.testing.assert_allclose(run(True), run(False), rtol=1e-6)
+
+
+def test_state_updated_in_place_with_an_operator_inside_a_jit() -> None:
+    """gradaccum_mnist's functional Adam: `b1_t *= b1` on a state tensor the step closes over. The in-place operator
+    rebound the tensor to a new graph, which the capture recorded as a kernel reading the state as it was at the
+    capture: replays kept writing the same value (b1_t froze at b1**2, the loss drifted from the eager run's).
+    Eager and jitted calls give the same sequence."""
+    def run(jit: bool) -> list[float]:
+        state = Tensor.ones((1,)).contiguous().realize()
+        acc = Tensor.zeros((1,)).contiguous().realize()
+
+        def step() -> Tensor:
+            nonlocal state
+            state *= 0.5
+            acc.assign(acc + state)
+            return acc.realize(state)
+        fn = TinyJit(step) if jit else step
+        return [float(fn().item()) for _ in range(5)]
+    expected = [sum(0.5 ** k for k in range(1, n + 1)) for n in range(1, 6)]
+    np.testing.assert_allclose(run(False), expected, rtol=1e-6)
+    np.testing.assert_allclose(run(True), expected, rtol=1e-6)

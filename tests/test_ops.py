@@ -1154,6 +1154,13 @@ MOVEMENT: list[tuple[str, Shape, Callable[[Any], Any], Callable[[Any], Any], Any
     ("reshape_from_0d", (), lambda x: x.reshape(1, 1, 1), lambda x: x.reshape(1, 1, 1), SAME),
     ("reshape_empty", (0, 4), lambda x: x.reshape(2, 0, 8), lambda x: x.reshape(2, 0, 8), SAME),
     ("view", (2, 6), lambda x: x.view(3, 4), lambda x: x.reshape(3, 4), SAME),
+    # tinygrad's signatures are f(shape, *args): the keyword forms of its examples (minrf's reshape(shape=...))
+    ("reshape_kw", (2, 3, 4), lambda x: x.reshape(shape=(4, 6)), lambda x: x.reshape(4, 6), SAME),
+    ("view_kw", (2, 6), lambda x: x.view(shape=[3, 4]), lambda x: x.reshape(3, 4), None),
+    ("expand_kw", (3, 1), lambda x: x.expand(shape=(3, 4)), lambda x: np.broadcast_to(x, (3, 4)), None),
+    ("permute_kw", (2, 3, 4), lambda x: x.permute(order=(2, 0, 1)), lambda x: np.transpose(x, (2, 0, 1)), None),
+    ("repeat_kw", (2, 3), lambda x: x.repeat(repeats=(2, 1)), lambda x: np.tile(x, (2, 1)), None),
+    ("flip_varargs", (2, 3, 4), lambda x: x.flip(0, 2), lambda x: np.flip(x, (0, 2)), None),
     ("expand", (3, 1), lambda x: x.expand(2, 3, 4), lambda x: np.broadcast_to(x, (2, 3, 4)), SAME),
     ("expand_-1", (3, 1), lambda x: x.expand(-1, 5), lambda x: np.broadcast_to(x, (3, 5)), SAME),
     ("expand_0d", (), lambda x: x.expand(2, 2), lambda x: np.broadcast_to(x, (2, 2)), SAME),

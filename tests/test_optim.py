@@ -558,3 +558,53 @@ def test_onecycle_starts_at_max_lr_over_div_factor() -> None:
     opt = SGD([Tensor(np.ones(2, np.float32))], lr=123.0)
     OneCycleLR(opt, max_lr=0.5, total_steps=10, div_factor=5)
     assert opt.lr.item() == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("make", [lambda ps: SGD(ps, lr=0.1, momentum=0.9), lambda ps: Adam(ps, lr=0.1),
+                                  lambda ps: AdamW(ps, lr=0.1), lambda ps: LAMB(ps, lr=0.1)],
+                         ids=["sgd", "adam", "adamw", "lamb"])
+def test_steps_scheduled_without_realizing_match_eager_steps(make: Callable[[list[Tensor]], Optimizer]) -> None:
+    """`opt.schedule_step()` three times with nothing realized in between (tinygrad's stunning_mnist style): the
+    state (Adam's step count `t`, the moments) is written again while its last write is pending. Same losses and
+    weights as realizing every step. (Adam once failed inside the scheduler here: the count's last write had
+    recorded lineage, which the next backward substituted into the pending write's target.)"""
+    results = []
+    for lazy in (False, True):
+        w = Tensor([1.0, -2.0, 0.5], requires_grad=True)
+        opt = make([w])
+        losses = []
+        with Tensor.train():
+            for _ in range(3):
+                opt.zero_grad()
+                losses.append(((w * w).sum() + w.sum()).backward())
+                if lazy:
+                    opt.schedule_step()
+                else:
+                    opt.step()
+                    losses[-1].realize()
+        results.append(([loss.item() for loss in losses], w.numpy()))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)
+    np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-6)
+
+
+def test_optimizer_state_records_no_lineage() -> None:
+    """State is never differentiated: it is marked requires_grad=False, so its writes keep no graph alive."""
+    w = Tensor([1.0, 2.0], requires_grad=True)
+    opt = Adam([w])
+    assert all(s.requires_grad is False for s in opt.state())
+
+
+def test_lr_has_tinygrads_shape_and_a_scheduler_written_for_tinygrad_drives_it() -> None:
+    """`opt.lr` is a (1,) tensor as in tinygrad: tinygrad's extra/lr_scheduler.py reads `opt.lr.numpy()[0]` and
+    writes `opt.lr.assign(<(1,) tensor>)`. Such a write changes the next step; a 0-d param keeps its shape."""
+    w, s = Tensor([1.0, 2.0], requires_grad=True), Tensor(3.0, requires_grad=True)
+    opt = SGD([w, s], lr=0.1)
+    assert opt.lr.shape == (1,) and opt.lr.numpy()[0] == pytest.approx(0.1)
+    with Tensor.train():
+        for lr in (0.1, 0.5):
+            opt.lr.assign(Tensor([lr])).realize()
+            opt.zero_grad()
+            ((w * w).sum() + s * s).backward()
+            opt.step()
+    np.testing.assert_allclose(w.numpy(), [0.0, 0.0], atol=1e-7)  # (1 - 2 * 0.1) then (1 - 2 * 0.5) times w
+    assert s.shape == () and s.item() == pytest.approx(0.0, abs=1e-6)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from glassgrad import Tensor, dtypes
+from glassgrad import Tensor, TinyJit, dtypes, nn
 from glassgrad.dtype import ALL_DTYPES, DType
 from glassgrad.nn.state import (
     MAX_HEADER_BYTES,
@@ -396,3 +396,23 @@ def test_non_strict_load_skips_missing_and_unexpected_but_not_bad_shapes() -> No
         load_state_dict(model, {"bias": Tensor([1.0, 2.0, 3.0])}, strict=False)
     with pytest.raises(ValueError, match="expected a Tensor"):
         load_state_dict(model, {"bias": np.zeros(2)}, strict=False)  # type: ignore[dict-item]
+
+
+def test_state_dict_skips_a_tinyjit_attribute() -> None:
+    """gpt2.py/llama.py keep `self.forward_jit = TinyJit(self.forward)`: after a few calls the JIT holds captured
+    outputs. They are not the model's state: the names stay the layers', and a fresh model loads the state dict."""
+    class Model:
+        def __init__(self) -> None:
+            self.lin = nn.Linear(3, 2)
+            self.forward_jit = TinyJit(self.forward)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.lin(x).realize()
+
+    model = Model()
+    for _ in range(3):
+        model.forward_jit(Tensor.rand(1, 3))
+    state = get_state_dict(model)
+    assert sorted(state) == ["lin.bias", "lin.weight"]
+    assert len(get_parameters(model)) == 2
+    load_state_dict(Model(), state)

@@ -333,3 +333,35 @@ def test_tinyjit_refuses_a_variable_bound_to_two_values_in_one_call() -> None:
     x = Tensor(X).realize()
     with pytest.raises(JitError, match="'k' is bound to 4 and 3"):
         jitted(x[:v.bind(4)].contiguous(), v.bind(3))
+
+
+def test_index_by_a_bound_variable() -> None:
+    """`t[v]` (tinygrad's stunning_mnist: `X_samp[vi.bind(i)]`) selects like an int: values, a later dim, the
+    gradient into the selected row, and a range that does not fit the dim is refused."""
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    v = Variable("row", 0, 3)
+    for i in range(4):
+        np.testing.assert_array_equal(Tensor(a)[v.bind(i)].numpy(), a[i])
+        np.testing.assert_array_equal(Tensor(a)[v.bind(i), 2:4].numpy(), a[i, 2:4])
+        np.testing.assert_array_equal(Tensor(a)[:, v.bind(i)].numpy(), a[:, i])
+    w = Tensor(a, requires_grad=True)
+    (w[v.bind(2)] * 2).sum().backward()
+    assert w.grad is not None
+    np.testing.assert_array_equal(w.grad.numpy(), np.where(np.arange(4)[:, None] == 2, 2.0, 0.0) * np.ones((4, 6)))
+    with pytest.raises(ValueError, match="do not fit"):
+        Tensor(a)[Variable("far", 0, 5).bind(1)]
+
+
+def test_arange_to_a_symbolic_stop_and_a_causal_mask() -> None:
+    """gpt2.py's mask: `Tensor.full((1, 1, n, start_pos + n), -inf).triu(start_pos + 1)` with start_pos a bound
+    Variable: arange up to a symbolic stop (the arange of the largest count, shrunk), triu with a symbolic size
+    and diagonal. Values for several bindings against numpy."""
+    v = Variable("start_pos", 0, 10)
+    for n in (0, 3, 7):
+        b = v.bind(n)
+        np.testing.assert_array_equal(Tensor.arange(b + 2).numpy(), np.arange(n + 2))
+        np.testing.assert_array_equal(Tensor.arange(1, b + 3, 2).numpy(), np.arange(1, n + 3, 2))
+        mask = Tensor.full((1, 1, 2, b + 2), float("-inf")).triu(b + 1).numpy()
+        np.testing.assert_array_equal(mask, np.triu(np.full((1, 1, 2, n + 2), -np.inf), n + 1))
+    with pytest.raises(NotImplementedError, match="int step > 0"):
+        Tensor.arange(0, v.bind(3), 0.5)

@@ -116,13 +116,27 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Hashable,
     return (key, Tensor.training, Tensor.no_grad, kernel_flags()), found
 
 
+def _forget_lineage(tensors: list[Tensor]) -> None:
+    """Drop the lineage of every realized view of these tensors' buffers. Not only the tensors' own views: the
+    realize that made them may have recorded another shape of the same buffer (a gather's (n, 1) sum before the
+    reshape to (n,)), which `x.reshape(-1, 1)` in the step finds, and whose graph reads what made the input (inside
+    a capture nothing realized before is reused: `Tensor.randint(...)` would be drawn again from an old state)."""
+    if not tensors:
+        return
+    buffers = {id(part.base.arg[0]) for t in tensors for part in view_parts(t.uop)}
+    for view in list(LINEAGE.keys()):
+        if view.op in (Ops.BUFFER, Ops.RESHAPE, Ops.MULTI) and \
+                any(id(part.base.arg[0]) in buffers for part in view_parts(view) if part.base.op is Ops.BUFFER):
+            LINEAGE.pop(view, None)
+
+
 def _input_buffers(tensors: list[Tensor], names: list[str]) -> tuple[list[Buffer], list[Tensor]]:
     """Realize the input tensors and return their buffers (a tensor on several devices has one per device) with the
     tensor each belongs to; two inputs sharing one buffer are refused."""
     Tensor.realize_all(*tensors)
-    for t in tensors:  # an input is a leaf of the step: a gradient must read its buffer (the one each call swaps),
-        if not t.requires_grad:  # not recompute it from the graph that made it (shard, to) before the call
-            LINEAGE.pop(t.uop, None)
+    # an input is a leaf of the step: a gradient must read its buffer (the one each call swaps), not recompute it
+    # from the graph that made it before the call (shard, to, a gather `X[samples]` of a random sample)
+    _forget_lineage([t for t in tensors if not t.requires_grad and t.uop in LINEAGE])
     buffers: list[Buffer] = []
     owners: list[Tensor] = []
     for t, name in zip(tensors, names):

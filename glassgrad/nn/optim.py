@@ -64,9 +64,12 @@ def _ensure_own_buffers(tensors: Sequence[Tensor], what: str) -> None:
 def new_state(shape: tuple[int, ...], dtype: DType, device: str, value: float = 0.0,
               like: Tensor | None = None) -> Tensor:
     """A fresh buffer filled with `value`, for optimiser state (never shared with another tensor). With `like` (a
-    param), the state is laid out as it is: on several devices, split along the same axis."""
+    param), the state is laid out as it is: on several devices, split along the same axis. It is marked
+    `requires_grad=False`: no gradient ever flows into state, so its writes record no lineage (see
+    Tensor._record_realized), which would keep each step's update graph alive and be substituted into later graphs."""
     with no_grad():
         empty = Tensor.empty(*shape, dtype=dtype, device=device) if like is None else like.empty_like(dtype=dtype)
+        empty.requires_grad = False
         return empty.assign(value).realize()
 
 
@@ -119,12 +122,19 @@ class Optimizer:
         with no_grad():
             Tensor.realize_all(*self.schedule_step())
 
+    @property
+    def lr_scalar(self) -> Tensor:
+        """`lr` as a 0-d tensor for the update math (`lr` itself has tinygrad's shape (1,), which schedulers written
+        for tinygrad read with `opt.lr.numpy()[0]` and write with a (1,) tensor; a 0-d param keeps its shape)."""
+        return self.lr.reshape(())
+
     def schedule_step(self, skip: Tensor | None = None) -> list[Tensor]:
         """Queue the in-place updates (lazily) and return every tensor that must be realized to apply them. With
         `skip` (a bool tensor of one element), every param and state tensor keeps its value where it is true."""
         if not Tensor.training:
             raise RuntimeError("Optimizer.step() needs Tensor.training=True (as in tinygrad): run the training loop "
-                               "inside `with Tensor.train():`, or set Tensor.training = True")
+                               "inside `with Tensor.train():` or `with Context(TRAINING=1):`, or set "
+                               "Tensor.training = True")
         self._skip = _check_skip(skip, self.device)
         try:
             grads = self._grads()
@@ -180,7 +190,8 @@ def _check_param_dtypes(params: Sequence[Tensor]) -> None:
 
 
 def _lr_tensor(lr: float | Tensor, device: str) -> Tensor:
-    """The learning rate as a one-element tensor in its own buffer (a float becomes float32 or wider)."""
+    """The learning rate as a one-element tensor in its own buffer (a float becomes float32 or wider, of shape (1,)
+    as in tinygrad; a tensor given keeps its shape)."""
     if isinstance(lr, Tensor):
         if lr.numel() != 1 or not lr.dtype.is_float:
             raise ValueError(f"lr tensor must be a float tensor with one element, got shape {lr.shape} {lr.dtype}")
@@ -190,7 +201,7 @@ def _lr_tensor(lr: float | Tensor, device: str) -> Tensor:
         return lr
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr >= 0:
         raise ValueError(f"lr must be a number >= 0 or a Tensor, got {lr!r}")
-    return new_state((), least_upper_dtype(dtypes.default_float, dtypes.float32), device, float(lr))
+    return new_state((1,), least_upper_dtype(dtypes.default_float, dtypes.float32), device, float(lr))  # tinygrad's
 
 
 def _check_hyper(name: str, value: float, low: float = 0.0, high: float | None = None) -> None:
@@ -222,7 +233,7 @@ class SGD(Optimizer):
         return list(self.b)
 
     def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
-        return [p - self.lr * self._direction(i, p, g) for i, (p, g) in enumerate(zip(self.params, grads))]
+        return [p - self.lr_scalar * self._direction(i, p, g) for i, (p, g) in enumerate(zip(self.params, grads))]
 
     def _direction(self, i: int, p: Tensor, g: Tensor) -> Tensor:
         if self.weight_decay:
@@ -269,14 +280,14 @@ class Adam(_Moments):
 
     def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
         bc1, bc2 = self._count_step()
-        step_size, bc2_sqrt = self.lr / bc1, bc2.sqrt()
+        step_size, bc2_sqrt = self.lr_scalar / bc1, bc2.sqrt()
         out = []
         for i, (p, g) in enumerate(zip(self.params, grads)):
             if self.weight_decay and not self.decoupled:
                 g = g + self.weight_decay * p
             m = self._update(self.m[i], self.m[i] + (1.0 - self.b1) * (g - self.m[i]))
             v = self._update(self.v[i], self.v[i] * self.b2 + (1.0 - self.b2) * g * g)
-            base = p * (1.0 - self.lr * self.weight_decay) if self.weight_decay and self.decoupled else p
+            base = p * (1.0 - self.lr_scalar * self.weight_decay) if self.weight_decay and self.decoupled else p
             out.append(base - step_size * (m / (v.sqrt() / bc2_sqrt + self.eps)))
         return out
 
@@ -307,7 +318,7 @@ class LAMB(_Moments):
             m = self._update(self.m[i], self.b1 * self.m[i] + (1.0 - self.b1) * g)
             v = self._update(self.v[i], self.b2 * self.v[i] + (1.0 - self.b2) * (g * g))
             up = (m / bc1) / ((v / bc2).sqrt() + self.eps) + self.weight_decay * p
-            out.append(p - self.lr * self._trust_ratio(p, up) * up)
+            out.append(p - self.lr_scalar * self._trust_ratio(p, up) * up)
         return out
 
     def _trust_ratio(self, p: Tensor, up: Tensor) -> Tensor | float:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from glassgrad.dtype import DType, dtypes
+from glassgrad.engine.jit import TinyJit
 from glassgrad.tensor import Tensor
 
 PathLike = str | os.PathLike[str]
@@ -65,8 +66,8 @@ def _walk(obj: Any, prefix: str, on_path: set[int]) -> Iterator[tuple[str, Tenso
 
 def _children(obj: Any) -> list[tuple[str, Any]]:
     """The named sub-objects the walk descends into (none for leaves such as numbers and strings)."""
-    if isinstance(obj, (str, bytes, int, float, bool, type(None), np.ndarray, type)):
-        return []
+    if isinstance(obj, (str, bytes, int, float, bool, type(None), np.ndarray, type, TinyJit)):
+        return []  # (a TinyJit attribute, `self.forward_jit = TinyJit(...)`, holds captured outputs, not state)
     if hasattr(obj, "_asdict"):  # namedtuple: use the field names
         return [(str(k), v) for k, v in obj._asdict().items()]
     if isinstance(obj, (list, tuple)):
