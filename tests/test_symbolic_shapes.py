@@ -365,3 +365,18 @@ def test_arange_to_a_symbolic_stop_and_a_causal_mask() -> None:
         np.testing.assert_array_equal(mask, np.triu(np.full((1, 1, 2, n + 2), -np.inf), n + 1))
     with pytest.raises(NotImplementedError, match="int step > 0"):
         Tensor.arange(0, v.bind(3), 0.5)
+
+
+def test_tinyjit_leaves_a_symbolic_input_in_its_own_buffer() -> None:
+    """The JIT copies an input that shares its buffer into one of its own before the capture; a symbolic-shaped
+    input must not be copied (its copy was a Buffer sized by a symbolic expression: this call's value only, and a
+    later replay wrote past it; the test suite crashed in the garbage collector)."""
+    import gc
+
+    from glassgrad.device import Buffer
+    v = Variable("pos", 1, 10)
+    jitted = TinyJit(lambda x: (x * 2).sum(axis=1))
+    for n in (3, 3, 3, 7, 10):
+        full = Tensor(np.ones((10, 6), np.float32)).realize()
+        np.testing.assert_allclose(jitted(full[:v.bind(n)].contiguous()).numpy(), np.full(n, 12.0, np.float32))
+    assert all(isinstance(b.size, int) for b in gc.get_objects() if isinstance(b, Buffer))

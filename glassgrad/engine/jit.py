@@ -182,8 +182,8 @@ def _own_buffers(tensors: list[Tensor]) -> None:
     next call's, instead of into a copy the capture would keep as state."""
     for t in tensors:
         if isinstance(t.device, str) and t._view_of is None and is_buffer_view(t.uop) and \
-                not t.uop.base.arg[0].owned:
-            t._take_own_buffer()
+                not t.uop.base.arg[0].owned and all(isinstance(d, int) for d in t.shape):
+            t._take_own_buffer()  # (not a symbolic shape: its copy would be sized for this call's value only)
 
 
 # ---------------------------------------------------------------------- a capture
