@@ -14,27 +14,14 @@ TFLOP/s for the same layout, and the error relative to PyTorch's result.
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 
 import numpy as np
+from weight_grad import median_ms  # (bench/ is the script's directory)
 
 from glassgrad import Device, Tensor, dtypes
 
 # (M, K, N) of x @ W.T for GPT-2 124M's linear layers at batch 8 x 1024 tokens (c_attn, c_proj, c_fc, mlp c_proj)
 SHAPES = [(8192, 768, 2304), (8192, 768, 768), (8192, 768, 3072), (8192, 3072, 768)]
-
-
-def median_ms(fn: Callable[[], object], sync: Callable[[], None], runs: int) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
 
 
 def one_shape(m: int, k: int, n: int, runs: int) -> None:
