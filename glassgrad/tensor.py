@@ -561,10 +561,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         root = _with_lineage(self.uop)  # (once: the walk is over the whole forward graph)
         candidates = [t for t in list(_REQUIRES_GRAD.values()) if t.requires_grad is not False]
         root_nodes = set(root.toposort())
-        found = [(t, u) for t, u in zip(candidates, _graph_nodes_of(candidates, root_nodes)) if u is not None]
-        if not found:  # tinygrad 0.14's rule (it has no requires_grad), where PyTorch would raise
-            fallback = _tinygrad_targets(root_nodes, self)
-            found = [(t, u) for t, u in zip(fallback, _graph_nodes_of(fallback, root_nodes)) if u is not None]
+        # (tinygrad 0.14's rule, where PyTorch would raise: it has no requires_grad)
+        found = _in_graph(candidates, root_nodes) or _in_graph(_tinygrad_targets(root_nodes, self), root_nodes)
         if not found:
             raise RuntimeError("backward(): no tensor of this computation can take a gradient (int and bool tensors "
                                "cannot, nor tensors made with requires_grad=False)")
@@ -1968,8 +1966,17 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
 def _reads_a_buffer(value: UOp) -> bool:
     """Whether a graph reads memory. One that does not (a fill: `loss.assign(Tensor.zeros_like(loss))`) is a node
     every equal constant in the program shares (hash-consing): recorded as realized in the assigned buffer, a zero in
-    any later graph (relu's) would be loaded from that buffer, which the next write overwrites."""
-    return any(n.op is Ops.BUFFER for n in value.toposort())
+    any later graph (relu's) would be loaded from that buffer, which the next write overwrites. Stops at the first
+    buffer (this runs for every assign realized: an optimizer's update graphs hold the whole backward)."""
+    stack, seen = [value], set()
+    while stack:
+        node = stack.pop()
+        if node.op is Ops.BUFFER:
+            return True
+        if node not in seen:
+            seen.add(node)
+            stack.extend(node.src)
+    return False
 
 
 def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
@@ -2055,6 +2062,11 @@ def _graph_nodes_of(targets: Sequence[Tensor], nodes: set[UOp]) -> list[UOp | No
         u = _with_lineage(t.uop)
         out.append(u if u in nodes else written.get(t.uop))
     return out
+
+
+def _in_graph(tensors: Sequence[Tensor], nodes: set[UOp]) -> list[tuple[Tensor, UOp]]:
+    """(tensor, its node) for the tensors a graph holds (`_graph_nodes_of`)."""
+    return [(t, u) for t, u in zip(tensors, _graph_nodes_of(tensors, nodes)) if u is not None]
 
 
 _LINEAGE_OPS = (Ops.RESHAPE, Ops.BUFFER, Ops.MULTI)  # the nodes LINEAGE has entries for (realized views)
