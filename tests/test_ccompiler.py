@@ -356,3 +356,61 @@ def test_the_probe_is_cached_by_the_compiler_identity(tmp_path: pathlib.Path,
     stamp = os.stat(cc).st_mtime_ns
     os.utime(cc, ns=(stamp + 10**9, stamp + 10**9))  # "a new version of the compiler": probed again
     assert compiler_info(cc) == first and len(probes) == 2
+
+
+# ---------------------------------------------------------------------------------------------- fused multiply-adds
+
+def compiler_defines(macro: str) -> bool:
+    """Whether the CPU device's compiler, with its kernel flags, predefines `macro` (what the kernels' #if sees)."""
+    info = Device["CPU"].compiler.info
+    flags = [f for f in info.flags if f != "-shared"]
+    proc = subprocess.run([info.path, *flags, "-dM", "-E", "-x", "c", "-"], input=b"", capture_output=True)
+    return f"#define {macro} " in proc.stdout.decode()
+
+
+def test_sums_of_products_accumulate_with_one_rounding() -> None:
+    """A matmul's `acc + a * b` is one fused multiply-add where the target has the instruction (BLAS's rounding),
+    while elementwise `a * b + c` keeps its two roundings (numpy's, bit for bit). Each output here is
+    -(1 + 2^-11) + (1 + 2^-12)^2: exactly 2^-24, which the unfused product (rounded to 1 + 2^-11 first) loses."""
+    a = np.tile(np.array([[-(1 + 2**-11), 1 + 2**-12]], dtype=np.float32), (4, 1))
+    b = np.tile(np.array([[1.0], [1 + 2**-12]], dtype=np.float32), (1, 16))
+    product = Tensor(a) @ Tensor(b)
+    assert "GG_FMAF(" in kernels(product)[-1].source
+    fused = any(compiler_defines(m) for m in ("__FMA__", "__ARM_FEATURE_FMA", "__FP_FAST_FMAF"))
+    np.testing.assert_array_equal(product.numpy(), np.full((4, 16), 2.0**-24 if fused else 0.0, np.float32))
+    rng = np.random.default_rng(0)
+    x, y, z = (rng.standard_normal(4096, dtype=np.float32) for _ in range(3))
+    elementwise = Tensor(x) * Tensor(y) + Tensor(z)
+    assert "GG_FMA" not in kernels(elementwise)[-1].source
+    np.testing.assert_array_equal(elementwise.numpy(), x * y + z)
+
+
+def test_only_a_product_used_once_is_fused() -> None:
+    """`acc + p` where the product `p` is also stored elsewhere stays unfused (it is computed once, as a variable);
+    float64 sums use `fma`; integer sums of products never fuse."""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((8, 32)), rng.standard_normal((32, 16))
+    assert "GG_FMA(" in kernels(Tensor(x) @ Tensor(w))[-1].source  # float64
+    np.testing.assert_allclose((Tensor(x) @ Tensor(w)).numpy(), x @ w, rtol=1e-12)
+    xi, wi = rng.integers(-5, 5, (8, 32)).astype(np.int32), rng.integers(-5, 5, (32, 16)).astype(np.int32)
+    source = kernels(Tensor(xi) @ Tensor(wi))[-1].source
+    assert "GG_FMA" not in source
+    np.testing.assert_array_equal((Tensor(xi) @ Tensor(wi)).numpy(), xi @ wi)
+
+
+# ---------------------------------------------------------------------------------------------- the SIMD width
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "AMD64"), reason="x86 -m flags")
+@pytest.mark.parametrize("flag, width", [("-march=x86-64", 16), ("-mavx2", 32), ("-mavx512f", 64)])
+def test_the_probe_reads_the_simd_width_from_the_flags(flag: str, width: int) -> None:
+    info = Device["CPU"].compiler.info
+    base = tuple(f for f in info.flags if f != "-march=native")
+    assert ccompiler._vector_bytes(info.path, (*base, flag)) == width
+
+
+def test_the_renderer_gets_the_probed_width() -> None:
+    info = Device["CPU"].compiler.info
+    assert info.vector_bytes in (16, 32, 64)
+    assert Device["CPU"].renderer.vector_bytes == info.vector_bytes
+    expected = 64 if compiler_defines("__AVX512F__") else 32 if compiler_defines("__AVX__") else 16
+    assert info.vector_bytes == expected

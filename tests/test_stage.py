@@ -29,6 +29,9 @@ except ImportError:  # PyTorch is optional
     torch = None
 
 CPU = Device["CPU"]
+# the register tiles these tests name are AVX-512's (RegisterBudget): the kernels are rendered for it on any machine
+AVX512 = ClangRenderer(native_half=CPU.renderer.native_half, omp_simd=CPU.renderer.omp_simd, vector_bytes=64)
+AVX2 = ClangRenderer(native_half=CPU.renderer.native_half, omp_simd=CPU.renderer.omp_simd, vector_bytes=32)
 
 
 def conv_ast(x: tuple[int, ...], w: tuple[int, ...], **kwargs: int) -> UOp:
@@ -60,9 +63,9 @@ def test_padded_conv_stages_its_input_once_per_output_position() -> None:
     (16 output channels per tile, the channel blocks innermost, so one copy serves all of them); the tile's loop
     reads the buffer through a restrict pointer, with no gate left."""
     ast = conv_ast((2, 8, 16, 16), (32, 8, 3, 3), padding=1)
-    opts = hand_coded_optimizations(Kernel(ast, CPU.renderer))
+    opts = hand_coded_optimizations(Kernel(ast, AVX512))
     assert opts == [Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.SWAP, 1, 2)]
-    source = get_program(ast, CPU.renderer, opts).source
+    source = get_program(ast, AVX512, opts).source
     # its footprint: 8 input channels x 3 kernel rows x 18 padded columns (a column x + kx is copied once, not once
     # for each of the 16 x 3 pairs that read it)
     assert "float smem0_[432] __attribute__((aligned(64))); float* restrict smem0 = smem0_;" in source
@@ -70,7 +73,7 @@ def test_padded_conv_stages_its_input_once_per_output_position() -> None:
     assert " ? data1[" in copy and "smem0[" in copy and "#pragma omp simd" in copy
     loop = tile_loop(source)
     assert "?" not in loop and "data1" not in loop and "= smem0[" in loop
-    spec = get_program(ast, CPU.renderer, opts)
+    spec = get_program(ast, AVX512, opts)
     staged = [u for u in spec.uops if u.op in (Ops.LOAD, Ops.STORE) and
               (u.src[0].op is Ops.DEFINE_LOCAL or u.src[0].op is Ops.BARRIER)]
     assert len(staged) == 2  # the copy's store and the tile's load, both inside the buffer
@@ -155,9 +158,9 @@ def test_partly_filled_vector_gives_packed_channel_lanes() -> None:
     output columns (10) and 2 output rows become 20 rows of the tile, and the tile's loop reads the two staging
     buffers only: a broadcast input value times a vector of weights."""
     ast = conv_ast((2, 8, 10, 10), (32, 8, 3, 3), padding=1)
-    opts = hand_coded_optimizations(Kernel(ast, CPU.renderer))
+    opts = hand_coded_optimizations(Kernel(ast, AVX512))
     assert opts == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 2, 2)]
-    source = get_program(ast, CPU.renderer, opts).source
+    source = get_program(ast, AVX512, opts).source
     assert "float smem1_[1152]" in source  # 8 input channels x 3 x 3 taps x 16 output channels
     pack = source[source.index("smem1 = smem1_;"):source.index("float acc0[")]
     lanes_last = r"smem1\[\(+ridx\d+ \* 144\) \+ \(ridx\d+ \* 48\)\) \+ \(ridx\d+ \* 16\)\) \+ ridx\d+\)\] = val"
@@ -210,7 +213,7 @@ def test_conv_input_gradient_stages_the_relu_gradient_once(x_shape: tuple[int, .
     source = get_program(ast, CPU.renderer).source
     loop = source[source.index("#pragma GCC unroll"):source.index("data0[")]  # the tile's rows, inside the reduction
     assert "?" not in loop and "= smem0[" in loop
-    assert re.search(r"acc0\[[^]]+\] = acc0\[[^]]+\] \+ \(val\d+ \* val\d+\);", loop)
+    assert re.search(r"acc0\[([^]]+)\] = GG_FMAF\(val\d+, val\d+, acc0\[\1\]\);", loop)  # a fused multiply-add
     expected = conv_input_gradient_reference(x, w, b, g, padding)
     np.testing.assert_allclose(tx.grad.numpy(), expected, rtol=1e-4, atol=1e-4)
     if torch is not None:
@@ -221,12 +224,12 @@ def test_conv_input_gradient_stages_the_relu_gradient_once(x_shape: tuple[int, .
         np.testing.assert_allclose(tx.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
-def _heuristic_agrees_with_unoptimised(ast: UOp) -> None:
+def _heuristic_agrees_with_unoptimised(ast: UOp, renderer: ClangRenderer | None = None) -> None:
     from glassgrad.codegen.opt.search import random_inputs, run_program
     inputs = random_inputs(ast)
     outs = []
     for opts in ([], None):
-        spec = get_program(ast, CPU.renderer, opts)
+        spec = get_program(ast, renderer or CPU.renderer, opts)
         outs.append(run_program(CPU, spec, CPU.compiler.compile(spec.source), inputs)[1][0])
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-4)
 
@@ -263,8 +266,11 @@ def test_weight_gradient_packs_each_image_once_for_many_outputs() -> None:
     tw = Tensor(w, requires_grad=True)
     (Tensor(x).relu().conv2d(tw) * Tensor(g)).sum().backward()
     assert tw.grad is not None
+    from test_ccompiler import cpu_rendered_by
+
     from glassgrad.kernels import kernels
-    specs = kernels(tw.grad, device="CPU")
+    with cpu_rendered_by(AVX512):
+        specs = kernels(tw.grad, device="CPU")
     assert [s.name for s in specs[-2:]] == ["r_64_32_16_5_5_16_16", "r_32_16_5_5_64"]
     # (the 16 input channels upcast whole: the axes after them move up by one)
     assert specs[-2].opts == (Opt(OptOps.UPCAST, 2, 0), Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 1, 4),
@@ -295,3 +301,48 @@ def test_weight_gradient_packs_the_incoming_gradient_per_image() -> None:
     windows = np.lib.stride_tricks.sliding_window_view(x.astype(np.float64), (3, 3), axis=(2, 3))
     expected = np.einsum("boyx,bcyxij->ocij", g.astype(np.float64), windows)
     np.testing.assert_allclose(tw.grad.numpy(), expected, rtol=1e-4, atol=1e-3)
+
+
+def test_the_register_budget_follows_the_simd_width() -> None:
+    """AVX2 has half of AVX-512's registers, each half as wide: a staged conv tile takes 8 rows of 16 output
+    channels there instead of 16 (128 accumulators, 16 registers), and a packed channel tile at most 12 rows (10
+    output columns) instead of 20; the values are the same either way."""
+    staged = conv_ast((2, 8, 16, 16), (32, 8, 3, 3), padding=1)
+    assert hand_coded_optimizations(Kernel(staged, AVX2)) == \
+        [Opt(OptOps.UPCAST, 3, 0), Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.SWAP, 1, 2)]
+    packed = conv_ast((2, 8, 10, 10), (32, 8, 3, 3), padding=1)
+    assert hand_coded_optimizations(Kernel(packed, AVX2)) == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 3, 0)]
+    for ast in (staged, packed):
+        _heuristic_agrees_with_unoptimised(ast, AVX2)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, padding", [
+    ((4, 32, 10, 10), (64, 32, 3, 3), 0),
+    ((2, 8, 16, 16), (32, 8, 3, 3), 1),
+    ((2, 4, 12, 12), (8, 4, 5, 5), 2),
+])
+def test_input_gradient_of_a_summed_relu_conv_has_no_gate_in_its_tile(x_shape: tuple[int, ...],
+                                                                     w_shape: tuple[int, ...], padding: int) -> None:
+    """`conv(x).relu().sum().backward()`: the incoming gradient is the constant 1, so the staged value is the ReLU's
+    derivative alone, `y <= 0 ? 0 : 1`, which is 0 on the padding too (the padded `y` reads 0): the padding's
+    selects are dropped and the tile is a plain multiply-add (it kept them, 17x slower: 420 against 25 ms at
+    16x32x32x32 -> 64). The gradient matches numpy's (and PyTorch's)."""
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal(x_shape, dtype=np.float32), rng.standard_normal(w_shape, dtype=np.float32)
+    tx = Tensor(x, requires_grad=True)
+    tx.conv2d(Tensor(w), padding=padding).relu().sum().backward()
+    assert tx.grad is not None
+    schedule, _ = create_schedule([tx.grad.uop])
+    ast = optimize_ast(schedule[-1].ast, CPU.renderer)
+    source = get_program(ast, CPU.renderer).source
+    loop = source[source.index("#pragma GCC unroll"):source.index("data0[")]  # the tile's rows, inside the reduction
+    assert "?" not in loop and "= smem0[" in loop and "GG_FMAF(" in loop, loop
+    g = np.ones((x_shape[0], w_shape[0], x_shape[2] + 2 * padding - w_shape[2] + 1,
+                 x_shape[3] + 2 * padding - w_shape[3] + 1), np.float32)
+    expected = conv_input_gradient_reference(x, w, np.zeros(w_shape[0], np.float32), g, padding)
+    np.testing.assert_allclose(tx.grad.numpy(), expected, rtol=1e-4, atol=1e-4)
+    if torch is not None:
+        t = torch.from_numpy(x).requires_grad_()
+        torch.nn.functional.conv2d(t, torch.from_numpy(w), padding=padding).relu().sum().backward()
+        assert t.grad is not None
+        np.testing.assert_allclose(tx.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-4)

@@ -76,9 +76,20 @@ def _zero_unless(x: UOp, conds: set[UOp]) -> bool:
         return _zero_unless(x.src[0], conds) or _zero_unless(x.src[1], conds)
     if x.op is Ops.CAST:
         return _zero_unless(x.src[0], conds)
-    if x.op is Ops.WHERE:
-        return all(_is_positive_zero(v) or _zero_unless(v, conds) for v in x.src[1:])
-    return False
+    if x.op is Ops.WHERE and all(_is_positive_zero(v) or _zero_unless(v, conds) for v in x.src[1:]):
+        return True
+    return _folds_to_zero(x, conds)
+
+
+def _folds_to_zero(x: UOp, conds: set[UOp]) -> bool:
+    """Whether `x` simplifies to +0 once each load gated by all of `conds` is replaced by the 0 it reads where one
+    of them is false: a ReLU's derivative of a padded input, `x <= 0 ? 0 : 1` (the gradient of `relu(conv).sum()`)."""
+    gated = {u: UOp.const(u.dtype, 0) for u in x.toposort() if u.op is Ops.LOAD and len(u.src) == 3 and
+             conds <= _conjuncts(u.src[2])}
+    if not gated:
+        return False
+    folded = simplify(_replace(x, gated))
+    return folded.op is Ops.CONST and _is_positive_zero(folded)
 
 
 def _drop_zero_select(g: UOp, x: UOp, zero: UOp) -> UOp | None:

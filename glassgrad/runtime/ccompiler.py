@@ -66,6 +66,7 @@ class CCompilerInfo:
     omp_simd: bool = False
     march_native: bool = False
     vector_math: bool = False
+    vector_bytes: int = 16
     problem: str = ""
 
     def describe(self) -> str:
@@ -217,6 +218,24 @@ def _has_vector_math(path: str, flags: tuple[str, ...]) -> bool:
     return True
 
 
+# the widest SIMD registers the flags let the compiler use, from its predefined macros (bytes); 16 (SSE2, NEON, or
+# nothing known) otherwise
+SIMD_MACROS = (("__AVX512F__", 64), ("__AVX__", 32))
+
+
+def _vector_bytes(path: str, flags: tuple[str, ...]) -> int:
+    """How wide the SIMD registers the kernels may use are, in bytes (`-march=native` decides): the heuristic's
+    register tiles are sized by it (codegen/opt/heuristic.py)."""
+    try:
+        proc = subprocess.run([path, *[f for f in flags if f != "-shared"], "-dM", "-E", "-x", "c", "-"], input=b"",
+                              capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return 16
+    defined = {line.split()[1] for line in proc.stdout.decode(errors="replace").splitlines()
+               if line.startswith("#define ") and len(line.split()) > 1}
+    return next((width for macro, width in SIMD_MACROS if macro in defined), 16)
+
+
 def _version(path: str) -> str:
     try:
         proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
@@ -247,13 +266,14 @@ def probe(command: str, path: str) -> CCompilerInfo:
         flags, libs = (*flags, "-DGG_VECTOR_MATH"), ("-lmvec", "-lm")
     return dataclasses.replace(info, flags=flags, libs=libs, native_half=native_half, native_bfloat16=native_bfloat16,
                                omp_simd="-fopenmp-simd" in flags, march_native="-march=native" in flags,
-                               vector_math=vector_math)
+                               vector_math=vector_math, vector_bytes=_vector_bytes(path, flags))
 
 
 # ---------- caching: in memory, and on disk keyed by the compiler's identity ----------
 
 _PROBES_KEY = hashlib.sha256("\n".join([*BASE_FLAGS, *OPTIONAL_FLAGS, KERNEL_PROBE, SIMD_PROBE, HALF_PROBE,
-                                        BFLOAT16_PROBE, VECTOR_MATH_PROBE, repr(HALF_CHECKS.tolist())]).encode())
+                                        BFLOAT16_PROBE, VECTOR_MATH_PROBE, repr(HALF_CHECKS.tolist()),
+                                        repr(SIMD_MACROS)]).encode())
 _MEMORY: dict[str, CCompilerInfo] = {}
 
 

@@ -76,7 +76,8 @@ class ClangCompiler(Compiler):
         """The C renderer for what this compiler can do (its half type, its SIMD pragmas); portable C without one."""
         if self.info is None:
             return ClangRenderer()
-        return ClangRenderer(native_half=self.info.native_half, omp_simd=self.info.omp_simd)
+        return ClangRenderer(native_half=self.info.native_half, omp_simd=self.info.omp_simd,
+                             vector_bytes=self.info.vector_bytes)
 
     def describe(self) -> str:
         return self.info.describe() if self.info else "no C compiler"

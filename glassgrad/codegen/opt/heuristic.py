@@ -9,7 +9,8 @@ In: a `Kernel`. Out: a list of `Opt`s (`NOOPT=1` skips this: no opts at all). Fo
    serves every row of the tile, upcast by up to 8: `acc[8][16] += a[i, k] * b[k, j]`, a register tile of 128
    accumulators (8 AVX-512 registers), 8 multiply-adds per loaded vector of b instead of one. A kernel whose gated
    loads `codegen/stage.py` will copy for its whole reduction (a padded conv) and whose vector fills whole registers
-   gets up to 16 rows, and the blocks of its blocking axis innermost: one copy then serves all of them.
+   gets up to 16 rows (8 on AVX2: `RegisterBudget`), and the blocks of its blocking axis innermost: one copy then
+   serves all of them.
 
 *Odd sizes*: where no vector width (16, 8, 4) divides the vector axis (1023, 77), or no row count divides the
 blocking axis (513), the axis is first padded (`PADTO`) to a multiple of the first width or row count whose padding
@@ -44,6 +45,7 @@ chooses their shape.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from glassgrad.codegen.gpudims import ELEMENTS_PER_THREAD, LOCAL_SIZE, MANY_ELEMENTS, automatic_shape
 from glassgrad.codegen.linearize import Scopes
@@ -58,8 +60,7 @@ VECTOR_WHOLE_MAX = 32        # else a vector axis up to this long is upcast whol
 VECTOR_SPLITS = (8, 4)       # and a longer one is split, the inner part this long
 BLOCK_SPLITS = (8, 4, 2)     # rows of the register tile
 TILE_MAX = 128               # accumulators in the tile
-STAGED_BLOCK_SPLITS = (16, 8, 4, 2)  # with a staged load (codegen/stage.py): up to 16 rows,
-STAGED_TILE_MAX = 256                # 16 AVX-512 accumulators (BEAM's choice for a padded 3x3 conv: 1.4x faster)
+STAGED_BLOCK_SPLITS = (16, 8, 4, 2)  # with a staged load (codegen/stage.py): up to 16 rows (RegisterBudget)
 LANES = 16                   # accumulator lanes of a reduction over a row
 CHAINS = 4                   # and SIMD registers of such lanes, for a row of at least MIN_CHAIN_STEPS times that
 MIN_CHAIN_STEPS = 4
@@ -67,11 +68,28 @@ MIN_REDUCE = 4               # a register tile pays only for reductions of at le
 MIN_OUTPUT_LANES = 8         # a vector axis of fewer output lanes loses to lanes along a short contiguous row,
 SHORT_ROW = (6, 32)          # of this many iterations, when the kernel has one
 ACCUMULATOR_REGISTERS = 24   # SIMD registers of accumulators in such a tile (of AVX-512's 32)
-PACKED_ROWS = 25             # rows of a packed channel tile (a 5x5 window's taps): 27 of 32 registers with the
-#                              packed vector and a broadcast value (MNIST's first weight gradient: 3.1 -> 1.5 ms)
+PACKED_ROWS = 25             # rows of a packed channel tile whose pack is remade per step (a 5x5 window's taps;
+#                              MNIST's first weight gradient: 3.1 -> 1.5 ms); a pack made once: RegisterBudget
 SHIFT_ROWS = 8               # rows of a packed tile along which the packed values shift (a kernel width)
 PAD_WASTE = 8                # an axis no split divides is padded to a multiple of one (PADTO) adding <= 1/8 of it
 MIN_PACKED_REDUCE = 64       # packed channel lanes pay for reductions this long (their stores are 16 scalars a row)
+
+
+@dataclass(frozen=True)
+class RegisterBudget:
+    """How large a CPU's register tiles may be, by the width of the SIMD registers it targets
+    (`ClangRenderer.vector_bytes`): AVX-512 has 32 registers of 16 floats, AVX2 16 of 8. The values were measured on
+    each (Zen 4 and Zen 2; docs/OPTIMIZER.md, "Register budgets"); a 16-byte target (SSE2, NEON) takes AVX2's."""
+    staged_tile_max: int  # accumulators of a staged tile (a padded convolution): 16 registers' worth on both
+    packed_rows: int      # rows of a packed channel tile whose pack is made once (a convolution's weight)
+
+
+BUDGETS = {64: RegisterBudget(staged_tile_max=256, packed_rows=25),  # 27 of 32 registers, with the packed vector
+           32: RegisterBudget(staged_tile_max=128, packed_rows=12)}  # and the broadcast value
+
+
+def register_budget(k: Kernel) -> RegisterBudget:
+    return BUDGETS[64] if getattr(k.renderer, "vector_bytes", 64) >= 64 else BUDGETS[32]
 
 
 def hand_coded_optimizations(k: Kernel) -> list[Opt]:
@@ -103,7 +121,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     staged = stages_before_reduction(k.ast, k.upcast) and tile % VECTOR_WIDTH == 0
     size = k.size(block) or 1  # (symbolic: no row count divides it)
     fitting = [r for r in (STAGED_BLOCK_SPLITS if staged else BLOCK_SPLITS) if
-               r * tile <= (STAGED_TILE_MAX if staged else TILE_MAX) and
+               r * tile <= (register_budget(k).staged_tile_max if staged else TILE_MAX) and
                (block != k.axes_of("global")[0] or size // r >= 2)]
     rows = next((r for r in fitting if size % r == 0), None) or _padded_split(size, fitting)
     if rows is None:
@@ -120,8 +138,8 @@ def _packed_channel_tile(k: Kernel, vector: tuple[int, int] | None) -> list[Opt]
     output row of 24, 20, 10, 8 or 6 columns), an output axis of a multiple of 16 along which the loads that move
     are ungated and small enough to be packed whole (`codegen/stage.py`: a convolution's weight, copied once with the
     channels contiguous) becomes the vector, 16 lanes, and the innermost output axes along which the packed loads
-    stay put become up to ACCUMULATOR_REGISTERS rows: for each step of the reduction, one vector load of the packed
-    weight and a multiply-add per row with one input value. MNIST's second conv at batch 128, 2 threads: 24.5 ->
+    stay put become up to `RegisterBudget.packed_rows` rows: for each step of the reduction, one vector load of the
+    packed weight and a multiply-add per row with one input value. MNIST's second conv at batch 128, 2 threads: 24.5 ->
     15.6 ms; its input gradient (24 columns): 26.9 -> 22.3 ms; the third and fourth convs' input gradients:
     7.5 -> 4.7 ms and 7.8 -> 5.2 ms."""
     if vector is not None and (vector[1] or k.size(vector[0]) or VECTOR_WIDTH) % VECTOR_WIDTH == 0:
@@ -153,7 +171,7 @@ def _channel_lanes(k: Kernel, axis: int, fit: str) -> list[Opt] | None:
         return None
     opts = [Opt(OptOps.UPCAST, axis, VECTOR_WIDTH if size > VECTOR_WIDTH else 0)]
     tile = k.copy().apply_opts(opts)
-    budget = PACKED_ROWS
+    budget = register_budget(k).packed_rows if fit == "whole" else PACKED_ROWS
     shift = _shift_axis(tile, packed)
     if shift is not None:
         opts.append(Opt(OptOps.UPCAST, shift, 0))
