@@ -185,9 +185,24 @@ class _CastShortcuts:
     def double(self) -> Tensor: return self.cast(dtypes.float64)  # noqa: E704
 
 
+class _TrainingFlag:
+    """`t.training` on a tensor: reads the TRAINING flag, as `Tensor.training` does (tinygrad's `training` was a class
+    attribute, so both spellings read it). Writing it on one tensor raises: the flag is process-wide, so it is set on
+    the class (`Tensor.training = True`, `with Tensor.train():`, `Context(TRAINING=1)`)."""
+
+    def __get__(self, obj: object, owner: type | None = None) -> bool:
+        return bool(TRAINING)
+
+    def __set__(self, obj: object, mode: bool) -> None:
+        raise AttributeError("training is one flag for every tensor: set Tensor.training (or use "
+                             "`with Tensor.train():` / `Context(TRAINING=1)`), not t.training on one tensor")
+
+
 class _TensorType(type):
     """Tensor's metaclass, for one class-level property: `Tensor.training` is a view of the TRAINING flag, so
-    `Tensor.training = True`, `with Tensor.train():` and tinygrad's `Context(TRAINING=1)` set one state."""
+    `Tensor.training = True`, `with Tensor.train():` and tinygrad's `Context(TRAINING=1)` set one state. (A
+    metaclass property wins over the class's own attribute for reads and writes on the class; instances read
+    `Tensor.__dict__['training']`, a `_TrainingFlag`.)"""
 
     @property
     def training(cls) -> bool:
@@ -202,6 +217,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "requires_grad", "grad", "_view_of", "__weakref__")
     no_grad: ClassVar[bool] = False
+    training = _TrainingFlag()  # instances read the flag; the class reads and writes it through _TensorType
     uop: UOp
     grad: Tensor | None
     _view_of: tuple[Tensor, UOp] | None  # (the tensor a movement op made this from, its node then): assign writes there

@@ -165,6 +165,28 @@ def test_context_training_is_tensor_training() -> None:
     assert not Tensor.training  # restored on an exception too
 
 
+def test_training_reads_on_the_class_and_on_an_instance() -> None:
+    """tinygrad's `training` was a class attribute, so `t.training` read it too; here it raised AttributeError (the
+    flag was only a metaclass property). Assignment on the class keeps working; on one tensor it raises."""
+    from glassgrad import Context
+    t = Tensor([1.0], device=DEVICE)
+    assert Tensor.training is False and t.training is False
+    Tensor.training = True
+    try:
+        assert Tensor.training is True and t.training is True
+        with Tensor.train(False):
+            assert not t.training
+        assert t.training
+    finally:
+        Tensor.training = False
+    assert not t.training
+    with Context(TRAINING=1):
+        assert t.training and Tensor([2.0], device=DEVICE).training
+    with pytest.raises(AttributeError, match="Tensor.training"):
+        t.training = True  # the flag is process-wide
+    assert not Tensor.training
+
+
 def test_context_default_float_and_int() -> None:
     from glassgrad import Context
     with Context(DEFAULT_FLOAT=dtypes.half, DEFAULT_INT="int64"):
