@@ -185,9 +185,27 @@ class _CastShortcuts:
     def double(self) -> Tensor: return self.cast(dtypes.float64)  # noqa: E704
 
 
+_UINT_OF_SIZE = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}  # for bitcast
+
+
+class _TrainingFlag:
+    """`t.training` on a tensor: reads the TRAINING flag, as `Tensor.training` does (tinygrad's `training` was a class
+    attribute, so both spellings read it). Writing it on one tensor raises: the flag is process-wide, so it is set on
+    the class (`Tensor.training = True`, `with Tensor.train():`, `Context(TRAINING=1)`)."""
+
+    def __get__(self, obj: object, owner: type | None = None) -> bool:
+        return bool(TRAINING)
+
+    def __set__(self, obj: object, mode: bool) -> None:
+        raise AttributeError("training is one flag for every tensor: set Tensor.training (or use "
+                             "`with Tensor.train():` / `Context(TRAINING=1)`), not t.training on one tensor")
+
+
 class _TensorType(type):
     """Tensor's metaclass, for one class-level property: `Tensor.training` is a view of the TRAINING flag, so
-    `Tensor.training = True`, `with Tensor.train():` and tinygrad's `Context(TRAINING=1)` set one state."""
+    `Tensor.training = True`, `with Tensor.train():` and tinygrad's `Context(TRAINING=1)` set one state. (A
+    metaclass property wins over the class's own attribute for reads and writes on the class; instances read
+    `Tensor.__dict__['training']`, a `_TrainingFlag`.)"""
 
     @property
     def training(cls) -> bool:
@@ -202,6 +220,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "requires_grad", "grad", "_view_of", "__weakref__")
     no_grad: ClassVar[bool] = False
+    training = _TrainingFlag()  # instances read the flag; the class reads and writes it through _TensorType
     uop: UOp
     grad: Tensor | None
     _view_of: tuple[Tensor, UOp] | None  # (the tensor a movement op made this from, its node then): assign writes there
@@ -501,11 +520,35 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         return self if dt == self.dtype else self._wrap(self.uop.cast(dt))
 
     def bitcast(self, dtype: DType | str) -> Tensor:
+        """The same bytes read as `dtype` (little-endian, as numpy's `.view(dtype)` of the contiguous values). To a
+        dtype of another size the last dim is rescaled, as in tinygrad: float32 (..., 4) -> uint8 (..., 16), uint8
+        (..., 8) -> float32 (..., 2); its bytes must divide evenly into the new items."""
         dt = to_dtype(dtype)
-        if dt.itemsize != self.dtype.itemsize:
-            raise ValueError(f"bitcast needs dtypes of the same size: {self.dtype} is {self.dtype.itemsize} bytes, "
-                             f"{dt} is {dt.itemsize}")
-        return self if dt == self.dtype else Tensor(self.uop.bitcast(dt))
+        if dt == self.dtype:
+            return self
+        if dt.itemsize == self.dtype.itemsize:
+            return Tensor(self.uop.bitcast(dt))
+        return self._bitcast_resized(dt)
+
+    def _bitcast_resized(self, dt: DType) -> Tensor:
+        """bitcast to a dtype of another size, in integer ops every backend renders: the items become unsigned ints
+        of their size, which are split into (shifts and masks) or assembled from (shifts and ORs) the new size's."""
+        old, new = self.dtype.itemsize, dt.itemsize
+        last = self.shape[-1] if self.ndim else None
+        if last is None or not isinstance(last, int) or (last * old) % new:
+            raise ShapeError(f"bitcast {self.dtype} -> {dt} changes the item size ({old} -> {new} bytes), so the last "
+                             f"dim's bytes must divide into {new}-byte items; shape {self.shape} "
+                             f"({'no last dim' if last is None else f'{last} x {old} bytes'}) does not")
+        old_uint, new_uint = _UINT_OF_SIZE[old], _UINT_OF_SIZE[new]
+        bits = self.bitcast(old_uint)
+        if new < old:  # each item splits into old/new pieces, lowest bytes first
+            mask = (1 << 8 * new) - 1
+            pieces = [((bits >> 8 * new * i) & mask).cast(new_uint) for i in range(old // new)]
+            return Tensor.stack(*pieces, dim=-1).flatten(-2).bitcast(dt)
+        rate = new // old  # `rate` consecutive items make one
+        grouped = bits.reshape(*self.shape[:-1], last // rate, rate).cast(new_uint)
+        parts = [grouped[..., i] << 8 * old * i for i in range(rate)]
+        return functools.reduce(Tensor.bitwise_or, parts).bitcast(dt)
 
     def _wrap(self, uop: UOp) -> Tensor:
         """A new tensor over `uop` (the one place results of ops are made)."""

@@ -7,6 +7,7 @@ tinygrad's names, signatures and semantics (PyTorch's where PyTorch has the op).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from glassgrad.dtype import DType, dtypes, to_dtype
@@ -138,19 +139,33 @@ class ExtraOps:
         picks = picks.minimum(rows.shape[1] - 1)
         return picks.reshape(num_samples) if w.ndim == 1 else picks
 
-    def newton_schulz(self, steps: int = 5, params: tuple[float, float, float] = (3.4445, -4.775, 2.0315),
+    def newton_schulz(self, steps: int = 5, params: Sequence[float] = (3.4445, -4.775, 2.0315),
                       eps: float = 1e-7) -> Tensor:
-        """Muon's orthogonalisation of a 2-d matrix: a quintic Newton-Schulz iteration after normalising by the
-        Frobenius norm (the transpose is iterated when there are more rows than columns)."""
+        """Muon's orthogonalisation of the last two dims (a batch of matrices, as tinygrad): each matrix X is
+        divided by its Frobenius norm, then `steps` times X <- p0*X + (p1*A + p2*A^2 + ...) @ X with A = X @ X^T,
+        the odd polynomial of `params` (Muon's quintic by default). A matrix with more rows than columns is iterated
+        transposed, so A is the smaller Gram matrix."""
         x = self._x
-        if x.ndim != 2:
-            raise ValueError(f"newton_schulz needs a 2-d matrix, got {x.shape}")
-        tall = x.shape[0] > x.shape[1]
+        if x.ndim < 2:
+            raise ValueError(f"newton_schulz needs a matrix (or a batch of them, 2 or more dims), got {x.shape}")
+        if not params:
+            raise ValueError("newton_schulz needs at least one polynomial coefficient in params")
+        tall = x.shape[-2] > x.shape[-1]
         if tall:
-            x = x.T
-        x = x / (x.square().sum().sqrt() + eps)
-        a, b, c = params
+            x = x.transpose(-2, -1)
+        x = x / (x.square().sum((-2, -1), keepdim=True).sqrt() + eps)
         for _ in range(steps):
-            g = x @ x.T
-            x = a * x + (b * g + c * (g @ g)) @ x
-        return x.T if tall else x
+            x = _odd_polynomial_step(x, tuple(params))
+        return x.transpose(-2, -1) if tall else x
+
+
+def _odd_polynomial_step(x: Tensor, params: tuple[float, ...]) -> Tensor:
+    """p0*x + (p1*A + p2*A^2 + ...) @ x with A = x @ x^T (over the last two dims)."""
+    if len(params) == 1:
+        return params[0] * x
+    gram = x @ x.transpose(-2, -1)
+    power, poly = gram, params[1] * gram
+    for p in params[2:]:
+        power = power @ gram
+        poly = poly + p * power
+    return params[0] * x + poly @ x

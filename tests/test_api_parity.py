@@ -166,3 +166,35 @@ def test_einsum_is_static_like_tinygrad() -> None:
     """tinygrad's einsum is a classmethod: called on an instance, the instance is not an operand."""
     sig = inspect.signature(Tensor.einsum)
     assert list(sig.parameters)[:2] == ["formula", "operands"]
+
+
+# ---------------------------------------------------------------------- tinygrad.nn, nn.optim, nn.state
+TINYGRAD_NN: dict[str, tuple[str, ...]] = {  # public names of tinygrad 0.14's nn/__init__.py, optim.py and state.py
+    "nn": ("BatchNorm", "BatchNorm2d", "BatchNorm3d", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d",
+           "Embedding", "GroupNorm", "InstanceNorm", "LSTMCell", "LayerNorm", "LayerNorm2d", "Linear", "RMSNorm",
+           "optim", "state", "datasets"),
+    "nn.optim": ("Adam", "AdamW", "LAMB", "LARS", "Muon", "Optimizer", "OptimizerGroup", "SGD"),
+    "nn.state": ("TensorIO", "accept_filename", "fs_load", "fs_store", "get_parameters", "get_state_dict",
+                 "inverse_safe_dtypes", "load_state_dict", "safe_dtypes", "safe_load", "safe_load_metadata",
+                 "safe_save", "tar_extract", "torch_load", "zip_extract"),
+}
+_TINYFS = "tinygrad's tinyfs storage device (content-addressed chunks on tinybox machines); glassgrad has none"
+NN_DELIBERATELY_ABSENT: dict[str, str] = {"nn.state.fs_store": _TINYFS, "nn.state.fs_load": _TINYFS}
+NN_NAMES = sorted(f"{module}.{name}" for module, names in TINYGRAD_NN.items() for name in names)
+
+
+def _nn_lookup(qualified: str) -> bool:
+    import importlib
+    module, name = qualified.rsplit(".", 1)
+    return hasattr(importlib.import_module(f"glassgrad.{module}"), name)
+
+
+@pytest.mark.parametrize("qualified", [n for n in NN_NAMES if n not in NN_DELIBERATELY_ABSENT])
+def test_tinygrad_nn_name_exists(qualified: str) -> None:
+    assert _nn_lookup(qualified), f"glassgrad.{qualified} (tinygrad's nn API) is missing; add it or list it in " \
+        "NN_DELIBERATELY_ABSENT"
+
+
+@pytest.mark.parametrize("qualified", sorted(NN_DELIBERATELY_ABSENT))
+def test_nn_absent_list_is_current(qualified: str) -> None:
+    assert not _nn_lookup(qualified), f"glassgrad.{qualified} exists now: take it off NN_DELIBERATELY_ABSENT"

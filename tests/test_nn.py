@@ -286,6 +286,130 @@ def test_dropout_layer() -> None:
         nn.Dropout(1.5)
 
 
+# ---------------------------------------------------------------------- tinygrad's other layers
+def _grads_vs_torch(layer: Any, t_layer: Any, inputs: list[np.ndarray], call: Callable[..., Any],
+                    t_call: Callable[..., Any], atol: float = 1e-5) -> None:
+    """Outputs of call(layer, *inputs) and t_call(t_layer, *inputs) (a tensor or a tuple of them), and the gradients
+    of sum(out_k * w_k) over random w_k with respect to every input and every parameter, glassgrad against torch."""
+    _copy_to_torch(layer, t_layer)
+    xs = [Tensor(a, requires_grad=True) for a in inputs]
+    txs = [torch.tensor(a, requires_grad=True) for a in inputs]
+    outs, t_outs = call(layer, *xs), t_call(t_layer, *txs)
+    outs, t_outs = (outs, t_outs) if isinstance(outs, tuple) else ((outs,), (t_outs,))
+    ws = [_rand(tuple(o.shape), 50 + k) for k, o in enumerate(outs)]
+    for o, t_o in zip(outs, t_outs):
+        np.testing.assert_allclose(o.numpy(), t_o.detach().numpy(), atol=atol, rtol=1e-4, err_msg="forward")
+    sum(((o * Tensor(w)).sum() for o, w in zip(outs, ws)), Tensor(0.0)).backward()
+    sum((t_o * torch.tensor(w)).sum() for t_o, w in zip(t_outs, ws)).backward()
+    for k, (x, tx) in enumerate(zip(xs, txs)):
+        np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), atol=atol, rtol=1e-4, err_msg=f"input {k}")
+    t_params = dict(t_layer.named_parameters())
+    for name, param in get_state_dict(layer).items():
+        np.testing.assert_allclose(param.grad.numpy(), t_params[name].grad.numpy(), atol=atol, rtol=1e-4,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("shape, affine", [((3, 4, 10), True), ((2, 4, 5, 6), True), ((2, 4, 5, 6), False),
+                                           ((2, 4, 3, 2, 3), True)])
+def test_instancenorm(shape: tuple[int, ...], affine: bool) -> None:
+    """tinygrad's InstanceNorm (affine by default): each (sample, channel) normalised over its positions."""
+    layer = nn.InstanceNorm(4, eps=1e-5, affine=affine)
+    assert (layer.weight is not None) == affine and nn.InstanceNorm(4).weight is not None
+    if affine:
+        layer.weight.assign(Tensor(_rand((4,), 1))).realize()
+        layer.bias.assign(Tensor(_rand((4,), 2))).realize()
+    p = _np_params(layer)
+    per_channel = (1, 4, *([1] * (len(shape) - 2)))
+
+    def ref(x: np.ndarray) -> np.ndarray:
+        out = _np_layernorm(x, tuple(range(2, x.ndim)), 1e-5)
+        return out * p["weight"].reshape(per_channel) + p["bias"].reshape(per_channel) if affine else out
+
+    t_class = {3: "InstanceNorm1d", 4: "InstanceNorm2d", 5: "InstanceNorm3d"}[len(shape)]
+    make = (lambda: getattr(torch.nn, t_class)(4, eps=1e-5, affine=affine)) if torch else None
+    x = _rand(shape, 0, -2, 3)
+    _check_layer(layer, x, ref, make)
+    if torch is not None and affine:
+        _grads_vs_torch(layer, make(), [x], lambda m, a: m(a), lambda m, a: m(a))
+    with pytest.raises(ValueError, match=r"InstanceNorm\(4\).*\(2, 3, 5\)"):
+        layer(Tensor(_rand((2, 3, 5), 0)))
+
+
+def test_layernorm2d() -> None:
+    """tinygrad's LayerNorm2d: LayerNorm over the channels of (N, C, H, W), at each position."""
+    layer = nn.LayerNorm2d(4, eps=1e-6)
+    layer.weight.assign(Tensor(_rand((4,), 1))).realize()
+    layer.bias.assign(Tensor(_rand((4,), 2))).realize()
+    p = _np_params(layer)
+    # seed 5 with a ramp over the channels: every position's variance over C is >= 0.7 (a tiny one makes the
+    # gradient ill-conditioned, and float32 glassgrad and torch then differ by more than rounding)
+    x = _rand((2, 4, 4, 5), 5, -2, 3) + np.arange(4, dtype=np.float32).reshape(1, 4, 1, 1)
+
+    def ref(a: np.ndarray) -> np.ndarray:
+        return _np_layernorm(a, (1,), 1e-6) * p["weight"].reshape(1, 4, 1, 1) + p["bias"].reshape(1, 4, 1, 1)
+
+    _check_layer(layer, x, ref, None)
+    if torch is not None:
+        def t_call(m: Any, a: Any) -> Any:
+            return m(a.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        _grads_vs_torch(layer, torch.nn.LayerNorm(4, eps=1e-6), [x], lambda m, a: m(a), t_call)
+    assert nn.LayerNorm2d(3).normalized_shape == (3,)
+    with pytest.raises(ValueError, match=r"\(N, C, H, W\).*\(2, 4\)"):
+        layer(Tensor(_rand((2, 4), 0)))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_lstmcell_matches_torch(bias: bool) -> None:
+    """LSTMCell(x, (h, c)) -> (h', c') with PyTorch's gate order and names; two chained steps, forward and
+    gradients of every weight and of x, h0, c0 against torch.nn.LSTMCell with the same weights."""
+    cell = nn.LSTMCell(5, 4, bias=bias)
+    names = ["weight_ih", "weight_hh"] + (["bias_ih", "bias_hh"] if bias else [])
+    assert list(get_state_dict(cell)) == names
+    bound = 1 / math.sqrt(4)
+    assert all(np.abs(v.numpy()).max() <= bound for v in get_state_dict(cell).values())
+    x1, x2, h0, c0 = _rand((3, 5), 0), _rand((3, 5), 1), _rand((3, 4), 2), _rand((3, 4), 3)
+    p = _np_params(cell)
+
+    def np_step(x: np.ndarray, h: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        gates = x @ p["weight_ih"].T + h @ p["weight_hh"].T + (p["bias_ih"] + p["bias_hh"] if bias else 0)
+        i, f, g, o = np.split(gates, 4, axis=1)
+        sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
+        c2 = sig(f) * c + sig(i) * np.tanh(g)
+        return sig(o) * np.tanh(c2), c2
+
+    h, c = cell(Tensor(x1), (Tensor(h0), Tensor(c0)))
+    for got, want in zip((h, c), np_step(x1, h0, c0)):
+        np.testing.assert_allclose(got.numpy(), want, atol=1e-5, rtol=1e-4)
+    zero_h, zero_c = cell(Tensor(x1))
+    for got, want in zip((zero_h, zero_c), np_step(x1, np.zeros((3, 4), np.float32), np.zeros((3, 4), np.float32))):
+        np.testing.assert_allclose(got.numpy(), want, atol=1e-5, rtol=1e-4)
+    one_h, one_c = cell(Tensor(x1[0]), (Tensor(h0[0]), Tensor(c0[0])))  # unbatched, as PyTorch
+    assert one_h.shape == one_c.shape == (4,)
+    np.testing.assert_allclose(one_h.numpy(), h.numpy()[0], atol=1e-6)
+    if torch is not None:
+        def two_steps(m: Any, a: Any, b: Any, h: Any, c: Any) -> Any:
+            return m(b, m(a, (h, c)))
+        _grads_vs_torch(cell, torch.nn.LSTMCell(5, 4, bias=bias), [x1, x2, h0, c0], two_steps, two_steps)
+
+
+def test_lstmcell_errors() -> None:
+    cell = nn.LSTMCell(5, 4)
+    with pytest.raises(ValueError, match=r"LSTMCell\(5, 4\).*\(3, 6\)"):
+        cell(Tensor(_rand((3, 6), 0)))
+    with pytest.raises(ValueError, match=r"\(3, 4\).*\(2, 4\)"):
+        cell(Tensor(_rand((3, 5), 0)), (Tensor(_rand((2, 4), 0)), Tensor(_rand((2, 4), 0))))
+
+
+def test_batchnorm3d_is_batchnorm() -> None:
+    assert nn.BatchNorm3d is nn.BatchNorm
+    bn = nn.BatchNorm3d(2)
+    x = _rand((2, 2, 3, 2, 2), 0)
+    with Tensor.train():
+        out = bn(Tensor(x)).numpy()
+    mean, var = x.mean((0, 2, 3, 4), keepdims=True), x.var((0, 2, 3, 4), keepdims=True)
+    np.testing.assert_allclose(out, (x - mean) / np.sqrt(var + 1e-5), atol=1e-5)
+
+
 # ---------------------------------------------------------------------- initialisation and buffers
 @pytest.mark.parametrize("make, fan_in", [
     (lambda: nn.Linear(64, 48), 64), (lambda: nn.Conv2d(8, 16, 3, groups=2), 36),

@@ -9,11 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_tensor_extra import _np_newton_schulz
 
 from glassgrad import GlobalCounters, Tensor, dtypes, no_grad
 from glassgrad.engine import realize as engine_realize
 from glassgrad.nn.lr import CosineAnnealingLR, OneCycleLR, StepLR
-from glassgrad.nn.optim import LAMB, SGD, Adam, AdamW, Optimizer, OptimizerGroup
+from glassgrad.nn.optim import LAMB, LARS, SGD, Adam, AdamW, Muon, Optimizer, OptimizerGroup
 from glassgrad.uop.ops import UOp
 
 SHAPES = [(4, 8), (8,), (8, 3)]  # w1, b1, w2
@@ -55,8 +56,8 @@ def _torch_grads(ps: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> list[np.
 
 def _train_and_compare(make_opt: Callable[[list[Tensor]], Optimizer],
                        reference_step: Callable[[list[np.ndarray], list[np.ndarray]], list[np.ndarray]],
-                       grads_of: Callable[..., list[np.ndarray]] = _numpy_grads) -> None:
-    """Train the glassgrad model STEPS steps; after each, its params must equal the reference's within TOL."""
+                       grads_of: Callable[..., list[np.ndarray]] = _numpy_grads, tol: float = TOL) -> None:
+    """Train the glassgrad model STEPS steps; after each, its params must equal the reference's within `tol`."""
     init, x, y = _init()
     ps = [Tensor(p.copy()) for p in init]
     opt = make_opt(ps)
@@ -68,7 +69,7 @@ def _train_and_compare(make_opt: Callable[[list[Tensor]], Optimizer],
             opt.step()
             ref = reference_step(ref, grads_of(ref, x, y))
             for i, (p, r) in enumerate(zip(ps, ref)):
-                np.testing.assert_allclose(p.numpy(), r, atol=TOL, rtol=TOL, err_msg=f"param {i} after step {step + 1}")
+                np.testing.assert_allclose(p.numpy(), r, atol=tol, rtol=tol, err_msg=f"param {i} after step {step + 1}")
 
 
 def _torch_reference(torch_opt: Callable[..., Any]) -> Callable[[list[np.ndarray], list[np.ndarray]], list[np.ndarray]]:
@@ -254,6 +255,119 @@ def test_lamb_trust_ratio_is_one_for_zero_weights() -> None:
     expected = NumpyLAMB(0.1)([np.zeros(4, np.float32)], [np.array([1, 2, 3, 4], np.float32)])[0]
     np.testing.assert_allclose(w.numpy(), expected, atol=TOL)
     assert np.all(np.isfinite(w.numpy())) and np.all(w.numpy() < 0)
+
+
+# ---------------------------------------------------------------------- LARS, Muon, SGD(classic=True): tinygrad's rules
+class NumpyLARS:
+    """tinygrad's LARS restated in numpy (float64 Newton-Schulz): the flags that also make its SGD and Muon."""
+
+    def __init__(self, lr: float, momentum: float = 0.9, weight_decay: float = 1e-4, ns_steps: int = 0,
+                 ns_coefficients: tuple[float, ...] | None = None, nesterov: bool = False, classic: bool = True,
+                 pre_wd: bool = True, tcoef: float = 0.001) -> None:
+        self.lr, self.momentum, self.wd, self.ns = lr, momentum, weight_decay, (ns_steps, ns_coefficients)
+        self.nesterov, self.classic, self.pre_wd, self.tcoef = nesterov, classic, pre_wd, tcoef
+        self.b: list[np.ndarray] = []
+
+    def __call__(self, ps: list[np.ndarray], grads: list[np.ndarray]) -> list[np.ndarray]:
+        self.b = self.b or [np.zeros_like(p) for p in ps]
+        return [(p - self.step(i, p, g)).astype(np.float32) for i, (p, g) in enumerate(zip(ps, grads))]
+
+    def ratio(self, p: np.ndarray, g: np.ndarray) -> float:
+        w_norm, g_norm = np.linalg.norm(p), np.linalg.norm(g)
+        if self.tcoef == 0 or w_norm == 0 or g_norm == 0:
+            return 1.0
+        return float(self.tcoef * w_norm / (g_norm + self.wd * w_norm))
+
+    def step(self, i: int, p: np.ndarray, g: np.ndarray) -> np.ndarray:
+        scale = self.ratio(p, g) * self.lr
+        g = g + self.wd * p if self.pre_wd else g
+        g = g * scale if self.classic else g
+        if self.momentum:
+            self.b[i] = self.momentum * self.b[i] + g
+            g = g + self.momentum * self.b[i] if self.nesterov else self.b[i]
+        if self.ns[1]:
+            g = _np_newton_schulz(g.reshape(g.shape[0], -1), self.ns[0], self.ns[1]).reshape(g.shape)
+        g = g if self.classic else g * scale
+        return g if self.pre_wd else g + self.wd * self.lr * p
+
+
+LARS_CASES: dict[str, dict[str, Any]] = {
+    "defaults": {"lr": 0.1},
+    "nesterov_big_tcoef": {"lr": 0.05, "momentum": 0.8, "weight_decay": 0.01, "nesterov": True, "tcoef": 0.1},
+    "popular_no_momentum": {"lr": 0.1, "momentum": 0.0, "classic": False, "tcoef": 0.02},
+    "post_wd": {"lr": 0.05, "weight_decay": 0.05, "pre_wd": False, "classic": False},
+}
+
+
+@pytest.mark.parametrize("case", list(LARS_CASES))
+def test_lars_matches_numpy(case: str) -> None:
+    kw = LARS_CASES[case]
+    _train_and_compare(lambda ps: LARS(ps, **kw), NumpyLARS(**kw))
+
+
+MUON_CASES: dict[str, dict[str, Any]] = {
+    "defaults": {"lr": 0.02},
+    "no_nesterov_no_decay": {"lr": 0.02, "momentum": 0.9, "weight_decay": 0.0, "nesterov": False},
+    "three_steps_cubic": {"lr": 0.01, "ns_steps": 3, "ns_coefficients": (1.5, -0.5)},
+}
+
+
+@pytest.mark.parametrize("case", list(MUON_CASES))
+def test_muon_matches_numpy(case: str) -> None:
+    """tinygrad's Muon = LARS(momentum=0.95, weight_decay=0.1, ns_steps=5, Muon's quintic, nesterov, classic=False,
+    pre_wd=False, tcoef=0): each update (momentum, Nesterov) orthogonalised as a (rows, -1) matrix, times lr, plus
+    weight_decay*lr*p. The reference orthogonalises in float64."""
+    kw = MUON_CASES[case]
+    defaults = dict(momentum=0.95, weight_decay=0.1, ns_steps=5, ns_coefficients=(3.4445, -4.775, 2.0315),
+                    nesterov=True)
+    ref = NumpyLARS(**{**defaults, **kw}, classic=False, pre_wd=False, tcoef=0.0)
+    _train_and_compare(lambda ps: Muon(ps, **kw), ref)
+
+
+def test_muon_matches_torch_muon_on_wide_matrices() -> None:
+    """torch.optim.Muon (2.9+) on matrices with rows <= cols (its lr adjustment is then 1): the same update up to
+    torch's bfloat16 Newton-Schulz and its momentum dampening (a factor 1-momentum that the normalisation removes)."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch.optim, "Muon"):
+        pytest.skip("torch.optim.Muon needs PyTorch 2.9 or later")
+    rng = np.random.default_rng(3)
+    init = [rng.standard_normal(s).astype(np.float32) for s in [(4, 8), (3, 3)]]
+    ps, tps = [Tensor(p.copy()) for p in init], [torch.tensor(p.copy(), requires_grad=True) for p in init]
+    opt, t_opt = Muon(ps, lr=0.05), torch.optim.Muon(tps, lr=0.05)
+    with Tensor.train():
+        for step in range(3):
+            grads = [rng.standard_normal(p.shape).astype(np.float32) for p in init]
+            for p, tp, g in zip(ps, tps, grads):
+                p.grad, tp.grad = Tensor(g), torch.tensor(g)
+            opt.step()
+            t_opt.step()
+            for p, tp in zip(ps, tps):  # bfloat16 in torch's iteration: about 1% of each lr-sized update
+                np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), atol=2e-3 * (step + 1), rtol=0)
+
+
+@pytest.mark.parametrize("case", ["momentum", "nesterov", "momentum_weight_decay"])
+def test_sgd_classic_matches_numpy(case: str) -> None:
+    """tinygrad's SGD(classic=True): lr scales the gradient before the momentum (LARS with tcoef=0, pre_wd)."""
+    kw = SGD_CASES[case]
+    ref = NumpyLARS(kw["lr"], kw.get("momentum", 0.0), kw.get("weight_decay", 0.0), nesterov=kw.get("nesterov", False),
+                    classic=True, tcoef=0.0)
+    _train_and_compare(lambda ps: SGD(ps, **kw, classic=True), ref)
+
+
+def test_muon_and_lars_errors_and_tinygrad_keywords() -> None:
+    w = Tensor(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="0-d"):
+        Muon([w, Tensor(np.float32(1.0))])
+    with pytest.raises(ValueError, match="fused"):
+        Muon([w], fused=True)
+    with pytest.raises(ValueError, match="momentum"):
+        LARS([w], momentum=-1)
+    with pytest.raises(ValueError, match="device='CPU.*params are on"):
+        Adam([w], device="CPU:1" if w.device != "CPU:1" else "CPU")
+    assert isinstance(Muon([w]), LARS)
+    for opt in (SGD([w], device=w.device, fused=True), Adam([w], fused=False), AdamW([w], device=w.device),
+                LAMB([w], fused=True), LARS([w], device=w.device)):
+        assert opt.device == w.device
 
 
 # ---------------------------------------------------------------------- a flat graph, constant kernels

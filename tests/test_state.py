@@ -1,8 +1,11 @@
 """glassgrad.nn.state: state dicts, load_state_dict, and the safetensors reader/writer (incl. hostile files)."""
 from __future__ import annotations
 
+import io
 import json
 import struct
+import tarfile
+import zipfile
 from collections import namedtuple
 from pathlib import Path
 from typing import Any
@@ -14,13 +17,18 @@ from glassgrad import Tensor, TinyJit, dtypes, nn
 from glassgrad.dtype import ALL_DTYPES, DType
 from glassgrad.nn.state import (
     MAX_HEADER_BYTES,
+    TensorIO,
     get_parameters,
     get_state_dict,
     load_state_dict,
     safe_load,
     safe_load_metadata,
     safe_save,
+    tar_extract,
+    torch_load,
+    zip_extract,
 )
+from glassgrad.nn.torch_pickle import Unknown
 
 # ---------------------------------------------------------------------------------------------- helpers
 
@@ -416,3 +424,133 @@ def test_state_dict_skips_a_tinyjit_attribute() -> None:
     assert sorted(state) == ["lin.bias", "lin.weight"]
     assert len(get_parameters(model)) == 2
     load_state_dict(Model(), state)
+
+
+# ---------------------------------------------------------------------------------------------- torch checkpoints
+class _Canary:
+    """Pickles as a call of os.remove on a file: loading must not run it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        import os
+        return os.remove, (str(self.path),)
+
+
+def _torch_checkpoint() -> tuple[Any, dict[str, np.ndarray]]:
+    """A nested checkpoint of torch tensors (views, every storage dtype torch_load maps) and the values expected."""
+    torch = pytest.importorskip("torch")
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6) / 7
+    obj = {"model": {"t": base.t(), "slice": base[1:3, ::2], "p": torch.nn.Parameter(torch.full((2,), 0.5)),
+                     "bf16": (base[0] * 3).bfloat16(), "half": base[1].half(), "f64": base[2].double(),
+                     "i64": torch.arange(-3, 3), "i32": torch.arange(5, dtype=torch.int32)[::2],
+                     "i16": torch.tensor([-7, 8], dtype=torch.int16), "i8": torch.tensor([-1], dtype=torch.int8),
+                     "u8": torch.tensor([[250, 3]], dtype=torch.uint8), "bool": torch.tensor([True, False]),
+                     "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 3)},
+           "steps": [3, {"lr": 0.1}], "shared_a": base[0], "shared_b": base[3]}
+    b = base.numpy()
+    want = {"model.t": b.T, "model.slice": b[1:3, ::2], "model.p": np.full((2,), 0.5, np.float32),
+            "model.bf16": (base[0] * 3).bfloat16().float().numpy(), "model.half": b[1].astype(np.float16),
+            "model.f64": b[2].astype(np.float64), "model.i64": np.arange(-3, 3),
+            "model.i32": np.arange(5, dtype=np.int32)[::2],
+            "model.i16": np.array([-7, 8], np.int16), "model.i8": np.array([-1], np.int8),
+            "model.u8": np.array([[250, 3]], np.uint8), "model.bool": np.array([True, False]),
+            "model.scalar": np.float32(2.5), "model.empty": np.zeros((0, 3), np.float32), "shared_a": b[0],
+            "shared_b": b[3]}
+    return obj, want
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_torch_load_reads_torch_save(tmp_path: Path, legacy: bool) -> None:
+    """tinygrad's nn.state.torch_load: both of torch.save's formats, views with their values, every dtype, nested
+    containers as they were; a path, a str and a uint8 tensor of the file's bytes."""
+    torch = pytest.importorskip("torch")
+    obj, want = _torch_checkpoint()
+    path = tmp_path / "ckpt.pth"
+    torch.save(obj, path, _use_new_zipfile_serialization=not legacy)
+    for source in (path, str(path), Tensor(np.fromfile(path, np.uint8))):
+        got = torch_load(source)
+        assert got["steps"] == [3, {"lr": 0.1}]
+        flat = {**{f"model.{k}": v for k, v in got["model"].items()}, "shared_a": got["shared_a"],
+                "shared_b": got["shared_b"]}
+        assert flat.keys() == want.keys()
+        for name, value in flat.items():
+            expected = want[name]
+            array = value.float().numpy() if value.dtype == dtypes.bfloat16 else value.numpy()
+            assert value.shape == expected.shape, name
+            assert array.dtype == (np.float32 if value.dtype == dtypes.bfloat16 else expected.dtype), name
+            np.testing.assert_array_equal(array, expected, err_msg=name)
+        assert got["model"]["bf16"].dtype == dtypes.bfloat16
+
+
+def test_torch_load_into_a_model_matches_torch(tmp_path: Path) -> None:
+    """A torch module's state_dict saved by torch loads into the same glassgrad layers, which then agree."""
+    torch = pytest.importorskip("torch")
+    t_model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3)).eval()
+    with torch.no_grad():
+        t_model[1].running_mean.uniform_(-1, 1)
+    torch.save(t_model.state_dict(), tmp_path / "m.pth")
+    model = [nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3)]
+    load_state_dict(model, torch_load(tmp_path / "m.pth"))
+    x = np.random.default_rng(0).standard_normal((1, 2, 5, 5)).astype(np.float32)
+    got = model[1](model[0](Tensor(x))).numpy()
+    np.testing.assert_allclose(got, t_model(torch.tensor(x)).detach().numpy(), atol=1e-5, rtol=1e-5)
+
+
+def test_torch_load_runs_no_code_of_the_file(tmp_path: Path) -> None:
+    """A pickled call of anything but the checkpoint's own rebuild functions loads as an inert `Unknown`."""
+    torch = pytest.importorskip("torch")
+    canary = tmp_path / "canary"
+    canary.write_text("still here")
+    torch.save({"w": torch.ones(2), "evil": _Canary(canary)}, tmp_path / "evil.pth")
+    got = torch_load(tmp_path / "evil.pth")
+    assert canary.exists() and isinstance(got["evil"], Unknown) and got["evil"].args == (str(canary),)
+    np.testing.assert_array_equal(got["w"].numpy(), np.ones(2, np.float32))
+
+
+def test_torch_load_refuses_what_is_not_a_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "junk").write_bytes(b"\x00\x01 not a checkpoint")
+    with pytest.raises(ValueError, match="not a PyTorch checkpoint"):
+        torch_load(tmp_path / "junk")
+    with pytest.raises(ValueError, match="1-d uint8"):
+        torch_load(Tensor([1.0, 2.0]))
+
+
+def test_zip_and_tar_extract_and_tensor_io(tmp_path: Path) -> None:
+    """tinygrad's nn.state archive readers: every member as a 1-d uint8 tensor (stored and deflated zip members);
+    TensorIO is a read-only seekable file over a uint8 tensor."""
+    files = {"a.bin": bytes(range(200)), "dir/b.txt": b"hello " * 50}
+    with zipfile.ZipFile(tmp_path / "x.zip", "w") as z:
+        z.writestr("a.bin", files["a.bin"], compress_type=zipfile.ZIP_STORED)
+        z.writestr("dir/b.txt", files["dir/b.txt"], compress_type=zipfile.ZIP_DEFLATED)
+    with tarfile.open(tmp_path / "x.tar", "w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    for extract, archive in ((zip_extract, "x.zip"), (tar_extract, "x.tar")):
+        for source in (tmp_path / archive, Tensor(np.fromfile(tmp_path / archive, np.uint8))):
+            got = extract(source)
+            assert {k: v.numpy().tobytes() for k, v in got.items()} == files
+            assert all(v.dtype == dtypes.uint8 and v.ndim == 1 for v in got.values())
+    f = TensorIO(Tensor(np.frombuffer(b"0123456789", np.uint8)))
+    assert f.read(3) == b"012" and f.seek(-2, 2) == 8 and f.read() == b"89" and f.seek(4) == 4
+    buf = bytearray(3)
+    assert f.readinto(buf) == 3 and bytes(buf) == b"456"
+    with pytest.raises(io.UnsupportedOperation):
+        f.write(b"x")
+    with pytest.raises(ValueError, match="1-d uint8"):
+        TensorIO(Tensor(np.zeros((2, 2), np.uint8)))
+
+
+def test_load_state_dict_takes_tinygrads_arguments_and_returns_the_loaded_tensors() -> None:
+    """tinygrad's load_state_dict(model, state_dict, strict, verbose, consume, realize) returns the tensors it wrote,
+    reshapes () against (1,), and with consume=True empties the state dict as it goes (examples pass verbose=False)."""
+    layer = nn.BatchNorm(2)
+    state = {k: Tensor(np.asarray(v.numpy()) + 1) for k, v in get_state_dict(layer).items()}
+    state["num_batches_tracked"] = Tensor(np.array([5], np.int64))  # (1,) for the model's ()
+    loaded = load_state_dict(layer, state, strict=True, verbose=False, consume=True)
+    assert [id(t) for t in loaded] == [id(t) for t in get_state_dict(layer).values()]
+    assert state == {} and layer.num_batches_tracked.shape == () and layer.num_batches_tracked.item() == 5
+    np.testing.assert_array_equal(layer.running_var.numpy(), [2.0, 2.0])

@@ -79,6 +79,33 @@ def test_multinomial_follows_the_weights() -> None:
         w.multinomial(2)
 
 
+def _np_newton_schulz(m: np.ndarray, steps: int, params: tuple[float, ...], eps: float = 1e-7) -> np.ndarray:
+    """tinygrad's rule in float64: per matrix of the last two dims, X <- sum_i p_i (X X^T)^i X after dividing by the
+    Frobenius norm; tall matrices iterated transposed."""
+    x = m.astype(np.float64)
+    tall = x.shape[-2] > x.shape[-1]
+    x = np.swapaxes(x, -2, -1) if tall else x
+    x = x / (np.sqrt((x * x).sum((-2, -1), keepdims=True)) + eps)
+    for _ in range(steps):
+        gram, term, new = x @ np.swapaxes(x, -2, -1), x, 0.0
+        for p in params:
+            new, term = new + p * term, gram @ term
+        x = new
+    return np.swapaxes(x, -2, -1) if tall else x
+
+
+@pytest.mark.parametrize("shape, params", [((6, 4), (3.4445, -4.775, 2.0315)), ((3, 4, 6), (3.4445, -4.775, 2.0315)),
+                                           ((2, 2, 7, 3), (2.0, -1.5, 0.5)), ((5, 5), (1.5, -0.5)), ((4, 6), (0.9,))])
+def test_newton_schulz_batches_and_any_odd_polynomial(shape: tuple[int, ...], params: tuple[float, ...]) -> None:
+    """tinygrad 0.14's newton_schulz takes a batch of matrices and any number of coefficients; here it took one
+    2-d matrix and exactly three."""
+    m = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    got = Tensor(m).newton_schulz(5, params).numpy()
+    np.testing.assert_allclose(got, _np_newton_schulz(m, 5, params), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"2 or more dims.*\(4,\)"):
+        Tensor(m.reshape(-1)[:4]).newton_schulz()
+
+
 def test_newton_schulz_orthogonalises() -> None:
     rng = np.random.default_rng(0)
     m = rng.standard_normal((8, 16)).astype(np.float32)

@@ -2,11 +2,12 @@
 check, held by glassgrad: each one a bug that a tinygrad or PyTorch program could hit."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 import pytest
-from test_ops import DEVICE, torch
+from test_ops import DEVICE, T, torch
 
 from glassgrad import Tensor, dtypes
 from glassgrad.dtype import ALL_DTYPES, to_dtype
@@ -163,6 +164,109 @@ def test_context_training_is_tensor_training() -> None:
     with pytest.raises(ZeroDivisionError), Context(TRAINING=1):
         _ = 1 / 0
     assert not Tensor.training  # restored on an exception too
+
+
+def test_training_reads_on_the_class_and_on_an_instance() -> None:
+    """tinygrad's `training` was a class attribute, so `t.training` read it too; here it raised AttributeError (the
+    flag was only a metaclass property). Assignment on the class keeps working; on one tensor it raises."""
+    from glassgrad import Context
+    t = Tensor([1.0], device=DEVICE)
+    assert Tensor.training is False and t.training is False
+    Tensor.training = True
+    try:
+        assert Tensor.training is True and t.training is True
+        with Tensor.train(False):
+            assert not t.training
+        assert t.training
+    finally:
+        Tensor.training = False
+    assert not t.training
+    with Context(TRAINING=1):
+        assert t.training and Tensor([2.0], device=DEVICE).training
+    with pytest.raises(AttributeError, match="Tensor.training"):
+        t.training = True  # the flag is process-wide
+    assert not Tensor.training
+
+
+# ---------------------------------------------------------------------- bitcast to a dtype of another size
+def _random_bytes(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+
+
+def _numpy_bitcast(a: np.ndarray, src: Any, dst: Any) -> np.ndarray:
+    """numpy's view of `a`'s bytes (bfloat16 is carried as uint16 bits, numpy has no bfloat16)."""
+    store = {dtypes.bfloat16: np.uint16}
+    return np.ascontiguousarray(a).view(store.get(dst, dst.np))
+
+
+BITCAST_PAIRS = [(dtypes.float32, dtypes.uint8), (dtypes.uint8, dtypes.float32), (dtypes.float32, dtypes.float16),
+                 (dtypes.int16, dtypes.float64), (dtypes.float64, dtypes.int8), (dtypes.bfloat16, dtypes.uint8),
+                 (dtypes.uint8, dtypes.bfloat16), (dtypes.int64, dtypes.uint32), (dtypes.uint16, dtypes.int64),
+                 (dtypes.int8, dtypes.int32), (dtypes.bool, dtypes.int16), (dtypes.int32, dtypes.uint16)]
+
+
+@pytest.mark.parametrize("src,dst", BITCAST_PAIRS, ids=lambda d: d.name)
+def test_bitcast_to_another_size_rescales_the_last_dim(src: Any, dst: Any) -> None:
+    """tinygrad's rule: float32 (..., n) -> uint8 (..., 4n) and uint8 (..., 8) -> float32 (..., 2); the bytes are
+    numpy's `.view(dtype)` of the values (little-endian). Here it raised ValueError (same size only)."""
+    n = 8 * 8 // src.itemsize  # 64 bytes a row: divides into every size
+    raw = _random_bytes((3, 5, n * src.itemsize))
+    if src is dtypes.bool:
+        raw = raw & 1
+    storage = np.bool_ if src is dtypes.bool else np.uint16 if src is dtypes.bfloat16 else src.np
+    a = raw.view(storage)
+    t = T(a) if src is not dtypes.bfloat16 else T(a).bitcast(dtypes.bfloat16)
+    out = t.bitcast(dst)
+    want = _numpy_bitcast(a, src, dst)
+    assert out.shape == want.shape == (3, 5, n * src.itemsize // dst.itemsize) and out.dtype == dst
+    got = out.bitcast(dtypes.uint16) if dst is dtypes.bfloat16 else out
+    assert got.numpy().tobytes() == want.tobytes()  # bit for bit (NaN payloads too)
+    back = out.bitcast(src)
+    assert (back.bitcast(dtypes.uint16) if src is dtypes.bfloat16 else back).numpy().tobytes() == a.tobytes()
+
+
+def test_bitcast_of_a_view_and_of_a_computed_tensor() -> None:
+    """A lazy tensor has values, not strides: the bitcast of a transposed or computed tensor reads its values in
+    row-major order (numpy's view of the contiguous copy)."""
+    a = np.arange(24, dtype=np.float32).reshape(4, 6) * 0.5 - 3
+    t = T(a)
+    np.testing.assert_array_equal(t.T.bitcast(dtypes.uint8).numpy(), np.ascontiguousarray(a.T).view(np.uint8))
+    np.testing.assert_array_equal((t * 2)[:, 1:5].bitcast(dtypes.float64).numpy(),
+                                  np.ascontiguousarray((a * 2)[:, 1:5]).view(np.float64))
+    np.testing.assert_array_equal(Tensor.full((2, 4), 1.0, device=DEVICE).bitcast(dtypes.uint16).numpy(),
+                                  np.full((2, 4), 1.0, np.float32).view(np.uint16))
+    # an int32 built from bytes and used in arithmetic
+    b = _random_bytes((2, 8))
+    np.testing.assert_array_equal((T(b).bitcast(dtypes.int32) + 1).numpy(), b.view(np.int32) + 1)
+
+
+@pytest.mark.parametrize("shape,src,dst", [((3,), dtypes.uint8, dtypes.float32), ((2, 6), dtypes.int16, dtypes.int64),
+                                           ((), dtypes.float32, dtypes.uint8), ((5,), dtypes.float16, dtypes.float64)],
+                         ids=str)
+def test_bitcast_to_another_size_needs_whole_items(shape: tuple[int, ...], src: Any, dst: Any) -> None:
+    """The last dim's bytes must divide into the new items (tinygrad raises RuntimeError "unsupported size in
+    bitcast"); a 0-d tensor has no last dim to rescale. The error is both a ValueError and a RuntimeError."""
+    t = T(np.zeros(shape, src.np))
+    for kind in (ValueError, RuntimeError):
+        with pytest.raises(kind, match=re.escape(f"bitcast {src!r} -> {dst!r}") + ".*" + re.escape(str(shape))):
+            t.bitcast(dst)
+
+
+@pytest.mark.parametrize("device", ["CUDA", "METAL"])
+def test_bitcast_to_another_size_renders_for_gpus(device: str) -> None:
+    """The resizing bitcast is integer shifts, masks and same-size bitcasts: it renders for CUDA and Metal."""
+    from glassgrad import kernels
+    a = T(_random_bytes((4, 16))).bitcast(dtypes.float32) * 2
+    out = (a.bitcast(dtypes.uint8) + 1, a.bitcast(dtypes.int64), T(_random_bytes((4, 16))).bitcast(dtypes.float16))
+    specs = kernels(*out, device=device)
+    assert specs and all(s.source for s in specs)
+
+
+def test_bitcast_to_another_size_compiles_with_nvrtc(nvrtc: Any) -> None:
+    from glassgrad import kernels
+    a = T(_random_bytes((4, 16))).bitcast(dtypes.float32)
+    for spec in kernels(a.bitcast(dtypes.uint16) + 1, a.bitcast(dtypes.int64), device="CUDA"):
+        assert nvrtc.compile_cached(spec.source).startswith(b"\x7fELF"), spec.name
 
 
 def test_context_default_float_and_int() -> None:

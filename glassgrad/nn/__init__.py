@@ -13,7 +13,9 @@ and `backward()` fills their `.grad` anyway (tinygrad's backward does so for the
 statistics are `requires_grad=False` buffers.
 
 Initialisation is PyTorch's default: Linear and convolution weights and biases ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-(`kaiming_uniform_(a=sqrt(5))` works out to that bound), norm weights 1 and biases 0, Embedding ~ N(0, 1).
+(`kaiming_uniform_(a=sqrt(5))` works out to that bound), LSTMCell's weights and biases ~ U(-1/sqrt(hidden),
+1/sqrt(hidden)), norm weights 1 and biases 0, Embedding ~ N(0, 1). (tinygrad starts LSTMCell's biases at 0 and draws
+Embedding with glorot_uniform.)
 
 The submodules `optim`, `state`, `lr` and `datasets` are imported here too, so `nn.optim.SGD` works after
 `from glassgrad import nn`.
@@ -31,7 +33,8 @@ from glassgrad.tensor import Tensor, mark_trainable, no_grad
 from glassgrad.tensor_nn import _tuple
 
 __all__ = ["Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm", "BatchNorm1d",
-           "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm", "Embedding", "Dropout"]
+           "BatchNorm2d", "BatchNorm3d", "LayerNorm", "LayerNorm2d", "GroupNorm", "InstanceNorm", "RMSNorm",
+           "Embedding", "LSTMCell", "Dropout"]
 
 IntOrInts = int | Sequence[int]
 
@@ -217,7 +220,7 @@ class BatchNorm:
         self.running_var.assign((1 - factor) * self.running_var + factor * unbiased)
 
 
-BatchNorm1d = BatchNorm2d = BatchNorm
+BatchNorm1d = BatchNorm2d = BatchNorm3d = BatchNorm
 
 
 class LayerNorm:
@@ -240,6 +243,24 @@ class LayerNorm:
         return out if self.bias is None else out + self.bias
 
 
+class LayerNorm2d(LayerNorm):
+    """LayerNorm over the channels of (N, C, H, W) images, at each position (tinygrad's; ConvNeXt's and SAM's
+    channels-first LayerNorm): normalized_shape is C, weight and bias (C,)."""
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.ndim != 4:
+            raise ValueError(f"LayerNorm2d{self.normalized_shape} needs input (N, C, H, W), got {x.shape}")
+        return super().__call__(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def _per_channel_affine(out: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
+    """out * weight + bias, both (C,), over dim 1 of (N, C, ...); out itself when either is None."""
+    if weight is None or bias is None:
+        return out
+    shape = (1, -1, *([1] * (out.ndim - 2)))
+    return out * weight.reshape(shape) + bias.reshape(shape)
+
+
 class GroupNorm:
     """Split the channels of (N, C, ...) into num_groups groups, normalise each group of each sample over its
     channels and positions, then * weight + bias per channel (both (C,))."""
@@ -256,10 +277,25 @@ class GroupNorm:
             raise ValueError(f"GroupNorm({self.num_groups}, {self.num_channels}) needs input (N, "
                              f"{self.num_channels}, ...), got {x.shape}")
         out = x.reshape(x.shape[0], self.num_groups, -1).layernorm(-1, self.eps).reshape(x.shape)
-        if self.weight is None or self.bias is None:
-            return out
-        per_channel = (1, self.num_channels, *([1] * (x.ndim - 2)))
-        return out * self.weight.reshape(per_channel) + self.bias.reshape(per_channel)
+        return _per_channel_affine(out, self.weight, self.bias)
+
+
+class InstanceNorm:
+    """Normalise each channel of each sample of (N, C, ...) over its positions (mean and biased variance), then
+    * weight + bias per channel (both (C,)). tinygrad's signature, so affine defaults to True (PyTorch's
+    InstanceNorm1d/2d/3d default to affine=False); no running statistics (PyTorch's default too)."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, affine: bool = True) -> None:
+        self.num_features, self.eps = num_features, eps
+        self.weight = _filled((num_features,), 1.0) if affine else None
+        self.bias = _filled((num_features,), 0.0) if affine else None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.ndim < 3 or x.shape[1] != self.num_features:
+            raise ValueError(f"InstanceNorm({self.num_features}) needs input (N, {self.num_features}, positions...), "
+                             f"got {x.shape}")
+        out = x.reshape(x.shape[0], self.num_features, -1).layernorm(-1, self.eps).reshape(x.shape)
+        return _per_channel_affine(out, self.weight, self.bias)
 
 
 class RMSNorm:
@@ -287,6 +323,40 @@ class Embedding:
 
     def __call__(self, idx: Tensor) -> Tensor:
         return idx.embedding(self.weight)
+
+
+# ---------------------------------------------------------------------- recurrent
+class LSTMCell:
+    """One LSTM step, PyTorch's LSTMCell: gates = x @ weight_ih.T + bias_ih + h @ weight_hh.T + bias_hh, split into
+    (input, forget, cell, output) chunks of hidden_size; c' = sigmoid(f) * c + sigmoid(i) * tanh(g) and
+    h' = sigmoid(o) * tanh(c'). Called as `cell(x, (h, c))` or `cell(x)` (zero state); returns (h', c').
+    x is (N, input_size), or (input_size,) unbatched as in PyTorch. Every weight and bias ~ U(-1/sqrt(hidden),
+    1/sqrt(hidden)) (PyTorch's init; tinygrad starts the biases at 0)."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True) -> None:
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.weight_ih = _uniform((4 * hidden_size, input_size), hidden_size)
+        self.weight_hh = _uniform((4 * hidden_size, hidden_size), hidden_size)
+        self.bias_ih = _uniform((4 * hidden_size,), hidden_size) if bias else None
+        self.bias_hh = _uniform((4 * hidden_size,), hidden_size) if bias else None
+
+    def __call__(self, x: Tensor, hc: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        if x.ndim not in (1, 2) or x.shape[-1] != self.input_size:
+            raise ValueError(f"LSTMCell({self.input_size}, {self.hidden_size}) needs input (N, {self.input_size}) "
+                             f"or ({self.input_size},), got {x.shape}")
+        if x.ndim == 1:
+            h, c = self(x.unsqueeze(0), None if hc is None else (hc[0].unsqueeze(0), hc[1].unsqueeze(0)))
+            return h.squeeze(0), c.squeeze(0)
+        if hc is None:
+            zeros = Tensor.zeros(x.shape[0], self.hidden_size, dtype=x.dtype, device=x.device)
+            hc = (zeros, zeros)
+        want = (x.shape[0], self.hidden_size)
+        if hc[0].shape != want or hc[1].shape != want:
+            raise ValueError(f"LSTMCell state (h, c) must both be {want}, got {hc[0].shape} and {hc[1].shape}")
+        gates = x.linear(self.weight_ih.T, self.bias_ih) + hc[0].linear(self.weight_hh.T, self.bias_hh)
+        i, f, g, o = gates.chunk(4, dim=1)
+        c = f.sigmoid() * hc[1] + i.sigmoid() * g.tanh()
+        return o.sigmoid() * c.tanh(), c
 
 
 class Dropout:

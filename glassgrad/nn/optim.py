@@ -1,4 +1,4 @@
-"""Optimisers: SGD (momentum, Nesterov, weight decay), Adam, AdamW and LAMB, plus `OptimizerGroup`.
+"""Optimisers: SGD (momentum, Nesterov, weight decay), LARS, Muon, Adam, AdamW and LAMB, plus `OptimizerGroup`.
 
 In: a list of parameter tensors (float, usually `requires_grad=True`) whose `.grad` was filled by `loss.backward()`.
 Out: `step()` writes each parameter's new value into the parameter's own buffer (`Tensor.assign`), together with
@@ -30,7 +30,9 @@ Behaviour (tinygrad's, where tinygrad has one):
   of state back unchanged (`where(t, old, new)`), decided on the device with no host sync. `glassgrad.amp.GradScaler`
   uses it to skip a step whose gradients hold an inf or NaN.
 
-SGD, Adam and AdamW follow PyTorch's update rules exactly (tests compare against `torch.optim`); LAMB follows tinygrad.
+SGD, Adam and AdamW follow PyTorch's update rules exactly (tests compare against `torch.optim`); LAMB, LARS and Muon
+follow tinygrad. tinygrad's `device=` and `fused=` are accepted: `device` must be the params' own (state lives with
+its param) and `fused` changes nothing (a step is one schedule either way; Muon refuses it, as tinygrad).
 Each param gets its own buffer: one that is still lazy (say `Tensor.zeros(8)`, which hash-conses with every other
 `Tensor.zeros(8)`) or a view of another buffer is first copied into a fresh buffer of its own; two params that
 share one buffer raise `ValueError`.
@@ -39,11 +41,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from glassgrad.device import canonical_devices
 from glassgrad.dtype import DType, dtypes, least_upper_dtype
 from glassgrad.tensor import Tensor, no_grad
 from glassgrad.uop.ops import Ops
 
-__all__ = ["Optimizer", "OptimizerGroup", "SGD", "Adam", "AdamW", "LAMB"]
+__all__ = ["Optimizer", "OptimizerGroup", "SGD", "LARS", "Muon", "Adam", "AdamW", "LAMB"]
 
 
 # ---------------------------------------------------------------------- buffers of their own
@@ -92,7 +95,8 @@ def _dedup(tensors: Iterable[Tensor]) -> list[Tensor]:
 class Optimizer:
     """Base class: keeps `params`, `buffers` and `lr`; subclasses say how a param's new value is computed."""
 
-    def __init__(self, params: Sequence[Tensor], lr: float | Tensor) -> None:
+    def __init__(self, params: Sequence[Tensor], lr: float | Tensor, device: str | None = None,
+                 fused: bool = False) -> None:
         params = _dedup(params)
         if not params:
             raise ValueError("an optimizer needs at least one param")
@@ -107,6 +111,8 @@ class Optimizer:
                              f"{len(params)} given have requires_grad=False")
         _ensure_own_buffers(self.params + self.buffers, "optimizer params")
         self.device: str = self.params[0].device
+        _check_device(device, self.device)
+        self.fused = fused  # tinygrad's flag: a step is one schedule here anyway, so it changes nothing
         self.lr: Tensor = _lr_tensor(lr, self.device)
         # the lr as given, when a number (schedules start from it exactly, not from its float32 rounding)
         self.initial_lr: float | None = None if isinstance(lr, Tensor) else float(lr)
@@ -170,6 +176,16 @@ class Optimizer:
         return grads
 
 
+def _check_device(device: str | None, params_device: str) -> None:
+    """tinygrad's `device=` puts the optimiser state there; here state lives with its param, so only the params'
+    own device (or None) is accepted."""
+    if device is None:
+        return
+    if canonical_devices(device) != params_device:
+        raise ValueError(f"optimizer device={device!r}: the params are on {params_device}, and glassgrad keeps each "
+                         "param's optimizer state on the param's device; leave device out or move the params")
+
+
 def _check_skip(skip: Tensor | None, device: str) -> Tensor | None:
     """A step's skip flag as a bool scalar on the optimiser's device (None: never skip)."""
     if skip is None:
@@ -216,16 +232,20 @@ class SGD(Optimizer):
     """PyTorch's SGD: g += weight_decay*p; b = momentum*b + g; g = g + momentum*b (Nesterov) or b; p -= lr*g.
 
     The momentum buffer starts at zero, so the first step gives b = momentum*0 + g = g exactly, which is PyTorch's
-    first-step initialisation (b = g) with dampening 0."""
+    first-step initialisation (b = g) with dampening 0. With `classic=True` (tinygrad's flag) the learning rate
+    scales the gradient before the momentum: b = momentum*b + lr*g and p -= b (or lr*g + momentum*b), the same
+    steps for a constant lr and a different response to a changed one."""
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, momentum: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False) -> None:
+                 weight_decay: float = 0.0, nesterov: bool = False, classic: bool = False, device: str | None = None,
+                 fused: bool = False) -> None:
         _check_hyper("momentum", momentum)
         _check_hyper("weight_decay", weight_decay)
         if nesterov and momentum == 0:
             raise ValueError("Nesterov momentum needs momentum > 0")
-        super().__init__(params, lr)
+        super().__init__(params, lr, device, fused)
         self.momentum, self.weight_decay, self.nesterov = float(momentum), float(weight_decay), nesterov
+        self.classic = classic
         self.b: list[Tensor] = [new_state(p.shape, state_dtype(p.dtype), p.device, like=p) for p in self.params] \
             if self.momentum else []
 
@@ -233,15 +253,104 @@ class SGD(Optimizer):
         return list(self.b)
 
     def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
-        return [p - self.lr_scalar * self._direction(i, p, g) for i, (p, g) in enumerate(zip(self.params, grads))]
+        steps = [self._direction(i, p, g) for i, (p, g) in enumerate(zip(self.params, grads))]
+        return [p - (step if self.classic else self.lr_scalar * step) for p, step in zip(self.params, steps)]
 
     def _direction(self, i: int, p: Tensor, g: Tensor) -> Tensor:
         if self.weight_decay:
             g = g + self.weight_decay * p
+        if self.classic:
+            g = g * self.lr_scalar
         if not self.momentum:
             return g
         b = self._update(self.b[i], self.momentum * self.b[i] + g)
         return g + self.momentum * b if self.nesterov else b
+
+
+# ---------------------------------------------------------------------- LARS and Muon
+class LARS(Optimizer):
+    """tinygrad's LARS (layer-wise adaptive rate scaling), whose flags also make its SGD and Muon. Per param, with
+    the trust ratio r = tcoef*||p|| / (||g|| + weight_decay*||p||) (1 where either norm is 0, and r = 1 for
+    tcoef=0):
+    - pre_wd: g += weight_decay*p;  classic: g *= r*lr (before the momentum);
+    - momentum: b = momentum*b + g; g = g + momentum*b (nesterov) or b;
+    - ns_coefficients: g = newton_schulz(g as (rows, -1), ns_steps, ns_coefficients) (Muon's orthogonalisation);
+    - not classic: g *= r*lr;  not pre_wd: g += weight_decay*lr*p (Muon's decay after the momentum);
+    then p -= g."""
+
+    def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, momentum: float = 0.9,
+                 weight_decay: float = 1e-4, ns_steps: int = 0, ns_coefficients: Sequence[float] | None = None,
+                 nesterov: bool = False, classic: bool = True, pre_wd: bool = True, tcoef: float = 0.001,
+                 device: str | None = None, fused: bool = False) -> None:
+        _check_hyper("momentum", momentum)
+        _check_hyper("weight_decay", weight_decay)
+        _check_hyper("tcoef", tcoef)
+        if ns_coefficients is not None and (isinstance(ns_steps, bool) or not isinstance(ns_steps, int)
+                                            or ns_steps < 0):
+            raise ValueError(f"ns_steps must be an int >= 0, got {ns_steps!r}")
+        super().__init__(params, lr, device, fused)
+        if ns_coefficients:
+            _check_matrices(self.params)
+        self.momentum, self.weight_decay, self.tcoef = float(momentum), float(weight_decay), float(tcoef)
+        self.ns_steps, self.ns_coefficients = ns_steps, tuple(ns_coefficients) if ns_coefficients else None
+        self.nesterov, self.classic, self.pre_wd = nesterov, classic, pre_wd
+        self.b: list[Tensor] = [new_state(p.shape, state_dtype(p.dtype), p.device, like=p) for p in self.params] \
+            if self.momentum else []
+
+    def state(self) -> list[Tensor]:
+        return list(self.b)
+
+    def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
+        return [p - self._step_of(i, p, g).cast(p.dtype) for i, (p, g) in enumerate(zip(self.params, grads))]
+
+    def _step_of(self, i: int, p: Tensor, g: Tensor) -> Tensor:
+        scale = self._trust_ratio(p, g) * self.lr_scalar
+        if self.pre_wd and self.weight_decay:
+            g = g + self.weight_decay * p
+        if self.classic:
+            g = g * scale
+        if self.momentum:
+            b = self._update(self.b[i], self.momentum * self.b[i] + g)
+            g = g + self.momentum * b if self.nesterov else b
+        if self.ns_coefficients:
+            g = g.reshape(g.shape[0], -1).newton_schulz(self.ns_steps, self.ns_coefficients).reshape(g.shape)
+        if not self.classic:
+            g = g * scale
+        if not self.pre_wd and self.weight_decay:
+            g = g + self.weight_decay * self.lr_scalar * p
+        return g
+
+    def _trust_ratio(self, p: Tensor, g: Tensor) -> Tensor | float:
+        if self.tcoef == 0:
+            return 1.0
+        w_norm, g_norm = p.square().sum().sqrt(), g.square().sum().sqrt()
+        ratio = self.tcoef * w_norm / (g_norm + self.weight_decay * w_norm)
+        return ((w_norm > 0) & (g_norm > 0)).where(ratio, 1.0)
+
+
+def _check_matrices(params: Sequence[Tensor]) -> None:
+    """Muon orthogonalises each update as a (rows, -1) matrix: a 0-d param has no rows."""
+    for i, p in enumerate(params):
+        if p.ndim == 0:
+            raise ValueError(f"optimizer param {i} is 0-d: Newton-Schulz orthogonalisation (Muon) needs params "
+                             "with at least one dim; give 0-d params to another optimizer (OptimizerGroup)")
+
+
+class Muon(LARS):
+    """tinygrad's Muon: SGD with Nesterov momentum whose update is orthogonalised by `ns_steps` Newton-Schulz
+    iterations (each param's update as a (rows, -1) matrix), then scaled by lr, with the weight decay added after
+    the momentum: b = momentum*b + g; u = newton_schulz(g + momentum*b); p -= lr*u + weight_decay*lr*p.
+    https://kellerjordan.github.io/posts/muon/ . (Keller Jordan's reference also rescales u by
+    sqrt(max(1, rows/cols)); tinygrad's and this one do not.)"""
+
+    def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, momentum: float = 0.95,
+                 weight_decay: float = 0.1, ns_steps: int = 5,
+                 ns_coefficients: Sequence[float] = (3.4445, -4.775, 2.0315), nesterov: bool = True,
+                 device: str | None = None, fused: bool = False) -> None:
+        if fused:
+            raise ValueError("Muon orthogonalises each param's update on its own: fused=True is refused (as tinygrad)")
+        super().__init__(params, lr, momentum, weight_decay, ns_steps, ns_coefficients, nesterov, classic=False,
+                         pre_wd=False, tcoef=0.0, device=device)
 
 
 # ---------------------------------------------------------------------- Adam family
@@ -249,12 +358,12 @@ class _Moments(Optimizer):
     """Shared state of Adam, AdamW and LAMB: first and second moments per param and the step count `t`."""
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor, b1: float, b2: float, eps: float,
-                 weight_decay: float) -> None:
+                 weight_decay: float, device: str | None = None, fused: bool = False) -> None:
         _check_hyper("b1", b1, 0.0, 1.0)
         _check_hyper("b2", b2, 0.0, 1.0)
         _check_hyper("eps", eps)
         _check_hyper("weight_decay", weight_decay)
-        super().__init__(params, lr)
+        super().__init__(params, lr, device, fused)
         self.b1, self.b2, self.eps, self.weight_decay = float(b1), float(b2), float(eps), float(weight_decay)
         self.m = [new_state(p.shape, state_dtype(p.dtype), p.device, like=p) for p in self.params]
         self.v = [new_state(p.shape, state_dtype(p.dtype), p.device, like=p) for p in self.params]
@@ -275,8 +384,8 @@ class Adam(_Moments):
     decoupled: bool = False
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
-                 eps: float = 1e-8, weight_decay: float = 0.0) -> None:
-        super().__init__(params, lr, b1, b2, eps, weight_decay)
+                 eps: float = 1e-8, weight_decay: float = 0.0, device: str | None = None, fused: bool = False) -> None:
+        super().__init__(params, lr, b1, b2, eps, weight_decay, device, fused)
 
     def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
         bc1, bc2 = self._count_step()
@@ -297,8 +406,8 @@ class AdamW(Adam):
     decoupled = True
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
-                 eps: float = 1e-8, weight_decay: float = 0.01) -> None:
-        super().__init__(params, lr, b1, b2, eps, weight_decay)
+                 eps: float = 1e-8, weight_decay: float = 0.01, device: str | None = None, fused: bool = False) -> None:
+        super().__init__(params, lr, b1, b2, eps, weight_decay, device, fused)
 
 
 class LAMB(_Moments):
@@ -307,8 +416,9 @@ class LAMB(_Moments):
     0). With `adam=True`, r = 1 (which is tinygrad's Adam/AdamW)."""
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
-                 eps: float = 1e-6, weight_decay: float = 0.0, adam: bool = False) -> None:
-        super().__init__(params, lr, b1, b2, eps, weight_decay)
+                 eps: float = 1e-6, weight_decay: float = 0.0, adam: bool = False, device: str | None = None,
+                 fused: bool = False) -> None:
+        super().__init__(params, lr, b1, b2, eps, weight_decay, device, fused)
         self.adam = adam
 
     def _new_values(self, grads: list[Tensor]) -> list[Tensor]:

@@ -5,9 +5,11 @@ In: any Python object that holds `Tensor`s in its attributes, lists, tuples or d
 - `get_state_dict(model)`: `{"layers.0.weight": Tensor, ...}`, the names following the attribute path;
 - `get_parameters(model)`: the same tensors as a list, each once;
 - `load_state_dict(model, state)`: writes `state`'s values into the model's own tensors (`Tensor.assign`),
-  after checking names and shapes (dtypes are cast);
+  after checking names and shapes (dtypes are cast), and returns them;
 - `safe_save(tensors, path)` / `safe_load(path)` / `safe_load_metadata(path)`: the safetensors format
-  (https://github.com/huggingface/safetensors), read and written here without that package.
+  (https://github.com/huggingface/safetensors), read and written here without that package;
+- `torch_load(path)`: a `torch.save` checkpoint, and tinygrad's `zip_extract`, `tar_extract`, `TensorIO`,
+  `accept_filename` (from `glassgrad.nn.torch_pickle`).
 
 A safetensors file is: 8 bytes, little-endian u64 `n`; `n` bytes of a UTF-8 JSON object mapping each name to
 `{"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}` (plus an optional `"__metadata__"` of
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -91,20 +93,37 @@ def get_parameters(obj: Any) -> list[Tensor]:
     return params
 
 
-def load_state_dict(model: Any, state_dict: Mapping[str, Tensor], strict: bool = True,
-                    realize: bool = True) -> None:
+def load_state_dict(model: Any, state_dict: Mapping[str, Tensor], strict: bool = True, verbose: bool = True,
+                    consume: bool = False, realize: bool = True) -> list[Tensor]:
     """Write each value of `state_dict` into the model tensor of the same name (cast to its dtype, moved to its
-    device). `strict` makes missing and unexpected names an error; a shape mismatch is always an error. All
-    problems are reported together in one `ValueError`, and nothing is written unless there are none."""
+    device); returns the model tensors written (tinygrad's signature). `strict` makes missing and unexpected names an
+    error; a shape mismatch is always an error, except () against (1,) (tinygrad reshapes those). All problems are
+    reported together in one `ValueError`, and nothing is written unless there are none. `consume` deletes the
+    loaded entries from `state_dict` (a dict); `verbose` is accepted for tinygrad's callers (no progress bar here)."""
     targets = get_state_dict(model)
-    problems = _state_dict_problems(targets, state_dict, strict)
+    values = {name: _scalar_as(targets[name], v) if name in targets else v for name, v in state_dict.items()}
+    problems = _state_dict_problems(targets, values, strict)
     if problems:
         raise ValueError("load_state_dict: the state dict does not fit the model:\n  " + "\n  ".join(problems))
-    loaded = [name for name in targets if name in state_dict]
+    loaded = [name for name in targets if name in values]
     for name in loaded:
-        _copy_into(targets[name], state_dict[name])
+        _copy_into(targets[name], values[name])
     if realize and loaded:
         Tensor.realize_all(*(targets[name] for name in loaded))
+    if consume:
+        if not isinstance(state_dict, MutableMapping):
+            raise TypeError(f"load_state_dict(consume=True) deletes the loaded entries, so it needs a dict, got "
+                            f"{type(state_dict).__name__}")
+        for name in loaded:
+            del state_dict[name]
+    return [targets[name] for name in loaded]
+
+
+def _scalar_as(target: Tensor, value: Any) -> Any:
+    """A one-element value of shape () or (1,) reshaped to the target's (1,) or (); anything else unchanged."""
+    if isinstance(value, Tensor) and {value.shape, target.shape} == {(), (1,)}:
+        return value.reshape(target.shape)
+    return value
 
 
 def _state_dict_problems(targets: Mapping[str, Tensor], state_dict: Mapping[str, Tensor], strict: bool) -> list[str]:
@@ -315,3 +334,15 @@ def _read_tensor(f: Any, where: str, name: str, info: dict[str, Any], data_start
         array = np.frombuffer(raw, dtype=storage.np.newbyteorder("<")).astype(storage.np, copy=False)
     t = Tensor(array.reshape(info["shape"]), device=device)
     return t.bitcast(dtypes.bfloat16) if dtype == dtypes.bfloat16 else t
+
+
+# ---------------------------------------------------------------------------------------------- tinygrad's other names
+safe_dtypes = SAFETENSORS_DTYPES  # tinygrad's names for the safetensors dtype tables
+inverse_safe_dtypes = _CODE_OF_DTYPE
+from glassgrad.nn.torch_pickle import (  # noqa: E402, F401  (tinygrad has these in nn.state)
+    TensorIO,
+    accept_filename,
+    tar_extract,
+    torch_load,
+    zip_extract,
+)
