@@ -10,7 +10,9 @@ What gets materialised (a kernel writes it to memory):
     broadcast back over it to a kernel that runs over the same rows): that kernel computes it once per row, so
     softmax's max and sum live in the softmax kernel;
   * costly elementwise work (divisions, square roots, long chains) reached through an EXPAND: a convolution's
-    backward reads its incoming gradient once per weight, which must not recompute BatchNorm's backward each time.
+    backward reads its incoming gradient once per weight, which must not recompute BatchNorm's backward each time;
+  * an elementwise value of many inputs that several kernels would each recompute (`_shared_values_to_store`: a
+    residual stream, which every block reads).
 Everything else fuses into the kernel that consumes it: elementwise chains, movement ops (as index math on
 the loads), and a reduction together with its elementwise inputs and the elementwise math on its result.
 Nodes realized before (`REALIZED`) are loaded from their buffers, never recomputed. A reshape keeps row-major
@@ -216,6 +218,7 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
     found: set[UOp] = set()
     reached_from: dict[UOp, UOp] = {}
     cost: dict[UOp, int] = {}
+    readers: dict[UOp, set[UOp]] = {}  # elementwise node -> the kernels (roots) that would compute it
     for root in roots:
         seen: set[WalkState] = set()
         fused: dict[UOp, None] = {root: None} if root.op is Ops.REDUCE_AXIS else {}
@@ -227,6 +230,8 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
             if state in seen or _materialised(node) or node in roots:
                 continue
             seen.add(state)
+            if node.op in GroupOp.ALU:
+                readers.setdefault(node, set()).add(root)
             if node.op is Ops.REDUCE_AXIS:
                 fused[node] = None
                 if reached_from.setdefault(node, root) is not root:
@@ -256,7 +261,32 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
                 stack.extend((s, below, expanded or node.op is Ops.EXPAND, None, None) for s in node.src)
         found.update(_matmuls_sharing_a_kernel(fused, root))
         found.update(n for u in fused for n in _computed_tile_operands(u) if n not in roots)
-    return found
+    return found or set(_shared_values_to_store(readers, roots))
+
+
+def _shared_values_to_store(readers: dict[UOp, set[UOp]], roots: dict[UOp, None]) -> list[UOp]:
+    """Elementwise values that several kernels would each recompute from many inputs, which one kernel should store
+    instead. Computed in each of C kernels from K inputs (buffers, reductions, stored values), a value costs C * K
+    reads per element; stored, K reads, a write and C reads. It is stored when (C - 1)(K - 1) > 2, and K >= 3 (a sum
+    of two buffers is left fused): a residual stream `x + f(x) + g(...) + ...` that every block's LayerNorm and the
+    backward read, built lazily from every earlier block's output (GPT-2's 24th sum read 24 buffers in each of its
+    readers: O(layers^2) traffic). The lowest such values first; the ones above are weighed again once they are
+    stored (the scheduler repeats this walk until nothing is added)."""
+    def is_input(u: UOp) -> bool:
+        return _materialised(u) or u.op is Ops.REDUCE_AXIS or u in roots
+
+    inputs: dict[UOp, frozenset[UOp]] = {}
+
+    def inputs_of(value: UOp) -> int:
+        for n in value.toposort(stop=lambda x: x in inputs or is_input(x)):
+            if n not in inputs:
+                inputs[n] = frozenset((n,)) if is_input(n) and n is not value else \
+                    frozenset().union(*(inputs[s] for s in n.src))
+        return len(inputs[value])
+
+    worth = {n for n, kernels in readers.items() if n not in roots and len(kernels) >= 2 and
+             (k := inputs_of(n)) >= 3 and (len(kernels) - 1) * (k - 1) > 2}
+    return [n for n in worth if not any(u in worth for u in n.toposort(stop=is_input) if u is not n)]
 
 
 def _computed_tile_operands(u: UOp) -> list[UOp]:
