@@ -337,7 +337,7 @@ def test_emulated_tf32_computed_factor() -> None:
     """A factor computed on the fly (relu) is copied through registers, double-buffered."""
     rng = np.random.default_rng(11)
     a, b = rng.standard_normal((130, 40), dtype=np.float32), rng.standard_normal((40, 200), dtype=np.float32)
-    out = emulate_tf32(Tensor(a).relu() @ Tensor(b), "registers")
+    out = emulate_tf32(Tensor(a, device="CPU").relu() @ Tensor(b, device="CPU"), "registers")  # (a GPU stores relu)
     ra = np.maximum(a, 0)
     check_tf32(out, ra.astype(np.float64) @ b, tf32_round(ra).astype(np.float64) @ tf32_round(b),
                np.abs(ra).astype(np.float64) @ np.abs(b))
