@@ -92,6 +92,7 @@ class CUDARenderer(CStyleLanguage):
         self.tensor_cores = int(arch.removeprefix("sm_").rstrip("a")) >= 80
 
     type_names = {**CStyleLanguage.type_names, dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
+    abs_functions = {dtypes.float32: "fabsf", dtypes.float64: "fabs"}
 
     def group_id(self) -> str:
         return "blockIdx.x"

@@ -44,6 +44,7 @@ class MetalRenderer(CStyleLanguage):
         dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int16: "short",
         dtypes.uint16: "ushort", dtypes.int32: "int", dtypes.uint32: "uint", dtypes.int64: "long",
         dtypes.uint64: "ulong", dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
+    abs_functions = {dtypes.float32: "fabs", dtypes.float16: "fabs"}  # (metal::fabs: overloaded, exact)
     float_functions = {Ops.SQRT: "precise::sqrt", Ops.EXP2: "precise::exp2", Ops.LOG2: "precise::log2",
                        Ops.SIN: "precise::sin", Ops.TRUNC: "trunc", Ops.POW: "precise::pow",
                        Ops.MOD: "precise::fmod"}

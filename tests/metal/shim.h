@@ -160,7 +160,7 @@ namespace metal {
 #define GG_MATH_ALL                                                                              \
   GG_MATH_1(exp2, __builtin_exp2f) GG_MATH_1(log2, __builtin_log2f) GG_MATH_1(sin, __builtin_sinf) \
   GG_MATH_1(cos, __builtin_cosf) GG_MATH_1(sqrt, __builtin_sqrtf) GG_MATH_1(trunc, __builtin_truncf) \
-  GG_MATH_2(pow, __builtin_powf) GG_MATH_2(fmod, __builtin_fmodf)
+  GG_MATH_1(fabs, __builtin_fabsf) GG_MATH_2(pow, __builtin_powf) GG_MATH_2(fmod, __builtin_fmodf)
 GG_MATH_ALL
 namespace precise {
 GG_MATH_ALL
