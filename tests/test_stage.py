@@ -346,3 +346,18 @@ def test_input_gradient_of_a_summed_relu_conv_has_no_gate_in_its_tile(x_shape: t
         torch.nn.functional.conv2d(t, torch.from_numpy(w), padding=padding).relu().sum().backward()
         assert t.grad is not None
         np.testing.assert_allclose(tx.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_stride_2_convolution_gets_rows_of_output_channels() -> None:
+    """A first layer (3 input channels, stride 2): no output axis is read contiguously, so the lanes are 16 output
+    columns read with a stride of 2 (111 padded to 112), and 8 output channels are the rows that share each gathered
+    vector of the input (it had no opts at all: 12.4 -> 3.4 ms at 3x224x224 -> 32). Values as numpy's."""
+    rng = np.random.default_rng(8)
+    x, w = rng.standard_normal((1, 3, 224, 224), dtype=np.float32), rng.standard_normal((32, 3, 3, 3), dtype=np.float32)
+    ast = conv_ast(x.shape, w.shape, stride=2)
+    assert hand_coded_optimizations(Kernel(ast, CPU.renderer)) == \
+        [Opt(OptOps.PADTO, 2, 16), Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.UPCAST, 0, 8)]
+    _heuristic_agrees_with_unoptimised(ast)
+    np.testing.assert_allclose(Tensor(x).conv2d(Tensor(w), stride=2).numpy(), conv_reference(x, w, 0, stride=2),
+                               rtol=1e-4, atol=1e-4)
+

@@ -103,14 +103,23 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     if (packed := _packed_channel_tile(k, vector)):
         return packed
     if vector is None:  # (lanes along a lone short reduction would only add a horizontal sum)
-        return _lanes_for_reduction(k) or (_reduce_lane_tile(k) if len(k.axes_of("reduce")) > 1 else []) or \
-            _strided_lanes(k)
+        lanes = _lanes_for_reduction(k) or (_reduce_lane_tile(k) if len(k.axes_of("reduce")) > 1 else [])
+        if lanes or not (strided := _strided_lanes(k)):
+            return lanes
+        return strided + _register_rows(k)
     axis, amount = vector
     if (amount or k.size(axis) or VECTOR_WIDTH) < MIN_OUTPUT_LANES and (lanes := _reduce_lane_tile(k)):
         return lanes
     opts += _upcast(k, axis, amount)
     if (row_lanes := _row_reduction_lanes(k)):
         return opts + row_lanes
+    return opts + _register_rows(k)
+
+
+def _register_rows(k: Kernel) -> list[Opt]:
+    """The rows of the register tile around its SIMD lanes (the last upcast axis, applied to `k`): the blocking axis
+    (`_blocking_axis`) upcast by the most rows the tile's budget allows (the opts, applied to `k` too)."""
+    opts: list[Opt] = []
     tile = k.register_tile()
     reduce_size = prod(k.size(a) or MIN_REDUCE for a in k.axes_of("reduce"))  # a symbolic one counts as long
     block = _blocking_axis(k, k.axes.index(k.upcast[-1]))
@@ -242,16 +251,19 @@ def _largest_divisor(size: int, limit: int) -> int | None:
 
 
 def _strided_lanes(k: Kernel) -> list[Opt]:
-    """Output lanes read with a stride of 2 (a 2x2 max-pool: each output reads columns 2x and 2x + 1): the innermost
-    such output axis, whole when short, else by 16; gcc gathers the even and odd columns with two shuffles. MNIST's
-    max-pool of a batch norm at batch 128 (10 output columns): 3.5 -> 0.56 ms."""
+    """Output lanes read with a stride of 2 (a 2x2 max-pool: each output reads columns 2x and 2x + 1; a stride-2
+    convolution): the innermost such output axis, whole when short, else by 16 (8, 4; padded when none divides it);
+    gcc gathers the even and odd columns with two shuffles. The opts are applied to `k`. MNIST's max-pool of a batch
+    norm at batch 128 (10 output columns): 3.5 -> 0.56 ms. A convolution then takes rows of output channels around
+    them (`_register_rows`): 3x224x224 -> 32, 3x3, stride 2, 111 output columns: 12.4 -> 3.4 ms."""
     axis = k.axes_of("global")[-1] if len(k.axes_of("global")) > 1 else None
     if axis is None or (size := k.size(axis)) is None or size < MIN_OUTPUT_LANES // 2:
         return []
     if any(s not in (0, 1, 2) for s in k.strides(axis)) or 2 not in k.strides(axis):
         return []
-    amount = 0 if size <= VECTOR_WHOLE_MAX else VECTOR_WIDTH if size % VECTOR_WIDTH == 0 else None
-    return [] if amount is None else [Opt(OptOps.UPCAST, axis, amount)]
+    amount = 0 if size <= VECTOR_WHOLE_MAX else VECTOR_WIDTH if size % VECTOR_WIDTH == 0 else \
+        next((f for f in VECTOR_SPLITS if size % f == 0), None) or _padded_split(size, (VECTOR_WIDTH, *VECTOR_SPLITS))
+    return [] if amount is None else _upcast(k, axis, amount)
 
 
 def _row_reduction_lanes(k: Kernel) -> list[Opt]:
@@ -407,8 +419,9 @@ def _upcast(k: Kernel, axis: int, amount: int) -> list[Opt]:
 
 
 def _blocking_axis(k: Kernel, vector: int) -> int | None:
-    """The output axis along which the most vector loads (stride 1 on the vector axis) stay put (stride 0)."""
-    vector_loads = [i for i, s in enumerate(k.strides(vector)) if s == 1]
+    """The output axis along which the most vector loads (those moving along the vector axis: stride 1, 2 for
+    strided lanes, or no constant stride where a padded axis gates them) stay put (stride 0)."""
+    vector_loads = [i for i, s in enumerate(k.strides(vector)) if s != 0]
     best, best_shared = None, 0
     for axis in k.axes_of("global"):
         strides = k.strides(axis)
