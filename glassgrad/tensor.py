@@ -170,6 +170,11 @@ def _mix(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
+def _needing_grad(t: Tensor, requires_grad: bool | None) -> Tensor:
+    """A constructor's result, marked as needing a gradient when asked (`requires_grad=True`)."""
+    return t.requires_grad_(True) if requires_grad else t
+
+
 class _CastShortcuts:
     """`t.float()`, `t.int()`, ... (a base class, so these names do not shadow the builtins inside Tensor's body)."""
     __slots__ = ()
@@ -658,18 +663,22 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         return Tensor.full(Tensor._shape_arg(shape, True), 1.0, dtype or dtypes.default_float, device, requires_grad)
 
     @staticmethod
-    def empty(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+    def empty(*shape: Any, dtype: DType | str | None = None, device: str | None = None,
+              requires_grad: bool | None = None) -> Tensor:
         dims = Tensor._shape_arg(shape)
         dt = to_dtype(dtype or dtypes.default_float)
         target = canonical_devices(device or Device.DEFAULT)
         if isinstance(target, tuple):  # a whole tensor on each device
-            return Tensor(make_multi([Tensor.empty(*dims, dtype=dt, device=d).uop for d in target], None))
-        buf = Buffer(target, prod(dims), dt, owned=True)
-        return Tensor(buffer_view(buf, dims))
+            out = Tensor(make_multi([Tensor.empty(*dims, dtype=dt, device=d).uop for d in target], None))
+        else:
+            out = Tensor(buffer_view(Buffer(target, prod(dims), dt, owned=True), dims))
+        return _needing_grad(out, requires_grad)
 
     @staticmethod
     def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: DType | str | None = None,
-               device: str | None = None) -> Tensor:
+               device: str | None = None, requires_grad: bool | None = None) -> Tensor:
+        if requires_grad:
+            return _needing_grad(Tensor.arange(start, stop, step, dtype, device), requires_grad)
         if stop is None:
             start, stop = 0, start
         if isinstance(stop, UOp) and not isinstance(start, UOp) and not isinstance(step, UOp):
@@ -704,7 +713,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
 
     @staticmethod
     def linspace(start: Scalar, stop: Scalar, steps: int, dtype: DType | str | None = None,
-                 device: str | None = None) -> Tensor:
+                 device: str | None = None, requires_grad: bool | None = None) -> Tensor:
+        if requires_grad:
+            return _needing_grad(Tensor.linspace(start, stop, steps, dtype, device), requires_grad)
         if steps < 0:
             raise ValueError(f"linspace needs steps >= 0, got {steps}")
         dt = to_dtype(dtype or dtypes.default_float)
@@ -716,11 +727,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         return (idx * ((stop - start) / (steps - 1)) + start).cast(dt)
 
     @staticmethod
-    def eye(n: int, m: int | None = None, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+    def eye(n: int, m: int | None = None, dtype: DType | str | None = None, device: str | None = None,
+            requires_grad: bool | None = None) -> Tensor:
         m = n if m is None else m
         rows = _index_tensor(n, device).reshape(n, 1)
         cols = _index_tensor(m, device).reshape(1, m)
-        return (rows == cols).cast(dtype or dtypes.default_float)
+        return _needing_grad((rows == cols).cast(dtype or dtypes.default_float), requires_grad)
 
     @staticmethod
     def _from_host(array: np.ndarray, dtype: DType | str | None, device: str | None,
@@ -786,20 +798,29 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         values = Tensor.randn(*shape, device=device) * std + mean
         return Tensor._random_result(values, dtype, requires_grad)
 
-    def full_like(self, fill_value: Scalar, dtype: DType | str | None = None) -> Tensor:
-        return Tensor.full(self.shape, fill_value, dtype or self.dtype, self.device)
+    # the *_like constructors take what the plain ones take (tinygrad's and PyTorch's keywords), this tensor's shape,
+    # and its dtype and device unless told otherwise
+    def full_like(self, fill_value: Scalar, dtype: DType | str | None = None, device: str | None = None,
+                  requires_grad: bool | None = None) -> Tensor:
+        return Tensor.full(self.shape, fill_value, dtype or self.dtype, device or self.device, requires_grad)
 
-    def zeros_like(self, dtype: DType | str | None = None) -> Tensor:
-        return self.full_like(0, dtype)
+    def zeros_like(self, dtype: DType | str | None = None, device: str | None = None,
+                   requires_grad: bool | None = None) -> Tensor:
+        return self.full_like(0, dtype, device, requires_grad)
 
-    def ones_like(self, dtype: DType | str | None = None) -> Tensor:
-        return self.full_like(1, dtype)
+    def ones_like(self, dtype: DType | str | None = None, device: str | None = None,
+                  requires_grad: bool | None = None) -> Tensor:
+        return self.full_like(1, dtype, device, requires_grad)
 
-    def rand_like(self, dtype: DType | str | None = None) -> Tensor:
-        return Tensor.rand(self.shape, dtype=dtype or self.dtype, device=self.device)
+    def rand_like(self, dtype: DType | str | None = None, device: str | None = None,
+                  requires_grad: bool | None = None) -> Tensor:
+        return Tensor.rand(self.shape, dtype=dtype or self.dtype, device=device or self.device,
+                           requires_grad=requires_grad)
 
-    def randn_like(self, dtype: DType | str | None = None) -> Tensor:
-        return Tensor.randn(self.shape, dtype=dtype or self.dtype, device=self.device)
+    def randn_like(self, dtype: DType | str | None = None, device: str | None = None,
+                   requires_grad: bool | None = None) -> Tensor:
+        return Tensor.randn(self.shape, dtype=dtype or self.dtype, device=device or self.device,
+                            requires_grad=requires_grad)
 
     # ------------------------------------------------------------------ elementwise primitives
     def _scalar_operand(self, x: Scalar) -> UOp:

@@ -64,14 +64,17 @@ class ExtraOps:
     def bfloat16(self) -> Tensor:
         return self._x.cast(dtypes.bfloat16)
 
-    def empty_like(self, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+    def empty_like(self, dtype: DType | str | None = None, device: str | None = None,
+                   requires_grad: bool | None = None) -> Tensor:
         """An uninitialised tensor of this one's shape (and dtype, device); on several devices, laid out as it is
         (split along the same axis)."""
         x = self._x
         if device is None and x.uop.op is Ops.MULTI:
             parts = [_tensor_class().empty(p.shape, dtype=dtype or x.dtype, device=p.device).uop for p in x.uop.src]
-            return _tensor_class()(make_multi(parts, x.uop.arg))
-        return _tensor_class().empty(x.shape, dtype=dtype or x.dtype, device=device or x.device)
+            out = _tensor_class()(make_multi(parts, x.uop.arg))
+            return out.requires_grad_(True) if requires_grad else out
+        return _tensor_class().empty(x.shape, dtype=dtype or x.dtype, device=device or x.device,
+                                     requires_grad=requires_grad)
 
     def const_like(self, b: Any) -> Tensor:
         """A tensor of this one's shape, dtype and device filled with `b`."""

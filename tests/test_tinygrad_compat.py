@@ -415,3 +415,27 @@ def test_backward_with_requires_grad_keeps_pytorchs_rule() -> None:
     (x @ w * frozen).sum().backward()
     assert x.grad is None and frozen.grad is None
     np.testing.assert_array_equal(w.grad.numpy(), np.full((2, 2), 2.0, np.float32))
+
+
+def test_every_constructor_takes_requires_grad() -> None:
+    """tinygrad's constructors pass `requires_grad` (and the *_like ones `device` and `dtype`) through, as PyTorch's
+    do: `Tensor.empty(..., requires_grad=True)`, `eye`, `arange`, `linspace`, `zeros_like`, ... used to raise a
+    TypeError. Gradients reach them."""
+    made = [Tensor.empty(2, 3, requires_grad=True), Tensor.eye(3, requires_grad=True),
+            Tensor.arange(4, dtype=dtypes.float32, requires_grad=True), Tensor.linspace(0, 1, 5, requires_grad=True)]
+    base = Tensor.ones(2, 3)
+    made += [base.zeros_like(requires_grad=True), base.ones_like(requires_grad=True),
+             base.full_like(2.0, requires_grad=True), base.rand_like(requires_grad=True),
+             base.randn_like(requires_grad=True), base.empty_like(requires_grad=True)]
+    assert all(t.requires_grad for t in made)
+    assert not Tensor.eye(3).requires_grad and not base.zeros_like().requires_grad
+    assert base.ones_like(device="CPU:1").device == "CPU:1"
+    assert base.zeros_like(dtype=dtypes.int32).dtype == dtypes.int32
+    eye = Tensor.eye(3, requires_grad=True)
+    (eye * Tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert eye.grad is not None
+    np.testing.assert_array_equal(eye.grad.numpy(), np.tile([1.0, 2.0, 3.0], (3, 1)))
+    ramp = Tensor.linspace(0, 3, 4, requires_grad=True)
+    (ramp * ramp).sum().backward()
+    assert ramp.grad is not None
+    np.testing.assert_allclose(ramp.grad.numpy(), [0.0, 2.0, 4.0, 6.0])
