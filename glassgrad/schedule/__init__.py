@@ -294,7 +294,10 @@ def _computed_tile_operands(u: UOp) -> list[UOp]:
     combination under the views and casts: a GELU's gradient, the q, k and v gradients gathered from the heads'
     layout by pads and adds): each is stored by a kernel of its own. A tiled kernel copies every factor element once
     per tile that reads it (N / 128 times), a 16-byte cp.async only from a stored buffer; fused, the computation and
-    its gathers are repeated in every copy (GPT-2's c_fc weight gradient: 1.2 ms in the step against 0.1 alone)."""
+    its gathers are repeated in every copy (GPT-2's c_fc weight gradient: 1.2 ms in the step against 0.1 alone).
+    Where a narrowing cast sits right on the computed value (autocast's bfloat16), the cast value is stored: half the
+    bytes in every copy (bf16 GPT-2 step on an H200: 151.0 -> 148.8 ms). Never a cast above a view: over an EXPAND it
+    would store the repeats."""
     if u.op is not Ops.REDUCE_AXIS or not _thread_per_output(u.device) or not _matmul_shaped(u):
         return []
     value = u.src[0]
@@ -303,10 +306,18 @@ def _computed_tile_operands(u: UOp) -> list[UOp]:
     computed = []
     for factor in value.src:
         while factor.op in GroupOp.Movement or factor.op is Ops.CAST:
+            if _narrowing_cast(factor) and factor.src[0].op in GroupOp.ALU and not _materialised(factor.src[0]):
+                break  # store the value already cast: half the bytes, and the tiles copy it with cp.async
             factor = factor.src[0]
-        if factor.op in GroupOp.ALU and not _materialised(factor):
+        if (factor.op in GroupOp.ALU or _narrowing_cast(factor)) and not _materialised(factor):
             computed.append(factor)
     return computed
+
+
+def _narrowing_cast(u: UOp) -> bool:
+    """A cast from a float to a narrower float (float32 -> bfloat16 under autocast)."""
+    return u.op is Ops.CAST and u.dtype.is_float and u.src[0].dtype.is_float and \
+        u.dtype.itemsize < u.src[0].dtype.itemsize
 
 
 def _matmuls_sharing_a_kernel(fused: dict[UOp, None], root: UOp) -> list[UOp]:
