@@ -423,8 +423,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         (`t.detach()[0] = 1`, `assign`) writes this tensor."""
         return self._view(UOp(Ops.DETACH, self.dtype, (self.uop,)))
 
-    def clone(self) -> Tensor:
-        return self.contiguous()
+    def clone(self, device: str | tuple[str, ...] | None = None) -> Tensor:
+        """A copy with its own storage (on `device` when given: tinygrad's keyword)."""
+        return self.contiguous() if device is None else self.to(device).contiguous()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
         """`copy.deepcopy(t)` (and of a model holding tensors): a tensor with its own copy of the values, the same
@@ -1023,9 +1024,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             raise DTypeError(f"{op.name.lower()} needs int or bool tensors, got {a.dtype}")
         return a._wrap(a.uop.alu(op, b.uop))
 
-    def bitwise_and(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.AND, x)  # noqa: E704
-    def bitwise_or(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.OR, x)  # noqa: E704
-    def bitwise_xor(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.XOR, x)  # noqa: E704
+    def bitwise_and(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._bitwise(Ops.AND, x, reverse)  # noqa: E501,E704
+    def bitwise_or(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._bitwise(Ops.OR, x, reverse)  # noqa: E501,E704
+    def bitwise_xor(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._bitwise(Ops.XOR, x, reverse)  # noqa: E501,E704
 
     def bitwise_not(self) -> Tensor:
         if self.dtype.is_float:
@@ -1679,8 +1680,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             out = out.squeeze(-1)
         return out
 
-    def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-        out = self.matmul(weight) if weight.ndim != 1 else self * weight
+    def linear(self, weight: Tensor, bias: Tensor | None = None, dtype: DType | str | None = None) -> Tensor:
+        """`self @ weight + bias` (`dtype`: the matmul's accumulation and result dtype, as in `matmul`)."""
+        out = self.matmul(weight, dtype=dtype) if weight.ndim != 1 else self * weight
         return out + bias if bias is not None else out
 
     def softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:

@@ -439,3 +439,19 @@ def test_every_constructor_takes_requires_grad() -> None:
     (ramp * ramp).sum().backward()
     assert ramp.grad is not None
     np.testing.assert_allclose(ramp.grad.numpy(), [0.0, 2.0, 4.0, 6.0])
+
+
+def test_clone_linear_and_bitwise_take_tinygrads_keywords() -> None:
+    """`clone(device=)`, `linear(..., dtype=)` (the matmul's dtype) and the bitwise ops' `reverse=` are in tinygrad
+    0.14's signatures; they raised TypeError here."""
+    a = Tensor([1.0, 2.0, 3.0])
+    copy = a.clone(device="CPU:1")
+    assert copy.device == "CPU:1"
+    np.testing.assert_array_equal(copy.numpy(), [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(Tensor([6, 5]).bitwise_and(3, reverse=True).numpy(), [2, 1])
+    np.testing.assert_array_equal(Tensor([6, 5]).bitwise_or(Tensor([1, 2]), reverse=True).numpy(), [7, 7])
+    x, w = np.full((2, 3), 0.5, np.float16), np.full((3, 4), 2.0, np.float16)
+    out = Tensor(x).linear(Tensor(w), Tensor(np.ones(4, np.float32)), dtype=dtypes.float32)
+    assert out.dtype == dtypes.float32
+    np.testing.assert_array_equal(out.numpy(), np.full((2, 4), 4.0))
+    assert Tensor(x).linear(Tensor(w)).dtype == dtypes.float16
