@@ -650,8 +650,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             raise TypeError(f"full: fill_value must be a scalar, got {type(fill_value).__name__} (to fill a tensor "
                             "from data, use Tensor(data) or assign(data))")
         t = Tensor(fill_value, device=device, dtype=dtype)
-        out = Tensor(t.uop.reshape((1,) * len(dims)).expand(dims))
-        return out.requires_grad_(True) if requires_grad else out
+        return _needing_grad(Tensor(t.uop.reshape((1,) * len(dims)).expand(dims)), requires_grad)
 
     @staticmethod
     def zeros(*shape: Any, dtype: DType | str | None = None, device: str | None = None,
@@ -678,12 +677,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     @staticmethod
     def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: DType | str | None = None,
                device: str | None = None, requires_grad: bool | None = None) -> Tensor:
-        if requires_grad:
-            return _needing_grad(Tensor.arange(start, stop, step, dtype, device), requires_grad)
         if stop is None:
             start, stop = 0, start
         if isinstance(stop, UOp) and not isinstance(start, UOp) and not isinstance(step, UOp):
-            return Tensor._symbolic_arange(start, stop, step, dtype, device)
+            return _needing_grad(Tensor._symbolic_arange(start, stop, step, dtype, device), requires_grad)
         _no_symbolic("arange (and ops built on it: argmax, one_hot, eye, cumsum, gather)", (start, stop, step))
         if step == 0:
             raise ValueError("arange step must not be zero")
@@ -695,7 +692,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             _check_fits(dt, (start, start + (count - 1) * step), "arange")
         # index i -> start + i*step, built from a cumulative count so it stays one fused kernel
         idx = _index_tensor(count, device)
-        return (idx.cast(dt if dt.is_float else dtypes.int64) * step + start).cast(dt)
+        return _needing_grad((idx.cast(dt if dt.is_float else dtypes.int64) * step + start).cast(dt), requires_grad)
 
     @staticmethod
     def _symbolic_arange(start: Scalar, stop: UOp, step: Scalar, dtype: DType | str | None,
@@ -715,17 +712,15 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     @staticmethod
     def linspace(start: Scalar, stop: Scalar, steps: int, dtype: DType | str | None = None,
                  device: str | None = None, requires_grad: bool | None = None) -> Tensor:
-        if requires_grad:
-            return _needing_grad(Tensor.linspace(start, stop, steps, dtype, device), requires_grad)
         if steps < 0:
             raise ValueError(f"linspace needs steps >= 0, got {steps}")
         dt = to_dtype(dtype or dtypes.default_float)
         if dt.is_bool:
             raise ArgumentError("linspace cannot make a bool tensor: pass an int or float dtype")
         if steps == 1:
-            return Tensor.full((1,), start, dt, device)
+            return Tensor.full((1,), start, dt, device, requires_grad)
         idx = _index_tensor(steps, device).cast(dtypes.float64 if dt == dtypes.float64 else dtypes.float32)
-        return (idx * ((stop - start) / (steps - 1)) + start).cast(dt)
+        return _needing_grad((idx * ((stop - start) / (steps - 1)) + start).cast(dt), requires_grad)
 
     @staticmethod
     def eye(n: int, m: int | None = None, dtype: DType | str | None = None, device: str | None = None,
@@ -759,7 +754,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     @staticmethod
     def _random_result(values: Tensor, dtype: DType | str | None, requires_grad: bool | None) -> Tensor:
         out = Tensor(values.cast(to_dtype(dtype or dtypes.default_float)).uop)  # not a view of the drawn bits
-        return out.requires_grad_(True) if requires_grad else out
+        return _needing_grad(out, requires_grad)
 
     @staticmethod
     def randn(*shape: Any, dtype: DType | str | None = None, device: str | None = None,
@@ -1024,9 +1019,14 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             raise DTypeError(f"{op.name.lower()} needs int or bool tensors, got {a.dtype}")
         return a._wrap(a.uop.alu(op, b.uop))
 
-    def bitwise_and(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._bitwise(Ops.AND, x, reverse)  # noqa: E501,E704
-    def bitwise_or(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._bitwise(Ops.OR, x, reverse)  # noqa: E501,E704
-    def bitwise_xor(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._bitwise(Ops.XOR, x, reverse)  # noqa: E501,E704
+    def bitwise_and(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        return self._bitwise(Ops.AND, x, reverse)
+
+    def bitwise_or(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        return self._bitwise(Ops.OR, x, reverse)
+
+    def bitwise_xor(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        return self._bitwise(Ops.XOR, x, reverse)
 
     def bitwise_not(self) -> Tensor:
         if self.dtype.is_float:

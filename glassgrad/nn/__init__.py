@@ -253,8 +253,15 @@ class LayerNorm2d(LayerNorm):
         return super().__call__(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
-def _per_channel_affine(out: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
-    """out * weight + bias, both (C,), over dim 1 of (N, C, ...); out itself when either is None."""
+def _channel_affine_params(channels: int, affine: bool) -> tuple[Tensor | None, Tensor | None]:
+    """A per-channel norm's (weight, bias): ones and zeros of shape (C,), or (None, None) without `affine`."""
+    return (_filled((channels,), 1.0), _filled((channels,), 0.0)) if affine else (None, None)
+
+
+def _grouped_norm(x: Tensor, groups: int, eps: float, weight: Tensor | None, bias: Tensor | None) -> Tensor:
+    """Normalise (N, C, ...) over each of `groups` groups of channels of each sample (their channels and positions),
+    then * weight + bias per channel (both (C,); skipped when either is None)."""
+    out = x.reshape(x.shape[0], groups, -1).layernorm(-1, eps).reshape(x.shape)
     if weight is None or bias is None:
         return out
     shape = (1, -1, *([1] * (out.ndim - 2)))
@@ -269,15 +276,13 @@ class GroupNorm:
         if num_groups < 1 or num_channels % num_groups:
             raise ValueError(f"GroupNorm: num_channels {num_channels} must be a multiple of num_groups {num_groups}")
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
-        self.weight = _filled((num_channels,), 1.0) if affine else None
-        self.bias = _filled((num_channels,), 0.0) if affine else None
+        self.weight, self.bias = _channel_affine_params(num_channels, affine)
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 2 or x.shape[1] != self.num_channels:
             raise ValueError(f"GroupNorm({self.num_groups}, {self.num_channels}) needs input (N, "
                              f"{self.num_channels}, ...), got {x.shape}")
-        out = x.reshape(x.shape[0], self.num_groups, -1).layernorm(-1, self.eps).reshape(x.shape)
-        return _per_channel_affine(out, self.weight, self.bias)
+        return _grouped_norm(x, self.num_groups, self.eps, self.weight, self.bias)
 
 
 class InstanceNorm:
@@ -287,15 +292,13 @@ class InstanceNorm:
 
     def __init__(self, num_features: int, eps: float = 1e-5, affine: bool = True) -> None:
         self.num_features, self.eps = num_features, eps
-        self.weight = _filled((num_features,), 1.0) if affine else None
-        self.bias = _filled((num_features,), 0.0) if affine else None
+        self.weight, self.bias = _channel_affine_params(num_features, affine)
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 3 or x.shape[1] != self.num_features:
             raise ValueError(f"InstanceNorm({self.num_features}) needs input (N, {self.num_features}, positions...), "
                              f"got {x.shape}")
-        out = x.reshape(x.shape[0], self.num_features, -1).layernorm(-1, self.eps).reshape(x.shape)
-        return _per_channel_affine(out, self.weight, self.bias)
+        return _grouped_norm(x, self.num_features, self.eps, self.weight, self.bias)  # a group per channel
 
 
 class RMSNorm:

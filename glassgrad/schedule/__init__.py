@@ -303,21 +303,23 @@ def _computed_tile_operands(u: UOp) -> list[UOp]:
     value = u.src[0]
     while value.op is Ops.CAST:
         value = value.src[0]
-    computed = []
-    for factor in value.src:
-        while factor.op in GroupOp.Movement or factor.op is Ops.CAST:
-            if _narrowing_cast(factor) and factor.src[0].op in GroupOp.ALU and not _materialised(factor.src[0]):
-                break  # store the value already cast: half the bytes, and the tiles copy it with cp.async
-            factor = factor.src[0]
-        if (factor.op in GroupOp.ALU or _narrowing_cast(factor)) and not _materialised(factor):
-            computed.append(factor)
-    return computed
+    return [stored for factor in value.src if (stored := _stored_factor(factor)) is not None]
 
 
-def _narrowing_cast(u: UOp) -> bool:
-    """A cast from a float to a narrower float (float32 -> bfloat16 under autocast)."""
-    return u.op is Ops.CAST and u.dtype.is_float and u.src[0].dtype.is_float and \
-        u.dtype.itemsize < u.src[0].dtype.itemsize
+def _stored_factor(factor: UOp) -> UOp | None:
+    """The node to store for a matmul factor, down its views and casts: the computed value, or a narrowing float
+    cast sitting right on it (float32 -> bfloat16 under autocast: half the bytes); None when the factor is read
+    from a buffer."""
+    def computed(u: UOp) -> bool:
+        return u.op in GroupOp.ALU and not _materialised(u)
+
+    while factor.op in GroupOp.Movement or factor.op is Ops.CAST:
+        source = factor.src[0]
+        if factor.op is Ops.CAST and computed(source) and factor.dtype.is_float and source.dtype.is_float and \
+                factor.dtype.itemsize < source.dtype.itemsize:
+            return factor
+        factor = source
+    return factor if computed(factor) else None
 
 
 def _matmuls_sharing_a_kernel(fused: dict[UOp, None], root: UOp) -> list[UOp]:

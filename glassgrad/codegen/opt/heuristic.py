@@ -119,12 +119,11 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
 def _register_rows(k: Kernel) -> list[Opt]:
     """The rows of the register tile around its SIMD lanes (the last upcast axis, applied to `k`): the blocking axis
     (`_blocking_axis`) upcast by the most rows the tile's budget allows (the opts, applied to `k` too)."""
-    opts: list[Opt] = []
     tile = k.register_tile()
     reduce_size = prod(k.size(a) or MIN_REDUCE for a in k.axes_of("reduce"))  # a symbolic one counts as long
     block = _blocking_axis(k, k.axes.index(k.upcast[-1]))
     if block is None or reduce_size < MIN_REDUCE:
-        return opts
+        return []
     # a staged kernel whose vector fills whole registers takes up to 16 rows (16 accumulator registers); with a
     # partly filled one (10 lanes: 8 + 2) each row costs two registers, and 16 rows measured slower than 8 or 4
     staged = stages_before_reduction(k.ast, k.upcast) and tile % VECTOR_WIDTH == 0
@@ -134,8 +133,8 @@ def _register_rows(k: Kernel) -> list[Opt]:
                (block != k.axes_of("global")[0] or size // r >= 2)]
     rows = next((r for r in fitting if size % r == 0), None) or _padded_split(size, fitting)
     if rows is None:
-        return opts
-    opts += _upcast(k, block, rows)
+        return []
+    opts = _upcast(k, block, rows)
     global_axes = k.axes_of("global")
     if staged and rows < size and block not in (global_axes[0], global_axes[-1]):
         opts.append(Opt(OptOps.SWAP, block, global_axes[-1]))  # the blocks innermost: one copy serves them all
