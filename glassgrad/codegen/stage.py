@@ -19,8 +19,10 @@ What is staged is the largest part of the reduction's value around the gated loa
 not use: for a convolution's input gradient that is `relu'(y) * g` (two gated loads and the relu's mask), leaving a
 plain multiply-add in the tile. In a sum, a select by the padding's gate around a product with such a load is
 dropped first (the load is 0 there already). The buffer covers the value's *footprint*: loops that move every index
-and gate the same way (up to sign) share one axis of their sum, so a window's column `kw + lane` is one axis of
-16 + 2 values, not 3 x 16; the innermost tile loop counts up along its axis.
+and gate in proportion (by a whole factor, either sign) share one axis of their weighted sum, so a window's column
+`kw + lane` is one axis of 16 + 2 values, not 3 x 16, and a stride-2 window's `kw + 2 * row` one of 17 for 8 rows, not
+3 x 8 (a contiguous copy that vectorises, where the gathers with a stride of 2 were a scalar loop); the innermost tile
+loop counts up along its axis.
 
 Row values (`stage_row_values`): a costly value that a row reduction and the loop over the row both compute
 (softmax's `exp(x - max)`) is staged once per row, and both read the buffer.
@@ -121,8 +123,8 @@ def _tile_loops(red: UOp, upcast: tuple[UOp, ...]) -> tuple[list[UOp], list[UOp]
     return own, inner + [u for u in upcast if u in scope and u not in inner]
 
 
-# One axis of a staging buffer: its loops with their signs, the number of values it takes, and the offset that makes
-# the first one 0. A buffer axis of several loops holds their signed sum (a window's `x + kx`, or `y - ky` in a
+# One axis of a staging buffer: its loops with their weights, the number of values it takes, and the offset that makes
+# the first one 0. A buffer axis of several loops holds their weighted sum (a window's `x + kx`, or `y - ky` in a
 # transposed convolution), which the staged value depends on only through that sum.
 Dim = tuple[tuple[tuple[UOp, int], ...], int, int]
 
@@ -210,37 +212,59 @@ def _affine_leaves(root: UOp) -> list[UOp]:
     return leaves
 
 
-def _footprint(root: UOp, loops: list[UOp]) -> list[Dim]:
-    """The staging buffer's axes for `root` over `loops`: loops whose strides agree (up to sign) in every affine
-    leaf share one axis of their signed sum; a loop that no affine leaf shows is its own axis."""
+def _footprint(root: UOp, loops: list[UOp], lane: UOp | None = None) -> list[Dim]:
+    """The staging buffer's axes for `root` over `loops`: loops whose strides are integer multiples of one another in
+    every affine leaf share one axis of their weighted sum (`kw + lane`, `y - ky`, or a stride-2 window's
+    `kw + 2 * row`), when that axis is no longer than their separate axes would be together; a loop that no affine
+    leaf shows is its own axis. The SIMD `lane` loop only joins an axis with weight +-1 (its reads stay contiguous)."""
     leaves = [index_strides(leaf) for leaf in _affine_leaves(root)]
     if any(s is None for leaf in leaves for s in leaf.values()):
         return [(((r, 1),), r.src[0].arg, 0) for r in loops]  # not affine: one axis per loop
-    groups: list[list[tuple[UOp, int]]] = []
+    groups: list[tuple[list[int], list[tuple[UOp, int]]]] = []  # (the strides of weight 1, members with weights)
     for r in loops:
-        for group in groups:
-            sign = _same_direction([leaf.get(group[0][0], 0) for leaf in leaves], [leaf.get(r, 0) for leaf in leaves])
-            if sign:
-                group.append((r, sign * group[0][1]))
+        strides = [leaf.get(r, 0) or 0 for leaf in leaves]
+        for i, (base, members) in enumerate(groups):
+            if (joined := _joined(base, members, r, strides, lane)) is not None:
+                groups[i] = joined
                 break
         else:
-            groups.append([(r, 1)])
+            groups.append((strides, [(r, 1)]))
     dims: list[Dim] = []
-    for group in groups:
+    for _, group in groups:
         if group[-1][1] < 0:  # the innermost loop counts up (the tile's lanes then read forwards)
-            group = [(r, -sign) for r, sign in group]
-        extent = sum(r.src[0].arg - 1 for r, _ in group) + 1
-        offset = sum(r.src[0].arg - 1 for r, sign in group if sign < 0)
-        dims.append((tuple(group), extent, offset))
+            group = [(r, -weight) for r, weight in group]
+        dims.append((tuple(group), _extent(group), sum(-w * (r.src[0].arg - 1) for r, w in group if w < 0)))
     return dims
 
 
-def _same_direction(first: list[int | None], second: list[int | None]) -> int:
-    """+1 or -1 when `second` is `first` times it in every leaf (and not all zero), else 0."""
-    for sign in (1, -1):
-        if any(f for f in first) and all(s == sign * f for f, s in zip(first, second)):  # type: ignore[operator]
-            return sign
-    return 0
+def _extent(members: list[tuple[UOp, int]]) -> int:
+    """The number of values a weighted sum of loops takes from its least to its largest."""
+    return sum(abs(w) * (r.src[0].arg - 1) for r, w in members) + 1
+
+
+def _joined(base: list[int], members: list[tuple[UOp, int]], r: UOp, strides: list[int],
+            lane: UOp | None) -> tuple[list[int], list[tuple[UOp, int]]] | None:
+    """The group with loop `r` added, when r's strides are a whole multiple of the group's unit strides `base` (or
+    these of r's, making r the unit) and the shared axis is shorter than separate ones; else None."""
+    if (weight := _multiple(base, strides)) is not None:
+        joined = (base, [*members, (r, weight)])
+    elif (scale := _multiple(strides, base)) is not None:
+        joined = (strides, [(m, w * scale) for m, w in members] + [(r, 1)])
+    else:
+        return None
+    new = joined[1]
+    if any(m is lane and abs(w) != 1 for m, w in new) or _extent(new) >= _extent(members) * r.src[0].arg:
+        return None
+    return joined
+
+
+def _multiple(first: list[int], second: list[int]) -> int | None:
+    """The integer k (not 0) with `second == k * first` in every leaf, when `first` is not all zero; else None."""
+    pivot = next((i for i, f in enumerate(first) if f), None)
+    if pivot is None or second[pivot] % first[pivot]:
+        return None
+    k = second[pivot] // first[pivot]
+    return k if k and all(s == k * f for f, s in zip(first, second)) else None
 
 
 def _staging_dims(root: UOp, reduce_loops: list[UOp], inner: list[UOp], to_share: bool) -> list[Dim] | None:
@@ -252,7 +276,7 @@ def _staging_dims(root: UOp, reduce_loops: list[UOp], inner: list[UOp], to_share
     order = reduce_loops + inner
     for split in range(len(reduce_loops)):
         loops = [r for r in order[split:] if r in uses]
-        dims = _footprint(root, loops)
+        dims = _footprint(root, loops, inner[-1] if inner else None)
         size = prod(extent for _, extent, _ in dims)
         if size <= STAGE_MAX:
             if not any(r in reduce_loops for r in loops) or \
@@ -323,23 +347,23 @@ def _copy_loop(like: UOp, extent: int, loop_id: int) -> UOp:
 
 
 def _copy_values(dims: list[Dim], copies: list[UOp]) -> dict[UOp, UOp]:
-    """The loop values at which the copy loops evaluate the staged value: for each axis, its first loop takes the
-    axis' signed sum and the others 0."""
+    """The loop values at which the copy loops evaluate the staged value: for each axis, a loop of weight +-1 takes
+    the axis' weighted sum and the others 0."""
     values: dict[UOp, UOp] = {}
     for (members, _, offset), copy in zip(dims, copies):
-        (first, sign), rest = members[0], members[1:]
+        first, weight = next((r, w) for r, w in members if abs(w) == 1)
         total = copy - UOp.const(copy.dtype, offset) if offset else copy
-        values[first] = total if sign > 0 else total * UOp.const(copy.dtype, -1)
-        values.update({r: UOp.const(r.dtype, 0) for r, _ in rest})
+        values[first] = total if weight > 0 else total * UOp.const(copy.dtype, -1)
+        values.update({r: UOp.const(r.dtype, 0) for r, _ in members if r is not first})
     return values
 
 
 def _position(dim: Dim) -> UOp:
-    """An axis' index in the tile's loop: the signed sum of its loops, plus its offset."""
+    """An axis' index in the tile's loop: the weighted sum of its loops, plus its offset."""
     members, _, offset = dim
     total: UOp | None = None
-    for r, sign in members:
-        term = r if sign > 0 else r * UOp.const(r.dtype, -1)
+    for r, weight in members:
+        term = r if weight == 1 else r * UOp.const(r.dtype, weight)
         total = term if total is None else total + term
     assert total is not None
     return total + UOp.const(total.dtype, offset) if offset else total
