@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 from glassgrad.codegen.linearize import range_size, reduce_identity
@@ -325,6 +325,7 @@ class Operand:
     """One factor of a matmul-shaped product, and the output loops it varies with (its tile axis)."""
     value: UOp
     ranges: tuple[UOp, ...]
+    fixed_tile: int = 0  # the tile along this axis when a variant fixes it (tensor cores: 64 or 128), else 0
 
     @property
     def size(self) -> int:
@@ -333,7 +334,7 @@ class Operand:
     @property
     def tile(self) -> int:
         """Outputs of a block along this axis."""
-        return TILE if self.size >= MIN_SIDE else NARROW_TILE
+        return self.fixed_tile or (TILE if self.size >= MIN_SIDE else NARROW_TILE)
 
 
 @dataclass(frozen=True)
@@ -494,7 +495,8 @@ def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool, tf32: bool = False) -
 
 # tensor cores: mma.sync m16n8k16 (float16/bfloat16 in) or m16n8k8 (tf32 in), float32 accumulators
 ASYNC_STAGES = 3        # tiles in shared memory with cp.async: two in flight while one is multiplied (48 KB)
-WARPS = (2, 2)          # warps of a block along rows and columns; each computes a 64 x 64 part of the tile
+WARPS = (2, 2)          # warps of a block along rows and columns; each computes a quarter of the tile (64 x 64)
+TC_NARROW = 64          # the tile along an axis that 64 divides and TILE does not
 MMA_M, MMA_N = 16, 8
 CHUNK_BYTES = 16        # the unit of cp.async, of an ldmatrix row, and of the swizzle
 
@@ -538,9 +540,15 @@ def _tensor_core_operands(plan: MatmulPlan) -> tuple[UOp, UOp] | None:
         return None
     if x.src[0].dtype not in (dtypes.float16, dtypes.bfloat16) or plan.reduce.dtype != dtypes.float32:
         return None
-    if plan.rows.size % TILE or plan.cols.size % TILE or _reduce_size(plan.reduce) % 32:
+    if not _tc_tile(plan.rows.size) or not _tc_tile(plan.cols.size) or _reduce_size(plan.reduce) % 32:
         return None
     return x.src[0], y.src[0]
+
+
+def _tc_tile(size: int) -> int:
+    """A tensor-core tile's extent along an axis of `size` outputs: TILE where it divides, else TC_NARROW (an
+    attention head's 64: `softmax(q k^T) @ v`, and the gradients of q, k and v), else 0 (not on the tensor cores)."""
+    return TILE if size % TILE == 0 else TC_NARROW if size % TC_NARROW == 0 else 0
 
 
 def _tf32_operands(plan: MatmulPlan) -> bool:
@@ -561,21 +569,25 @@ def _widened(value: UOp) -> bool:
 
 
 def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp, UOp]) -> tuple[UOp, Dims, Dims]:
-    """Like `_tiled`, but the 4 warps of a block each multiply a 64 x 64 part of the tile on the tensor cores:
+    """Like `_tiled`, but the 4 warps of a block each multiply a quarter of the tile on the tensor cores (64 x 64 of
+    128 x 128; 64 x 32 of a tile 64 wide along the columns, as an attention head's):
     per mma k-step a warp loads its row and column fragments from shared memory (ldmatrix for halves, plain loads
     for tf32) and issues 4 x 8 mma.sync, each adding a 16 x 8 product into 4 float32 accumulators per thread (one
     REDUCE per mma tile, whose value is a WMMA; GEP picks an accumulator for the output it holds). Plain contiguous
     factors are copied with cp.async, ASYNC_STAGES tiles deep; others through registers, double-buffered."""
     kind, x, y = tc
+    if not kind.tf32:  # whole tiles of 128 or 64 (tf32 tiles are TILE wide, with remainders)
+        plan = replace(plan, rows=replace(plan.rows, fixed_tile=_tc_tile(plan.rows.size)),
+                       cols=replace(plan.cols, fixed_tile=_tc_tile(plan.cols.size)))
+    widths = (plan.rows.tile, plan.cols.tile)
     b = _block(plan, kind.tile_k, kind.tile_k // kind.mma_k, 32 * WARPS[0] * WARPS[1])
     dt = b.dt
-    tile_size = TILE * kind.tile_k  # elements of one factor's tile
     sample = _tc_copies(plan, b, kind, (x, y), b.k_outer, 2)
     # cp.async: 16-byte runs, or (float32) one gathered element each, zero-filled where its gate is off
     asynchronous = _copy_runs(sample, kind.chunk) is not None or \
         (kind.tf32 and all(_gathered(value) is not None for _, value in sample))
     stages = ASYNC_STAGES if asynchronous else 2
-    smem = UOp(Ops.DEFINE_LOCAL, x.dtype, (), (0, 2 * stages * tile_size))
+    smem = UOp(Ops.DEFINE_LOCAL, x.dtype, (), (0, stages * sum(widths) * kind.tile_k))
     tiles = math.ceil(b.k_size / kind.tile_k)
     if not asynchronous:
         stores = [UOp(Ops.STORE, dtypes.void, (smem, i, v)) for i, v in _tc_copies(plan, b, kind, (x, y), b.k_outer,
@@ -593,22 +605,22 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp
         later = _async_copies(barrier, _tc_copies(plan, b, kind, (x, y), ahead, stages), ahead < UOp.const(dt, tiles))
         reader = UOp(Ops.ASYNC_COMMIT, smem.dtype, (barrier, *later))
     warp, lane = b.lidx // UOp.const(dt, 32), b.lidx % UOp.const(dt, 32)
-    warp_row = (warp // UOp.const(dt, WARPS[1])) * UOp.const(dt, TILE // WARPS[0])
-    warp_col = (warp % UOp.const(dt, WARPS[1])) * UOp.const(dt, TILE // WARPS[1])
-    at = _TileAt(kind, stages, b.k_outer % UOp.const(dt, stages))
+    warp_row = (warp // UOp.const(dt, WARPS[1])) * UOp.const(dt, widths[0] // WARPS[0])
+    warp_col = (warp % UOp.const(dt, WARPS[1])) * UOp.const(dt, widths[1] // WARPS[1])
+    at = _TileAt(kind, stages, b.k_outer % UOp.const(dt, stages), widths)
     k0 = b.k_inner * UOp.const(dt, kind.mma_k)
     row_frags, col_frags = (_tf32_fragments if kind.tf32 else _half_fragments)(reader, at, warp_row, warp_col, lane, k0)
     outputs = []
     for i in range(len(row_frags)):
-        for j in range(TILE // WARPS[1] // MMA_N):
+        for j in range(at.n_tiles):
             # a half col fragment holds two 16 x 8 column tiles (WMMA's arg: which), a tf32 one a single tile
             col_frag, half = (col_frags[j], 0) if kind.tf32 else (col_frags[j // 2], j % 2)
             mma = UOp(Ops.WMMA, dtypes.float32, (row_frags[i], col_frag), half)
             red = UOp(Ops.REDUCE, dtypes.float32, (mma, b.k_outer, b.k_inner), Ops.ADD)
             for e in range(4):  # accumulator e holds row lane/4 (+8 for e >= 2), column 2*(lane%4) + e%2
-                row = b.row_tile * UOp.const(dt, TILE) + warp_row + UOp.const(dt, i * MMA_M + 8 * (e // 2)) + \
+                row = b.row_tile * UOp.const(dt, widths[0]) + warp_row + UOp.const(dt, i * MMA_M + 8 * (e // 2)) + \
                     lane // UOp.const(dt, 4)
-                col = b.col_tile * UOp.const(dt, TILE) + warp_col + UOp.const(dt, j * MMA_N + e % 2) + \
+                col = b.col_tile * UOp.const(dt, widths[1]) + warp_col + UOp.const(dt, j * MMA_N + e % 2) + \
                     (lane % UOp.const(dt, 4)) * UOp.const(dt, 2)
                 outputs.append(_output(plan, b, UOp(Ops.GEP, dtypes.float32, (red,), e), row, col))
     sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
@@ -623,7 +635,7 @@ def _half_fragments(reader: UOp, at: _TileAt, warp_row: UOp, warp_col: UOp, lane
     l%16 (and column half l/16) of a 16 x 16 block of the [k][col] tile: two 16 x 8 column fragments."""
     dt, chunk = lane.dtype, at.kind.chunk
     lane16, lane_half = lane % UOp.const(dt, 16), (lane // UOp.const(dt, 16)) * UOp.const(dt, chunk)
-    m_tiles, n_tiles = TILE // WARPS[0] // MMA_M, TILE // WARPS[1] // MMA_N
+    m_tiles, n_tiles = at.m_tiles, at.n_tiles
     row_frags = [UOp(Ops.FRAGMENT, at.kind.dtype, (reader, at(0, warp_row + UOp.const(dt, i * MMA_M) + lane16,
                                                               k0 + lane_half)), "row") for i in range(m_tiles)]
     col_frags = [UOp(Ops.FRAGMENT, at.kind.dtype, (reader, at(1, warp_col + UOp.const(dt, p * 2 * MMA_N) + lane_half,
@@ -638,7 +650,7 @@ def _tf32_fragments(reader: UOp, at: _TileAt, warp_row: UOp, warp_col: UOp, lane
     sources: the reader, then one shared index per register."""
     dt = lane.dtype
     g, t = lane // UOp.const(dt, 4), lane % UOp.const(dt, 4)
-    m_tiles, n_tiles = TILE // WARPS[0] // MMA_M, TILE // WARPS[1] // MMA_N
+    m_tiles, n_tiles = at.m_tiles, at.n_tiles
     row_frags = [UOp(Ops.FRAGMENT, dtypes.float32, (reader, *(
         at(0, warp_row + UOp.const(dt, i * MMA_M + 8 * (r % 2)) + g, k0 + UOp.const(dt, 4 * (r // 2)) + t)
         for r in range(4))), "row") for i in range(m_tiles)]
@@ -659,24 +671,35 @@ class _TileAt:
     kind: TensorCoreKind
     stages: int
     stage: UOp
+    widths: tuple[int, int] = (TILE, TILE)  # the tile's extent along rows and along columns
+
+    @property
+    def m_tiles(self) -> int:
+        """16-row mma tiles in a warp's part of the tile."""
+        return self.widths[0] // WARPS[0] // MMA_M
+
+    @property
+    def n_tiles(self) -> int:
+        """8-column mma tiles in a warp's part of the tile."""
+        return self.widths[1] // WARPS[1] // MMA_N
 
     def __call__(self, side: int, pos: UOp, k: UOp) -> UOp:
         dt, chunk_size = pos.dtype, self.kind.chunk
-        row, col, width = (pos, k, self.kind.tile_k) if side == 0 else (k, pos, TILE)
+        row, col, width = (pos, k, self.kind.tile_k) if side == 0 else (k, pos, self.widths[1])
         if side == 0:
             swizzle = (row // UOp.const(dt, 2)) % UOp.const(dt, 4)
         else:
             swizzle = (row % UOp.const(dt, 4)) * UOp.const(dt, 2) if self.kind.tf32 else row % UOp.const(dt, 8)
         chunk = (col // UOp.const(dt, chunk_size)).alu(Ops.XOR, swizzle)
-        tile = TILE * self.kind.tile_k
-        base = UOp.const(dt, side * self.stages * tile) + self.stage * UOp.const(dt, tile)
+        tile = self.widths[side] * self.kind.tile_k
+        base = UOp.const(dt, side * self.stages * self.widths[0] * self.kind.tile_k) + self.stage * UOp.const(dt, tile)
         return base + row * UOp.const(dt, width) + chunk * UOp.const(dt, chunk_size) + col % UOp.const(dt, chunk_size)
 
 
 def _tc_copies(plan: MatmulPlan, b: _Block, kind: TensorCoreKind, values: tuple[UOp, UOp], k_tile: UOp,
                stages: int) -> list[tuple[UOp, UOp]]:
     """(shared index, value): this thread's part of k tile `k_tile` of both factors, in stage k_tile % stages."""
-    at = _TileAt(kind, stages, k_tile % UOp.const(b.dt, stages))
+    at = _TileAt(kind, stages, k_tile % UOp.const(b.dt, stages), (plan.rows.tile, plan.cols.tile))
     sides = zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), values)
     return [(at(side, *position), value) for side, (operand, tile, factor) in enumerate(sides)
             for position, value in _tile_copy(operand, factor, tile, b, plan.k_ranges, kind.tile_k, k_tile)]
