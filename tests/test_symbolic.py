@@ -545,3 +545,26 @@ class TestWrappedRemainders:
         flat = r0 * a + r1 * b + k
         gate = (c(-1) < flat).alu(Ops.AND, (flat % d) < c(bound))
         self.check_gated((flat // d) * row + flat % d, gate, [r0, r1])
+
+
+@pytest.mark.parametrize("src,mid,folds", [
+    (dtypes.bfloat16, dtypes.float32, True), (dtypes.float16, dtypes.float32, True),
+    (dtypes.float32, dtypes.float64, True), (dtypes.int8, dtypes.int32, True), (dtypes.uint8, dtypes.int16, True),
+    (dtypes.uint16, dtypes.uint32, True), (dtypes.int16, dtypes.float32, True), (dtypes.uint8, dtypes.bfloat16, True),
+    (dtypes.bool, dtypes.float32, True), (dtypes.int32, dtypes.float64, True),
+    (dtypes.float32, dtypes.float16, False), (dtypes.float32, dtypes.bfloat16, False),
+    (dtypes.float16, dtypes.bfloat16, False), (dtypes.int32, dtypes.int8, False), (dtypes.int16, dtypes.uint8, False),
+    (dtypes.int32, dtypes.float32, False), (dtypes.float32, dtypes.int32, False), (dtypes.int16, dtypes.float16, False),
+])
+def test_cast_round_trip_folds_only_when_exact(src: DType, mid: DType, folds: bool) -> None:
+    """cast(cast(x, mid), x.dtype) is x exactly when `mid` holds every value of x's dtype (a bfloat16 value read
+    as float and cast back: a tensor-core tile copy of it is then a plain load). Narrowing or lossy round trips
+    stay, and numpy agrees that they lose values."""
+    x = UOp(Ops.LOAD, src, (UOp(Ops.DEFINE_GLOBAL, src, (), (0, 16)), c(0)))
+    out = simplify(x.cast(mid).cast(src))
+    assert (out is x) == folds
+    if not folds and src.fmt is not None and mid.fmt is not None:  # (numpy has no bfloat16)
+        info = np.finfo(src.np) if src.is_float else np.iinfo(src.np)
+        values = np.array([info.min, info.max, 1 + (info.eps if src.is_float else 0)], dtype=src.np)  # type: ignore[union-attr]
+        with np.errstate(all="ignore"):
+            assert not np.array_equal(values.astype(mid.np).astype(src.np), values)

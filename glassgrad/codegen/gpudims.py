@@ -607,7 +607,7 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp
     warp, lane = b.lidx // UOp.const(dt, 32), b.lidx % UOp.const(dt, 32)
     warp_row = (warp // UOp.const(dt, WARPS[1])) * UOp.const(dt, widths[0] // WARPS[0])
     warp_col = (warp % UOp.const(dt, WARPS[1])) * UOp.const(dt, widths[1] // WARPS[1])
-    at = _TileAt(kind, stages, b.k_outer % UOp.const(dt, stages), widths)
+    at = _TileAt(kind, stages, b.k_outer % UOp.const(dt, stages), widths, _tc_k_major(plan, kind, (x, y)))
     k0 = b.k_inner * UOp.const(dt, kind.mma_k)
     row_frags, col_frags = (_tf32_fragments if kind.tf32 else _half_fragments)(reader, at, warp_row, warp_col, lane, k0)
     outputs = []
@@ -631,15 +631,23 @@ Fragments = tuple[list[UOp], list[UOp]]
 
 
 def _half_fragments(reader: UOp, at: _TileAt, warp_row: UOp, warp_col: UOp, lane: UOp, k0: UOp) -> Fragments:
-    """ldmatrix.x4: lane l gives the address of row l%16 (and k half l/16) of a 16 x 16 row fragment, or of k row
-    l%16 (and column half l/16) of a 16 x 16 block of the [k][col] tile: two 16 x 8 column fragments."""
+    """ldmatrix.x4 of a 16 x 16 row fragment (registers a0..a3: rows 0-7/8-15 x k 0-7, then k 8-15) and of two
+    16 x 8 column fragments (b0, b1 of columns 0-7, then of 8-15). Lane l names the row of matrix l/8 it holds: a
+    [pos][k] side gives position rows (plain ldmatrix), a [k][pos] side k rows (ldmatrix.trans)."""
     dt, chunk = lane.dtype, at.kind.chunk
+    eighth, half = lane % UOp.const(dt, 8), (lane // UOp.const(dt, 16)) * UOp.const(dt, 8)
+    odd_eighth = ((lane // UOp.const(dt, 8)) % UOp.const(dt, 2)) * UOp.const(dt, 8)
     lane16, lane_half = lane % UOp.const(dt, 16), (lane // UOp.const(dt, 16)) * UOp.const(dt, chunk)
-    m_tiles, n_tiles = at.m_tiles, at.n_tiles
-    row_frags = [UOp(Ops.FRAGMENT, at.kind.dtype, (reader, at(0, warp_row + UOp.const(dt, i * MMA_M) + lane16,
-                                                              k0 + lane_half)), "row") for i in range(m_tiles)]
-    col_frags = [UOp(Ops.FRAGMENT, at.kind.dtype, (reader, at(1, warp_col + UOp.const(dt, p * 2 * MMA_N) + lane_half,
-                                                              k0 + lane16)), "col") for p in range(n_tiles // 2)]
+
+    def row_at(r0: UOp) -> UOp:  # matrix l/8: rows +8 for odd l/8, k +8 for l >= 16
+        return at(0, r0 + odd_eighth, k0 + eighth + half) if at.k_major[0] else at(0, r0 + lane16, k0 + lane_half)
+
+    def col_at(c0: UOp) -> UOp:  # matrix l/8: k +8 for odd l/8, columns +8 for l >= 16
+        return at(1, c0 + lane_half, k0 + lane16) if at.k_major[1] else at(1, c0 + eighth + half, k0 + odd_eighth)
+    row_frags = [UOp(Ops.FRAGMENT, at.kind.dtype, (reader, row_at(warp_row + UOp.const(dt, i * MMA_M))),
+                     ("row", at.k_major[0])) for i in range(at.m_tiles)]
+    col_frags = [UOp(Ops.FRAGMENT, at.kind.dtype, (reader, col_at(warp_col + UOp.const(dt, p * 2 * MMA_N))),
+                     ("col", at.k_major[1])) for p in range(at.n_tiles // 2)]
     return row_frags, col_frags
 
 
@@ -653,25 +661,28 @@ def _tf32_fragments(reader: UOp, at: _TileAt, warp_row: UOp, warp_col: UOp, lane
     m_tiles, n_tiles = at.m_tiles, at.n_tiles
     row_frags = [UOp(Ops.FRAGMENT, dtypes.float32, (reader, *(
         at(0, warp_row + UOp.const(dt, i * MMA_M + 8 * (r % 2)) + g, k0 + UOp.const(dt, 4 * (r // 2)) + t)
-        for r in range(4))), "row") for i in range(m_tiles)]
+        for r in range(4))), ("row", False)) for i in range(m_tiles)]
     col_frags = [UOp(Ops.FRAGMENT, dtypes.float32, (reader, *(
         at(1, warp_col + UOp.const(dt, j * MMA_N) + g, k0 + UOp.const(dt, 4 * r) + t)
-        for r in range(2))), "col") for j in range(n_tiles)]
+        for r in range(2))), ("col", True)) for j in range(n_tiles)]
     return row_frags, col_frags
 
 
 @dataclass(frozen=True)
 class _TileAt:
-    """Shared-memory index of element (pos, k) of a tensor-core tile in stage `stage`: the rows factor as [row][k]
-    (64-byte rows), the cols factor as [k][col] (TILE wide). 16-byte chunks are swizzled (chunk ^ a few row bits)
-    so that what a warp reads at once, and the chunks cp.async writes, fall in distinct banks without padding:
-    rows factor chunk ^ (row/2)%4 (8 rows of 16 bytes for ldmatrix; 8 rows x 4 k for the tf32 a-fragments); cols
-    factor chunk ^ k%8 for halves (ldmatrix.trans reads 8 k rows of 16 bytes), chunk ^ 2*(k%4) for tf32 (a
-    b-fragment reads 4 k rows x 8 columns: the XOR spreads the 4 rows over the 8 chunks of a 128-byte line)."""
+    """Shared-memory index of element (pos, k) of a tensor-core tile in stage `stage`. A side is stored [pos][k]
+    (64-byte rows) or [k][pos] (the tile's width), whichever its global loads run along (`k_major`): the 16-byte
+    runs a thread copies are then contiguous in shared memory too, so cp.async can make them. By default the rows
+    factor is [row][k] and the cols factor [k][col]. 16-byte chunks are swizzled (chunk ^ a few row bits) so that what
+    a warp reads at once, and the chunks cp.async writes, fall in distinct banks without padding: a [pos][k] side
+    chunk ^ (pos/2)%4 (8 rows of 16 bytes for ldmatrix; 8 rows x 4 k for the tf32 a-fragments); a [k][pos] side
+    chunk ^ k%8 for halves (ldmatrix.trans reads 8 k rows of 16 bytes), chunk ^ 2*(k%4) for tf32 (a b-fragment reads
+    4 k rows x 8 columns: the XOR spreads the 4 rows over the 8 chunks of a 128-byte line)."""
     kind: TensorCoreKind
     stages: int
     stage: UOp
     widths: tuple[int, int] = (TILE, TILE)  # the tile's extent along rows and along columns
+    k_major: tuple[bool, bool] = (False, True)  # each side stored [k][position] (else [position][k])
 
     @property
     def m_tiles(self) -> int:
@@ -685,8 +696,8 @@ class _TileAt:
 
     def __call__(self, side: int, pos: UOp, k: UOp) -> UOp:
         dt, chunk_size = pos.dtype, self.kind.chunk
-        row, col, width = (pos, k, self.kind.tile_k) if side == 0 else (k, pos, self.widths[1])
-        if side == 0:
+        row, col, width = (k, pos, self.widths[side]) if self.k_major[side] else (pos, k, self.kind.tile_k)
+        if not self.k_major[side]:
             swizzle = (row // UOp.const(dt, 2)) % UOp.const(dt, 4)
         else:
             swizzle = (row % UOp.const(dt, 4)) * UOp.const(dt, 2) if self.kind.tf32 else row % UOp.const(dt, 8)
@@ -699,10 +710,25 @@ class _TileAt:
 def _tc_copies(plan: MatmulPlan, b: _Block, kind: TensorCoreKind, values: tuple[UOp, UOp], k_tile: UOp,
                stages: int) -> list[tuple[UOp, UOp]]:
     """(shared index, value): this thread's part of k tile `k_tile` of both factors, in stage k_tile % stages."""
-    at = _TileAt(kind, stages, k_tile % UOp.const(b.dt, stages), (plan.rows.tile, plan.cols.tile))
+    at = _TileAt(kind, stages, k_tile % UOp.const(b.dt, stages), (plan.rows.tile, plan.cols.tile),
+                 _tc_k_major(plan, kind, values))
     sides = zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), values)
     return [(at(side, *position), value) for side, (operand, tile, factor) in enumerate(sides)
             for position, value in _tile_copy(operand, factor, tile, b, plan.k_ranges, kind.tile_k, k_tile)]
+
+
+def _tc_k_major(plan: MatmulPlan, kind: TensorCoreKind, values: tuple[UOp, UOp]) -> tuple[bool, bool]:
+    """Which sides of a tensor-core tile are stored [k][position] (`_TileAt`): for halves, a side whose loads run
+    along its tile axis (a weight gradient's `dy^T`, a matmul's right factor); the rows of `x @ W^T` (nn.Linear's
+    weight, read along k) are then [col][k]. tf32 tiles keep rows [row][k] and columns [k][col]."""
+    if kind.tf32:
+        return False, True
+    return _along_tile(plan.rows, values[0]), _along_tile(plan.cols, values[1])
+
+
+def _along_tile(operand: Operand, value: UOp) -> bool:
+    """Whether one of `value`'s loads is contiguous along the operand's innermost tile loop."""
+    return any(index_stride(u.src[1], operand.ranges[-1]) == 1 for u in value.toposort() if u.op is Ops.LOAD)
 
 
 def _copy_runs(copies: list[tuple[UOp, UOp]], run: int) -> list[tuple[UOp, UOp]] | None:
@@ -780,8 +806,7 @@ def _tile_copy(operand: Operand, value: UOp, tile: UOp, b: _Block, k_ranges: tup
     (coalesced reads). Elements past the end of an axis are zeros."""
     dt = b.dt
     threads = b.threads
-    loads = [u for u in value.toposort() if u.op is Ops.LOAD]
-    along_tile = any(index_stride(u.src[1], operand.ranges[-1]) == 1 for u in loads)
+    along_tile = _along_tile(operand, value)
     k_sizes = tuple(r.src[0].arg for r in k_ranges)
     # each thread copies runs of `vector` neighbouring elements (16 bytes: the compiler can make one access of them)
     size = operand.tile

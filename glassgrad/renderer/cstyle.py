@@ -249,7 +249,7 @@ class CStyleLanguage:
     def render_fragment_acc(self, name: str) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
 
-    def render_fragment(self, name: str, buf: str, indices: list[str], kind: str, dtype: DType) -> str:
+    def render_fragment(self, name: str, buf: str, indices: list[str], kind: tuple[str, bool], dtype: DType) -> str:
         """A warp's fragment `name` from shared buffer `buf`: one index per lane (ldmatrix), or one per register."""
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
 

@@ -149,11 +149,11 @@ class CUDARenderer(CStyleLanguage):
     def render_fragment_acc(self, name: str) -> str:
         return f"float {name}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};"
 
-    def render_fragment(self, name: str, buf: str, indices: list[str], kind: str, dtype: DType) -> str:
+    def render_fragment(self, name: str, buf: str, indices: list[str], kind: tuple[str, bool], dtype: DType) -> str:
         if dtype == dtypes.float32:  # tf32: every register from its own shared element
             values = ", ".join(f"gg_tf32({buf}[{i}])" for i in indices)
             return f"unsigned {name}[{len(indices)}] = {{{values}}};"
-        return f"unsigned {name}[4]; gg_ldmatrix{'_trans' if kind == 'col' else ''}({name}, &{buf}[{indices[0]}]);"
+        return f"unsigned {name}[4]; gg_ldmatrix{'_trans' if kind[1] else ''}({name}, &{buf}[{indices[0]}]);"
 
     def render_mma(self, acc: str, row_frag: str, col_frag: str, col_half: int, dtype: DType) -> str:
         if dtype == dtypes.float32:

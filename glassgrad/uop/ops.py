@@ -59,8 +59,9 @@ class Ops(Enum):
     # sources); LOADs from the buffer name the BARRIER as their buffer, so they are ordered after it
     DEFINE_LOCAL = auto(); BARRIER = auto()  # noqa: E702
     # tensor cores: a warp's matrix fragment loaded from shared memory (src: the BARRIER, this lane's row address;
-    # arg "row"/"col"), a matrix multiply-accumulate of two fragments (the value of a REDUCE whose accumulator is
-    # the warp's 4-float fragment; arg: which column half of the col fragment), and one element of such a REDUCE
+    # arg ("row"/"col", transposed: its shared tile is stored [k][position])), a matrix multiply-accumulate of two
+    # fragments (the value of a REDUCE whose accumulator is the warp's 4-float fragment; arg: which column half of
+    # the col fragment), and one element of such a REDUCE
     FRAGMENT = auto(); WMMA = auto(); GEP = auto()  # noqa: E702
     # asynchronous copies into shared memory: ASYNC_COPY (src: what it comes after, shared index, global buffer,
     # global index[, gate]) moves 16 bytes (skipped where the gate is off), or with arg 4 one 4-byte element

@@ -104,6 +104,28 @@ def _fold_cast(x: UOp, c: UOp) -> UOp | None:
     return UOp.const(x.dtype, bool(value) if x.dtype.is_bool else value)
 
 
+def _holds_exactly(src: DType, mid: DType) -> bool:
+    """Whether every value of `src` survives a cast to `mid` unchanged (so casting back gives it again)."""
+    if src == mid or src.is_bool:
+        return True
+    if src.is_float:
+        return mid.is_float and mid.itemsize > src.itemsize  # half/bfloat16 -> float32 -> float64
+    if mid.is_int:
+        return mid.itemsize > src.itemsize and not mid.is_unsigned or \
+            mid.itemsize >= src.itemsize and mid.is_unsigned == src.is_unsigned
+    mantissa = {dtypes.float16: 11, dtypes.bfloat16: 8, dtypes.float32: 24, dtypes.float64: 53}.get(mid, 0)
+    return mid.is_float and 8 * src.itemsize - (0 if src.is_unsigned else 1) <= mantissa
+
+
+def _round_trip(x: UOp) -> UOp | None:
+    """cast(cast(v, mid), v's dtype) -> v when `mid` holds every value of v's dtype (bfloat16 -> float -> bfloat16:
+    a tile copy of it is then a plain load, which cp.async can make)."""
+    inner = x.src[0]
+    if inner.op is not Ops.CAST or inner.src[0].dtype != x.dtype or not _holds_exactly(x.dtype, inner.dtype):
+        return None
+    return inner.src[0]
+
+
 def _fold_by_range(x: UOp) -> UOp | None:
     """An integer/bool node whose value range is one number is that number."""
     if (x.dtype.is_int or x.dtype.is_bool) and x.op is not Ops.CONST and x.op not in (Ops.DEFINE_GLOBAL, Ops.LOAD):
@@ -385,6 +407,7 @@ symbolic = PatternMatcher([
     (UPat(GroupOp.ALU, name="u"), _fold_const),
     (UPat(Ops.CAST, name="x", src=(UPat.cvar("c"),)), _fold_cast),
     (UPat(Ops.CAST, name="x"), lambda x: x.src[0] if x.src[0].dtype == x.dtype else None),
+    (UPat(Ops.CAST, name="x", src=(UPat(Ops.CAST),)), _round_trip),
     # identities
     (UPat(Ops.ADD, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 0 and _is_int(x) else None),
     (UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 1 else
