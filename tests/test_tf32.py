@@ -265,7 +265,8 @@ class Emulator:
 
     def mma(self, wmma: UOp, smem: np.ndarray, env: dict[UOp, Any]) -> np.ndarray:
         row, col = wmma.src
-        assert row.arg == ("row", False) and col.arg == ("col", True) and len(row.src) == 5 and len(col.src) == 3 and wmma.arg == 0
+        assert row.arg == ("row", False) and col.arg == ("col", True)
+        assert len(row.src) == 5 and len(col.src) == 3 and wmma.arg == 0
 
         def registers(frag: UOp) -> np.ndarray:
             indices = [np.broadcast_to(self.value(i, env), (self.threads,)) for i in frag.src[1:]]

@@ -307,19 +307,31 @@ def _computed_tile_operands(u: UOp) -> list[UOp]:
 
 
 def _stored_factor(factor: UOp) -> UOp | None:
-    """The node to store for a matmul factor, down its views and casts: the computed value, or a narrowing float
-    cast sitting right on it (float32 -> bfloat16 under autocast: half the bytes); None when the factor is read
-    from a buffer."""
-    def computed(u: UOp) -> bool:
-        return u.op in GroupOp.ALU and not _materialised(u)
-
+    """The node to store for a matmul factor, down its views and casts: the computed value, or above it the highest
+    node reached through reshapes, permutes and narrowing float casts only (float32 -> bfloat16 under autocast: half
+    the bytes; the q, k and v gradients in the layout the matmul reads them: its tile copies are then contiguous runs,
+    which cp.async makes). A reduction (attention's `p @ v`, stored anyway) is stored this way only through a
+    narrowing cast: its kernel then writes the bfloat16 the next matmul reads. None when the factor is read from a
+    buffer."""
+    chain: list[UOp] = []
     while factor.op in GroupOp.Movement or factor.op is Ops.CAST:
-        source = factor.src[0]
-        if factor.op is Ops.CAST and computed(source) and factor.dtype.is_float and source.dtype.is_float and \
-                factor.dtype.itemsize < source.dtype.itemsize:
-            return factor
-        factor = source
-    return factor if computed(factor) else None
+        chain.append(factor)
+        factor = factor.src[0]
+    if factor.op not in GroupOp.ALU and factor.op is not Ops.REDUCE_AXIS or _materialised(factor):
+        return None
+    climbed: list[UOp] = []
+    for node in reversed(chain):  # upwards from the computed value
+        if node.op not in (Ops.RESHAPE, Ops.PERMUTE) and not _narrowing_cast(node):
+            break
+        climbed.append(node)
+    if factor.op is Ops.REDUCE_AXIS and not any(_narrowing_cast(u) for u in climbed):
+        return None
+    return climbed[-1] if climbed else factor
+
+
+def _narrowing_cast(u: UOp) -> bool:
+    return u.op is Ops.CAST and u.dtype.is_float and u.src[0].dtype.is_float and \
+        u.dtype.itemsize < u.src[0].dtype.itemsize
 
 
 def _matmuls_sharing_a_kernel(fused: dict[UOp, None], root: UOp) -> list[UOp]:

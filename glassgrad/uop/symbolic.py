@@ -169,7 +169,8 @@ def _merge_terms(terms: Terms) -> Terms:
     merged: dict[UOp | None, int] = {}
     for base, coef in terms:
         merged[base] = merged.get(base, 0) + coef
-    # (x//c)*c*k + (x%c)*k -> x*k: C's / and % satisfy x == (x/c)*c + x%c for every c but 0
+    # (x//c)*c*k + (x%c)*k -> x*k: C's / and % satisfy x == (x/c)*c + x%c for every c but 0; x's terms take the
+    # place of x%c in the order (a reshape's unflatten-then-flatten index is then the flat index, node for node)
     for base in list(merged):
         if base is None or base.op is not Ops.MOD or base.src[1].op is not Ops.CONST or base not in merged:
             continue
@@ -177,9 +178,12 @@ def _merge_terms(terms: Terms) -> Terms:
         div = UOp(Ops.IDIV, inner.dtype, (inner, base.src[1]))
         k = merged[base]
         if c != 0 and k != 0 and merged.get(div) == k * c:
-            del merged[base], merged[div]
-            for inner_base, inner_coef in _terms(inner):
-                merged[inner_base] = merged.get(inner_base, 0) + k * inner_coef
+            del merged[div]
+            expanded: dict[UOp | None, int] = {}
+            for key, value in merged.items():
+                for part, coef in (_terms(inner) if key is base else [(key, value)]):
+                    expanded[part] = expanded.get(part, 0) + (k * coef if key is base else coef)
+            merged = expanded
     return [(b, c) for b, c in merged.items() if c != 0]
 
 
@@ -274,13 +278,23 @@ def _fold_divmod(x: UOp, c: UOp, op: Ops) -> UOp | None:
 
 
 def _divmod_common_factor(terms: Terms, d: int, dtype: DType, op: Ops) -> UOp | None:
-    """(g*a) // (g*e) -> a // e and (g*a) % (g*e) -> (a % e) * g, for a sum `terms` >= 0 with a common factor g."""
-    g = math.gcd(d, *(coef for _, coef in terms))
-    if g <= 1:
-        return None
-    reduced = _build_sum([(b, coef // g) for b, coef in terms], dtype)
-    small = UOp.const(dtype, d // g)
-    return reduced // small if op is Ops.IDIV else (reduced % small) * UOp.const(dtype, g)
+    """For a sum `terms` >= 0 and a factor g of d: x = g*a + s with 0 <= s < g (the terms whose coefficients g does
+    not divide make s) -> x // d = a // (d/g) and x % d = (a % (d/g))*g + s. With s = 0, (g*a) // (g*e) -> a // e;
+    with s a position inside a 16-byte run (`8*j + step`), the run's elements share the quotient."""
+    for g in sorted((g for g in range(2, d + 1) if d % g == 0), reverse=True):
+        big = [(b, coef // g) for b, coef in terms if coef % g == 0]
+        small = [(b, coef) for b, coef in terms if coef % g]
+        if all(b is None for b, _ in big):
+            continue
+        rest = _build_sum(small, dtype) if small else UOp.const(dtype, 0)
+        if rest.vmin < 0 or rest.vmax >= g or not (_exact_nonneg(rest) or rest.op is Ops.CONST):
+            continue
+        reduced, small_d = _build_sum(big, dtype), UOp.const(dtype, d // g)
+        if op is Ops.IDIV:
+            return reduced // small_d
+        remainder = (reduced % small_d) * UOp.const(dtype, g)
+        return remainder + rest if small else remainder
+    return None
 
 
 def _near_quotient(x: UOp, d: int) -> tuple[UOp, UOp] | None:
