@@ -1194,17 +1194,22 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
 
     # ------------------------------------------------------------------ movement
     def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
-        if self.shape == shape:
+        own = self.uop.shape
+        if own == shape:
             return self
-        padded = (1,) * (len(shape) - self.ndim) + self.shape
+        padded = (1,) * (len(shape) - len(own)) + own
         if len(padded) != len(shape) or any(s not in (1, t) for s, t in zip(padded, shape)):
-            raise ShapeError(f"cannot broadcast shape {self.shape} to {shape}")
+            raise ShapeError(f"cannot broadcast shape {own} to {shape}")
         return self._view(self.uop.reshape(padded).expand(shape))
 
     def reshape(self, shape: Any, *args: Any) -> Tensor:
         """`reshape((2, 3))`, `reshape(2, 3)` or `reshape(shape=(2, 3))`; one -1 is inferred, None keeps the dim."""
         dims = shape_args(shape, args)
-        dims = tuple(self.shape[i] if d is None else d for i, d in enumerate(dims))
+        own = self.uop.shape
+        # (the common call, every dim a plain int of a concrete shape: none of the checks below can fail)
+        if type(numel := prod(own)) is int and all(type(d) is int and d >= 0 for d in dims) and prod(dims) == numel:
+            return self if dims == own else self._view(self.uop.reshape(dims))
+        dims = tuple(own[i] if d is None else d for i, d in enumerate(dims))
         numel = self.numel()
         if isinstance(numel, UOp):
             return self._symbolic_reshape(dims)
