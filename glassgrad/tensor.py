@@ -89,6 +89,12 @@ class _LazyTensors:
         return [t for t, _ in alive.values()]
 
 
+def _assign_targets() -> list[Tensor]:
+    """The live tensors of ASSIGN_TARGETS. (Every realize looks at them: the dictionary's weak references, called
+    here, cost a fraction of iterating its values, a generator under an iteration guard.)"""
+    return [t for ref in ASSIGN_TARGETS.valuerefs() if (t := ref()) is not None]
+
+
 def _settled(t: Tensor) -> bool:
     """A tensor that can never read an overwritten version: realized into a buffer that is never written in place,
     or the owner of a buffer written in place, at its current version (its writes move it to the next one)."""
@@ -382,7 +388,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
         if assigned:  # an assign realized as part of a larger graph: its target tensor holds the new version now
-            for t in list(ASSIGN_TARGETS.values()):
+            for t in _assign_targets():
                 if t.uop.op is Ops.ASSIGN and (new := views.get(t.uop)) is not None:
                     t.uop = new
 
@@ -2018,7 +2024,7 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
     hand-written Adam, and a lineage would recompute them from overwritten buffers); nor does one into
     a tensor marked `requires_grad=False` (running statistics, the random generator's state). The target's old
     version forgets its lineage, since nothing can read that version any more: no chain of steps builds up."""
-    leaves = {id(t.uop) for t in list(ASSIGN_TARGETS.values())
+    leaves = {id(t.uop) for t in _assign_targets()
               if (t.requires_grad is not None or id(t) in _REQUIRES_GRAD) and t.uop.op is Ops.ASSIGN} \
         if any(node.op is Ops.ASSIGN for node in views) else set()
     for node, view in views.items():
@@ -2054,7 +2060,7 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
     """The lazy tensors (besides `pending`) that read a buffer version which realizing `pending` overwrites: they are
     realized in the same schedule, before the write (the scheduler orders readers of version v first). Nothing to
     do, and nearly free, while no assign is pending."""
-    if not any(t.uop.op is Ops.ASSIGN for t in list(ASSIGN_TARGETS.values())):
+    if not any(t.uop.op is Ops.ASSIGN for t in _assign_targets()):
         return []
     chosen = {id(t) for t in pending}
     outs, extra = [t.uop for t in pending], list[Tensor]()
@@ -2067,7 +2073,7 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
         # their graphs may hold assigns of their own; not when every pending assign is written already (an optimizer
         # step's gradients: no walk through the backward graph. An assign whose target tensor is gone is not tracked:
         # a reader of what it overwrites then raises the stale-read error instead of keeping its value)
-        if all(u in writing for t in list(ASSIGN_TARGETS.values()) if (u := t.uop).op is Ops.ASSIGN):
+        if all(u in writing for t in _assign_targets() if (u := t.uop).op is Ops.ASSIGN):
             break
         outs = [t.uop for t in found]
     return extra
@@ -2077,7 +2083,7 @@ def _overwritten_by(outs: list[UOp]) -> set[tuple[Buffer, int]]:
     """The buffer versions realizing `outs` overwrites. An optimizer step realizes every pending assign as an output
     of its own: then no walk through the graphs is needed to find them."""
     realizing = {id(o) for o in outs}
-    if all(id(t.uop) in realizing for t in list(ASSIGN_TARGETS.values()) if t.uop.op is Ops.ASSIGN):
+    if all(id(t.uop) in realizing for t in _assign_targets() if t.uop.op is Ops.ASSIGN):
         return {v for u in outs if u.op is Ops.ASSIGN for v in written_versions(u)}
     return overwritten_versions(outs, REALIZED.get)
 
