@@ -504,7 +504,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             self.uop = UOp(Ops.ASSIGN, self.dtype, (own, self.uop))
             self.realize()
         self._view_of = None  # a buffer of its own: no longer a view of another tensor
-        ASSIGN_TARGETS[id(self)] = self
+        if ASSIGN_TARGETS.get(id(self)) is not self:  # (every assign: a weak dictionary's store makes a reference)
+            ASSIGN_TARGETS[id(self)] = self
 
     def _take_own_buffers(self) -> None:
         """`_take_own_buffer` for a tensor on several devices: a buffer of its own on each, in its layout."""
@@ -593,10 +594,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         return self._gradient(root, targets, _graph_nodes_of(targets, set(root.toposort())), gradient)
 
     def _gradient(self, root: UOp, targets: Sequence[Tensor], nodes: Sequence[UOp | None],
-                  gradient: Tensor) -> list[Tensor]:
+                  gradient: Tensor, order: list[UOp] | None = None) -> list[Tensor]:
         """`gradient()` of this tensor, whose graph with lineage substituted (`_with_lineage`) is `root`; `nodes`
-        are the targets' nodes in it (`_graph_nodes_of`; None: not in the graph, a zero gradient)."""
-        grads = compute_gradient(root, gradient.cast(self.dtype).uop, {u for u in nodes if u is not None})
+        are the targets' nodes in it (`_graph_nodes_of`; None: not in the graph, a zero gradient); `order`:
+        `root.toposort()` if the caller has it."""
+        grads = compute_gradient(root, gradient.cast(self.dtype).uop, {u for u in nodes if u is not None}, order)
         out = []
         for t, u in zip(targets, nodes):
             g = None if u is None else grads.get(u)
@@ -613,9 +615,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
                                "implicit gradient of 1")
         if gradient is not None and gradient.shape != self.shape:
             raise ValueError(f"backward(): gradient shape {gradient.shape} does not match tensor shape {self.shape}")
-        root = _with_lineage(self.uop)  # (once: the walk is over the whole forward graph)
+        root, order = _lineage_and_order(self.uop)  # (once: the walk is over the whole forward graph)
         candidates = [t for t in list(_REQUIRES_GRAD.values()) if t.requires_grad is not False]
-        root_nodes = set(root.toposort())
+        root_nodes = set(order)
         # (tinygrad 0.14's rule, where PyTorch would raise: it has no requires_grad)
         found = _in_graph(candidates, root_nodes) or _in_graph(_tinygrad_targets(root_nodes, self), root_nodes)
         if not found:
@@ -624,7 +626,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         if gradient is None:
             gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
         targets = [t for t, _ in found]
-        for t, g in zip(targets, self._gradient(root, targets, [u for _, u in found], gradient)):
+        for t, g in zip(targets, self._gradient(root, targets, [u for _, u in found], gradient, order)):
             t.grad = g if t.grad is None else t.grad + g
         return self
 
@@ -869,19 +871,25 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         """`self op other`. When nothing is to broadcast or cast (a tensor of the same shape, dtype and device, or a
         Python scalar whose constant takes self's dtype: most lazy ops), the node is made here, without the general
         path's checks and intermediate Tensors; `_binary_general` makes the same node."""
-        a, b = self.uop, None
-        if isinstance(other, Tensor):
-            if other.uop.dtype is a.dtype and other.uop.shape == a.shape and other.uop.device == a.device:
-                b = other.uop
-        elif type(other) is float and other and other == other and a.dtype.is_float:  # `x * 0.5`, the most common
-            # case: its constant node is cached by value (no ±0.0 or NaN here, whose cache key is their bits)
-            b = _scalar_node(a.dtype, a.device, a.shape, other, other)
-        elif not isinstance(other, (np.ndarray, np.generic)):
-            const = self._scalar_operand(other)
-            b = const if const.dtype is a.dtype else None
+        a, b = self.uop, self._operand(other)
         if b is None:
             return self._binary_general(op, other, reverse)
         return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (b, a) if reverse else (a, b)))
+
+    def _operand(self, other: Tensor | Scalar) -> UOp | None:
+        """`other`'s node when it combines with this tensor as it is: a tensor of the same shape, dtype and device,
+        or a Python scalar whose constant takes this dtype (`_broadcasted` would change neither). Else None."""
+        a = self.uop
+        if isinstance(other, Tensor):
+            b = other.uop
+            return b if b.dtype is a.dtype and b.shape == a.shape and b.device == a.device else None
+        if type(other) is float and other and other == other and a.dtype.is_float:  # `x * 0.5`, the most common
+            # case: its constant node is cached by value (no ±0.0 or NaN here, whose cache key is their bits)
+            return _scalar_node(a.dtype, a.device, a.shape, other, other)
+        if isinstance(other, (np.ndarray, np.generic)):
+            return None
+        const = self._scalar_operand(other)
+        return const if const.dtype is a.dtype else None
 
     def _binary_general(self, op: Ops, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """`_binary` through `_broadcasted` (device check, broadcasting, dtype promotion), for any operands."""
@@ -896,6 +904,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     def mul(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(Ops.MUL, x, reverse)  # noqa
 
     def sub(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        dtype = self.uop.dtype
+        if not dtype.is_bool and (other := self._operand(x)) is not None:  # (`_sub_general`'s nodes, made directly)
+            a, b = (other, self.uop) if reverse else (self.uop, other)
+            return Tensor(UOp(Ops.ADD, dtype, (a, UOp(Ops.NEG, dtype, (b,)))))
+        return self._sub_general(x, reverse)
+
+    def _sub_general(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         a, b = self._broadcasted(x, reverse)
         if a.dtype.is_bool:
             raise TypeError("subtracting bool tensors is not supported; use ^ or logical_not instead")
@@ -903,6 +918,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
 
     def div(self, x: Tensor | Scalar, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
         """True division (ints become floats); rounding_mode 'trunc' or 'floor' as in PyTorch."""
+        dtype = self.uop.dtype
+        if rounding_mode is None and dtype.is_float and (other := self._operand(x)) is not None:
+            # (`_div_general`'s node, made directly: floats of one dtype and shape)
+            return Tensor(UOp(Ops.FDIV, dtype, (other, self.uop) if reverse else (self.uop, other)))
+        return self._div_general(x, reverse, rounding_mode)
+
+    def _div_general(self, x: Tensor | Scalar, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
         a, b = self._broadcasted(x, reverse)
         if rounding_mode is None:
             a, b = a._float(), b._float()
@@ -2154,16 +2176,23 @@ def _with_lineage(u: UOp) -> UOp:
 
     Usually no node of the graph has lineage (a training step's forward graph reads parameters and a batch): one walk
     finds that, and the graph is returned as it is, without a rewrite."""
+    return _lineage_and_order(u, False)[0]
+
+
+def _lineage_and_order(u: UOp, want_order: bool = True) -> tuple[UOp, list[UOp]]:
+    """`_with_lineage(u)` and, with `want_order`, its toposort (the walk that found no lineage to substitute, when
+    there was one: `backward` needs the graph's nodes too). Without `want_order` the list may be empty."""
     if not LINEAGE or _is_leaf_view(u):
-        return u
+        return u, u.toposort() if want_order else []
     nodes = u.toposort()
     if not any(n.op in _LINEAGE_OPS and n in LINEAGE for n in nodes):
-        return u
+        return u, nodes
     # an ASSIGN's target is where it writes, not a value: it stays the buffer, also where the graph reads it (the
     # same node). A state tensor written each step, `c.assign(c + 1)`, has lineage from its last write, which reads
     # the version this pending write will overwrite: substituting it would recompute the old value from contents
     # that are gone (and write the result into c's buffer). A gradient through that read is not taken (a leaf).
-    return graph_rewrite(u, _lineage_matcher(), ctx={n.src[0] for n in nodes if n.op is Ops.ASSIGN})
+    rewritten = graph_rewrite(u, _lineage_matcher(), ctx={n.src[0] for n in nodes if n.op is Ops.ASSIGN})
+    return rewritten, rewritten.toposort() if want_order else []
 
 
 @functools.cache
