@@ -109,7 +109,8 @@ def _arg_key(arg: Any) -> Any:
         return ("b", arg)
     if kind is tuple:
         for a in arg:  # (a loop, not all(): shapes are the most common argument)
-            if type(a) is not int:
+            t = type(a)  # only floats, bools and tuples have keys other than themselves (a BUFFER's (buffer, version)
+            if t is not int and (t is float or t is bool or t is tuple or isinstance(a, float)):  # is its own key)
                 return tuple([_arg_key(a) for a in arg])
         return arg
     if isinstance(arg, float):  # numpy floats
