@@ -2088,7 +2088,7 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
     outs, extra = [t.uop for t in pending], list[Tensor]()
     while overwritten := _overwritten_by(outs):
         writing = {u for t in (*pending, *extra) if (u := t.uop).op is Ops.ASSIGN}
-        found = _lazy_readers(StaleReaders(overwritten, REALIZED.get, writing), chosen)
+        found = _lazy_readers(StaleReaders(overwritten, REALIZED.get, writing, None, REALIZED.id_tables()), chosen)
         if not found:
             break
         extra += found
