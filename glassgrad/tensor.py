@@ -871,7 +871,15 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         """`self op other`. When nothing is to broadcast or cast (a tensor of the same shape, dtype and device, or a
         Python scalar whose constant takes self's dtype: most lazy ops), the node is made here, without the general
         path's checks and intermediate Tensors; `_binary_general` makes the same node."""
-        a, b = self.uop, self._operand(other)
+        # (`_operand`'s tests, inline: this is the most common op of all)
+        a, b = self.uop, None
+        if isinstance(other, Tensor):
+            if other.uop.dtype is a.dtype and other.uop.shape == a.shape and other.uop.device == a.device:
+                b = other.uop
+        elif type(other) is float and other and other == other and a.dtype.is_float:  # `x * 0.5`: see `_operand`
+            b = _scalar_node(a.dtype, a.device, a.shape, other, other)
+        else:
+            b = self._operand(other)
         if b is None:
             return self._binary_general(op, other, reverse)
         return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (b, a) if reverse else (a, b)))

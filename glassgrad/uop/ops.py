@@ -149,20 +149,20 @@ class UOp:
         # the cached properties are computed when first asked, except what a node can take at no cost now (see
         # `_AT_BIRTH`): an elementwise node's shape and device are its first source's when that source knows them (so
         # `x * 2` on a known x knows them too), a reshape's or expand's shape is its argument
-        birth = _AT_BIRTH.get(op) if src or op is Ops.BUFFER else None
-        if birth is None:
-            _set_shape(node, None)
-            _set_device(node, None)
-        elif birth == _FIRST:
+        birth = _AT_BIRTH.get(op)
+        if birth == _FIRST and src:  # (the most common node first)
             first = src[0]
             _set_shape(node, first._shape)
             _set_device(node, first._device)
-        elif birth == _ARG:
+        elif birth == _ARG and src:
             _set_shape(node, arg)
             _set_device(node, src[0]._device)
-        else:  # a BUFFER: arg (buffer, version)
+        elif birth == _BUFFER:  # arg (buffer, version)
             _set_shape(node, (arg[0].size,))
             _set_device(node, arg[0].device)
+        else:
+            _set_shape(node, None)
+            _set_device(node, None)
         _set_range(node, None)
         ref = UOp._cache[key] = _CacheRef(node, _forget)
         ref.key = key  # (set here: a constructor taking it would cost a Python call per node)
