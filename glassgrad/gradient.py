@@ -143,10 +143,14 @@ NO_GRADIENT = GroupOp.Comparison | {Ops.IDIV, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL,
                                     Ops.CONST, Ops.BUFFER, Ops.DEVICE, Ops.ARANGE}
 
 
-def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
-    """Reverse-mode accumulation from `root` to every node in `targets` that it depends on."""
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp], order: list[UOp] | None = None
+                     ) -> dict[UOp, UOp]:
+    """Reverse-mode accumulation from `root` to every node in `targets` that it depends on. `order`: `root.toposort()`
+    when the caller has it (`backward` walked the graph already); used when it holds no DETACH, since the walk that
+    stops at DETACH nodes then lists the same nodes in the same order."""
     detach = Ops.DETACH  # (a local: an Enum member's lookup is slow, and these loops run over the whole graph)
-    order = root.toposort(stop=lambda n: n.op is detach)
+    if order is None or any(n.op is detach for n in order):
+        order = root.toposort(stop=lambda n: n.op is detach)
     # only walk nodes that lie on a path to some target
     on_path: dict[UOp, bool] = {}
     for n in order:

@@ -89,6 +89,12 @@ class _LazyTensors:
         return [t for t, _ in alive.values()]
 
 
+def _assign_targets() -> list[Tensor]:
+    """The live tensors of ASSIGN_TARGETS. (Every realize looks at them: the dictionary's weak references, called
+    here, cost a fraction of iterating its values, a generator under an iteration guard.)"""
+    return [t for ref in ASSIGN_TARGETS.valuerefs() if (t := ref()) is not None]
+
+
 def _settled(t: Tensor) -> bool:
     """A tensor that can never read an overwritten version: realized into a buffer that is never written in place,
     or the owner of a buffer written in place, at its current version (its writes move it to the next one)."""
@@ -382,7 +388,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
         if assigned:  # an assign realized as part of a larger graph: its target tensor holds the new version now
-            for t in list(ASSIGN_TARGETS.values()):
+            for t in _assign_targets():
                 if t.uop.op is Ops.ASSIGN and (new := views.get(t.uop)) is not None:
                     t.uop = new
 
@@ -498,7 +504,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             self.uop = UOp(Ops.ASSIGN, self.dtype, (own, self.uop))
             self.realize()
         self._view_of = None  # a buffer of its own: no longer a view of another tensor
-        ASSIGN_TARGETS[id(self)] = self
+        if ASSIGN_TARGETS.get(id(self)) is not self:  # (every assign: a weak dictionary's store makes a reference)
+            ASSIGN_TARGETS[id(self)] = self
 
     def _take_own_buffers(self) -> None:
         """`_take_own_buffer` for a tensor on several devices: a buffer of its own on each, in its layout."""
@@ -587,10 +594,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         return self._gradient(root, targets, _graph_nodes_of(targets, set(root.toposort())), gradient)
 
     def _gradient(self, root: UOp, targets: Sequence[Tensor], nodes: Sequence[UOp | None],
-                  gradient: Tensor) -> list[Tensor]:
+                  gradient: Tensor, order: list[UOp] | None = None) -> list[Tensor]:
         """`gradient()` of this tensor, whose graph with lineage substituted (`_with_lineage`) is `root`; `nodes`
-        are the targets' nodes in it (`_graph_nodes_of`; None: not in the graph, a zero gradient)."""
-        grads = compute_gradient(root, gradient.cast(self.dtype).uop, {u for u in nodes if u is not None})
+        are the targets' nodes in it (`_graph_nodes_of`; None: not in the graph, a zero gradient); `order`:
+        `root.toposort()` if the caller has it."""
+        grads = compute_gradient(root, gradient.cast(self.dtype).uop, {u for u in nodes if u is not None}, order)
         out = []
         for t, u in zip(targets, nodes):
             g = None if u is None else grads.get(u)
@@ -607,9 +615,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
                                "implicit gradient of 1")
         if gradient is not None and gradient.shape != self.shape:
             raise ValueError(f"backward(): gradient shape {gradient.shape} does not match tensor shape {self.shape}")
-        root = _with_lineage(self.uop)  # (once: the walk is over the whole forward graph)
+        root, order = _lineage_and_order(self.uop)  # (once: the walk is over the whole forward graph)
         candidates = [t for t in list(_REQUIRES_GRAD.values()) if t.requires_grad is not False]
-        root_nodes = set(root.toposort())
+        root_nodes = set(order)
         # (tinygrad 0.14's rule, where PyTorch would raise: it has no requires_grad)
         found = _in_graph(candidates, root_nodes) or _in_graph(_tinygrad_targets(root_nodes, self), root_nodes)
         if not found:
@@ -618,7 +626,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         if gradient is None:
             gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
         targets = [t for t, _ in found]
-        for t, g in zip(targets, self._gradient(root, targets, [u for _, u in found], gradient)):
+        for t, g in zip(targets, self._gradient(root, targets, [u for _, u in found], gradient, order)):
             t.grad = g if t.grad is None else t.grad + g
         return self
 
@@ -863,19 +871,33 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         """`self op other`. When nothing is to broadcast or cast (a tensor of the same shape, dtype and device, or a
         Python scalar whose constant takes self's dtype: most lazy ops), the node is made here, without the general
         path's checks and intermediate Tensors; `_binary_general` makes the same node."""
+        # (`_operand`'s tests, inline: this is the most common op of all)
         a, b = self.uop, None
         if isinstance(other, Tensor):
             if other.uop.dtype is a.dtype and other.uop.shape == a.shape and other.uop.device == a.device:
                 b = other.uop
-        elif type(other) is float and other and other == other and a.dtype.is_float:  # `x * 0.5`, the most common
-            # case: its constant node is cached by value (no ±0.0 or NaN here, whose cache key is their bits)
+        elif type(other) is float and other and other == other and a.dtype.is_float:  # `x * 0.5`: see `_operand`
             b = _scalar_node(a.dtype, a.device, a.shape, other, other)
-        elif not isinstance(other, (np.ndarray, np.generic)):
-            const = self._scalar_operand(other)
-            b = const if const.dtype is a.dtype else None
+        else:
+            b = self._operand(other)
         if b is None:
             return self._binary_general(op, other, reverse)
         return Tensor(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (b, a) if reverse else (a, b)))
+
+    def _operand(self, other: Tensor | Scalar) -> UOp | None:
+        """`other`'s node when it combines with this tensor as it is: a tensor of the same shape, dtype and device,
+        or a Python scalar whose constant takes this dtype (`_broadcasted` would change neither). Else None."""
+        a = self.uop
+        if isinstance(other, Tensor):
+            b = other.uop
+            return b if b.dtype is a.dtype and b.shape == a.shape and b.device == a.device else None
+        if type(other) is float and other and other == other and a.dtype.is_float:  # `x * 0.5`, the most common
+            # case: its constant node is cached by value (no ±0.0 or NaN here, whose cache key is their bits)
+            return _scalar_node(a.dtype, a.device, a.shape, other, other)
+        if isinstance(other, (np.ndarray, np.generic)):
+            return None
+        const = self._scalar_operand(other)
+        return const if const.dtype is a.dtype else None
 
     def _binary_general(self, op: Ops, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """`_binary` through `_broadcasted` (device check, broadcasting, dtype promotion), for any operands."""
@@ -890,6 +912,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     def mul(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(Ops.MUL, x, reverse)  # noqa
 
     def sub(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        dtype = self.uop.dtype
+        if not dtype.is_bool and (other := self._operand(x)) is not None:  # (`_sub_general`'s nodes, made directly)
+            a, b = (other, self.uop) if reverse else (self.uop, other)
+            return Tensor(UOp(Ops.ADD, dtype, (a, UOp(Ops.NEG, dtype, (b,)))))
+        return self._sub_general(x, reverse)
+
+    def _sub_general(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         a, b = self._broadcasted(x, reverse)
         if a.dtype.is_bool:
             raise TypeError("subtracting bool tensors is not supported; use ^ or logical_not instead")
@@ -897,6 +926,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
 
     def div(self, x: Tensor | Scalar, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
         """True division (ints become floats); rounding_mode 'trunc' or 'floor' as in PyTorch."""
+        dtype = self.uop.dtype
+        if rounding_mode is None and dtype.is_float and (other := self._operand(x)) is not None:
+            # (`_div_general`'s node, made directly: floats of one dtype and shape)
+            return Tensor(UOp(Ops.FDIV, dtype, (other, self.uop) if reverse else (self.uop, other)))
+        return self._div_general(x, reverse, rounding_mode)
+
+    def _div_general(self, x: Tensor | Scalar, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
         a, b = self._broadcasted(x, reverse)
         if rounding_mode is None:
             a, b = a._float(), b._float()
@@ -1194,17 +1230,22 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
 
     # ------------------------------------------------------------------ movement
     def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
-        if self.shape == shape:
+        own = self.uop.shape
+        if own == shape:
             return self
-        padded = (1,) * (len(shape) - self.ndim) + self.shape
+        padded = (1,) * (len(shape) - len(own)) + own
         if len(padded) != len(shape) or any(s not in (1, t) for s, t in zip(padded, shape)):
-            raise ShapeError(f"cannot broadcast shape {self.shape} to {shape}")
+            raise ShapeError(f"cannot broadcast shape {own} to {shape}")
         return self._view(self.uop.reshape(padded).expand(shape))
 
     def reshape(self, shape: Any, *args: Any) -> Tensor:
         """`reshape((2, 3))`, `reshape(2, 3)` or `reshape(shape=(2, 3))`; one -1 is inferred, None keeps the dim."""
         dims = shape_args(shape, args)
-        dims = tuple(self.shape[i] if d is None else d for i, d in enumerate(dims))
+        own = self.uop.shape
+        # (the common call, every dim a plain int of a concrete shape: none of the checks below can fail)
+        if type(numel := prod(own)) is int and all(type(d) is int and d >= 0 for d in dims) and prod(dims) == numel:
+            return self if dims == own else self._view(self.uop.reshape(dims))
+        dims = tuple(own[i] if d is None else d for i, d in enumerate(dims))
         numel = self.numel()
         if isinstance(numel, UOp):
             return self._symbolic_reshape(dims)
@@ -2013,7 +2054,7 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
     hand-written Adam, and a lineage would recompute them from overwritten buffers); nor does one into
     a tensor marked `requires_grad=False` (running statistics, the random generator's state). The target's old
     version forgets its lineage, since nothing can read that version any more: no chain of steps builds up."""
-    leaves = {id(t.uop) for t in list(ASSIGN_TARGETS.values())
+    leaves = {id(t.uop) for t in _assign_targets()
               if (t.requires_grad is not None or id(t) in _REQUIRES_GRAD) and t.uop.op is Ops.ASSIGN} \
         if any(node.op is Ops.ASSIGN for node in views) else set()
     for node, view in views.items():
@@ -2049,20 +2090,20 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
     """The lazy tensors (besides `pending`) that read a buffer version which realizing `pending` overwrites: they are
     realized in the same schedule, before the write (the scheduler orders readers of version v first). Nothing to
     do, and nearly free, while no assign is pending."""
-    if not any(t.uop.op is Ops.ASSIGN for t in list(ASSIGN_TARGETS.values())):
+    if not any(t.uop.op is Ops.ASSIGN for t in _assign_targets()):
         return []
     chosen = {id(t) for t in pending}
     outs, extra = [t.uop for t in pending], list[Tensor]()
     while overwritten := _overwritten_by(outs):
         writing = {u for t in (*pending, *extra) if (u := t.uop).op is Ops.ASSIGN}
-        found = _lazy_readers(StaleReaders(overwritten, REALIZED.get, writing), chosen)
+        found = _lazy_readers(StaleReaders(overwritten, REALIZED.get, writing, None, REALIZED.id_tables()), chosen)
         if not found:
             break
         extra += found
         # their graphs may hold assigns of their own; not when every pending assign is written already (an optimizer
         # step's gradients: no walk through the backward graph. An assign whose target tensor is gone is not tracked:
         # a reader of what it overwrites then raises the stale-read error instead of keeping its value)
-        if all(u in writing for t in list(ASSIGN_TARGETS.values()) if (u := t.uop).op is Ops.ASSIGN):
+        if all(u in writing for t in _assign_targets() if (u := t.uop).op is Ops.ASSIGN):
             break
         outs = [t.uop for t in found]
     return extra
@@ -2072,7 +2113,7 @@ def _overwritten_by(outs: list[UOp]) -> set[tuple[Buffer, int]]:
     """The buffer versions realizing `outs` overwrites. An optimizer step realizes every pending assign as an output
     of its own: then no walk through the graphs is needed to find them."""
     realizing = {id(o) for o in outs}
-    if all(id(t.uop) in realizing for t in list(ASSIGN_TARGETS.values()) if t.uop.op is Ops.ASSIGN):
+    if all(id(t.uop) in realizing for t in _assign_targets() if t.uop.op is Ops.ASSIGN):
         return {v for u in outs if u.op is Ops.ASSIGN for v in written_versions(u)}
     return overwritten_versions(outs, REALIZED.get)
 
@@ -2143,16 +2184,23 @@ def _with_lineage(u: UOp) -> UOp:
 
     Usually no node of the graph has lineage (a training step's forward graph reads parameters and a batch): one walk
     finds that, and the graph is returned as it is, without a rewrite."""
+    return _lineage_and_order(u, False)[0]
+
+
+def _lineage_and_order(u: UOp, want_order: bool = True) -> tuple[UOp, list[UOp]]:
+    """`_with_lineage(u)` and, with `want_order`, its toposort (the walk that found no lineage to substitute, when
+    there was one: `backward` needs the graph's nodes too). Without `want_order` the list may be empty."""
     if not LINEAGE or _is_leaf_view(u):
-        return u
+        return u, u.toposort() if want_order else []
     nodes = u.toposort()
     if not any(n.op in _LINEAGE_OPS and n in LINEAGE for n in nodes):
-        return u
+        return u, nodes
     # an ASSIGN's target is where it writes, not a value: it stays the buffer, also where the graph reads it (the
     # same node). A state tensor written each step, `c.assign(c + 1)`, has lineage from its last write, which reads
     # the version this pending write will overwrite: substituting it would recompute the old value from contents
     # that are gone (and write the result into c's buffer). A gradient through that read is not taken (a leaf).
-    return graph_rewrite(u, _lineage_matcher(), ctx={n.src[0] for n in nodes if n.op is Ops.ASSIGN})
+    rewritten = graph_rewrite(u, _lineage_matcher(), ctx={n.src[0] for n in nodes if n.op is Ops.ASSIGN})
+    return rewritten, rewritten.toposort() if want_order else []
 
 
 @functools.cache

@@ -106,3 +106,27 @@ def test_mismatched_devices_still_raise() -> None:
     y = Tensor(np.ones(4, np.float32), device="CPU:1")
     with pytest.raises(RuntimeError, match="different devices"):
         x + y
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("other", [*SCALARS, "same", "broadcast", "float32"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_sub_and_div_fast_paths_are_the_general_paths(dtype: str, other: object, reverse: bool) -> None:
+    """`sub` and `div` make their nodes directly for an operand `_broadcasted` would leave as it is; the nodes are
+    those of `_sub_general` / `_div_general` (or both raise alike)."""
+    x, _ = make((3, 4), dtype)
+    if other == "same":
+        other = make((3, 4), dtype, 1)[0]
+    elif other == "broadcast":
+        other = make((4,), dtype, 1)[0]
+    elif other == "float32":
+        other = make((3, 4), "float32", 1)[0]
+    for fast_fn, general_fn in ((Tensor.sub, Tensor._sub_general), (Tensor.div, Tensor._div_general)):
+        try:
+            general = general_fn(x, other, reverse)  # type: ignore[arg-type]
+        except Exception as e:
+            with pytest.raises(type(e)):
+                fast_fn(x, other, reverse)  # type: ignore[arg-type]
+            continue
+        fast = fast_fn(x, other, reverse)  # type: ignore[arg-type]
+        assert fast.uop is general.uop and fast.dtype == general.dtype

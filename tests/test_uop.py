@@ -193,14 +193,24 @@ class TestShapes:
         assert x.bitcast(dtypes.float16).shape == (3, 8)
 
     def test_elementwise_nodes_take_known_shape_and_device_from_their_first_source(self) -> None:
-        x = buffer(12).reshape((3, 4))
-        fresh = x.alu(Ops.ADD, x).alu(Ops.MUL, x)  # made before x's shape and device are known: computed when asked
+        x = buffer(12).reshape((4, 3)).permute((1, 0))
+        fresh = x.alu(Ops.ADD, x).alu(Ops.MUL, x)  # made before x's shape is known: computed when asked
         assert fresh._shape is None and fresh.shape == (3, 4) and fresh.device == "CPU"
-        y = buffer(12).reshape((3, 4))
+        y = buffer(12).reshape((4, 3)).permute((1, 0))
         assert y.shape == (3, 4) and y.device == "CPU"
         made = y.alu(Ops.CMPLT, x).where(x, y).cast(dtypes.int32)  # each takes them from its first source
         assert (made._shape, made._device) == ((3, 4), "CPU") and made.shape == (3, 4)
         assert x.reduce_axis(Ops.ADD, (1,))._shape is None  # only elementwise nodes: a reduction's shape differs
+
+    def test_buffers_reshapes_and_expands_know_their_shape_at_construction(self) -> None:
+        b = buffer(12)
+        assert (b._shape, b._device) == ((12,), "CPU")
+        r = b.reshape((3, 4))
+        assert (r._shape, r._device) == ((3, 4), "CPU")
+        e = r.reshape((3, 1, 4)).expand((3, 2, 4))
+        assert (e._shape, e._device) == ((3, 2, 4), "CPU")
+        c = UOp(Ops.CONTIGUOUS, dtypes.float32, (e,))
+        assert (c._shape, c._device) == ((3, 2, 4), "CPU")
 
     def test_constants_and_arange(self) -> None:
         const = UOp.const(dtypes.float32, 1.0, "CPU")

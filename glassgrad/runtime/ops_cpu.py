@@ -110,7 +110,12 @@ class ClangCompiler(Compiler):
 
 _POOL: ThreadPoolExecutor | None = None
 THREADS = getenv("THREADS", os.cpu_count() or 1)
-MIN_WORK_PER_THREAD = 1 << 15  # below this much work, a thread costs more than it saves
+# below this much work per thread, a thread costs more than it saves. Measured on the 2-core development machine, a
+# matmul of 262144 multiply-adds (MLP sizes) ran 18 us on one thread; on two, 16 us when the worker was spinning from
+# the kernel before and 32 us when it had to be woken (an eager step's parallel kernels are far apart: the workers
+# sleep), while the worker's spin after each one cost the process ~100 us of CPU time. From about 1M, two threads win
+# whether woken or not (4M: 201 -> 143 us woken, 109 spinning)
+MIN_WORK_PER_THREAD = 1 << 18
 CHUNKS_PER_THREAD = 4  # parts of the outer loop per thread: a thread the OS runs late leaves its parts to the others
 
 
@@ -143,11 +148,10 @@ def _address(handle: np.ndarray) -> int:
 
 def _addresses(handles: tuple[np.ndarray, ...]) -> list[int]:
     """The addresses of the handles' memory: known since allocation (`_ADDRESSES`), else asked of ctypes."""
-    out = []
-    for h in handles:
-        known = _ADDRESSES.get(id(h))
-        out.append(known[1] if known is not None else _address(h))
-    return out
+    try:  # (every launch: the handles are nearly always the allocator's)
+        return [_ADDRESSES[id(h)][1] for h in handles]
+    except KeyError:
+        return [known[1] if (known := _ADDRESSES.get(id(h))) is not None else _address(h) for h in handles]
 
 
 class CPUProgram:
@@ -167,13 +171,15 @@ class CPUProgram:
 
     def __call__(self, *bufs: np.ndarray, global_size: tuple[int, ...] = (1,), local_size: Any = None,
                  vals: tuple[int, ...] = (), work: int = 0, wait: bool = False) -> float:
-        if self.fn.argtypes is None:  # the first call fixes the C argument types, so every call passes plain ints
-            self.fn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_int32] * len(vals) + [ctypes.c_int64] * 2
+        fn = self.fn
+        if fn.argtypes is None:  # the first call fixes the C argument types, so every call passes plain ints
+            fn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_int32] * len(vals) + [ctypes.c_int64] * 2
         outer = global_size[0] if global_size else 1
-        threads = max(1, min(THREADS, outer, work // MIN_WORK_PER_THREAD))
+        # (a tiny kernel, the most common launch, decides on one thread with one comparison)
+        threads = 1 if work < 2 * MIN_WORK_PER_THREAD else max(1, min(THREADS, outer, work // MIN_WORK_PER_THREAD))
         start = time.perf_counter()
         if threads == 1:
-            self.fn(*_addresses(bufs), *vals, 0, outer)
+            fn(*_addresses(bufs), *vals, 0, outer)
         elif self.entry is not None and self.pool is not None and (pool := self.pool.get()) is not None:
             pool.start(threads - 1)
             addresses = (ctypes.c_void_p * len(bufs))(*_addresses(bufs))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from glassgrad.schedule import BufferVersion, view_versions, without_reshapes
 from glassgrad.uop.ops import Ops, UOp
@@ -51,11 +52,15 @@ class StaleReaders:
     one reads the new value, which the write gives it. An ASSIGN's target (its first source) is written, not read."""
 
     def __init__(self, overwritten: set[BufferVersion], realized: Callable[[UOp], UOp | None],
-                 writing: set[UOp], owned_epoch: int | None = None) -> None:
+                 writing: set[UOp], owned_epoch: int | None = None,
+                 realized_ids: tuple[dict[int, Any], dict[int, Any]] | None = None) -> None:
         """`owned_epoch`: `REALIZED.owned_epoch`, given when nothing is being written by this realize itself (a JIT
-        replay's check): then what each graph reads is summarised once and reused while that epoch lasts."""
+        replay's check): then what each graph reads is summarised once and reused while that epoch lasts.
+        `realized_ids`: the tables `realized` looks nodes up in by id (`REALIZED.id_tables()`): it is asked only about
+        nodes whose id is in one of them (nearly every node is in none: a dictionary test instead of a call)."""
         self.overwritten, self.realized, self.writing = overwritten, realized, writing
         self.owned_epoch = owned_epoch if not writing else None
+        self.realized_ids = realized_ids
         self._memo: dict[UOp, bool] = {}
 
     def reads_old(self, root: UOp) -> bool:
@@ -72,6 +77,10 @@ class StaleReaders:
             memo[root] = leaf
             return leaf
         path, pending = [root], [iter(_read_sources(root))]
+        # (locals, and `_leaf_answer`'s and `_read_sources`' common cases inline: this loop runs over the graphs of a
+        # training step's gradients at every step)
+        writing, buffer_op, assign_op = self.writing, Ops.BUFFER, Ops.ASSIGN
+        ids = self.realized_ids
         while path:
             node = next(pending[-1], None)
             if node is None:
@@ -80,10 +89,11 @@ class StaleReaders:
                 continue
             answer = memo.get(node)
             if answer is None:
-                answer = self._leaf_answer(node)
+                if node in writing or node.op is buffer_op or ids is None or (i := id(node)) in ids[0] or i in ids[1]:
+                    answer = self._leaf_answer(node)
                 if answer is None:
                     path.append(node)
-                    pending.append(iter(_read_sources(node)))
+                    pending.append(iter(node.src[1:] if node.op is assign_op else node.src))
                     continue
                 memo[node] = answer
             if answer:

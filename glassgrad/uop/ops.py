@@ -110,7 +110,8 @@ def _arg_key(arg: Any) -> Any:
         return ("b", arg)
     if kind is tuple:
         for a in arg:  # (a loop, not all(): shapes are the most common argument)
-            if type(a) is not int:
+            t = type(a)  # only floats, bools and tuples have keys other than themselves (a BUFFER's (buffer, version)
+            if t is not int and (t is float or t is bool or t is tuple or isinstance(a, float)):  # is its own key)
                 return tuple([_arg_key(a) for a in arg])
         return arg
     if isinstance(arg, float):  # numpy floats
@@ -146,12 +147,24 @@ class UOp:
         _set_src(node, src)
         _set_arg(node, arg)
         _set_arg_key(node, arg_key)
-        # the cached properties are computed when first asked, except what an elementwise node takes from its first
-        # source when that source knows it already: its shape and device (so `x * 2` on a known x knows them too)
-        first = src[0] if src and op in _SAME_SHAPE_AS_SOURCES else None
-        _set_shape(node, None if first is None else first._shape)
+        # the cached properties are computed when first asked, except what a node can take at no cost now (see
+        # `_AT_BIRTH`): an elementwise node's shape and device are its first source's when that source knows them (so
+        # `x * 2` on a known x knows them too), a reshape's or expand's shape is its argument
+        birth = _AT_BIRTH.get(op)
+        if birth == _FIRST and src:  # (the most common node first)
+            first = src[0]
+            _set_shape(node, first._shape)
+            _set_device(node, first._device)
+        elif birth == _ARG and src:
+            _set_shape(node, arg)
+            _set_device(node, src[0]._device)
+        elif birth == _BUFFER:  # arg (buffer, version)
+            _set_shape(node, (arg[0].size,))
+            _set_device(node, arg[0].device)
+        else:
+            _set_shape(node, None)
+            _set_device(node, None)
         _set_range(node, None)
-        _set_device(node, None if first is None else first._device)
         ref = UOp._cache[key] = _CacheRef(node, _forget)
         ref.key = key  # (set here: a constructor taking it would cost a Python call per node)
         return node
@@ -426,6 +439,14 @@ _SHAPED = GroupOp.Movement | GroupOp.Elementwise | {Ops.BUFFER, Ops.ARANGE, Ops.
                                                    Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN, Ops.CONTIGUOUS_BACKWARD,
                                                    Ops.MULTI, Ops.ALLREDUCE}
 _OWN_DEVICE = frozenset({Ops.DEVICE, Ops.BUFFER, Ops.COPY, Ops.MULTI, Ops.ALLREDUCE})  # not their first source's
+
+# what `UOp.__new__` sets at once (each is what `_infer_shape` and `device` give, from what the node's sources know):
+# _FIRST: shape and device of the first source (None where it does not know them yet); _ARG: the shape is the
+# argument, the device the first source's; _BUFFER: a buffer's size and device. Other nodes compute both when asked.
+_FIRST, _ARG, _BUFFER = 1, 2, 3
+_AT_BIRTH: dict[Ops, int] = {**dict.fromkeys(_SAME_SHAPE_AS_SOURCES | {Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN,
+                                                                       Ops.CONTIGUOUS_BACKWARD}, _FIRST),
+                             Ops.RESHAPE: _ARG, Ops.EXPAND: _ARG, Ops.BUFFER: _BUFFER}
 
 
 sint = int | UOp  # a size: an int, or an int expression of Variables (see uop/sint.py)
