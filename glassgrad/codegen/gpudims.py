@@ -29,8 +29,9 @@ gates every load with `l + step*L < n`.
 * **tiled**: for matmul-shaped reductions (`matmul_plan`: the one REDUCE sums `x * y`, `x` independent of some output
   loops, `y` of the others). A block computes a 128 x 128 tile of outputs from tiles of both factors copied into
   shared memory (`DEFINE_LOCAL`, `BARRIER`): in float32 each of 256 threads an 8 x 8 register tile; for
-  float16/bfloat16 with whole tiles on a target with tensor cores, 4 warps of 64 x 64 with ldmatrix + mma.sync
-  m16n8k16 (`FRAGMENT`, `WMMA`, `GEP`) fed by cp.async (`ASYNC_COPY`, `ASYNC_COMMIT`, `ASYNC_WAIT`). With
+  float16/bfloat16 with whole tiles (128 wide, or 64 along an axis 64 divides) on a target with tensor cores,
+  4 warps each a quarter of the tile with ldmatrix + mma.sync m16n8k16 (`FRAGMENT`, `WMMA`, `GEP`) fed by cp.async
+  (`ASYNC_COPY`, `ASYNC_COMMIT`, `ASYNC_WAIT`), each side's shared tile laid out as its factor is read. With
   `tf32=True` (ALLOW_TF32=1, opt-in: it rounds the factors to 10 mantissa bits) float32 products take the same
   4 warps on mma.sync m16n8k8 .tf32 (fragments read with plain shared loads and cvt.rna.tf32), remainders included.
 
@@ -570,11 +571,12 @@ def _widened(value: UOp) -> bool:
 
 def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp, UOp]) -> tuple[UOp, Dims, Dims]:
     """Like `_tiled`, but the 4 warps of a block each multiply a quarter of the tile on the tensor cores (64 x 64 of
-    128 x 128; 64 x 32 of a tile 64 wide along the columns, as an attention head's):
-    per mma k-step a warp loads its row and column fragments from shared memory (ldmatrix for halves, plain loads
-    for tf32) and issues 4 x 8 mma.sync, each adding a 16 x 8 product into 4 float32 accumulators per thread (one
-    REDUCE per mma tile, whose value is a WMMA; GEP picks an accumulator for the output it holds). Plain contiguous
-    factors are copied with cp.async, ASYNC_STAGES tiles deep; others through registers, double-buffered."""
+    128 x 128; 64 x 32 of a tile 64 wide along the columns, as an attention head's): per mma k-step a warp loads its
+    row and column fragments from shared memory (ldmatrix for halves, plain loads for tf32) and issues one mma.sync
+    per 16 x 8 part of its quarter (4 x 8 of them for 64 x 64), each adding a 16 x 8 product into 4 float32
+    accumulators per thread (one REDUCE per mma tile, whose value is a WMMA; GEP picks an accumulator for the output
+    it holds). Plain contiguous factors are copied with cp.async, ASYNC_STAGES tiles deep; others through registers,
+    double-buffered."""
     kind, x, y = tc
     if not kind.tf32:  # whole tiles of 128 or 64 (tf32 tiles are TILE wide, with remainders)
         plan = replace(plan, rows=replace(plan.rows, fixed_tile=_tc_tile(plan.rows.size)),
