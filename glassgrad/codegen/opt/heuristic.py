@@ -16,7 +16,9 @@ In: a `Kernel`. Out: a list of `Opt`s (`NOOPT=1` skips this: no opts at all). Fo
 blocking axis (513), the axis is first padded (`PADTO`) to a multiple of the first width or row count whose padding
 adds at most 1/PAD_WASTE (1/8) of its iterations (`_padded_split`), then upcast by it as usual: 1023 -> 1024 and
 77 -> 80 for 16 lanes, 513 -> 528 for 16 rows, 27 -> 28 for 4 rows. A size some split divides is never padded, nor
-a vector axis that no reduction moves along (a softmax's row: its loop is elementwise SIMD already).
+a vector axis that no reduction moves along (a softmax's row: its loop is elementwise SIMD already), nor one whose
+tile would have no rows when 16 to 32 lanes divide it (a column sum of 1023: 31 lanes, `_exact_lanes`; padded, all
+its loads were gated and staged for no reuse).
 
 Three other tile shapes come first where they fit (the first opt is always the tile's SIMD loop):
 
@@ -383,6 +385,9 @@ def _vector_axis(k: Kernel) -> tuple[int, int] | None:
             candidates.append((axis, 0, size if size <= VECTOR_WIDTH else 1))
         elif (amount := next((f for f in VECTOR_SPLITS if size % f == 0 and size > f), None)) is not None:
             candidates.append((axis, amount, amount))
+        elif _tile_reduces_along(k, axis) and _blocking_axis(k, axis) is None and \
+                (amount := _exact_lanes(size)) is not None:  # a column sum of 1023: 33 x 31 lanes, no gate
+            candidates.append((axis, amount, min(amount, VECTOR_WIDTH)))
         elif _tile_reduces_along(k, axis) and \
                 (amount := _padded_split(size, (VECTOR_WIDTH, *VECTOR_SPLITS))) is not None:  # 1023, 77: padded
             candidates.append((axis, amount, amount))
@@ -390,6 +395,14 @@ def _vector_axis(k: Kernel) -> tuple[int, int] | None:
         return None
     axis, amount, _ = max(candidates, key=lambda c: c[2])  # max keeps the first (innermost) of equal lanes
     return axis, amount
+
+
+def _exact_lanes(size: int) -> int | None:
+    """The largest lane count from VECTOR_WIDTH to VECTOR_WHOLE_MAX that divides `size` (31 for 1023; none for 77),
+    if any: lanes with no padding for a tile with no rows. Padded, every load of such a tile (a column sum) is gated
+    and `codegen/stage.py` copies them all first, for no reuse: sum(axis=0) of 1000 x 1023, one thread, 0.46 ->
+    0.25 ms; of 2048 x 1023, 4.4 -> 1.0 ms. (11 lanes for 77 measured no faster than 80 padded.)"""
+    return next((d for d in range(VECTOR_WHOLE_MAX, VECTOR_WIDTH - 1, -1) if size % d == 0), None)
 
 
 def _padded_split(size: int, splits: Sequence[int]) -> int | None:
