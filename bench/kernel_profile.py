@@ -4,14 +4,18 @@ and print the kernels by time (the top `--top`), with their shape, opts and GFLO
 In: `--workload mnist` (examples/mnist.py's CNN, Adam, `--batch`), `gpt` (bench/gpt.py's training step, AdamW;
 `--small` for its small sizes), `gpt_bf16` (its bfloat16 GPT-2 124M row) or `generate` (one token of bench/gpt.py's
 cached generation), on the default device (`DEV=CUDA`). Out: the table. The step runs eagerly (a TinyJit replay runs
-its kernels as one CUDA graph, which cannot be timed kernel by kernel).
+its kernels as one CUDA graph, which cannot be timed kernel by kernel). `--dump NAME,NAME --out DIR` also writes the
+source of each distinct kernel of those names (a name can stand for several kernels of one shape) to
+DIR/NAME_HASH.src, headed by its count, mean time, opts and launch: what to read when a kernel is slow.
 
     python bench/kernel_profile.py [--batch 128] [--top 15]
     DEV=CUDA python bench/kernel_profile.py --workload gpt --top 30
+    DEV=CUDA python bench/kernel_profile.py --workload gpt_bf16 --dump r_8_1024_768_3072 --out /tmp/kernels
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import pathlib
 import sys
 from collections.abc import Callable
@@ -75,7 +79,11 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--workload", choices=("mnist", "gpt", "gpt_bf16", "generate"), default="mnist")
     parser.add_argument("--small", action="store_true", help="gpt, generate: bench/gpt.py's small sizes")
+    parser.add_argument("--dump", default="", help="comma-separated kernel names whose sources to write to --out")
+    parser.add_argument("--out", default=".", help="the folder --dump writes to")
     args = parser.parse_args()
+    dump = {name for name in args.dump.split(",") if name}
+    sources: dict[tuple[str, str], tuple[realize.ProgramSpec, list[float]]] = {}
     steps = {"mnist": lambda: mnist_step_fns(args.batch, Device.DEFAULT)[0], "gpt": lambda: gpt_step(args.small),
              "gpt_bf16": lambda: gpt_step(args.small, mixed=True),
              "generate": lambda: generate_step(args.small)}
@@ -94,6 +102,9 @@ def main() -> None:
             kernel = realize.compile_kernel(item.bufs[0].device, item.ast)
             flops = realize.GlobalCounters.global_ops - ops
             rows.append((seconds, kernel.spec.name, " ".join(map(repr, kernel.spec.opts)), flops / seconds / 1e9))
+            if kernel.spec.name in dump:
+                key = (kernel.spec.name, hashlib.sha256(kernel.spec.source.encode()).hexdigest()[:6])
+                sources.setdefault(key, (kernel.spec, []))[1].append(seconds)
     realize.run_item = timed  # type: ignore[assignment]
     with Context(TIMING=1):
         step()
@@ -112,6 +123,16 @@ def main() -> None:
     for seconds, name, _, _ in rows:  # E_ elementwise, r_ reductions; the size names the shape
         kinds.setdefault(name.split("_")[0], []).append(seconds)
     print("by kind: " + ", ".join(f"{kind} {len(ts)} kernels {sum(ts) * 1e3:.2f} ms" for kind, ts in kinds.items()))
+    write_sources(sources, pathlib.Path(args.out))
+
+
+def write_sources(sources: dict[tuple[str, str], tuple[realize.ProgramSpec, list[float]]], out: pathlib.Path) -> None:
+    """Each dumped kernel's source to out/NAME_HASH.src, headed by its count, mean time, opts and launch."""
+    for (name, digest), (spec, times) in sorted(sources.items()):
+        head = f"{name} {digest}: x{len(times)}, mean {1e3 * sum(times) / len(times):.3f} ms, opts {spec.opts}, " \
+            f"global {spec.global_size}, local {getattr(spec, 'local_size', None)}"
+        print("wrote", out / f"{name}_{digest}.src", "-", head)
+        (out / f"{name}_{digest}.src").write_text(f"// {head}\n{spec.source}")
 
 
 if __name__ == "__main__":
