@@ -584,32 +584,33 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp
     widths = (plan.rows.tile, plan.cols.tile)
     b = _block(plan, kind.tile_k, kind.tile_k // kind.mma_k, 32 * WARPS[0] * WARPS[1])
     dt = b.dt
-    sample = _tc_copies(plan, b, kind, (x, y), b.k_outer, 2)
+    layout = _TileAt(kind, 2, b.k_outer, widths, _tc_k_major(plan, kind, (x, y)))  # (stages and stage: set below)
+    sample = _tc_copies(plan, b, layout, (x, y), b.k_outer)
     # cp.async: 16-byte runs, or (float32) one gathered element each, zero-filled where its gate is off
     asynchronous = _copy_runs(sample, kind.chunk) is not None or \
         (kind.tf32 and all(_gathered(value) is not None for _, value in sample))
     stages = ASYNC_STAGES if asynchronous else 2
+    layout = replace(layout, stages=stages)
     smem = UOp(Ops.DEFINE_LOCAL, x.dtype, (), (0, stages * sum(widths) * kind.tile_k))
     tiles = math.ceil(b.k_size / kind.tile_k)
     if not asynchronous:
-        stores = [UOp(Ops.STORE, dtypes.void, (smem, i, v)) for i, v in _tc_copies(plan, b, kind, (x, y), b.k_outer,
-                                                                                  stages)]
+        stores = [UOp(Ops.STORE, dtypes.void, (smem, i, v)) for i, v in _tc_copies(plan, b, layout, (x, y), b.k_outer)]
         reader = UOp(Ops.BARRIER, smem.dtype, (smem, *stores))
     else:  # tiles 0..S-2 before the loop; in step k: wait for tile k, barrier, start tile k+S-1, multiply tile k
         committed = smem
         for t in range(stages - 1):  # S-1 groups (empty past the last tile): the wait below counts on them
-            first = _async_copies(committed, _tc_copies(plan, b, kind, (x, y), UOp.const(dt, t), stages), None) \
+            first = _async_copies(committed, _tc_copies(plan, b, layout, (x, y), UOp.const(dt, t)), None) \
                 if t < tiles else []
             committed = UOp(Ops.ASYNC_COMMIT, smem.dtype, (committed, *first))
         wait = UOp(Ops.ASYNC_WAIT, smem.dtype, (committed, b.k_outer), stages - 2)
         barrier = UOp(Ops.BARRIER, smem.dtype, (wait,))  # tile k landed for all; all are done with tile k-1
         ahead = b.k_outer + UOp.const(dt, stages - 1)
-        later = _async_copies(barrier, _tc_copies(plan, b, kind, (x, y), ahead, stages), ahead < UOp.const(dt, tiles))
+        later = _async_copies(barrier, _tc_copies(plan, b, layout, (x, y), ahead), ahead < UOp.const(dt, tiles))
         reader = UOp(Ops.ASYNC_COMMIT, smem.dtype, (barrier, *later))
     warp, lane = b.lidx // UOp.const(dt, 32), b.lidx % UOp.const(dt, 32)
     warp_row = (warp // UOp.const(dt, WARPS[1])) * UOp.const(dt, widths[0] // WARPS[0])
     warp_col = (warp % UOp.const(dt, WARPS[1])) * UOp.const(dt, widths[1] // WARPS[1])
-    at = _TileAt(kind, stages, b.k_outer % UOp.const(dt, stages), widths, _tc_k_major(plan, kind, (x, y)))
+    at = replace(layout, stage=b.k_outer % UOp.const(dt, stages))
     k0 = b.k_inner * UOp.const(dt, kind.mma_k)
     row_frags, col_frags = (_tf32_fragments if kind.tf32 else _half_fragments)(reader, at, warp_row, warp_col, lane, k0)
     outputs = []
@@ -636,16 +637,16 @@ def _half_fragments(reader: UOp, at: _TileAt, warp_row: UOp, warp_col: UOp, lane
     """ldmatrix.x4 of a 16 x 16 row fragment (registers a0..a3: rows 0-7/8-15 x k 0-7, then k 8-15) and of two
     16 x 8 column fragments (b0, b1 of columns 0-7, then of 8-15). Lane l names the row of matrix l/8 it holds: a
     [pos][k] side gives position rows (plain ldmatrix), a [k][pos] side k rows (ldmatrix.trans)."""
-    dt, chunk = lane.dtype, at.kind.chunk
-    eighth, half = lane % UOp.const(dt, 8), (lane // UOp.const(dt, 16)) * UOp.const(dt, 8)
-    odd_eighth = ((lane // UOp.const(dt, 8)) % UOp.const(dt, 2)) * UOp.const(dt, 8)
-    lane16, lane_half = lane % UOp.const(dt, 16), (lane // UOp.const(dt, 16)) * UOp.const(dt, chunk)
+    dt = lane.dtype
+    eight = UOp.const(dt, 8)  # (an 8 x 8 matrix of 16-bit elements: 8 of them are one 16-byte row)
+    row8, odd = lane % eight, ((lane // eight) % UOp.const(dt, 2)) * eight  # lane16 == row8 + odd
+    lane16, upper = lane % UOp.const(dt, 16), (lane // UOp.const(dt, 16)) * eight
 
     def row_at(r0: UOp) -> UOp:  # matrix l/8: rows +8 for odd l/8, k +8 for l >= 16
-        return at(0, r0 + odd_eighth, k0 + eighth + half) if at.k_major[0] else at(0, r0 + lane16, k0 + lane_half)
+        return at(0, r0 + odd, k0 + row8 + upper) if at.k_major[0] else at(0, r0 + lane16, k0 + upper)
 
     def col_at(c0: UOp) -> UOp:  # matrix l/8: k +8 for odd l/8, columns +8 for l >= 16
-        return at(1, c0 + lane_half, k0 + lane16) if at.k_major[1] else at(1, c0 + eighth + half, k0 + odd_eighth)
+        return at(1, c0 + upper, k0 + lane16) if at.k_major[1] else at(1, c0 + row8 + upper, k0 + odd)
     row_frags = [UOp(Ops.FRAGMENT, at.kind.dtype, (reader, row_at(warp_row + UOp.const(dt, i * MMA_M))),
                      ("row", at.k_major[0])) for i in range(at.m_tiles)]
     col_frags = [UOp(Ops.FRAGMENT, at.kind.dtype, (reader, col_at(warp_col + UOp.const(dt, p * 2 * MMA_N))),
@@ -683,8 +684,8 @@ class _TileAt:
     kind: TensorCoreKind
     stages: int
     stage: UOp
-    widths: tuple[int, int] = (TILE, TILE)  # the tile's extent along rows and along columns
-    k_major: tuple[bool, bool] = (False, True)  # each side stored [k][position] (else [position][k])
+    widths: tuple[int, int]  # the tile's extent along rows and along columns
+    k_major: tuple[bool, bool]  # each side stored [k][position] (else [position][k])
 
     @property
     def m_tiles(self) -> int:
@@ -709,14 +710,14 @@ class _TileAt:
         return base + row * UOp.const(dt, width) + chunk * UOp.const(dt, chunk_size) + col % UOp.const(dt, chunk_size)
 
 
-def _tc_copies(plan: MatmulPlan, b: _Block, kind: TensorCoreKind, values: tuple[UOp, UOp], k_tile: UOp,
-               stages: int) -> list[tuple[UOp, UOp]]:
-    """(shared index, value): this thread's part of k tile `k_tile` of both factors, in stage k_tile % stages."""
-    at = _TileAt(kind, stages, k_tile % UOp.const(b.dt, stages), (plan.rows.tile, plan.cols.tile),
-                 _tc_k_major(plan, kind, values))
+def _tc_copies(plan: MatmulPlan, b: _Block, layout: _TileAt, values: tuple[UOp, UOp],
+               k_tile: UOp) -> list[tuple[UOp, UOp]]:
+    """(shared index, value): this thread's part of k tile `k_tile` of both factors, in `layout`'s stage
+    k_tile % stages."""
+    at = replace(layout, stage=k_tile % UOp.const(b.dt, layout.stages))
     sides = zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), values)
     return [(at(side, *position), value) for side, (operand, tile, factor) in enumerate(sides)
-            for position, value in _tile_copy(operand, factor, tile, b, plan.k_ranges, kind.tile_k, k_tile)]
+            for position, value in _tile_copy(operand, factor, tile, b, plan.k_ranges, at.kind.tile_k, k_tile)]
 
 
 def _tc_k_major(plan: MatmulPlan, kind: TensorCoreKind, values: tuple[UOp, UOp]) -> tuple[bool, bool]:

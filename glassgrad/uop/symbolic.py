@@ -281,7 +281,9 @@ def _divmod_common_factor(terms: Terms, d: int, dtype: DType, op: Ops) -> UOp | 
     """For a sum `terms` >= 0 and a factor g of d: x = g*a + s with 0 <= s < g (the terms whose coefficients g does
     not divide make s) -> x // d = a // (d/g) and x % d = (a % (d/g))*g + s. With s = 0, (g*a) // (g*e) -> a // e;
     with s a position inside a 16-byte run (`8*j + step`), the run's elements share the quotient."""
-    for g in sorted((g for g in range(2, d + 1) if d % g == 0), reverse=True):
+    for g in sorted(_gcd_closure(d, [coef for _, coef in terms]), reverse=True):
+        if g < 2:
+            continue
         big = [(b, coef // g) for b, coef in terms if coef % g == 0]
         small = [(b, coef) for b, coef in terms if coef % g]
         if all(b is None for b, _ in big):
@@ -295,6 +297,18 @@ def _divmod_common_factor(terms: Terms, d: int, dtype: DType, op: Ops) -> UOp | 
         remainder = (reduced % small_d) * UOp.const(dtype, g)
         return remainder + rest if small else remainder
     return None
+
+
+def _gcd_closure(d: int, coefs: list[int]) -> set[int]:
+    """gcd(d, c) for each coefficient c, and the gcds of any of these: the only factors g of d worth trying above
+    (the largest g that works is the gcd of d and the coefficients it divides), a few numbers where the divisors of
+    d can be thousands (a vocabulary of 50304)."""
+    found = {math.gcd(d, c) for c in coefs if c}
+    frontier = set(found)
+    while frontier:
+        frontier = {math.gcd(a, b) for a in frontier for b in found} - found
+        found |= frontier
+    return found
 
 
 def _near_quotient(x: UOp, d: int) -> tuple[UOp, UOp] | None:

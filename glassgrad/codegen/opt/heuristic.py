@@ -408,7 +408,8 @@ def _exact_lanes(size: int) -> int | None:
     if any: lanes with no padding for a tile with no rows. Padded, every load of such a tile (a column sum) is gated
     and `codegen/stage.py` copies them all first, for no reuse: sum(axis=0) of 1000 x 1023, one thread, 0.46 ->
     0.25 ms; of 2048 x 1023, 4.4 -> 1.0 ms. (11 lanes for 77 measured no faster than 80 padded.)"""
-    return next((d for d in range(VECTOR_WHOLE_MAX, VECTOR_WIDTH - 1, -1) if size % d == 0), None)
+    lanes = _largest_divisor(size, VECTOR_WHOLE_MAX)
+    return lanes if lanes is not None and lanes >= VECTOR_WIDTH else None
 
 
 def _padded_split(size: int, splits: Sequence[int]) -> int | None:
