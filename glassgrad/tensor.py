@@ -229,23 +229,23 @@ class _TensorType(type):
 
 class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, metaclass=_TensorType):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
-    __slots__ = ("uop", "requires_grad", "grad", "_view_of", "__weakref__")
+    __slots__ = ("uop", "_requires_grad", "grad", "_view_of", "__weakref__")
     no_grad: ClassVar[bool] = False
     training = _TrainingFlag()  # instances read the flag; the class reads and writes it through _TensorType
     uop: UOp
     grad: Tensor | None
     _view_of: tuple[Tensor, UOp] | None  # (the tensor a movement op made this from, its node then): assign writes there
-    requires_grad: bool | None
+    _requires_grad: bool | None  # True, False, or None: undecided (tinygrad's default; see `requires_grad`)
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None) -> None:
         if type(data) is UOp and device is None and dtype is None and requires_grad is None:  # every op's result
-            self.uop, self.grad, self.requires_grad, self._view_of = data, None, None, None
+            self.uop, self.grad, self._requires_grad, self._view_of = data, None, None, None
             _LAZY.add(self)
             return
         if isinstance(device, (tuple, list)) and not isinstance(data, (UOp, bool, int, float)):
             whole = Tensor(data, canonical_devices(device)[0], dtype, requires_grad=None)
-            self.uop, self.grad, self.requires_grad, self._view_of = whole.shard(tuple(device)).uop, None, None, None
+            self.uop, self.grad, self._requires_grad, self._view_of = whole.shard(tuple(device)).uop, None, None, None
             if requires_grad:
                 self.requires_grad_(True)
             return
@@ -266,13 +266,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             uop = _uop_from_array(data, want, device)
         if want is not None and uop.dtype != want:
             uop = uop.cast(want)
-        self.uop, self.grad, self.requires_grad, self._view_of = uop, None, None, None
+        self.uop, self.grad, self._requires_grad, self._view_of = uop, None, None, None
         if not is_buffer_view(uop):
             _LAZY.add(self)
         if requires_grad:
             self.requires_grad_(True)
         elif requires_grad is False:
-            self.requires_grad = False
+            self._requires_grad = False
 
     # ------------------------------------------------------------------ properties
     @property
@@ -326,11 +326,26 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
                                " .all()")
         return bool(self.item())
 
+    @property
+    def requires_grad(self) -> bool | None:
+        """True: `backward()` fills this tensor's `.grad`. False: never (PyTorch's default for a plain tensor, a
+        layer's buffers). None: undecided, tinygrad's default (a layer's parameter until an optimizer takes it; a
+        fresh tensor, which gets a gradient only when nothing in the graph asked for one, as in tinygrad 0.14)."""
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool | None) -> None:
+        """`t.requires_grad = True` is `t.requires_grad_(True)`, as in PyTorch."""
+        if value is None:
+            self._requires_grad = None
+        else:
+            self.requires_grad_(bool(value))
+
     def requires_grad_(self, value: bool = True) -> Tensor:
-        self.requires_grad = value
+        if value and not self.dtype.is_float:
+            raise RuntimeError(f"only floating point tensors can require gradients, this one is {self.dtype}")
+        self._requires_grad = bool(value)
         if value:
-            if not self.dtype.is_float:
-                raise RuntimeError(f"only floating point tensors can require gradients, this one is {self.dtype}")
             _REQUIRES_GRAD[id(self)] = self
         return self
 

@@ -460,3 +460,25 @@ def test_gradient_accumulation_with_a_hand_written_optimizer_jit_equals_eager() 
     eager, jitted = _gradaccum_losses(False), _gradaccum_losses(True)
     np.testing.assert_allclose(jitted, eager, rtol=1e-5)
     assert eager[-1] < eager[0]
+
+
+@pytest.mark.parametrize("realized", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_requires_grad_set_as_an_attribute(realized: bool, dtype: str) -> None:
+    """`x.requires_grad = True` (PyTorch's habit, after the tensor exists) is `x.requires_grad_(True)`: backward fills
+    x.grad. It used to set the flag without registering the tensor, so x.grad stayed None (or backward raised)."""
+    data = np.array([0.5, -1.0, 2.0, 0.0], dtype=np.float32)
+    x = Tensor(data).cast(dtype)
+    if realized:
+        x.realize()
+    x.requires_grad = True
+    (x * x * 3).sum().backward()
+    assert x.grad is not None
+    np.testing.assert_allclose(x.grad.float().numpy(), 6 * data, rtol=1e-2)
+    w = Tensor(data)
+    w.requires_grad = True
+    w.requires_grad = False  # switched off again: not a target (and nothing else asks, so backward raises)
+    with pytest.raises(RuntimeError, match="can take a gradient"):
+        (w * 2).sum().backward()
+    with pytest.raises(RuntimeError, match="floating point"):
+        Tensor([1, 2]).requires_grad = True
