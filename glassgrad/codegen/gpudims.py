@@ -613,7 +613,7 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp
     at = replace(layout, stage=b.k_outer % UOp.const(dt, stages))
     k0 = b.k_inner * UOp.const(dt, kind.mma_k)
     row_frags, col_frags = (_tf32_fragments if kind.tf32 else _half_fragments)(reader, at, warp_row, warp_col, lane, k0)
-    outputs = []
+    results: list[tuple[UOp, UOp, UOp]] = []  # (accumulator, row, column in the tile)
     for i in range(len(row_frags)):
         for j in range(at.n_tiles):
             # a half col fragment holds two 16 x 8 column tiles (WMMA's arg: which), a tf32 one a single tile
@@ -621,16 +621,74 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp
             mma = UOp(Ops.WMMA, dtypes.float32, (row_frags[i], col_frag), half)
             red = UOp(Ops.REDUCE, dtypes.float32, (mma, b.k_outer, b.k_inner), Ops.ADD)
             for e in range(4):  # accumulator e holds row lane/4 (+8 for e >= 2), column 2*(lane%4) + e%2
-                row = b.row_tile * UOp.const(dt, widths[0]) + warp_row + UOp.const(dt, i * MMA_M + 8 * (e // 2)) + \
-                    lane // UOp.const(dt, 4)
-                col = b.col_tile * UOp.const(dt, widths[1]) + warp_col + UOp.const(dt, j * MMA_N + e % 2) + \
-                    (lane % UOp.const(dt, 4)) * UOp.const(dt, 2)
-                outputs.append(_output(plan, b, UOp(Ops.GEP, dtypes.float32, (red,), e), row, col))
+                row = warp_row + UOp.const(dt, i * MMA_M + 8 * (e // 2)) + lane // UOp.const(dt, 4)
+                col = warp_col + UOp.const(dt, j * MMA_N + e % 2) + (lane % UOp.const(dt, 4)) * UOp.const(dt, 2)
+                results.append((UOp(Ops.GEP, dtypes.float32, (red,), e), row, col))
+    outputs = _staged_outputs(plan, b, smem, widths, results) or \
+        [_output(plan, b, acc, b.row_tile * UOp.const(dt, widths[0]) + row, b.col_tile * UOp.const(dt, widths[1]) + col)
+         for acc, row, col in results]
     sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
     return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
 
 
 Fragments = tuple[list[UOp], list[UOp]]
+RUN_BYTES = 16     # a staged tile leaves shared memory in runs of 16 bytes (one uint4 per lane)
+STAGED_PAD = 8     # elements of padding per staged row: rows stay 16-byte aligned, and a fragment's 8 rows of
+                   # 2-byte pairs land in 8 different bank groups (row stride 68 words for a 128-wide tile)
+
+
+def _staged_outputs(plan: MatmulPlan, b: _Block, smem: UOp, widths: tuple[int, int],
+                    results: list[tuple[UOp, UOp, UOp]]) -> list[UOp] | None:
+    """The tile's outputs stored through shared memory: once every warp is done with the factors' tiles, each thread
+    writes its accumulators' outputs (the kernel's epilogue applied, in the output dtype) to a [row][column] copy
+    of the tile in the factors' shared buffer; after a barrier the block copies it out in 16-byte runs, consecutive
+    lanes along a row (COPY_OUT). A fragment holds 2 neighbouring columns of 8 rows per lane, so storing it
+    directly writes 4 bytes of each of 8 rows per warp instruction; the runs write whole 128-byte lines.
+
+    None (store directly) unless the output has the factors' element size, fits the shared buffer, is stored
+    ungated, and each run of 16 bytes of the tile's rows is provably contiguous and aligned in the output."""
+    dt, value = b.dt, plan.store.src[2]
+    run = RUN_BYTES // smem.dtype.itemsize
+    if len(plan.store.src) != 3 or value.dtype != smem.dtype or widths[1] % run or \
+            plan.rows.size % widths[0] or plan.cols.size % widths[1]:
+        return None
+    stride = next((w for w in (widths[1] + STAGED_PAD, widths[1]) if widths[0] * w <= smem.arg[1]), None)
+    runs = widths[0] * widths[1] // run
+    if stride is None or runs % b.threads:
+        return None
+    copies = []
+    for q in range(runs // b.threads):
+        n = b.lidx + UOp.const(dt, q * b.threads)
+        row, col = n // UOp.const(dt, widths[1] // run), (n % UOp.const(dt, widths[1] // run)) * UOp.const(dt, run)
+        index = _run_index(plan, b, b.row_tile * UOp.const(dt, widths[0]) + row,
+                           b.col_tile * UOp.const(dt, widths[1]) + col, run)
+        if index is None:
+            return None
+        copies.append((index, row * UOp.const(dt, stride) + col))
+    done = UOp(Ops.BARRIER, smem.dtype, (smem, *(acc for acc, _, _ in results)))  # the factors' tiles are free
+    stores = []
+    for acc, row, col in results:
+        out = _output(plan, b, acc, b.row_tile * UOp.const(dt, widths[0]) + row,
+                      b.col_tile * UOp.const(dt, widths[1]) + col)
+        stores.append(UOp(Ops.STORE, dtypes.void, (done, row * UOp.const(dt, stride) + col, out.src[2])))
+    ready = UOp(Ops.BARRIER, smem.dtype, (done, *stores))
+    return [UOp(Ops.COPY_OUT, dtypes.void, (plan.store.src[0], index, ready, local)) for index, local in copies]
+
+
+def _run_index(plan: MatmulPlan, b: _Block, row: UOp, col: UOp, run: int) -> UOp | None:
+    """The output index of (row, col) when outputs (row, col) .. (row, col + run - 1) are consecutive elements and
+    the first is a multiple of `run` (a 16-byte aligned run: buffers start 256-byte aligned); else None."""
+    positions = {**b.batch_map, **_positions(plan.rows, row)}
+    first = simplify(substitute(plan.store.src[1], {**positions, **_positions(plan.cols, col)}))
+    aligned = simplify(first % UOp.const(b.dt, run))
+    if aligned.op is not Ops.CONST or aligned.arg != 0:
+        return None
+    for i in range(1, run):
+        at = substitute(plan.store.src[1], {**positions, **_positions(plan.cols, col + UOp.const(b.dt, i))})
+        step = simplify(at - first)
+        if step.op is not Ops.CONST or step.arg != i:
+            return None
+    return first
 
 
 def _half_fragments(reader: UOp, at: _TileAt, warp_row: UOp, warp_col: UOp, lane: UOp, k0: UOp) -> Fragments:

@@ -188,7 +188,8 @@ class _Emitter:
             self.frames[-1].append(red)
 
 
-_NOT_HOISTED = (Ops.REDUCE, Ops.GROUP_REDUCE, Ops.STORE, Ops.SINK, Ops.DEFINE_ACC, Ops.ACCUMULATE, Ops.BARRIER)
+_NOT_HOISTED = (Ops.REDUCE, Ops.GROUP_REDUCE, Ops.STORE, Ops.COPY_OUT, Ops.SINK, Ops.DEFINE_ACC, Ops.ACCUMULATE,
+                Ops.BARRIER)
 
 
 def _is_stage(u: UOp) -> bool:

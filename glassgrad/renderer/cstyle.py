@@ -149,6 +149,10 @@ class CStyleLanguage:
     # dtypes a STORE arg=ADD (a scatter's `buf[i] += v` at a data-dependent index) can add; others keep the one-hot sum
     scatter_dtypes: frozenset[DType] = frozenset()
 
+    def render_copy_out(self, buf: str, index: str, smem: str, smem_index: str) -> str:
+        """A 16-byte run from shared memory into `buf` (COPY_OUT: tensor-core kernels only)."""
+        raise NotImplementedError(f"{type(self).__name__} has no 16-byte copies out of shared memory")
+
     def render_store_add(self, buf: str, index: str, value: str, dtype: DType) -> str:
         """`buf[index] += value` as one statement; on GPUs an atomic add (other threads may add to the element)."""
         raise NotImplementedError(f"{type(self).__name__} cannot add {dtype} at a data-dependent index")
@@ -302,7 +306,7 @@ class CStyleLanguage:
                 return f"ridx{s.arg[0]}"
             return self.render_const(s.arg, s.dtype) if s.op is Ops.CONST else names[s]
 
-        outputs = {u.src[0] for u in program if u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_GLOBAL}
+        outputs = {u.src[0] for u in program if u.op in (Ops.STORE, Ops.COPY_OUT) and u.src[0].op is Ops.DEFINE_GLOBAL}
         for position, u in enumerate(program):
             # what a barrier or a commit orders (STOREs, copies) has no value; a wait's loop index is only its scope
             a = [ref(s) for s in (u.src if u.op not in _ORDERING else u.src[:1])]
@@ -407,6 +411,8 @@ class CStyleLanguage:
                      f"{self.render_store_add(a[0], a[1], a[2], u.src[2].dtype)}")
             elif u.op is Ops.STORE:
                 line(f"{'if (' + a[3] + ') ' if len(a) == 4 else ''}{a[0]}[{a[1]}] = {a[2]};")
+            elif u.op is Ops.COPY_OUT:
+                line(self.render_copy_out(a[0], a[1], a[2], a[3]))
             elif u.op is Ops.SPECIAL:
                 names[u] = new_name(u.arg[0])
                 for text in self.render_special(u, names[u], a[0] if a else None):

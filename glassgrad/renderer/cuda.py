@@ -168,6 +168,9 @@ class CUDARenderer(CStyleLanguage):
             return f"gg_cp_async4(&{smem}[{index}], &{buf}[{buf_index}], true);"
         return f"gg_cp_async4(&{smem}[{index}], &{buf}[{gate} ? {buf_index} : 0], {gate});"
 
+    def render_copy_out(self, buf: str, index: str, smem: str, smem_index: str) -> str:
+        return f"*(uint4*)&{buf}[{index}] = *(const uint4*)&{smem}[{smem_index}];"
+
     def render_async_commit(self) -> str:
         return 'asm volatile("cp.async.commit_group;" ::: "memory");'
 

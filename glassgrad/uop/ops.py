@@ -68,6 +68,10 @@ class Ops(Enum):
     # (zero-filled where the gate is off); ASYNC_COMMIT closes a group of them; ASYNC_WAIT waits until at most
     # `arg` groups are pending. Both yield the shared buffer, like BARRIER, so what reads it is ordered after them
     ASYNC_COPY = auto(); ASYNC_COMMIT = auto(); ASYNC_WAIT = auto()  # noqa: E702
+    # a 16-byte run copied from shared memory into a global buffer (src: the global buffer, its element index, the
+    # shared buffer's BARRIER, the shared index): a tensor-core tile's outputs leave through shared memory in whole
+    # runs instead of one element per lane (codegen/gpudims.py, `_staged_outputs`)
+    COPY_OUT = auto()
     # several devices (glassgrad/multi.py): MULTI(part_0, ..., part_n-1) arg=axis is one tensor whose parts live on
     # n devices, split along `axis` (None: each part is a whole copy); its device is the tuple of the parts' devices.
     # ALLREDUCE(p_0, ..., p_n-1) arg=(op, i) is, on p_i's device, the elementwise `op` (ADD, MAX, MUL) of the n
