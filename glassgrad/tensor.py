@@ -1675,7 +1675,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         return flipped.argmax(axis, keepdim)
 
     def logsumexp(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
-        m = self._float().max(axis, keepdim=True)
+        m = self._float().max(axis, keepdim=True).detach()  # any shift gives the same value: no gradient through it
         m = (m == math.inf).where(0.0, (m == -math.inf).where(0.0, m))  # keep inf/-inf rows finite-safe
         out = (self - m).exp().sum(axis, keepdim=True).log() + m
         return out if keepdim else out.squeeze_axes(self._resolve_axes(axis))
@@ -1747,7 +1747,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         if x.numel() == 0:
             x._resolve_axes(axis)  # nothing to normalise, but a bad axis is still an error
             return x
-        e = (x - x.max(axis, keepdim=True)).exp()
+        # the shift by the row's max keeps exp finite and changes nothing else, so no gradient flows through it (a
+        # backward through the max would add a reduction that counts its ties, for a term that is exactly zero)
+        e = (x - x.max(axis, keepdim=True).detach()).exp()
         return e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element
 
     def log_softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
@@ -1755,7 +1757,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         if x.numel() == 0:
             x._resolve_axes(axis)
             return x
-        shifted = x - x.max(axis, keepdim=True)
+        shifted = x - x.max(axis, keepdim=True).detach()  # (as in softmax: the shift has no gradient)
         return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
     def one_hot(self, num_classes: int = -1) -> Tensor:

@@ -1319,3 +1319,44 @@ def test_gpu_splits_columns_with_the_parts_outermost_and_keeps_rows_whole() -> N
     assert len(kernels(Tensor.empty(64, 128, 56, 56).sum((0, 2, 3)), device="CUDA")) == 2
     assert len(kernels(Tensor.empty(128, 48).sum(0), device="CUDA")) == 1
     assert len(kernels(Tensor.empty(8, 1024, 768).sum((0, 1)), device="CPU")) == 1
+
+
+def test_a_value_read_only_through_a_narrowing_cast_is_stored_narrow() -> None:
+    """Autocast's logits: a matmul (float32 accumulator) cast to bfloat16, read by several kernels that widen it
+    again. Every reader rounds it to bfloat16 first, so the kernel that computes it stores the bfloat16 (half the
+    bytes of the float32 the loss's kernels read before), and the loss is the same."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((64, 32), dtype=np.float32), rng.standard_normal((32, 48), dtype=np.float32)
+    logits = (Tensor(x) @ Tensor(w)).cast(dtypes.bfloat16).float()
+    loss = logits.log_softmax(-1).mean() + logits.square().mean()
+    schedule, _ = create_schedule([loss.uop])
+    matmul = next(item for item in schedule if any(u.op is Ops.REDUCE and u.arg is Ops.ADD and u.src[0].op is Ops.MUL
+                                                   for u in item.ast.toposort()))
+    assert matmul.bufs[0].dtype == dtypes.bfloat16
+    ref = Tensor(x).numpy() @ w
+    ref = Tensor(ref).cast(dtypes.bfloat16).float().numpy().astype(np.float64)
+    shifted = ref - ref.max(-1, keepdims=True)
+    expected = (shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))).mean() + (ref ** 2).mean()
+    np.testing.assert_allclose(loss.item(), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_no_gradient_flows_through_the_max_that_shifts_a_softmax(op: str) -> None:
+    """softmax(x - c) is softmax(x) for any c: the row max only keeps exp finite, so it is detached (as tinygrad and
+    PyTorch do). A gradient through it added a reduction counting the max's ties and another pass over the rows (two
+    of the bf16 GPT-2 loss's 8192 x 50304 kernels); the gradient is the same."""
+    rng = np.random.default_rng(1)
+    data, g = rng.standard_normal((4, 33), dtype=np.float32), rng.standard_normal((4, 33), dtype=np.float32)
+    data[0, :3] = data[0].max() + 1  # ties at the max
+    x = Tensor(data, requires_grad=True)
+    out = x.logsumexp(-1, keepdim=True) if op == "logsumexp" else getattr(x, op)(-1)
+    (out * Tensor(g[:, :1] if op == "logsumexp" else g)).sum().backward()
+    assert x.grad is not None
+    reductions = [u for u in x.grad.uop.toposort() if u.op is Ops.REDUCE_AXIS]
+    assert len(reductions) == (2 if op == "logsumexp" else 3)  # max, sum of exp (and the gradient's row sum)
+    d = data.astype(np.float64)
+    p = np.exp(d - d.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    expected = {"softmax": p * (g - (g * p).sum(-1, keepdims=True)), "log_softmax": g - p * g.sum(-1, keepdims=True),
+                "logsumexp": p * g[:, :1]}[op]
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-4, atol=1e-6)
