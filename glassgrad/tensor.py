@@ -728,6 +728,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             _check_fits(dt, (start, start + (count - 1) * step), "arange")
         # index i -> start + i*step, built from a cumulative count so it stays one fused kernel
         idx = _index_tensor(count, device)
+        if start == 0 and step == 1:  # the index itself (`* 1 + 0` changes no value; an int index fits dt, checked)
+            return _needing_grad(idx if idx.dtype is dt else idx.cast(dt), requires_grad)
         return _needing_grad((idx.cast(dt if dt.is_float else dtypes.int64) * step + start).cast(dt), requires_grad)
 
     @staticmethod
