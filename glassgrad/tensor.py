@@ -409,8 +409,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             # weight that the forward read: the forward so far is realized, and must still lead to the weight)
             kept = {t.uop for t in readers}
             lineage_of = kept if lineage_of is None else lineage_of & kept
-        _record_realized(views, True, lineage_of)
         assigned = any(node.op is Ops.ASSIGN for node in views)
+        _record_realized(views, True, lineage_of, assigned)
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
         if assigned:  # an assign realized as part of a larger graph: its target tensor holds the new version now
@@ -2074,7 +2074,8 @@ def mark_trainable(t: Tensor) -> Tensor:
     return t
 
 
-def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[UOp] | None = None) -> None:
+def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[UOp] | None = None,
+                     assigned: bool = True) -> None:
     """Remember each realized node's buffer view (REALIZED) and, with gradients on, the graph it came from (LINEAGE).
 
     An assign's view gets its value's graph (gradients flow through `y.assign(w * 2)`, as through PyTorch's `copy_`),
@@ -2084,9 +2085,10 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
     parameter not yet given to an optimiser, requires_grad None: gradaccum_mnist.py updates its parameters with
     hand-written Adam, and a lineage would recompute them from overwritten buffers); nor does one into
     a tensor marked `requires_grad=False` (running statistics, the random generator's state). The target's old
-    version forgets its lineage, since nothing can read that version any more: no chain of steps builds up."""
+    version forgets its lineage, since nothing can read that version any more: no chain of steps builds up.
+    `assigned` False: the caller knows no node of `views` is an ASSIGN."""
     leaves = {id(t.uop) for t in _pending_assigns() if t.requires_grad is not None or id(t) in _REQUIRES_GRAD} \
-        if any(node.op is Ops.ASSIGN for node in views) else set()
+        if assigned and any(node.op is Ops.ASSIGN for node in views) else set()
     for node, view in views.items():
         REALIZED[node] = view
         if node.op is Ops.ASSIGN:
