@@ -60,20 +60,12 @@ class DType:
     @property
     def min(self) -> int | float | bool:
         """The smallest value (-inf for floats), as tinygrad's `dtypes.int.min`."""
-        if self.is_bool:
-            return False
-        if self.is_int:
-            return int(np.iinfo(self.np).min)
-        return float("-inf")
+        return _limits(self)[0]
 
     @property
     def max(self) -> int | float | bool:
         """The largest value (inf for floats), as tinygrad's `dtypes.int.max`."""
-        if self.is_bool:
-            return True
-        if self.is_int:
-            return int(np.iinfo(self.np).max)
-        return float("inf")
+        return _limits(self)[1]
 
 
 class dtypes:
@@ -158,6 +150,17 @@ class dtypes:
 ALL_DTYPES: tuple[DType, ...] = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32,
                                  dtypes.uint32, dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16,
                                  dtypes.float32, dtypes.float64)
+@functools.cache
+def _limits(dtype: DType) -> tuple[int | float | bool, int | float | bool]:
+    """(min, max) of a dtype (asked for every int constant and arange: `np.iinfo` once per dtype)."""
+    if dtype.is_bool:
+        return False, True
+    if dtype.is_int:
+        info = np.iinfo(dtype.np)
+        return int(info.min), int(info.max)
+    return float("-inf"), float("inf")
+
+
 _FLOATS = frozenset({dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64})
 _UINTS = frozenset({dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64})
 _INTS = frozenset({dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64}) | _UINTS

@@ -89,10 +89,31 @@ class _LazyTensors:
         return [t for t, _ in alive.values()]
 
 
-def _assign_targets() -> list[Tensor]:
-    """The live tensors of ASSIGN_TARGETS. (Every realize looks at them: the dictionary's weak references, called
-    here, cost a fraction of iterating its values, a generator under an iteration guard.)"""
-    return [t for ref in ASSIGN_TARGETS.valuerefs() if (t := ref()) is not None]
+# the assign targets that may hold a pending write: every tensor of ASSIGN_TARGETS whose node is an ASSIGN is in here
+# (`_note_pending_assign` at each place that gives a tensor a node), so a realize looks at the writes pending now,
+# not at every assign target of the program (a model's parameters and its optimizer's state)
+_PENDING_ASSIGNS: dict[int, weakref.ref[Tensor]] = {}
+
+
+def _note_pending_assign(t: Tensor) -> None:
+    """Call after giving `t` a new node: an assign target whose node is now an ASSIGN joins `_PENDING_ASSIGNS`."""
+    if t.uop.op is Ops.ASSIGN and ASSIGN_TARGETS.get(id(t)) is t:
+        _PENDING_ASSIGNS[id(t)] = weakref.ref(t)
+
+
+def _pending_assigns() -> list[Tensor]:
+    """The assign targets whose node is an ASSIGN (a write not realized yet). Those whose write was realized (or
+    that died) leave the table."""
+    found, done = [], []
+    for key, ref in _PENDING_ASSIGNS.items():
+        t = ref()
+        if t is not None and t.uop.op is Ops.ASSIGN and ASSIGN_TARGETS.get(key) is t:
+            found.append(t)
+        else:
+            done.append(key)
+    for key in done:
+        del _PENDING_ASSIGNS[key]
+    return found
 
 
 def _settled(t: Tensor) -> bool:
@@ -158,9 +179,11 @@ class _RNG:
     @staticmethod
     def advances() -> list[Tensor]:
         """The count advances that a realize must run (and forget): one per device that was drawn from."""
-        out = []
+        out: list[Tensor] = []
+        if not _RNG.pending:  # (every realize: nothing drawn since the last)
+            return out
         for device, drawn in list(_RNG.pending.items()):
-            _RNG.pending[device] = 0  # first: an advance still pending is realized by the assign below
+            del _RNG.pending[device]  # first: an advance still pending is realized by the assign below
             if drawn and (state := _RNG.states.get(device)) is not None:
                 state.assign(state + Tensor(np.array([0, drawn], np.uint64), device=device))
                 out.append(state)
@@ -241,7 +264,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
                  requires_grad: bool | None = None) -> None:
         if type(data) is UOp and device is None and dtype is None and requires_grad is None:  # every op's result
             self.uop, self.grad, self._requires_grad, self._view_of = data, None, None, None
-            _LAZY.add(self)
+            refs = _LAZY.refs  # (_LAZY.add, inline)
+            refs.append(weakref.ref(self))
+            if len(refs) > _LAZY.limit:
+                _LAZY.tensors()
             return
         if isinstance(device, (tuple, list)) and not isinstance(data, (UOp, bool, int, float)):
             whole = Tensor(data, canonical_devices(device)[0], dtype, requires_grad=None)
@@ -398,12 +424,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             # weight that the forward read: the forward so far is realized, and must still lead to the weight)
             kept = {t.uop for t in readers}
             lineage_of = kept if lineage_of is None else lineage_of & kept
-        _record_realized(views, True, lineage_of)
         assigned = any(node.op is Ops.ASSIGN for node in views)
+        _record_realized(views, True, lineage_of, assigned)
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
         if assigned:  # an assign realized as part of a larger graph: its target tensor holds the new version now
-            for t in _assign_targets():
+            for t in _pending_assigns():
                 if t.uop.op is Ops.ASSIGN and (new := views.get(t.uop)) is not None:
                     t.uop = new
 
@@ -489,6 +515,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             return self._assign_through_view(value.cast(self.dtype))
         self._take_own_buffer()
         self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, value.cast(self.dtype).uop))
+        _note_pending_assign(self)
         _LAZY.add(self)
         return self
 
@@ -501,6 +528,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         full, inside = _place_in_parent(chain, value.uop)
         parent.assign(Tensor(inside).where(Tensor(full), parent))
         self.uop = _rebuild_chain(chain, parent.uop)
+        _note_pending_assign(self)
         self._view_of = (parent, parent.uop)
         _LAZY.add(self)
         return self
@@ -715,6 +743,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             _check_fits(dt, (start, start + (count - 1) * step), "arange")
         # index i -> start + i*step, built from a cumulative count so it stays one fused kernel
         idx = _index_tensor(count, device)
+        if start == 0 and step == 1:  # the index itself (`* 1 + 0` changes no value; an int index fits dt, checked)
+            return _needing_grad(idx if idx.dtype is dt else idx.cast(dt), requires_grad)
         return _needing_grad((idx.cast(dt if dt.is_float else dtypes.int64) * step + start).cast(dt), requires_grad)
 
     @staticmethod
@@ -1861,6 +1891,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         if x.shape != self.shape:
             raise ValueError(f"replace: shape {x.shape} does not match this tensor's shape {self.shape}")
         self.uop = x.uop
+        _note_pending_assign(self)
         return self
 
     def to_(self, device: str | None) -> Tensor:
@@ -2060,7 +2091,8 @@ def mark_trainable(t: Tensor) -> Tensor:
     return t
 
 
-def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[UOp] | None = None) -> None:
+def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[UOp] | None = None,
+                     assigned: bool = True) -> None:
     """Remember each realized node's buffer view (REALIZED) and, with gradients on, the graph it came from (LINEAGE).
 
     An assign's view gets its value's graph (gradients flow through `y.assign(w * 2)`, as through PyTorch's `copy_`),
@@ -2070,10 +2102,10 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
     parameter not yet given to an optimiser, requires_grad None: gradaccum_mnist.py updates its parameters with
     hand-written Adam, and a lineage would recompute them from overwritten buffers); nor does one into
     a tensor marked `requires_grad=False` (running statistics, the random generator's state). The target's old
-    version forgets its lineage, since nothing can read that version any more: no chain of steps builds up."""
-    leaves = {id(t.uop) for t in _assign_targets()
-              if (t.requires_grad is not None or id(t) in _REQUIRES_GRAD) and t.uop.op is Ops.ASSIGN} \
-        if any(node.op is Ops.ASSIGN for node in views) else set()
+    version forgets its lineage, since nothing can read that version any more: no chain of steps builds up.
+    `assigned` False: the caller knows no node of `views` is an ASSIGN."""
+    leaves = {id(t.uop) for t in _pending_assigns() if t.requires_grad is not None or id(t) in _REQUIRES_GRAD} \
+        if assigned and any(node.op is Ops.ASSIGN for node in views) else set()
     for node, view in views.items():
         REALIZED[node] = view
         if node.op is Ops.ASSIGN:
@@ -2107,7 +2139,7 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
     """The lazy tensors (besides `pending`) that read a buffer version which realizing `pending` overwrites: they are
     realized in the same schedule, before the write (the scheduler orders readers of version v first). Nothing to
     do, and nearly free, while no assign is pending."""
-    if not any(t.uop.op is Ops.ASSIGN for t in _assign_targets()):
+    if not _pending_assigns():
         return []
     chosen = {id(t) for t in pending}
     outs, extra = [t.uop for t in pending], list[Tensor]()
@@ -2120,7 +2152,7 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
         # their graphs may hold assigns of their own; not when every pending assign is written already (an optimizer
         # step's gradients: no walk through the backward graph. An assign whose target tensor is gone is not tracked:
         # a reader of what it overwrites then raises the stale-read error instead of keeping its value)
-        if all(u in writing for t in _assign_targets() if (u := t.uop).op is Ops.ASSIGN):
+        if all(t.uop in writing for t in _pending_assigns()):
             break
         outs = [t.uop for t in found]
     return extra
@@ -2130,7 +2162,7 @@ def _overwritten_by(outs: list[UOp]) -> set[tuple[Buffer, int]]:
     """The buffer versions realizing `outs` overwrites. An optimizer step realizes every pending assign as an output
     of its own: then no walk through the graphs is needed to find them."""
     realizing = {id(o) for o in outs}
-    if all(id(t.uop) in realizing for t in _assign_targets() if t.uop.op is Ops.ASSIGN):
+    if all(id(t.uop) in realizing for t in _pending_assigns()):
         return {v for u in outs if u.op is Ops.ASSIGN for v in written_versions(u)}
     return overwritten_versions(outs, REALIZED.get)
 

@@ -408,3 +408,43 @@ def test_inplace_operators_write_the_buffer_and_through_views() -> None:
     v += 1
     np.testing.assert_array_equal(v.numpy(), [7, 9])
     np.testing.assert_array_equal(x.numpy(), [4, 7, 9, 10])
+
+
+def test_pending_writes_are_found_among_many_assign_targets() -> None:
+    """A realize looks only at the assign targets whose write is pending (`_PENDING_ASSIGNS`), not at every one:
+    with many settled targets around, a lazy reader of a version that a pending write overwrites still keeps the
+    value it had, whichever tensor's realize runs the write, and a target stops being pending once written."""
+    from glassgrad.tensor import _pending_assigns
+    settled = [Tensor(np.full(3, i, np.float32)).realize() for i in range(20)]
+    for t in settled:
+        t.assign(t + 1).realize()
+    w = Tensor(np.arange(3, dtype=np.float32)).realize()
+    w.assign(w + 1).realize()
+    reader = w * 2  # reads version 1 of w's buffer
+    w.assign(w + 10)
+    assert _pending_assigns() == [w]
+    (Tensor(np.ones(3, np.float32)) + 1).realize()  # an unrelated realize leaves the write pending
+    assert _pending_assigns() == [w]
+    settled[0].assign(settled[0] * 3).realize()
+    assert _pending_assigns() == [w]
+    w.realize()
+    assert _pending_assigns() == []
+    np.testing.assert_array_equal(reader.numpy(), (np.arange(3) + 1) * 2)
+    np.testing.assert_array_equal(w.numpy(), np.arange(3) + 11)
+    np.testing.assert_array_equal(settled[0].numpy(), np.full(3, 3.0))
+
+
+def test_a_pending_write_taken_over_by_replace_is_still_ordered_after_its_readers() -> None:
+    """`replace` can give an assign target another target's pending ASSIGN node: it then counts as pending too,
+    and realizing it runs the write after the lazy readers of the old version (they keep their values)."""
+    a = Tensor(np.zeros(3, np.float32)).realize()
+    a.assign(a + 1).realize()  # a is an assign target
+    b = Tensor(np.arange(3, dtype=np.float32)).realize()
+    b.assign(b + 1).realize()
+    old = b + 0.5  # reads b's version 1
+    b.assign(b * 4)
+    a.replace(b)
+    a.realize()
+    np.testing.assert_array_equal(old.numpy(), np.arange(3) + 1.5)
+    np.testing.assert_array_equal(a.numpy(), (np.arange(3) + 1) * 4)
+    np.testing.assert_array_equal(b.numpy(), (np.arange(3) + 1) * 4)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from glassgrad import Tensor, dtypes
+from glassgrad.dtype import to_dtype
 from glassgrad.uop.ops import Ops
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # float16 + 2**40 is inf
@@ -130,3 +131,24 @@ def test_sub_and_div_fast_paths_are_the_general_paths(dtype: str, other: object,
             continue
         fast = fast_fn(x, other, reverse)  # type: ignore[arg-type]
         assert fast.uop is general.uop and fast.dtype == general.dtype
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int8", "uint8", "int64", "float32", "float16", "bool"])
+@pytest.mark.parametrize("n", [0, 1, 7, 100])
+def test_arange_from_zero_is_the_index_with_numpy_values(dtype: str, n: int) -> None:
+    """`arange(n)` (start 0, step 1) is the index node itself (cast when another dtype is asked for), without the
+    general path's `* step + start`: the same values as numpy's, and as the general path's (start -0 + 0 is 0)."""
+    if dtype == "bool" and n > 2:
+        n = 2
+    if dtype in ("int8", "uint8") and n > 100:
+        n = 100
+    t = Tensor.arange(n, dtype=dtype)
+    assert t.dtype is to_dtype(dtype)
+    node = t.uop
+    while node.op is Ops.CAST:
+        node = node.src[0]
+    assert node.op is Ops.ARANGE
+    np.testing.assert_array_equal(t.numpy(), np.arange(n).astype(dtype))
+    np.testing.assert_array_equal(Tensor.arange(0, n, 1, dtype=dtype).numpy(), np.arange(n).astype(dtype))
+    general = (Tensor.arange(1, n + 1, dtype="int64") - 1).cast(dtype)  # the same values, built another way
+    np.testing.assert_array_equal(general.numpy(), t.numpy())

@@ -6,6 +6,7 @@ realized nodes and stale reads. Random graphs are in tests/test_schedule.py (`te
 """
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 import numpy as np
@@ -258,3 +259,33 @@ def test_symbolic_sizes_hit_only_for_the_same_values() -> None:
         part.realize()
         np.testing.assert_array_equal(part.numpy(), x_ref[:value] * 2)
     assert results[1] == 1 and results[2] == 0
+
+
+def test_realized_entries_leave_with_their_nodes_and_never_answer_for_a_new_node() -> None:
+    """REALIZED keys its entries by id(node); each entry's weak reference drops it when the node dies, so the table
+    does not grow with a loop that realizes fresh graphs, and a node made later (whatever its id) is not realized."""
+    from glassgrad.schedule import REALIZED
+    x = Tensor(np.arange(16, dtype=np.float32)).realize()
+    gc.collect()
+    before = len(REALIZED.id_tables()[0])
+    for i in range(50):
+        y = (x * float(i + 2)).realize()
+        np.testing.assert_array_equal(y.numpy(), np.arange(16) * (i + 2))
+        del y
+    gc.collect()
+    assert len(REALIZED.id_tables()[0]) <= before + 2
+    lazy = x * 1.5 + 0.25
+    assert REALIZED.get(lazy.uop) is None
+    np.testing.assert_array_equal(lazy.numpy(), np.arange(16) * 1.5 + 0.25)
+
+
+def test_a_cache_hit_reads_the_values_the_buffers_hold_now() -> None:
+    """A schedule-cache hit binds this call's buffers: after an assign changes an input, the same structure gives the
+    new values (not those of the call the template was made for), and an earlier result keeps its own."""
+    a = Tensor(np.arange(8, dtype=np.float32)).realize()
+    b = Tensor(np.ones(8, np.float32)).realize()
+    first = (a * b + 1.0).realize()
+    b.assign(b * 3).realize()
+    second = (a * b + 1.0).realize()  # a hit: same structure, b at its new version
+    np.testing.assert_array_equal(first.numpy(), np.arange(8) + 1)
+    np.testing.assert_array_equal(second.numpy(), np.arange(8) * 3 + 1)

@@ -136,6 +136,9 @@ class Compiles:
         wait(futures)
 
 
+_NO_COMPILES = Compiles()  # what compile_schedule returns when it starts nothing (never changed: it has no jobs)
+
+
 def compile_schedule(schedule: list[ScheduleItem]) -> Compiles:
     """Start compiling every kernel of `schedule` that is not compiled yet, several at once.
 
@@ -148,14 +151,14 @@ def compile_schedule(schedule: list[ScheduleItem]) -> Compiles:
     taken in its batch is renamed (`_distinct_name`). A schedule with one new kernel is left to `compile_kernel`.
     If the codegen fails, the compiles already started are finished (the queued ones dropped) before the error is
     raised, so no compiler runs on after this returns."""
-    compiles = Compiles()
     todo: dict[tuple[str, UOp], None] = {}
-    for item in schedule:
-        key = (item.bufs[0].device, item.ast) if item.ast.op not in NOT_KERNELS else None
-        if key is not None and kernel_key(*key) not in _kernel_cache:
-            todo[key] = None
+    flags = kernel_flags()
+    for item in schedule:  # (every realize: kernel_key's keys, made inline)
+        if item.ast.op not in NOT_KERNELS and (item.bufs[0].device, item.ast, flags) not in _kernel_cache:
+            todo[(item.bufs[0].device, item.ast)] = None
     if len(todo) < 2:
-        return compiles
+        return _NO_COMPILES
+    compiles = Compiles()
     pool = _pool()
     batch_size = min(MAX_BATCH, -(-len(todo) // COMPILE_THREADS))  # enough batches for every thread
     batches: dict[str, list[ProgramSpec]] = {}  # device -> the batch being filled
@@ -257,7 +260,7 @@ def run_item(item: ScheduleItem) -> None:
     device = bufs[0].device
     kernel = _kernel_cache.get((device, ast, kernel_flags())) or compile_kernel(device, ast)  # (kernel_key's key)
     # (every launch: a buffer's handle is nearly always made already, read without the property's call)
-    handles = [b._handle if b._handle is not None else b.handle for b in bufs]
+    handles = [h if (h := b._handle) is not None else b.handle for b in bufs]
     vals: tuple[int, ...] = ()
     if kernel.fixed is not None:  # (nearly every kernel: no Variables, nothing to evaluate per launch)
         spec, (flops, work) = kernel.spec, kernel.fixed

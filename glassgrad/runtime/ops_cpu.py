@@ -165,6 +165,7 @@ class CPUProgram:
         self.lib = _load_library(binary)
         self.fn = getattr(self.lib, name)
         self.fn.restype = None
+        self.typed = False  # whether fn's argument types are set (on the first call)
         self.pool = pool
         self.entry = ctypes.cast(getattr(self.lib, f"{name}_entry"), ctypes.c_void_p).value \
             if hasattr(self.lib, f"{name}_entry") else None
@@ -172,19 +173,24 @@ class CPUProgram:
     def __call__(self, *bufs: np.ndarray, global_size: tuple[int, ...] = (1,), local_size: Any = None,
                  vals: tuple[int, ...] = (), work: int = 0, wait: bool = False) -> float:
         fn = self.fn
-        if fn.argtypes is None:  # the first call fixes the C argument types, so every call passes plain ints
+        if not self.typed:  # the first call fixes the C argument types, so every call passes plain ints
             fn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_int32] * len(vals) + [ctypes.c_int64] * 2
+            self.typed = True
         outer = global_size[0] if global_size else 1
         # (a tiny kernel, the most common launch, decides on one thread with one comparison)
         threads = 1 if work < 2 * MIN_WORK_PER_THREAD else max(1, min(THREADS, outer, work // MIN_WORK_PER_THREAD))
         start = time.perf_counter()
         if threads == 1:
-            fn(*_addresses(bufs), *vals, 0, outer)
+            try:  # (every launch: _addresses, inline; the handles are nearly always the allocator's)
+                addresses = [_ADDRESSES[id(h)][1] for h in bufs]
+            except KeyError:
+                addresses = _addresses(bufs)
+            fn(*addresses, *vals, 0, outer)
         elif self.entry is not None and self.pool is not None and (pool := self.pool.get()) is not None:
             pool.start(threads - 1)
-            addresses = (ctypes.c_void_p * len(bufs))(*_addresses(bufs))
+            pointers = (ctypes.c_void_p * len(bufs))(*_addresses(bufs))
             ints = (ctypes.c_longlong * max(1, len(vals)))(*vals)
-            pool.run(self.entry, addresses, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
+            pool.run(self.entry, pointers, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
         else:
             self._python_threads(_addresses(bufs) + list(vals), outer, threads)
         return time.perf_counter() - start

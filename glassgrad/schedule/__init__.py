@@ -84,13 +84,9 @@ class RealizedMap:
     @staticmethod
     def _put(table: dict[int, tuple[weakref.ref[UOp], Callable[[], UOp | None]]], node: UOp,
              view: Callable[[], UOp | None]) -> None:
-        key = id(node)
-
-        def forget(node_ref: weakref.ref[UOp]) -> None:
-            entry = table.get(key)
-            if entry is not None and entry[0] is node_ref:
-                del table[key]
-        table[key] = (weakref.ref(node, forget), view)
+        ref = _EntryRef(node, _forget_entry)
+        ref.table, ref.key = table, id(node)  # (attributes, not a closure per entry: every realized node has one)
+        table[ref.key] = (ref, view)
 
     def get(self, node: UOp) -> UOp | None:
         entry = self._map.get(id(node)) or self._assigned.get(id(node))
@@ -119,8 +115,25 @@ class RealizedMap:
             self.owned_epoch += 1
 
 
+class _EntryRef(weakref.ref):  # type: ignore[type-arg]
+    """A `RealizedMap` entry's weak reference to its node; it knows its table and key, to drop the entry when the
+    node dies (unless a new node with the same id took the key meanwhile)."""
+    __slots__ = ("table", "key")
+    table: dict[int, Any]
+    key: int
+
+
+def _forget_entry(ref: _EntryRef) -> None:
+    entry = ref.table.get(ref.key)
+    if entry is not None and entry[0] is ref:
+        del ref.table[ref.key]
+
+
 def _views_owned_buffer(view: UOp) -> bool:
     """Whether a realized view reads a buffer that is written in place (one device or several)."""
+    base = without_reshapes(view)
+    if base.op is Ops.BUFFER:  # (the common case, without view_versions' list)
+        return bool(base.arg[0].owned)
     return any(buf.owned for buf, _ in view_versions(view))
 
 

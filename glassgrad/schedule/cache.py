@@ -84,8 +84,14 @@ def walk_graph(sink: UOp, outs: list[UOp], realized: Callable[[UOp], UOp | None]
                 sid = id(s)
                 found = realized(s) if sid in ids_a or sid in ids_b else None
                 if found is None:
-                    push((s, iter(s.src)))
-                    break
+                    if s.src:
+                        push((s, iter(s.src)))
+                        break
+                    position[s] = len(nodes)  # a node without sources (a DEVICE) is listed at once
+                    listed(s)
+                    if parts is not None:
+                        parts.append((s.op, s.dtype, s.arg_key))
+                    continue
                 view = found
             leaves[s] = view  # a leaf is listed when found, its sources are not walked
             position[s] = len(nodes)
@@ -97,7 +103,13 @@ def walk_graph(sink: UOp, outs: list[UOp], realized: Callable[[UOp], UOp | None]
             position[node] = len(nodes)
             listed(node)
             if parts is not None:  # (op, dtype, argument, positions of the sources)
-                parts.append((node.op, node.dtype, node.arg_key, *map(get, node.src)))
+                src = node.src
+                if len(src) == 2:  # (the most common node: no map over its sources)
+                    parts.append((node.op, node.dtype, node.arg_key, get(src[0]), get(src[1])))
+                elif len(src) == 1:
+                    parts.append((node.op, node.dtype, node.arg_key, get(src[0])))
+                else:
+                    parts.append((node.op, node.dtype, node.arg_key, *map(get, src)))
     if parts is None:
         return nodes, leaves, None
     outputs = []
@@ -111,7 +123,13 @@ def _add_leaf(parts: list[tuple[Any, ...]], node: UOp, view: UOp, slot_of: dict[
     """Add a materialised leaf's entry to `parts`: its buffer's slot (the n-th distinct buffer of the walk), the
     buffer's kind and the view's reshapes. False (no key) when the view is not reshapes of the buffer's current
     version."""
-    base, shapes = reshape_chain(view)
+    shapes: tuple[tuple[int, ...], ...]
+    if view.op is Ops.BUFFER:  # (the common views first: reshape_chain's result without its call)
+        base, shapes = view, ()
+    elif view.op is Ops.RESHAPE and view.src[0].op is Ops.BUFFER:
+        base, shapes = view.src[0], (view.arg,)
+    else:
+        base, shapes = reshape_chain(view)
     if base.op is not Ops.BUFFER or base.arg[1] != base.arg[0].version:
         return False
     buf: Buffer = base.arg[0]

@@ -116,7 +116,9 @@ def _arg_key(arg: Any) -> Any:
         for a in arg:  # (a loop, not all(): shapes are the most common argument)
             t = type(a)  # only floats, bools and tuples have keys other than themselves (a BUFFER's (buffer, version)
             if t is not int and (t is float or t is bool or t is tuple or isinstance(a, float)):  # is its own key)
-                return tuple([_arg_key(a) for a in arg])
+                keys = [_arg_key(a) for a in arg]
+                # a tuple of tuples that are their own keys (a reduction's (op, axes), a pad's pairs of ints) is too
+                return arg if all(k is a for k, a in zip(keys, arg)) else tuple(keys)
         return arg
     if isinstance(arg, float):  # numpy floats
         return ("f", struct.pack("<d", arg))
