@@ -664,6 +664,7 @@ def _split_parts(u: UOp) -> tuple[int, bool] | None:
 
 
 GPU_FILL_THREADS = 1 << 15  # threads that fill a large GPU (a flat kernel's threads; 256 x 128 work-groups)
+GPU_COLUMN_THREADS = 1 << 17  # threads a column reduction's loop loads in (1 << 15 left ~6 warps per multiprocessor)
 SPLIT_MIN_COLUMN = 64       # a column reduction's parts are at least this long ...
 SPLIT_COLUMN_REDUCE = 4096  # ... and only reductions this long are split (a shorter loop per thread is cheap)
 
@@ -678,7 +679,9 @@ def _gpu_parts(u: UOp, reduced: int) -> tuple[int, bool] | None:
     * a reduction along outer axes (columns: a bias's or a LayerNorm weight's gradient, summed over the tokens) is a
       loop per output thread, coalesced across the outputs: too few outputs to fill the GPU and a long loop are split
       into parts, the parts outermost (neighbouring threads keep neighbouring outputs), each at least SPLIT_MIN_COLUMN
-      long, so that parts x outputs is about GPU_FILL_THREADS."""
+      long, so that parts x outputs is about GPU_COLUMN_THREADS: each thread has one load in flight per step, so
+      the loads' latency is hidden only by many threads (GPT-2's LayerNorm weight gradients, 768 columns of 8192
+      rows: 32 parts ran 6 warps per multiprocessor)."""
     if _reduces_innermost(u):
         if u.size > SPLIT_MAX_OUTPUTS or reduced < SPLIT_MIN_REDUCE:
             return None
@@ -686,7 +689,7 @@ def _gpu_parts(u: UOp, reduced: int) -> tuple[int, bool] | None:
     if u.size >= GPU_FILL_THREADS or reduced < SPLIT_COLUMN_REDUCE:
         return None
     parts = 1
-    while parts * 2 * u.size <= GPU_FILL_THREADS and reduced // (parts * 2) >= SPLIT_MIN_COLUMN and parts < 256:
+    while parts * 2 * u.size <= GPU_COLUMN_THREADS and reduced // (parts * 2) >= SPLIT_MIN_COLUMN and parts < 256:
         parts *= 2
     outermost = u.src[0].shape[u.arg[1][0]]
     while parts > 1 and outermost % parts and reduced % parts:
