@@ -32,7 +32,7 @@ from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer
 from glassgrad.schedule.versions import StaleReaders, overwritten_versions, written_versions
 from glassgrad.tensor_extra import ExtraOps
 from glassgrad.tensor_linalg import LinalgOps
-from glassgrad.tensor_math import MathOps
+from glassgrad.tensor_math import MathOps, computed_in_float32
 from glassgrad.tensor_nn import NNOps
 from glassgrad.tensor_shape import ShapeOps
 from glassgrad.uop.ops import GroupOp, Ops, UOp, _arg_key, sint
@@ -1180,6 +1180,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     def relu(self) -> Tensor: return (self <= 0).where(0, self)  # noqa: E704
     def relu6(self) -> Tensor: return (self >= 6).where(6, self.relu())  # noqa: E704  (gradient 0 at 0 and 6)
 
+    @computed_in_float32
     def sigmoid(self) -> Tensor:
         """1/(1+e^-x) for x >= 0 and e^x/(1+e^x) below, both from z = e^-|x| <= 1: no inf anywhere, so the gradient
         of a saturated sigmoid is 0, not NaN (inf*0)."""
@@ -1189,6 +1190,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         r = (1 + z).reciprocal()
         return positive.where(r, z * r)
 
+    @computed_in_float32
     def tanh(self) -> Tensor:
         """2*sigmoid(2x) - 1, except near 0, where that cancels (in float32 tanh(1e-6) would be 7% off): there an odd
         Taylor polynomial, exact to the dtype's precision below the switch point (0.25; 1e-3 for float64)."""
@@ -1200,16 +1202,19 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         series = small * (1 + s2 * (-1 / 3 + s2 * (2 / 15 + s2 * (-17 / 315 + s2 * (62 / 2835)))))
         return near_zero.where(series, 2.0 * (2.0 * x).sigmoid() - 1.0)
 
+    @computed_in_float32
     def silu(self) -> Tensor: return self * self.sigmoid()  # noqa: E704
     swish = silu
 
     def leaky_relu(self, neg_slope: float = 0.01) -> Tensor:
         return (self > 0).where(self, self * neg_slope)
 
+    @computed_in_float32
     def elu(self, alpha: float = 1.0) -> Tensor:
         positive = self > 0
         return positive.where(self, alpha * (positive.where(0.0, self._float()).exp() - 1))  # exp never overflows
 
+    @computed_in_float32
     def gelu(self, approximate: str = "tanh") -> Tensor:
         """approximate="tanh" (the default, as tinygrad's): PyTorch's gelu(x, approximate='tanh');
         approximate="none": the exact x * Phi(x) = x/2 * (1 + erf(x / sqrt 2)), PyTorch's default."""
@@ -1221,8 +1226,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             raise ArgumentError(f"gelu: approximate must be 'tanh' or 'none', got {approximate!r}")
         return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
 
+    @computed_in_float32
     def quick_gelu(self) -> Tensor: return self * (self * 1.702).sigmoid()  # noqa: E704
 
+    @computed_in_float32
     def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
         """log(1 + exp(beta*x)) / beta, and x itself above `threshold` (PyTorch's definition)."""
         scaled = self._float() * beta

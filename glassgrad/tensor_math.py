@@ -13,14 +13,30 @@ x cannot overflow it and poison the gradient of the branch `where` did not pick 
 """
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from glassgrad.dtype import dtypes
 
 if TYPE_CHECKING:
     from glassgrad.tensor import Scalar, Tensor
+
+_Activation = TypeVar("_Activation", bound=Callable[..., Any])
+
+
+def computed_in_float32(fn: _Activation) -> _Activation:
+    """For an activation built from several ops: on a float16/bfloat16 tensor it is computed in float32 and rounded
+    once, as PyTorch's half kernels compute it (in their float "opmath"). Rounded after every op instead, the ~20
+    intermediates of a GELU drift by several ulps, and on a GPU each rounding is a conversion instruction: the bf16
+    GPT-2 step's GELU kernels were bound by them. Other dtypes are computed as they are."""
+    @functools.wraps(fn)
+    def in_float32(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        if self.dtype in (dtypes.float16, dtypes.bfloat16):
+            return cast("Tensor", fn(self.cast(dtypes.float32), *args, **kwargs)).cast(self.dtype)
+        return cast("Tensor", fn(self, *args, **kwargs))
+    return cast(_Activation, in_float32)
 
 
 def _horner(x: Tensor, coefficients: Sequence[float]) -> Tensor:
@@ -183,6 +199,7 @@ class MathOps:
         return inside.where(base, x.sign() * (math.pi / 2) - base)
 
     # ------------------------------------------------------------------ erf
+    @computed_in_float32
     def erf(self) -> Tensor:
         """The error function, within ~1e-7 relative of math.erf in float32: the Taylor series below |x| = 1 and
         1 - erfc(|x|) above it (Numerical Recipes' erfc, relative error < 1.2e-7), with the sign of x."""
@@ -194,10 +211,12 @@ class MathOps:
         return near.where(_odd_series(small, _ERF_SERIES), x.sign() * (1 - erfc))
 
     # ------------------------------------------------------------------ activations
+    @computed_in_float32
     def celu(self, alpha: float = 1.0) -> Tensor:
         x = self._m._float()
         return x.maximum(0) + (alpha * ((x / alpha).minimum(0).exp() - 1))
 
+    @computed_in_float32
     def selu(self, alpha: float = 1.67326, gamma: float = 1.0507) -> Tensor:
         """gamma * (x if x >= 0 else alpha*(e^x - 1)); tinygrad's rounded default constants (PyTorch carries more
         digits: the results differ by ~2e-6 relative)."""
@@ -205,14 +224,17 @@ class MathOps:
         positive = x >= 0
         return gamma * positive.where(x, alpha * (positive.where(0.0, x).exp() - 1))
 
+    @computed_in_float32
     def softsign(self) -> Tensor:
         x = self._m._float()
         return x / (1 + x.abs())
 
+    @computed_in_float32
     def logsigmoid(self) -> Tensor:
         """log(sigmoid(x)) = -softplus(-x): finite for every finite x."""
         return -((-self._m._float()).softplus())
 
+    @computed_in_float32
     def mish(self) -> Tensor:
         x = self._m._float()
         return x * x.softplus().tanh()
