@@ -1711,6 +1711,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         flipped = -self if self.dtype.is_float else self.bitwise_not()  # ~x reverses int order without overflow
         return flipped.argmax(axis, keepdim)
 
+    @computed_in_float32
     def logsumexp(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
         m = self._float().max(axis, keepdim=True).detach()  # any shift gives the same value: no gradient through it
         m = (m == math.inf).where(0.0, (m == -math.inf).where(0.0, m))  # keep inf/-inf rows finite-safe
@@ -1778,24 +1779,37 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         out = self.matmul(weight, dtype=dtype) if weight.ndim != 1 else self * weight
         return out + bias if bias is not None else out
 
+    def _opmath(self, dtype: DType | str | None) -> tuple[Tensor, DType | None]:
+        """(the tensor to compute a softmax-like op in, the dtype to round its result to): `dtype` when given
+        (tinygrad's keyword), float32 for float16/bfloat16 (rounded back once, as PyTorch's half kernels compute),
+        else self's float dtype."""
+        if dtype is not None:
+            return self.cast(dtype), None
+        if self.dtype in (dtypes.float16, dtypes.bfloat16):
+            return self.cast(dtypes.float32), self.dtype
+        return self._float(), None
+
     def softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
-        """softmax along axis, computed in `dtype` when given (tinygrad's keyword), else in self's float dtype."""
-        x = self._float() if dtype is None else self.cast(dtype)
+        """softmax along axis, computed in `dtype` when given (tinygrad's keyword), else in self's float dtype
+        (float32 for halves, rounded once)."""
+        x, rounded_to = self._opmath(dtype)
         if x.numel() == 0:
             x._resolve_axes(axis)  # nothing to normalise, but a bad axis is still an error
-            return x
+            return x if rounded_to is None else x.cast(rounded_to)
         # the shift by the row's max keeps exp finite and changes nothing else, so no gradient flows through it (a
         # backward through the max would add a reduction that counts its ties, for a term that is exactly zero)
         e = (x - x.max(axis, keepdim=True).detach()).exp()
-        return e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element
+        out = e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element
+        return out if rounded_to is None else out.cast(rounded_to)
 
     def log_softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
-        x = self._float() if dtype is None else self.cast(dtype)
+        x, rounded_to = self._opmath(dtype)
         if x.numel() == 0:
             x._resolve_axes(axis)
-            return x
+            return x if rounded_to is None else x.cast(rounded_to)
         shifted = x - x.max(axis, keepdim=True).detach()  # (as in softmax: the shift has no gradient)
-        return shifted - shifted.exp().sum(axis, keepdim=True).log()
+        out = shifted - shifted.exp().sum(axis, keepdim=True).log()
+        return out if rounded_to is None else out.cast(rounded_to)
 
     def one_hot(self, num_classes: int = -1) -> Tensor:
         if self.dtype.is_float:
@@ -1849,6 +1863,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             return _reduce_loss((1 - Y) * self + softplus_neg, reduction)
         return _reduce_loss((1 - Y) * self + (1 + (pos_weight - 1) * Y) * softplus_neg, reduction)
 
+    @computed_in_float32
     def layernorm(self, axis: AxisArg = -1, eps: float = 1e-5) -> Tensor:
         centered = self - self.mean(axis, keepdim=True)
         return centered * ((centered * centered).mean(axis, keepdim=True) + eps).rsqrt()

@@ -492,3 +492,23 @@ def test_activations_on_half_tensors_round_once(name: str, dt: Any) -> None:
         assert leaf.grad is not None
         diff = np.abs(leaf.grad.float().numpy() - tx.grad.float().numpy())
         assert np.all(diff <= 2 * ulp * np.maximum(np.abs(tx.grad.float().numpy()), 2.0 ** -14))
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=str)
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp", "layernorm"])
+def test_row_ops_on_half_tensors_compute_in_float32(name: str, dt: Any) -> None:
+    """softmax, log_softmax, logsumexp and layernorm of a float16/bfloat16 tensor are computed in float32 and rounded
+    once (PyTorch's half kernels): within one ulp of the float64 value rounded (op by op in bf16, most of a
+    softmax's values were off). An explicit `dtype=` still computes in that dtype."""
+    x = rounded(RNG.standard_normal((16, 300)) * 3, dt).astype(np.float64)
+    m = x.max(-1, keepdims=True)
+    lse = m + np.log(np.exp(x - m).sum(-1, keepdims=True))
+    centered = x - x.mean(-1, keepdims=True)
+    exact = {"softmax": np.exp(x - lse), "log_softmax": x - lse, "logsumexp": lse[:, 0],
+             "layernorm": centered / np.sqrt((centered ** 2).mean(-1, keepdims=True) + 1e-5)}[name]
+    out = getattr(Tensor(x.astype(np.float32)).cast(dt), name)(-1)
+    assert out.dtype == dt
+    ulp = 2.0 ** -(7 if dt == dtypes.bfloat16 else 10)
+    assert np.all(np.abs(out.float().numpy() - exact) <= ulp * np.abs(exact) + 1e-6)
+    if name == "softmax":
+        assert Tensor(x.astype(np.float32)).cast(dt).softmax(-1, dtype=dtypes.float32).dtype == dtypes.float32
