@@ -14,6 +14,7 @@ from glassgrad.codegen.linearize import estimate_flops, linearize, loop_iteratio
 from glassgrad.codegen.opt import Opt
 from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
 from glassgrad.codegen.opt.kernel import Kernel
+from glassgrad.codegen.polyphase import polyphase
 from glassgrad.codegen.stage import stage_gated_loads, stage_row_values
 from glassgrad.helpers import ALLOW_TF32, NOOPT
 from glassgrad.renderer.cstyle import CStyleLanguage
@@ -109,6 +110,8 @@ def get_program(ast: UOp, renderer: CStyleLanguage, opts: list[Opt] | None = Non
     name = kernel_name(ast)
     flops = estimate_flops(ast)
     work = loop_iterations(ast)
+    if not renderer.has_local:  # CPU: a stride-gated sum over taps runs only the taps that pass (polyphase.py)
+        ast = polyphase(ast)
     kernel = Kernel(ast, renderer)
     if opts is None:
         opts = [] if NOOPT else hand_coded_optimizations(kernel)
