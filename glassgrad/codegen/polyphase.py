@@ -9,7 +9,7 @@ s^2 in 2-D), and the mod gate is not affine, so the tile's copies gather. The re
 as a transposed convolution does):
 
 * every output loop o whose coefficient in B s does not divide is split by its phase, o = s*q + p (p and q global
-  loops, p just outside q), so that B = s*Q + P with P a sum over the phases alone;
+  loops: q in o's place, p just inside the outermost loop), so that B = s*Q + P with P a sum over the phases alone;
 * the tap becomes k = s*j + r, j a reduce loop of ceil(K/s) taps, r = (-c*P) mod s picked per phase. It is
   written as k = s*j + c*(s*h - P) with h = (c*r + P) / s (an exact division), so that c*k + B is s*(c*j + h + Q)
   term by term and the simplifier divides the index by s exactly (`symbolic._exact_multiple`); the guard becomes
@@ -31,6 +31,8 @@ from glassgrad.dtype import dtypes
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.pattern import substitute
 from glassgrad.uop.symbolic import divmod_under, gate_bounds, simplify
+
+SPREAD = 8  # loop ids are multiplied by this at each split, leaving room for the phase loops (at most 7 at a time)
 
 
 @dataclass(frozen=True)
@@ -153,9 +155,11 @@ def _split(ast: UOp, red: UOp, g: _Congruence) -> UOp:
     s, dt = g.stride, g.tap.dtype
     ranges = [u for u in ast.toposort() if u.op is Ops.RANGE]
     outer = min((r.arg[0] for r in ranges if r.arg[1] == "global"), default=0)
-    # every loop's id doubled, so that each split loop's phase and quotient take two ids in its place (the phase
-    # just outside its quotient; inside it for the outermost loop, which the CPU splits over threads)
-    final = {r: r.replace(arg=(2 * r.arg[0], r.arg[1])) for r in ranges}
+    # loop ids times SPREAD: a split loop's quotient takes its place, its phase one of the ids just after the
+    # outermost loop (which the CPU splits over threads), so that what depends on the phases alone (a packed weight
+    # of the taps that pass) is made once per phase, not once per quotient
+    final = {r: r.replace(arg=(SPREAD * r.arg[0], r.arg[1])) for r in ranges}
+    phase_ids = iter(range(SPREAD * outer + 1, SPREAD * outer + SPREAD))
     mapping: dict[UOp, UOp] = {}
     valid: list[tuple[frozenset[UOp], UOp]] = []  # (loops, condition): where a loop runs past its original end
     phase = UOp.const(dt, g.const)
@@ -166,15 +170,15 @@ def _split(ast: UOp, red: UOp, g: _Congruence) -> UOp:
         if size <= s:
             phase = phase + final[o] * UOp.const(dt, coef)  # short: it is a phase already
             continue
-        p_id, q_id = (2 * o.arg[0] + 1, 2 * o.arg[0]) if o.arg[0] == outer else (2 * o.arg[0], 2 * o.arg[0] + 1)
-        p = UOp(Ops.RANGE, dt, (UOp.const(dt, s),), (p_id, "global"))
-        q = UOp(Ops.RANGE, dt, (UOp.const(dt, -(-size // s)),), (q_id, "global"))
+        p = UOp(Ops.RANGE, dt, (UOp.const(dt, s),), (next(phase_ids), "global"))
+        q = UOp(Ops.RANGE, dt, (UOp.const(dt, -(-size // s)),), (SPREAD * o.arg[0], "global"))
         mapping[o] = q * UOp.const(dt, s) + p
         phase = phase + p * UOp.const(dt, coef)
         if size % s:
-            valid.append((frozenset({p, q}), mapping[o] < UOp.const(dt, size)))
+            # (every phase occurs at q = 0, inside the loop: only what moves with q can leave it)
+            valid.append((frozenset({q}), mapping[o] < UOp.const(dt, size)))
     taps = g.tap.src[0].arg
-    j = UOp(Ops.RANGE, dt, (UOp.const(dt, -(-taps // s)),), (2 * max(r.arg[0] for r in ranges) + 2, "reduce"))
+    j = UOp(Ops.RANGE, dt, (UOp.const(dt, -(-taps // s)),), (SPREAD * g.tap.arg[0], "reduce"))
     lam = (-g.sign) % s
     offset = s * -(-max(0, -lam * int(phase.vmin)) // s)  # keeps lam*P + offset >= 0, so % gives the residue
     r = (phase * UOp.const(dt, lam) + UOp.const(dt, offset)) % UOp.const(dt, s)
