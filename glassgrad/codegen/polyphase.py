@@ -73,16 +73,25 @@ def _find(ast: UOp) -> tuple[UOp, _Congruence] | None:
 
 
 def _guards(value: UOp) -> list[UOp]:
-    """The conjuncts of the `where(cond, v, 0)` chain around a sum's value: where one is false, the term is 0."""
+    """The conjuncts of the `where(cond, v, 0)` chain around a sum's value, and around the factors of a product
+    under it: where one is false, the term is 0 (a product with a factor the chain zeroes is taken as 0 also when
+    another factor is inf or NaN, as a transposed convolution skips the zeros between its inputs; the unfused
+    `dilate(x) * w` would give NaN there)."""
     out: list[UOp] = []
     while True:
         if value.op is Ops.CAST:
             value = value.src[0]
-        elif value.op is Ops.WHERE and value.src[2].op is Ops.CONST and value.src[2].arg == 0:
+        elif _is_guard(value):
             out += _conjuncts(value.src[0])
             value = value.src[1]
+        elif value.op is Ops.MUL and value.dtype.is_float:
+            return out + [c for f in value.src for c in _guards(f) if _is_guard(f)]
         else:
             return out
+
+
+def _is_guard(u: UOp) -> bool:
+    return u.op is Ops.WHERE and u.src[2].op is Ops.CONST and u.src[2].arg == 0
 
 
 def _conjuncts(cond: UOp) -> list[UOp]:
@@ -100,7 +109,9 @@ def _congruence(clause: UOp, others: list[UOp], red: UOp) -> _Congruence | None:
     bounds = _bounds_of(others)
     changes = divmod_under(arg, bounds)
     arg = simplify(substitute(arg, changes))
-    if clause.op is Ops.CMPLT and bounds.get(arg, (arg.vmin, arg.vmax))[0] < 0:
+    signed = not any(o.op is Ops.CMPLT and o.src[1] is clause.src[0] and o.src[0].op is Ops.CONST and
+                     o.src[0].arg == -1 for o in others)  # `-1 < x % s` too: x % s is 0 whatever x's sign
+    if clause.op is Ops.CMPLT and signed and bounds.get(arg, (arg.vmin, arg.vmax))[0] < 0:
         return None  # a negative operand's remainder is <= 0 whatever its phase
     terms = _affine(arg)
     if terms is None:
@@ -233,11 +244,14 @@ def _drop_clause(value: UOp, clause: UOp, used: tuple[UOp, ...]) -> UOp:
 
 
 def _drop_in_guards(value: UOp, clause: UOp) -> UOp:
+    """`value` with `clause` true in the guards `_guards` reads."""
     if value.op is Ops.CAST:
         return value.replace(src=(_drop_in_guards(value.src[0], clause),))
-    if value.op is Ops.WHERE and value.src[2].op is Ops.CONST and value.src[2].arg == 0:
+    if _is_guard(value):
         cond = _and(t for t in _conjuncts(value.src[0]) if t is not clause)
         return value.replace(src=(cond, _drop_in_guards(value.src[1], clause), value.src[2]))
+    if value.op is Ops.MUL and value.dtype.is_float:
+        return value.replace(src=tuple(_drop_in_guards(f, clause) if _is_guard(f) else f for f in value.src))
     return value
 
 
