@@ -195,6 +195,42 @@ def test_padded_input_gradient_stores_the_shrink() -> None:
                                atol=1e-4)
 
 
+def _numpy_conv1d_grads(x: np.ndarray, w: np.ndarray, g: np.ndarray, stride: int, padding: int,
+                        dilation: int) -> tuple[np.ndarray, np.ndarray]:
+    """The output of a 1-D conv and its input gradient for the incoming gradient g, by the definition."""
+    n, _, size = x.shape
+    padded = np.pad(x, ((0, 0), (0, 0), (padding, padding)))
+    out_size = (size + 2 * padding - dilation * (w.shape[2] - 1) - 1) // stride + 1
+    out = np.zeros((n, w.shape[0], out_size), np.float32)
+    grad = np.zeros_like(padded)
+    for o, k in itertools.product(range(out_size), range(w.shape[2])):
+        at = o * stride + k * dilation
+        out[:, :, o] += padded[:, :, at] @ w[:, :, k].T
+        grad[:, :, at] += g[:, :, o] @ w[:, :, k]
+    return out, grad[:, :, padding:padding + size]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 19), st.integers(1, 6), st.integers(1, 4), st.integers(0, 3), st.integers(1, 3))
+def test_strided_conv1d_gradient_by_definition(size: int, kernel: int, stride: int, padding: int,
+                                               dilation: int) -> None:
+    """Any size, kernel, stride, padding and dilation (hypothesis): the output and input gradient of a 1-D conv
+    against the definition (numpy, no PyTorch needed)."""
+    if size + 2 * padding < dilation * (kernel - 1) + 1:
+        return
+    rng = np.random.default_rng(size * 1000 + kernel * 100 + stride * 10 + padding)
+    x = rng.standard_normal((2, 3, size)).astype(np.float32)
+    w = rng.standard_normal((4, 3, kernel)).astype(np.float32)
+    xt = Tensor(x, requires_grad=True)
+    out = xt.conv2d(Tensor(w), stride=stride, padding=padding, dilation=dilation)
+    g = rng.standard_normal(out.shape).astype(np.float32)
+    (out * Tensor(g)).sum().backward()
+    want_out, want_grad = _numpy_conv1d_grads(x, w, g, stride, padding, dilation)
+    np.testing.assert_allclose(out.numpy(), want_out, rtol=1e-4, atol=1e-4)
+    assert xt.grad is not None
+    np.testing.assert_allclose(xt.grad.numpy(), want_grad, rtol=1e-4, atol=1e-4)
+
+
 # ---------------------------------------------------------------- the exact division the rewrite relies on
 def _rng(size: int, i: int) -> UOp:
     return UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, size),), (i, "global"))

@@ -15,11 +15,13 @@ as a transposed convolution does):
   term by term and the simplifier divides the index by s exactly (`symbolic._exact_multiple`); the guard becomes
   true and is dropped.
 
-Where s does not divide K, the taps past K are guarded off (`k < K`); where it does not divide an output loop's
-size, the positions past it store nothing. Loads get those conditions as gates, so no access leaves the original
-kernel's. The gate is matched in the chain of `where(cond, v, 0)` around the sum's value (a pad's zeros), each
-clause simplified under the others' bounds first (the windows' `(34*k + x + 1) % 35` is `x + 1 - k` where
-`0 <= x + 1 - k < 31` holds). A `% s < 1` clause counts only where its operand is known to be >= 0.
+Where s does not divide K, the taps past K are guarded off (`k < K`), gated loads get that gate too and ungated
+ones read tap K - 1 instead (a weight stays ungated, so it is still packed); where s does not divide an output
+loop's size, the positions past it store nothing and the loads that move with q are gated. No access leaves the
+original kernel's. The gate is matched in the chain of `where(cond, v, 0)` around the sum's value (a pad's zeros)
+or around a factor of the product under it (a transposed convolution's dilated input), each clause simplified under
+the others' bounds first (the windows' `(34*k + x + 1) % 35` is `x + 1 - k` where `0 <= x + 1 - k < 31` holds). A
+`x % s < 1` clause counts only where x is known to be >= 0, or where `-1 < x % s` is a clause too.
 """
 from __future__ import annotations
 
