@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from glassgrad import Context, Tensor
-from glassgrad.codegen import get_program, optimize_ast
+from glassgrad.codegen import get_program, kernel_ast, optimize_ast
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
 from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
 from glassgrad.codegen.opt.kernel import Kernel
@@ -34,7 +34,7 @@ def last_kernel(out: Tensor) -> ScheduleItem:
 
 
 def kernel_of(out: Tensor) -> Kernel:
-    return Kernel(optimize_ast(last_kernel(out).ast, CPU.renderer), CPU.renderer)
+    return Kernel(kernel_ast(last_kernel(out).ast, CPU.renderer), CPU.renderer)
 
 
 def run_with(ast: UOp, opts: list[Opt]) -> np.ndarray:
@@ -114,7 +114,7 @@ def test_register_tile_is_per_loop_nest() -> None:
     ast = last_kernel(Tensor(x).softmax()).ast
     opts = [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UNROLL, 2, 16), Opt(OptOps.UNROLL, 2, 4),
             Opt(OptOps.UNROLL, 3, 16), Opt(OptOps.UNROLL, 3, 4)]
-    k = Kernel(optimize_ast(ast, CPU.renderer), CPU.renderer).apply_opts(opts)
+    k = Kernel(kernel_ast(ast, CPU.renderer), CPU.renderer).apply_opts(opts)
     assert k.register_tile() == 64
     inputs = random_inputs(ast)[1][1].reshape(8, 1024)
     e = np.exp(inputs - inputs.max(1, keepdims=True))
@@ -153,8 +153,20 @@ def conv_input_gradient() -> Tensor:
     return x.grad
 
 
+def strided_input_gradient() -> Tensor:
+    """The input gradient of a stride-2 conv of an odd size: split by phase (codegen/polyphase.py), its last taps
+    and last output column past the ends."""
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((2, 3, 9, 7), dtype=np.float32), requires_grad=True)
+    w = Tensor(rng.standard_normal((4, 3, 3, 3), dtype=np.float32))
+    x.conv2d(w, stride=2, padding=1).relu().sum().backward()
+    assert x.grad is not None
+    return x.grad
+
+
 WORKLOADS = {
     "matmul": matmul,
+    "strided_input_gradient": strided_input_gradient,
     "conv": conv,
     "conv_input_gradient": conv_input_gradient,
     "strided_conv": lambda: Tensor(np.random.default_rng(0).standard_normal((2, 3, 9, 11), dtype=np.float32)).conv2d(
@@ -177,7 +189,7 @@ def test_random_opts_raise_or_agree(name: str, data: st.DataObject) -> None:
     """Any sequence of actions: each one either raises KernelOptError (and changes nothing) or is applied, and the
     final kernel computes what the unoptimised one does."""
     ast = optimize_ast(last_kernel(WORKLOADS[name]()).ast, CPU.renderer)
-    k = Kernel(ast, CPU.renderer)
+    k = Kernel(kernel_ast(ast, CPU.renderer), CPU.renderer)  # (the axes opts refer to: polyphase.py's)
     ops = st.sampled_from(list(OptOps))
     for _ in range(data.draw(st.integers(1, 4))):
         opt = Opt(data.draw(ops), data.draw(st.integers(-1, 7)), data.draw(st.sampled_from([0, 1, 2, 3, 4, 8, 16])))
@@ -211,13 +223,15 @@ P, U, S = OptOps.PADTO, OptOps.UPCAST, OptOps.SWAP
     ("softmax", [Opt(P, 0, 16), Opt(U, 0, 16)]),
     ("conv", [Opt(P, 3, 16), Opt(U, 3, 16), Opt(P, 1, 8), Opt(U, 1, 8)]),
     ("conv_input_gradient", [Opt(P, 2, 8), Opt(U, 2, 8), Opt(P, 1, 4), Opt(U, 1, 4)]),
+    ("strided_input_gradient", [Opt(U, 5, 0), Opt(P, 4, 4), Opt(U, 4, 4)]),  # phase rows 5 -> 8: clamped
+    ("strided_input_gradient", [Opt(U, 3, 0), Opt(P, 4, 8), Opt(U, 4, 8)]),  # phase lanes 4 -> 8: masked
 ])
 def test_padto_keeps_results(name: str, opts: list[Opt]) -> None:
     """PADTO then UPCAST on axes no split divides: the padded iterations load only what the kernel loads and store
     nothing (the output starts as NaNs: an element never written, or written wrong, shows); the result is the
     unoptimised kernel's."""
     ast = optimize_ast(last_kernel(WORKLOADS[name]()).ast, CPU.renderer)
-    k = Kernel(ast, CPU.renderer).apply_opts(opts)
+    k = Kernel(kernel_ast(ast, CPU.renderer), CPU.renderer).apply_opts(opts)
     assert k.applied == opts
     reference = run_with(ast, [])
     np.testing.assert_allclose(run_with(ast, opts), reference, rtol=1e-5, atol=1e-5)
@@ -384,7 +398,7 @@ def test_beam_times_the_heuristics_kernel_first(tmp_path: object, monkeypatch: p
     from glassgrad.codegen.opt import search
     monkeypatch.setenv("CACHEDIR", str(tmp_path))
     ast = last_kernel(matmul(64, 64, 64)).ast
-    heuristic = hand_coded_optimizations(Kernel(optimize_ast(ast, CPU.renderer), CPU.renderer))
+    heuristic = hand_coded_optimizations(Kernel(kernel_ast(ast, CPU.renderer), CPU.renderer))
     assert heuristic, "the heuristic optimises a 64^3 matmul"
     sources = {"unoptimised": get_program(ast, CPU.renderer, []).source,
                "heuristic": get_program(ast, CPU.renderer, heuristic).source}

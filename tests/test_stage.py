@@ -397,3 +397,14 @@ def test_a_strided_window_is_staged_as_one_axis_of_columns(kwargs: dict[str, int
     expected = conv_reference(np.maximum(x, 0), w, 1, 2) if "stride" in kwargs else \
         conv_reference(np.maximum(x, 0), dilated, 2)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_tile_pads_a_prime_row_count() -> None:
+    """A packed channel tile whose rows no count within the budget divides (17 output columns, AVX2's 12 rows) pads
+    them to 2 x 9 (`heuristic._padded_rows`); with AVX-512's 25 the 17 are rows whole. Both compute what the
+    unoptimised kernel does (the padded rows clamped, the store past 17 skipped)."""
+    ast = conv_ast((2, 8, 19, 19), (32, 8, 3, 3))
+    avx2 = hand_coded_optimizations(Kernel(ast, AVX2))
+    assert Opt(OptOps.PADTO, 3, 9) in avx2 and Opt(OptOps.UPCAST, 3, 9) in avx2, avx2
+    assert Opt(OptOps.UPCAST, 3, 0) in hand_coded_optimizations(Kernel(ast, AVX512))
+    _heuristic_agrees_with_unoptimised(ast, AVX2)

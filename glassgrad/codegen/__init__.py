@@ -14,6 +14,7 @@ from glassgrad.codegen.linearize import estimate_flops, linearize, loop_iteratio
 from glassgrad.codegen.opt import Opt
 from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
 from glassgrad.codegen.opt.kernel import Kernel
+from glassgrad.codegen.polyphase import polyphase
 from glassgrad.codegen.stage import stage_gated_loads, stage_row_values
 from glassgrad.helpers import ALLOW_TF32, NOOPT
 from glassgrad.renderer.cstyle import CStyleLanguage
@@ -61,6 +62,17 @@ def optimize_ast(ast: UOp, renderer: CStyleLanguage) -> UOp:
     return ast
 
 
+def _loops_for_opts(ast: UOp, renderer: CStyleLanguage) -> UOp:
+    """A simplified AST's loops as the opts see them: on a CPU, a sum over taps gated by a stride's congruence runs
+    only the taps that pass (`codegen/polyphase.py`: its output loops split by phase)."""
+    return ast if renderer.has_local else polyphase(ast)
+
+
+def kernel_ast(ast: UOp, renderer: CStyleLanguage) -> UOp:
+    """The AST whose axes the opts of `get_program` (a BEAM search's, a test's) refer to."""
+    return _loops_for_opts(optimize_ast(ast, renderer), renderer)
+
+
 def outer_loop_splits(ast: UOp, outer: UOp) -> bool:
     """Whether the CPU may split loop `outer` over threads: yes, unless the kernel adds into data-dependent places
     (a scatter's STORE arg=ADD, done without atomics) where two iterations of `outer` could add to one element.
@@ -103,13 +115,14 @@ def _coefficient(u: UOp) -> tuple[int, UOp]:
 
 
 def get_program(ast: UOp, renderer: CStyleLanguage, opts: list[Opt] | None = None) -> ProgramSpec:
-    """`opts`: the optimisations to apply (from a BEAM search, or a test); None: the hand-written heuristic's, or
-    none with NOOPT=1."""
+    """`opts`: the optimisations to apply (from a BEAM search, or a test), on the axes of `kernel_ast(ast)`; None:
+    the hand-written heuristic's, or none with NOOPT=1. The name, FLOPs and work are the AST's before polyphase
+    splits its loops (a stride-2 input gradient keeps its name, and counts the taps that its gate skips)."""
     ast = optimize_ast(ast, renderer)
     name = kernel_name(ast)
     flops = estimate_flops(ast)
     work = loop_iterations(ast)
-    kernel = Kernel(ast, renderer)
+    kernel = Kernel(_loops_for_opts(ast, renderer), renderer)
     if opts is None:
         opts = [] if NOOPT else hand_coded_optimizations(kernel)
     kernel.apply_opts(opts)

@@ -396,8 +396,22 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
         for src in dict.fromkeys(n.src):
             consumers.setdefault(src, []).append(n)
     while extra := _reduces_to_materialise(roots):
-        roots.update(dict.fromkeys(_narrowed(u, consumers) for u in extra))
+        roots.update(dict.fromkeys(_narrowed(_shrunk_view(u, consumers), consumers) for u in extra))
     return roots
+
+
+def _shrunk_view(u: UOp, consumers: dict[UOp, list[UOp]]) -> UOp:
+    """What to store for a node the scheduler materialises: the highest shrink above it reached through single
+    consumers that are reshapes and shrinks, else the node itself. Every reader sees it through that shrink, so the
+    kernel computes only those elements: the input gradient of a padded convolution is its windows' gradient folded
+    onto the padded input, read without the pad's border (CNN of bench/wide.py: (8, 48, 34, 34) -> (8, 48, 32, 32),
+    whose stride-2 phases are then 16 wide, not 17)."""
+    top = node = u
+    while len(users := consumers.get(node, [])) == 1 and users[0].op in (Ops.RESHAPE, Ops.SHRINK):
+        node = users[0]
+        if node.op is Ops.SHRINK:
+            top = node
+    return top
 
 
 def _narrowed(u: UOp, consumers: dict[UOp, list[UOp]]) -> UOp:

@@ -248,8 +248,10 @@ def _fold_divmod(x: UOp, c: UOp, op: Ops) -> UOp | None:
     A coefficient that is not a multiple of c splits into its multiple and its remainder: (k*(c+e)) // c ->
     k + (k*e) // c (when k >= 0), which is how sliding-window (convolution) indices fold."""
     d = c.arg
-    if not isinstance(d, int) or d <= 0 or not _exact_nonneg(x):
+    if not isinstance(d, int) or d <= 0:
         return None
+    if not _exact_nonneg(x):
+        return _exact_multiple(x, d, op)
     if x.vmax < d:
         return x if op is Ops.MOD else UOp.const(x.dtype, 0)
     quotient: Terms = []
@@ -275,6 +277,22 @@ def _fold_divmod(x: UOp, c: UOp, op: Ops) -> UOp | None:
     if op is Ops.MOD:
         return rest_sum % c
     return _build_sum(quotient, x.dtype) + rest_sum // c
+
+
+def _exact_multiple(x: UOp, d: int, op: Ops) -> UOp | None:
+    """(d*a) // d -> a and (d*a) % d -> 0 for a sum whose every coefficient (the constant's too) d divides, of any
+    sign: an exact multiple divides exactly, whichever way the division rounds. Only when x's value range shows it
+    does not wrap (a range that left the dtype's bounds is the whole range), so x is d*a as integers. A polyphase
+    kernel's index `(s*q + p + pad - k) / s`, with k = s*j + r chosen to cancel p + pad, is such a multiple."""
+    if not x.dtype.is_int or x.dtype.is_unsigned or d < 2:
+        return None
+    lo, hi = dtype_bounds(x.dtype)
+    if not lo < x.vmin or not x.vmax < hi:
+        return None
+    terms = _merge_terms(_terms(x))
+    if not terms or any(coef % d for _, coef in terms):
+        return None
+    return UOp.const(x.dtype, 0) if op is Ops.MOD else _build_sum([(b, coef // d) for b, coef in terms], x.dtype)
 
 
 def _divmod_common_factor(terms: Terms, d: int, dtype: DType, op: Ops) -> UOp | None:
@@ -354,7 +372,7 @@ def _mod_bound(m: UOp, c: UOp) -> UOp | None:
     return (UOp.const(r.dtype, -1) < r).alu(Ops.AND, r < c)
 
 
-def _gate_bounds(gate: UOp) -> dict[UOp, tuple[int, int]]:
+def gate_bounds(gate: UOp) -> dict[UOp, tuple[int, int]]:
     """{expression: (lowest, highest)} that the conjunction `gate` implies, from its `c < x` and `x < c` terms."""
     bounds: dict[UOp, tuple[int, int]] = {}
     stack = [gate]
@@ -373,14 +391,11 @@ def _gate_bounds(gate: UOp) -> dict[UOp, tuple[int, int]]:
     return bounds
 
 
-def _gated_divmod(buf: UOp, idx: UOp, gate: UOp, x: UOp) -> UOp | None:
-    """In a gated load's index, x % d -> r and x // d -> q where the gate implies 0 <= r < d (x = d*q + r): the
-    load only happens then. The index of a convolution's gradient read through its windows becomes h - kh."""
-    if not any(u.op in (Ops.MOD, Ops.IDIV) for u in idx.toposort()):
-        return None
-    bounds = _gate_bounds(gate)
+def divmod_under(expr: UOp, bounds: dict[UOp, tuple[int, int]]) -> dict[UOp, UOp]:
+    """The x % d -> r and x // d -> q replacements in `expr` (x = d*q + r, see `_wrapped_remainder`) that hold
+    wherever `bounds` (from `gate_bounds`) hold and imply 0 <= r < d."""
     changes: dict[UOp, UOp] = {}
-    for u in idx.toposort():
+    for u in expr.toposort():
         if u.op not in (Ops.MOD, Ops.IDIV) or u.src[1].op is not Ops.CONST or not isinstance(u.src[1].arg, int):
             continue
         split = _wrapped_remainder(u.src[0], u.src[1].arg)
@@ -390,6 +405,15 @@ def _gated_divmod(buf: UOp, idx: UOp, gate: UOp, x: UOp) -> UOp | None:
         lo, hi = bounds.get(simplify(r), (r.vmin, r.vmax))
         if 0 <= lo and hi < u.src[1].arg:
             changes[u] = r if u.op is Ops.MOD else q
+    return changes
+
+
+def _gated_divmod(buf: UOp, idx: UOp, gate: UOp, x: UOp) -> UOp | None:
+    """In a gated load's index, x % d -> r and x // d -> q where the gate implies 0 <= r < d (x = d*q + r): the
+    load only happens then. The index of a convolution's gradient read through its windows becomes h - kh."""
+    if not any(u.op in (Ops.MOD, Ops.IDIV) for u in idx.toposort()):
+        return None
+    changes = divmod_under(idx, gate_bounds(gate))
     if not changes:
         return None
     return x.replace(src=(buf, substitute(idx, changes), gate))

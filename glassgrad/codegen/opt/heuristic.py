@@ -198,8 +198,12 @@ def _channel_lanes(k: Kernel, axis: int, fit: str) -> list[Opt] | None:
         if any(s != 0 for load, s in zip(tile.loads, row_strides) if load.src[0].arg in packed) or \
                 all(s == 0 for s in row_strides):
             continue
-        rows = _largest_divisor(row_size, min(budget, row_size // 2 if row_axis == tile.axes_of("global")[0]
-                                              else row_size))
+        limit = min(budget, row_size // 2 if row_axis == tile.axes_of("global")[0] else row_size)
+        rows = _largest_divisor(row_size, limit)
+        if rows is None and (rows := _padded_rows(row_size, limit)) is not None:
+            opts.append(Opt(OptOps.PADTO, row_axis, rows))  # (a prime row count: 17 -> 2 x 9)
+            tile.apply_opt(opts[-1])
+            row_size = tile.size(row_axis) or row_size
         if rows is None:
             break
         opts.append(Opt(OptOps.UPCAST, row_axis, 0 if rows == row_size else rows))
@@ -213,6 +217,12 @@ def _channel_lanes(k: Kernel, axis: int, fit: str) -> list[Opt] | None:
     if fit == "per step" and tile.register_tile() < PACK_REUSE * VECTOR_WIDTH:
         return None
     return opts if len(opts) > 1 else []
+
+
+def _padded_rows(size: int, limit: int) -> int | None:
+    """The most rows, up to `limit`, that padding `size` to a multiple of adds at most 1/PAD_WASTE of it (17 -> 18 for
+    9 rows, where no row count divides it: the quotient loop of a stride-2 kernel's 34 outputs, see polyphase.py)."""
+    return next((r for r in range(limit, 1, -1) if -size % r <= size // PAD_WASTE and size % r), None)
 
 
 def _shift_axis(k: Kernel, packed: set[int]) -> int | None:

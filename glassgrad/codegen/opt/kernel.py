@@ -244,9 +244,12 @@ def pad_accesses(ast: UOp, rng: UOp, size: int, lanes: bool) -> UOp:
     and gives 0: a masked vector load); any other load that depends on it reads what iteration `size - 1` reads
     (`rng` in its index and gate becomes `min(rng, size - 1)`: for a row of a register tile, one select per row
     outside the vector loop, where a gated scalar in the tile measured 10x slower, its accumulators kept in
-    memory). Either way no access leaves the original kernel's."""
+    memory). Without `lanes` (a row axis) every use of it but a store's index is clamped (`_clamp_rows`). Either
+    way no access leaves the original kernel's."""
     valid = rng < UOp.const(rng.dtype, size)
     clamped = valid.where(rng, UOp.const(rng.dtype, size - 1))
+    if not lanes:
+        return _clamp_rows(ast, rng, valid, clamped)
     scopes = Scopes()
     new: dict[UOp, UOp] = {}
     for node in ast.toposort():
@@ -258,6 +261,24 @@ def pad_accesses(ast: UOp, rng: UOp, size: int, lanes: bool) -> UOp:
             else:
                 n = n.replace(src=(n.src[0], *(_substitute(s, rng, clamped) for s in n.src[1:])))
         new[node] = n
+    return new[ast]
+
+
+def _clamp_rows(ast: UOp, rng: UOp, valid: UOp, clamped: UOp) -> UOp:
+    """PADTO of a row axis: every use of `rng` but a store's index becomes `clamped`, so the rows past the end compute
+    the last row's value (loads, and the conditions that select them, alike: a padded convolution's gate stays the
+    gate of the load it selects, which `codegen/stage.py` then drops from the tile), and the stores get `valid`."""
+    scopes = Scopes()
+    new: dict[UOp, UOp] = {}
+    for node in ast.toposort():
+        if node is rng:
+            new[node] = clamped
+            continue
+        src = tuple(new[s] for s in node.src)
+        if node.op is Ops.STORE and rng in scopes(node):
+            new[node] = _and_gate(node.replace(src=(src[0], node.src[1], *src[2:])), valid)
+            continue
+        new[node] = node if src == node.src else node.replace(src=src)
     return new[ast]
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from glassgrad.codegen import ProgramSpec, get_program, optimize_ast
+from glassgrad.codegen import ProgramSpec, get_program, kernel_ast
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
 from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
 from glassgrad.codegen.opt.kernel import Kernel
@@ -150,7 +150,7 @@ def _cache_path(ast: UOp, dev: Compiled, width: int) -> Any:
 def beam_search(ast: UOp, device: str, width: int) -> list[Opt]:
     dev = Device[device]
     if any(u.op is Ops.DEFINE_VAR for u in ast.toposort()):  # symbolic sizes: no one launch to time
-        return hand_coded_optimizations(Kernel(optimize_ast(ast, dev.renderer), dev.renderer))
+        return hand_coded_optimizations(Kernel(kernel_ast(ast, dev.renderer), dev.renderer))
     path = _cache_path(ast, dev, width)
     if CACHELEVEL >= 1 and not IGNORE_BEAM_CACHE and path.exists():
         return [Opt(OptOps[op], axis, amount) for op, axis, amount in json.loads(path.read_text())]
@@ -166,7 +166,7 @@ def _search(ast: UOp, dev: Compiled, width: int) -> list[Opt]:
     inputs, outputs = random_inputs(ast), stored_buffers(ast)
     base = get_program(ast, dev.renderer, [])
     reference_time, reference = run_program(dev, base, dev.compiler.compile(base.source), inputs, outputs)
-    start = Kernel(optimize_ast(ast, dev.renderer), dev.renderer)
+    start = Kernel(kernel_ast(ast, dev.renderer), dev.renderer)
     beam = [Candidate([], base, reference_time)]
     seen = {base.source}
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
