@@ -318,6 +318,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     def ndim(self) -> int:
         return len(self.shape)
 
+    def dim(self) -> int:
+        """The number of axes (PyTorch's name for `ndim`)."""
+        return len(self.shape)
+
     def numel(self) -> int:
         """The element count; for a symbolic shape, a symbolic size (see glassgrad/uop/sint.py)."""
         count = prod(self.shape)
@@ -648,11 +652,16 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             out.append(Tensor(g) if g is not None else Tensor.zeros(t.shape, dtype=t.dtype, device=t.device))
         return out
 
-    def backward(self, gradient: Tensor | None = None) -> Tensor:
+    def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
+                 create_graph: bool = False) -> Tensor:
         """Accumulate d(self)/d(t) into `t.grad` for every tensor `t` with requires_grad=True that self depends on.
         When none of them has requires_grad=True (where PyTorch raises), as tinygrad 0.14 (which has no
         requires_grad): every live float tensor of the computation not marked requires_grad=False gets its `.grad`,
-        so `t = Tensor([1.0, 2.0]); t.sum().backward(); t.grad` works as in tinygrad."""
+        so `t = Tensor([1.0, 2.0]); t.sum().backward(); t.grad` works as in tinygrad.
+
+        `retain_graph` and `create_graph` are PyTorch's keywords, accepted as what always holds here: the graph is
+        lazy and stays (a second backward through it works), and each `.grad` is itself a graph that can be
+        differentiated again (a gradient penalty)."""
         if gradient is None and self.numel() != 1:
             raise RuntimeError(f"backward() of a tensor of shape {self.shape} needs `gradient=`; only scalars get an "
                                "implicit gradient of 1")

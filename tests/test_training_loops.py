@@ -482,3 +482,28 @@ def test_requires_grad_set_as_an_attribute(realized: bool, dtype: str) -> None:
         (w * 2).sum().backward()
     with pytest.raises(RuntimeError, match="floating point"):
         Tensor([1, 2]).requires_grad = True
+
+
+def test_pytorch_keywords_of_backward_and_zero_grad() -> None:
+    """`loss.backward(retain_graph=True)` (then a second backward through the same graph), `create_graph=True` (the
+    gradient differentiated again) and `opt.zero_grad(set_to_none=False)` are PyTorch habits: they raised TypeError."""
+    x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = (x * x * x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    assert x.grad is not None
+    np.testing.assert_allclose(x.grad.numpy(), 2 * 3 * np.array([1.0, 4.0, 9.0]))
+    x.grad = None
+    (x * x * x).sum().backward(create_graph=True)
+    first = x.grad
+    assert first is not None
+    x.grad = None
+    first.sum().backward()
+    assert x.grad is not None
+    np.testing.assert_allclose(x.grad.numpy(), 6 * np.array([1.0, 2.0, 3.0]))
+    opt = optim.SGD([x], lr=0.1)
+    opt.zero_grad(set_to_none=False)
+    assert x.grad is not None and np.array_equal(x.grad.numpy(), np.zeros(3))
+    opt.zero_grad()
+    assert x.grad is None
+    assert Tensor.empty(2, 3, 4).dim() == 3

@@ -118,10 +118,11 @@ class Optimizer:
         self.initial_lr: float | None = None if isinstance(lr, Tensor) else float(lr)
         self._skip: Tensor | None = None  # set during schedule_step(skip=...)
 
-    def zero_grad(self) -> None:
-        """Forget the gradients (`.grad = None`), so the next `backward()` does not add to them."""
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the gradients (`.grad = None`), so the next `backward()` does not add to them; with
+        `set_to_none=False` (PyTorch's keyword) an existing gradient becomes zeros instead."""
         for p in self.params:
-            p.grad = None
+            p.grad = None if set_to_none or p.grad is None else Tensor.zeros_like(p.grad)
 
     def step(self) -> None:
         """Update every param in place, with the optimiser state, in one schedule."""
@@ -452,9 +453,9 @@ class OptimizerGroup:
     def __getitem__(self, i: int) -> Optimizer:
         return self.optimizers[i]
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
         for o in self.optimizers:
-            o.zero_grad()
+            o.zero_grad(set_to_none)
 
     def schedule_step(self, skip: Tensor | None = None) -> list[Tensor]:
         return [t for o in self.optimizers for t in o.schedule_step(skip)]
