@@ -30,7 +30,7 @@ from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
 from glassgrad.schedule.versions import StaleReaders, overwritten_versions, written_versions
-from glassgrad.tensor_extra import ExtraOps
+from glassgrad.tensor_extra import ExtraOps, InPlaceOps
 from glassgrad.tensor_linalg import LinalgOps
 from glassgrad.tensor_math import MathOps, computed_in_float32
 from glassgrad.tensor_nn import NNOps
@@ -250,7 +250,7 @@ class _TensorType(type):
         TRAINING.value = int(mode)
 
 
-class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, metaclass=_TensorType):
+class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPlaceOps, metaclass=_TensorType):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "_requires_grad", "grad", "_view_of", "__weakref__")
     no_grad: ClassVar[bool] = False
@@ -1069,9 +1069,14 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             return (a < b).where(a, b)
         return -((-a).maximum(-b))
 
-    def clip(self, min_: Scalar | Tensor | None = None, max_: Scalar | Tensor | None = None) -> Tensor:
+    def clip(self, min_: Scalar | Tensor | None = None, max_: Scalar | Tensor | None = None, *,
+             min: Scalar | Tensor | None = None, max: Scalar | Tensor | None = None) -> Tensor:  # noqa: A002
         """Limit to [min_, max_] (max_ wins if min_ > max_; NaN stays NaN). Built from `where`, so at a bound the
-        gradient goes to self, as in PyTorch (maximum/minimum would split it)."""
+        gradient goes to self, as in PyTorch (maximum/minimum would split it). `min=`/`max=`: PyTorch's keywords."""
+        if min is not None or max is not None:
+            if min_ is not None or max_ is not None:
+                raise ArgumentError("clip: give the bounds as min_/max_ (tinygrad) or min/max (PyTorch), not both")
+            min_, max_ = min, max
         if min_ is None and max_ is None:
             raise ArgumentError("clip needs at least one of min_ or max_")
         out = self if min_ is None else (self < min_).where(min_, self)

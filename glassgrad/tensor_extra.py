@@ -162,6 +162,68 @@ class ExtraOps:
         return x.transpose(-2, -1) if tall else x
 
 
+class InPlaceOps:
+    """PyTorch's in-place methods (`x.add_(y)`, `w.normal_(0, 0.02)`, `b.zero_()`, ...), mixed into Tensor: each is
+    `x.assign(op(x))`, so it writes x's own buffer (through a view: the part of its base it shows), returns x, and
+    every tensor built from x's old value keeps that value (see `Tensor.assign`). tinygrad has only `assign`."""
+    __slots__ = ()
+
+    @property
+    def _t(self) -> Tensor:
+        return cast("Tensor", self)
+
+    def _write(self, value: Tensor | Any) -> Tensor:
+        t = self._t
+        if not isinstance(value, _tensor_class()):
+            value = _tensor_class()(value, device=t.device, dtype=t.dtype)
+        if value.shape != t.shape:
+            value = value.expand(t.shape)  # (a broadcast value; a bigger one raises there, as in PyTorch)
+        return t.assign(value.cast(t.dtype))
+
+    def add_(self, other: Tensor | Any, alpha: float = 1) -> Tensor:
+        return self._write(self._t + (other if alpha == 1 else other * alpha))
+
+    def sub_(self, other: Tensor | Any, alpha: float = 1) -> Tensor:
+        return self._write(self._t - (other if alpha == 1 else other * alpha))
+
+    def mul_(self, other: Tensor | Any) -> Tensor: return self._write(self._t * other)  # noqa: E704
+    def div_(self, other: Tensor | Any) -> Tensor: return self._write(self._t / other)  # noqa: E704
+    def pow_(self, other: Tensor | Any) -> Tensor: return self._write(self._t ** other)  # noqa: E704
+    def neg_(self) -> Tensor: return self._write(-self._t)  # noqa: E704
+    def abs_(self) -> Tensor: return self._write(self._t.abs())  # noqa: E704
+    def exp_(self) -> Tensor: return self._write(self._t.exp())  # noqa: E704
+    def log_(self) -> Tensor: return self._write(self._t.log())  # noqa: E704
+    def sqrt_(self) -> Tensor: return self._write(self._t.sqrt())  # noqa: E704
+    def relu_(self) -> Tensor: return self._write(self._t.relu())  # noqa: E704
+    def sigmoid_(self) -> Tensor: return self._write(self._t.sigmoid())  # noqa: E704
+    def tanh_(self) -> Tensor: return self._write(self._t.tanh())  # noqa: E704
+    def floor_(self) -> Tensor: return self._write(self._t.floor())  # noqa: E704
+    def ceil_(self) -> Tensor: return self._write(self._t.ceil())  # noqa: E704
+    def zero_(self) -> Tensor: return self._write(self._t.zeros_like())  # noqa: E704
+    def fill_(self, value: Any) -> Tensor: return self._write(self._t.full_like(value))  # noqa: E704
+
+    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 (PyTorch's names)
+        return self._write(self._t.clip(min, max))
+    clip_ = clamp_
+
+    def masked_fill_(self, mask: Tensor, value: Any) -> Tensor:
+        return self._write(self._t.masked_fill(mask, value))
+
+    def copy_(self, src: Tensor | Any) -> Tensor:
+        """self's values become src's (broadcast, cast to self's dtype, moved to self's device)."""
+        if isinstance(src, _tensor_class()) and src.device != self._t.device:
+            src = src.to(self._t.device)
+        return self._write(src)
+
+    def uniform_(self, a: float = 0.0, b: float = 1.0) -> Tensor:
+        t = self._t
+        return self._write(_tensor_class().uniform(*t.shape, low=a, high=b, dtype=t.dtype, device=t.device))
+
+    def normal_(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
+        t = self._t
+        return self._write(_tensor_class().normal(*t.shape, mean=mean, std=std, dtype=t.dtype, device=t.device))
+
+
 def _odd_polynomial_step(x: Tensor, params: tuple[float, ...]) -> Tensor:
     """p0*x + (p1*A + p2*A^2 + ...) @ x with A = x @ x^T (over the last two dims)."""
     if len(params) == 1:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from glassgrad import Tensor, dtypes
+from glassgrad.errors import ArgumentError
 
 X = np.linspace(-5, 5, 41).astype(np.float32)
 
@@ -113,3 +114,53 @@ def test_newton_schulz_orthogonalises() -> None:
     s = np.linalg.svd(o, compute_uv=False)
     assert s.min() > 0.5 and s.max() < 1.5  # Muon's quintic iteration pushes singular values into about [0.7, 1.2]
     assert Tensor(m.T).newton_schulz().shape == (16, 8)
+
+
+IN_PLACE = {  # PyTorch's in-place method: (call, the numpy result for x = [0.5, 1, 2])
+    "add_": (lambda t: t.add_(1), [1.5, 2, 3]),
+    "add_ alpha": (lambda t: t.add_(Tensor([1.0, 1.0, 1.0]), alpha=2), [2.5, 3, 4]),
+    "sub_ alpha": (lambda t: t.sub_(1, alpha=0.5), [0, 0.5, 1.5]),
+    "mul_": (lambda t: t.mul_(2), [1, 2, 4]),
+    "div_": (lambda t: t.div_(2), [0.25, 0.5, 1]),
+    "pow_": (lambda t: t.pow_(2), [0.25, 1, 4]),
+    "neg_": (lambda t: t.neg_(), [-0.5, -1, -2]),
+    "exp_": (lambda t: t.exp_(), list(np.exp([0.5, 1, 2]))),
+    "sqrt_": (lambda t: t.sqrt_(), list(np.sqrt([0.5, 1, 2]))),
+    "zero_": (lambda t: t.zero_(), [0, 0, 0]),
+    "fill_": (lambda t: t.fill_(3), [3, 3, 3]),
+    "copy_": (lambda t: t.copy_(Tensor([9.0, 8.0, 7.0])), [9, 8, 7]),
+    "copy_ broadcast": (lambda t: t.copy_(Tensor([7.0])), [7, 7, 7]),
+    "clamp_": (lambda t: t.clamp_(0.6, 1.5), [0.6, 1, 1.5]),
+    "clamp_ min only": (lambda t: t.clamp_(min=1.0), [1, 1, 2]),
+    "masked_fill_": (lambda t: t.masked_fill_(t > 1, 0.0), [0.5, 1, 0]),
+}
+
+
+@pytest.mark.parametrize("name", IN_PLACE)
+def test_pytorch_in_place_methods(name: str) -> None:
+    """`x.op_(...)` writes x in place and returns x; a tensor built from x's old value keeps it (they are
+    `assign`s). They raised AttributeError (PyTorch habits: `b.zero_()`, `w.normal_(0, 0.02)`, `p.sub_(lr * g)`)."""
+    call, expected = IN_PLACE[name]
+    x = Tensor([0.5, 1.0, 2.0])
+    before = x * 1
+    assert call(x) is x
+    np.testing.assert_allclose(x.numpy(), np.array(expected, np.float32), rtol=1e-6)
+    np.testing.assert_array_equal(before.numpy(), [0.5, 1.0, 2.0])
+
+
+def test_in_place_methods_on_views_random_fills_and_clamp_keywords() -> None:
+    x = Tensor([[1.0, 2.0], [3.0, 4.0]])
+    x[0].add_(10)  # through a view: the row of its base
+    assert x.tolist() == [[11.0, 12.0], [3.0, 4.0]]
+    Tensor.manual_seed(3)
+    w = Tensor.empty(2000).uniform_(-2, 3)
+    values = w.numpy()
+    assert values.min() >= -2 and values.max() < 3 and abs(values.mean() - 0.5) < 0.1
+    n = Tensor.empty(4000).normal_(1.0, 0.5).numpy()
+    assert abs(n.mean() - 1.0) < 0.05 and abs(n.std() - 0.5) < 0.05
+    t = Tensor([0.5, 1.0, 2.0])
+    assert t.clamp(min=0.75).tolist() == [0.75, 1.0, 2.0] and t.clip(max=1.0).tolist() == [0.5, 1.0, 1.0]
+    with pytest.raises(ArgumentError, match="not both"):
+        t.clip(0.0, min=1.0)
+    with pytest.raises(ValueError):
+        Tensor([1.0, 2.0]).add_(Tensor([[1.0, 2.0], [3.0, 4.0]]))  # a bigger value cannot be written into x
