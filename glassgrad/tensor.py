@@ -16,7 +16,7 @@ import gc
 import math
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, NamedTuple, cast, overload
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer
 from glassgrad.schedule.versions import StaleReaders, overwritten_versions, written_versions
 from glassgrad.tensor_extra import ExtraOps, InPlaceOps
 from glassgrad.tensor_linalg import LinalgOps
-from glassgrad.tensor_math import MathOps, computed_in_float32
+from glassgrad.tensor_math import MathOps, accepts_dim, computed_in_float32
 from glassgrad.tensor_nn import NNOps
 from glassgrad.tensor_shape import ShapeOps
 from glassgrad.uop.ops import GroupOp, Ops, UOp, _arg_key, sint
@@ -60,6 +60,12 @@ ASSIGN_TARGETS: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDict
 
 Scalar = int | float | bool
 AxisArg = int | Sequence[int] | None
+
+
+class ValuesIndices(NamedTuple):
+    """`x.max(dim=d)` / `x.min(dim=d)`: PyTorch's result (values, indices)."""
+    values: Tensor
+    indices: Tensor
 
 
 class _LazyTensors:
@@ -321,6 +327,16 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def dim(self) -> int:
         """The number of axes (PyTorch's name for `ndim`)."""
         return len(self.shape)
+
+    def t(self) -> Tensor:
+        """PyTorch's `t()`: a matrix transposed; 0-d and 1-d tensors as they are."""
+        if self.ndim > 2:
+            raise ShapeError(f"t() expects a tensor with at most 2 dims, got shape {self.shape}; use transpose")
+        return self if self.ndim < 2 else self.transpose(0, 1)
+
+    def type_as(self, other: Tensor) -> Tensor:
+        """Cast to `other`'s dtype (PyTorch's name)."""
+        return self.cast(other.dtype)
 
     def numel(self) -> int:
         """The element count; for a symbolic shape, a symbolic size (see glassgrad/uop/sint.py)."""
@@ -1657,25 +1673,45 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             return least_upper_dtype(self.dtype, dtypes.int32)
         return least_upper_dtype(self.dtype, dtypes.float32)
 
+    @accepts_dim
     def sum(self, axis: AxisArg = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
         """Sum; ints accumulate in at least int32, float16/bfloat16 in float32 (and return their own dtype)."""
         acc = to_dtype(dtype) if dtype is not None else self._sum_dtype()
         out = self.cast(acc)._reduce(Ops.ADD, axis, keepdim)
         return out.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else out
 
+    @accepts_dim
     def prod(self, axis: AxisArg = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
         acc = to_dtype(dtype) if dtype is not None else self._sum_dtype()
         return self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
 
-    def max(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
+    @overload
+    def max(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor: ...
+    @overload
+    def max(self, *, dim: int, keepdim: bool = False) -> ValuesIndices: ...
+
+    def max(self, axis: AxisArg = None, keepdim: bool = False, *, dim: int | None = None) -> Tensor | ValuesIndices:
+        """The largest values along `axis` (tinygrad). With PyTorch's `dim=`, PyTorch's result: the values and their
+        indices, `values, indices = x.max(dim=1)` (a tensor there would unpack along its first axis instead)."""
+        if dim is not None:
+            return ValuesIndices(self._reduce(Ops.MAX, dim, keepdim), self.argmax(dim, keepdim))
         return self._reduce(Ops.MAX, axis, keepdim)
 
-    def min(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
-        """Floats: -max(-x). Ints and bools: ~max(~x): ~ reverses the order without overflowing (-INT_MIN does)."""
+    @overload
+    def min(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor: ...
+    @overload
+    def min(self, *, dim: int, keepdim: bool = False) -> ValuesIndices: ...
+
+    def min(self, axis: AxisArg = None, keepdim: bool = False, *, dim: int | None = None) -> Tensor | ValuesIndices:
+        """Floats: -max(-x). Ints and bools: ~max(~x): ~ reverses the order without overflowing (-INT_MIN does).
+        With `dim=`, as `max`: the values and their indices."""
+        if dim is not None:
+            return ValuesIndices(self.min(dim, keepdim), self.argmin(dim, keepdim))
         if not self.dtype.is_float:
             return self.bitwise_not().max(axis, keepdim).bitwise_not()
         return -((-self).max(axis, keepdim))
 
+    @accepts_dim
     def mean(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
         count = sint_prod([self.shape[a] for a in self._resolve_axes(axis)])
         total = self._float().sum(axis, keepdim)
@@ -1683,22 +1719,26 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             return total / count  # type: ignore[operator]
         return total / count if count else total * math.nan
 
+    @accepts_dim
     def var(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
         dof = sint_sub(sint_prod([self.shape[a] for a in self._resolve_axes(axis)]), correction)
         centered = self._float() - self._float().mean(axis, keepdim=True)
         squares = (centered * centered).sum(axis, keepdim)
         return squares / (dof.maximum(0) if isinstance(dof, UOp) else max(0, dof))  # type: ignore[operator]
 
+    @accepts_dim
     def std(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
         """sqrt(var), with gradient 0 (as in PyTorch), not NaN, where the variance is 0."""
         v = self.var(axis, keepdim, correction)
         zero = v == 0
         return zero.where(0.0, zero.where(1.0, v).sqrt())
 
+    @accepts_dim
     def any(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
         return self.bool()._reduce(Ops.MAX, axis, keepdim) if self.numel() else \
             Tensor.full(self._reduced_shape(axis, keepdim), False, dtypes.bool, self.device)
 
+    @accepts_dim
     def all(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
         return self.logical_not().any(axis, keepdim).logical_not()
 
@@ -1706,6 +1746,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         axes = self._resolve_axes(axis)
         return tuple(1 if i in axes else s for i, s in enumerate(self.shape) if keepdim or i not in axes)
 
+    @accepts_dim
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
         """Index of the first maximum (over the flattened tensor when axis is None); NaN counts as the maximum."""
         if axis is None:
@@ -1721,10 +1762,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         countdown = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - a - 1))
         return (n - (is_max * countdown).max(a, keepdim)).cast(dtypes.int32)
 
+    @accepts_dim
     def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
         flipped = -self if self.dtype.is_float else self.bitwise_not()  # ~x reverses int order without overflow
         return flipped.argmax(axis, keepdim)
 
+    @accepts_dim
     @computed_in_float32
     def logsumexp(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
         m = self._float().max(axis, keepdim=True).detach()  # any shift gives the same value: no gradient through it
@@ -1735,6 +1778,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def squeeze_axes(self, axes: tuple[int, ...]) -> Tensor:
         return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
+    @accepts_dim
     def cumsum(self, axis: int = 0) -> Tensor:
         """Running sum along `axis`, as one reduction over a triangular mask (n^2 work, one fused kernel).
 
@@ -1803,6 +1847,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             return self.cast(dtypes.float32), self.dtype
         return self._float(), None
 
+    @accepts_dim
     def softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
         """softmax along axis, computed in `dtype` when given (tinygrad's keyword), else in self's float dtype
         (float32 for halves, rounded once)."""
@@ -1816,6 +1861,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         out = e * e.sum(axis, keepdim=True).reciprocal()  # one division per row, not per element
         return out if rounded_to is None else out.cast(rounded_to)
 
+    @accepts_dim
     def log_softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
         x, rounded_to = self._opmath(dtype)
         if x.numel() == 0:

@@ -26,6 +26,22 @@ if TYPE_CHECKING:
 _Activation = TypeVar("_Activation", bound=Callable[..., Any])
 
 
+_NO_DIM = object()
+
+
+def accepts_dim(fn: _Activation) -> _Activation:
+    """PyTorch's `dim=` keyword for tinygrad's `axis` (`x.sum(dim=1)`, `logits.argmax(dim=-1)`, `x.softmax(dim=-1)`):
+    the same argument under its other name (giving both is an error). It raised TypeError."""
+    @functools.wraps(fn)
+    def with_dim(self: Tensor, *args: Any, dim: Any = _NO_DIM, **kwargs: Any) -> Any:
+        if dim is not _NO_DIM:
+            if args or "axis" in kwargs:
+                raise TypeError(f"{fn.__name__}: give the axis once, as axis= (tinygrad) or dim= (PyTorch)")
+            kwargs["axis"] = dim
+        return fn(self, *args, **kwargs)
+    return cast(_Activation, with_dim)
+
+
 def computed_in_float32(fn: _Activation) -> _Activation:
     """For an activation built from several ops: on a float16/bfloat16 tensor it is computed in float32 and rounded
     once, as PyTorch's half kernels compute it (in their float "opmath"). Rounded after every op instead, the ~20

@@ -23,6 +23,7 @@ import numpy as np
 from glassgrad.dtype import DType, dtypes, to_dtype
 from glassgrad.errors import ArgumentError, DTypeError, ShapeError
 from glassgrad.helpers import normalize_axis, prod, shape_args
+from glassgrad.tensor_math import accepts_dim
 
 if TYPE_CHECKING:
     from glassgrad.tensor import AxisArg, Scalar, Tensor
@@ -277,6 +278,7 @@ class ShapeOps:
         t = self._m
         return t.transpose(a, -1) if a != t.ndim - 1 else t
 
+    @accepts_dim
     def cumprod(self, axis: int) -> Tensor:
         """Running product along `axis` (dtypes as `prod`)."""
         t = self._m
@@ -287,6 +289,7 @@ class ShapeOps:
         out = t._lower_mask(x.shape[-1]).where(x.unsqueeze(-2), 1).prod(-1)
         return out._back(a)
 
+    @accepts_dim
     def cummax(self, axis: int = 0) -> tuple[Tensor, Tensor]:
         """(running max along `axis`, int32 index where it was found); with ties, the latest index (as PyTorch).
         The values are gathered at the indices, so the gradient goes to that one element."""
@@ -317,6 +320,7 @@ class ShapeOps:
         values, idx = t.bitwise_not().cummax(axis)  # ~x reverses the order of ints without overflow
         return values.bitwise_not(), idx
 
+    @accepts_dim
     def logcumsumexp(self, axis: int = 0) -> Tensor:
         """log(cumsum(exp(x))) along `axis`, shifted by the running max so nothing overflows."""
         t = self._m._float()
@@ -333,10 +337,12 @@ class ShapeOps:
         return (terms.exp().sum(-1).log() + shift)._back(a)
 
     # ------------------------------------------------------------------ reductions
+    @accepts_dim
     def var_mean(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> tuple[Tensor, Tensor]:
         t = self._m
         return t.var(axis, keepdim, correction), t.mean(axis, keepdim)
 
+    @accepts_dim
     def std_mean(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> tuple[Tensor, Tensor]:
         t = self._m
         return t.std(axis, keepdim, correction), t.mean(axis, keepdim)

@@ -164,3 +164,33 @@ def test_in_place_methods_on_views_random_fills_and_clamp_keywords() -> None:
         t.clip(0.0, min=1.0)
     with pytest.raises(ValueError):
         Tensor([1.0, 2.0]).add_(Tensor([[1.0, 2.0], [3.0, 4.0]]))  # a bigger value cannot be written into x
+
+
+DIM_OPS = ["sum", "mean", "prod", "std", "var", "argmax", "argmin", "softmax", "log_softmax", "cumsum", "logsumexp",
+           "any", "all", "cumprod", "logcumsumexp"]
+
+
+@pytest.mark.parametrize("name", DIM_OPS)
+def test_reductions_take_pytorchs_dim_keyword(name: str) -> None:
+    """`x.sum(dim=1)` is `x.sum(axis=1)` (PyTorch's keyword raised TypeError); giving both is a TypeError."""
+    x = Tensor([[1.0, 5.0, 3.0], [4.0, 2.0, 6.0]])
+    if name in ("any", "all"):
+        x = x > 2
+    np.testing.assert_allclose(getattr(x, name)(dim=1).numpy(), getattr(x, name)(axis=1).numpy())
+    np.testing.assert_allclose(getattr(x, name)(dim=-1).numpy(), getattr(x, name)(1).numpy())
+    with pytest.raises(TypeError, match="once"):
+        getattr(x, name)(1, dim=1)
+
+
+def test_max_and_min_with_dim_return_values_and_indices() -> None:
+    """PyTorch's `values, indices = x.max(dim=1)`: with `dim=` the result is the pair (a tensor would unpack along
+    its first axis, silently wrong for 2 rows); tinygrad's `x.max(1)` / `x.max(axis=1)` stays the values."""
+    data = np.array([[1.0, 5.0, 3.0], [4.0, 2.0, 6.0]], np.float32)
+    x = Tensor(data)
+    values, indices = x.max(dim=1)
+    assert values.tolist() == [5.0, 6.0] and indices.tolist() == [1, 2]
+    low = x.min(dim=0, keepdim=True)
+    assert low.values.tolist() == [[1.0, 2.0, 3.0]] and low.indices.tolist() == [[0, 1, 0]]
+    assert x.max(1).tolist() == [5.0, 6.0] and x.max(axis=1).tolist() == [5.0, 6.0]
+    assert x.t().shape == (3, 2) and Tensor([1.0, 2.0]).t().shape == (2,)
+    assert x.type_as(Tensor([1])).dtype == dtypes.int32
