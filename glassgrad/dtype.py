@@ -34,7 +34,7 @@ class DType:
     __hash__ = object.__hash__
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
-        return to_dtype, (self.name,)  # unpickle to the same singleton
+        return _by_name, (self.name,)  # unpickle to the same singleton (void too: a lazy graph's nodes hold it)
 
     @property
     def is_float(self) -> bool:
@@ -186,6 +186,11 @@ def least_upper_dtype(*ds: DType) -> DType:
     """The smallest dtype every one of `ds` promotes to."""
     common = frozenset.intersection(*(_ancestors(d) for d in ds))
     return min(common, key=lambda d: d.priority)
+
+
+def _by_name(name: str) -> DType:
+    """The DType singleton of this name, void included (what unpickling a DType calls)."""
+    return dtypes.void if name == "void" else to_dtype(name)
 
 
 def to_dtype(x: DType | str | type | np.dtype) -> DType:
