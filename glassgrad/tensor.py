@@ -1181,7 +1181,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
         """log(1 + exp(beta*x)) / beta, and x itself above `threshold` (PyTorch's definition)."""
         scaled = self._float() * beta
-        return (scaled > threshold).where(self, (1 + scaled.minimum(threshold).exp()).log() / beta)
+        # clip, not minimum: at x*beta == threshold minimum would give half the gradient to the constant
+        return (scaled > threshold).where(self, (1 + scaled.clip(None, threshold).exp()).log() / beta)
 
     def logical_and(self, x: Tensor) -> Tensor: return self.bool() & x.bool()  # noqa: E704
     def logical_or(self, x: Tensor) -> Tensor: return self.bool() | x.bool()  # noqa: E704
