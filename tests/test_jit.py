@@ -401,6 +401,37 @@ def test_random_numbers_inside_a_jit_are_fresh_on_every_replay() -> None:
         assert ((o >= 0) & (o < 6)).all()
 
 
+@pytest.mark.parametrize("realize_inside", [True, False])
+def test_random_numbers_are_fresh_when_the_function_realizes_its_result(realize_inside: bool) -> None:
+    """`return (x + Tensor.rand(4)).realize()`: the generator's advance adds a host constant [0, drawn] that only the
+    captured kernel used; its buffer died after the capture and its memory was handed to the next buffer of that
+    size, so every replay added 0 and repeated the capture's numbers. Replays equal eager calls of the same seed."""
+    def run(jit: bool) -> list[np.ndarray]:
+        Tensor.manual_seed(5)
+
+        def fn(x: Tensor) -> Tensor:
+            out = x + Tensor.rand(4)
+            return out.realize() if realize_inside else out
+        step = TinyJit(fn) if jit else fn
+        return [step(Tensor([0.0, 0.0, 0.0, 0.0])).numpy().copy() for _ in range(5)]
+    jitted, eager = run(True), run(False)
+    assert len({o.tobytes() for o in jitted}) == 5
+    for a, b in zip(jitted, eager):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_host_constant_made_inside_the_function_keeps_its_values() -> None:
+    """`x * Tensor(np_array)` made inside the function is a constant of the capture: the kernels hold its memory, not
+    its Buffer, so once the tensor died the allocator gave the memory to other buffers of its size and the replays
+    read their values (here 9s) instead of the constant's."""
+    c = np.arange(100, dtype=np.float32)
+    step = TinyJit(lambda x: x * Tensor(c))
+    keep = []
+    for i in range(5):
+        np.testing.assert_array_equal(step(Tensor(np.full(100, i, np.float32))).numpy(), c * i)
+        keep += [Tensor(np.full(100, 9.0, np.float32)).realize() for _ in range(3)]
+
+
 def test_a_replay_realizes_a_leftover_graph_whose_part_was_assigned_since() -> None:
     """A replay asks which lazy tensors read what it overwrites, and caches what each leftover graph reads
     (schedule/versions.py, `owned_reads`). An assign that stores part of such a graph in the replay's state buffer

@@ -373,6 +373,10 @@ class _Capture:
         self.intermediate_bytes = 0  # bytes of the intermediates nothing else holds, each in its own buffer
         self.pool: list[Buffer] = []  # the memory they share when planned
         slot_buffers = self._place(steps, plan)
+        # the kernels hold only handles: every buffer they use that is not the pool's (state, constants made from
+        # host data inside the function, an intermediate something else holds) is kept alive here, or its memory
+        # would go back to the allocator when its last tensor dies and be handed to another buffer
+        self.state_buffers = list({id(r): r for s in steps for r in s.refs if isinstance(r, Buffer)}.values())
         self.steps = _graph_kernels([self._launch(s, slot_buffers) for s in steps],
                                     lambda device: Device[device].graph is not None)
         self.graphs = [s for s in self.steps if isinstance(s, _KernelGraph)]
