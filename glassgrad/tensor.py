@@ -1599,8 +1599,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         return out.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else out
 
     def prod(self, axis: AxisArg = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
+        """Product; accumulated as sum accumulates (float16/bfloat16 in float32, returning their own dtype)."""
         acc = to_dtype(dtype) if dtype is not None else self._sum_dtype()
-        return self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
+        out = self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
+        return out.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else out
 
     def max(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
         return self._reduce(Ops.MAX, axis, keepdim)

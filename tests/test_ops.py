@@ -1019,6 +1019,31 @@ def test_sum_float16_accumulates_in_float32() -> None:
     assert T(a).sum().item() == 4096.0
 
 
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_prod_of_half_types_keeps_the_dtype(dtype: DType) -> None:
+    """prod of float16/bfloat16 accumulates in float32 and returns the input's dtype, as sum does (and PyTorch);
+    it returned float32."""
+    a = np.array([[1.5, 2.0, -3.0], [0.5, 4.0, 2.0]], np.float32)
+    out = T(a, dtype=dtype).prod(1)
+    assert out.dtype is dtype and T(a, dtype=dtype).prod().dtype is dtype
+    np.testing.assert_allclose(out.float().numpy(), [-9.0, 4.0])
+    assert T(a, dtype=dtype).prod(dtype=dtypes.float32).dtype is dtypes.float32
+    if torch is not None:
+        tdt = torch.float16 if dtype is dtypes.float16 else torch.bfloat16
+        assert torch.tensor(a, dtype=tdt).prod(1).dtype is tdt
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64],
+                         ids=lambda d: d.name)
+def test_abs_of_signed_zeros_is_plus_zero(dtype: DType) -> None:
+    """abs(+0) and abs(-0) are +0 (numpy, PyTorch): float16/bfloat16 compute in float32, which hid max(x, -x) from
+    the renderer's fabs, and its select gave -0 for +0 (1 / abs(0) was -inf)."""
+    out = T([0.0, -0.0, -1.5, float("nan"), -float("inf")], dtype=dtype).abs().float().numpy()
+    np.testing.assert_array_equal(np.signbit(out), [False] * 5)
+    np.testing.assert_array_equal(out, [0.0, 0.0, 1.5, np.nan, np.inf])
+    assert (1 / T([0.0], dtype=dtype).abs()).float().item() == float("inf")
+
+
 def test_prod_and_mean_dtypes() -> None:
     a = np.array([[1, -2, 3], [4, 5, -6]], np.int32)
     check(lambda x: x.prod(1), lambda x: np.prod(x, 1).astype(np.int32), inputs=[a], out_dtype=dtypes.int32)
