@@ -231,6 +231,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "requires_grad", "grad", "_view_of", "__weakref__")
     no_grad: ClassVar[bool] = False
+    # numpy on the left (`np_array * t`, `np.float32(2) * t`) defers to Tensor's reflected operators, as with
+    # PyTorch's tensors: the result is a Tensor (in the graph), not a numpy array of the values
+    __array_priority__: ClassVar[int] = 1000
     training = _TrainingFlag()  # instances read the flag; the class reads and writes it through _TensorType
     uop: UOp
     grad: Tensor | None
@@ -260,6 +263,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             uop = UOp.const(d, data, device)
         elif isinstance(data, (bytes, bytearray)):  # tinygrad's Tensor(b"...") : the bytes as uint8
             uop = _uop_from_array(np.frombuffer(bytes(data), dtype=np.uint8), want, device)
+        elif isinstance(data, range):  # torch.tensor(range(n)) works
+            uop = _uop_from_array(np.array(data, dtype=(want or dtypes.default_int).np if want != dtypes.bfloat16
+                                           else np.float32), want, device)
         elif data is None:  # tinygrad's Tensor(None): empty
             uop = _uop_from_array(np.zeros(0, (want or dtypes.default_float).np), want, device)
         else:
@@ -325,6 +331,33 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             raise RuntimeError(f"the truth value of a tensor with {self.numel()} elements is ambiguous; use .any() or"
                                " .all()")
         return bool(self.item())
+
+    # PyTorch's conversions of a one-element tensor: float(loss), int(n), lst[t.argmax()], f"{loss:.3f}"
+    def _one_value(self, what: str) -> Scalar:
+        if self.numel() != 1:
+            raise TypeError(f"{what} needs a tensor with one element, this one has shape {self.shape}")
+        return self.item()
+
+    def __float__(self) -> float:
+        return float(self._one_value("float()"))
+
+    def __int__(self) -> int:
+        return int(self._one_value("int()"))
+
+    def __index__(self) -> int:
+        if not (self.dtype.is_int or self.dtype.is_bool):
+            raise TypeError(f"only integer tensors of one element can be used as an index, this one is {self.dtype}")
+        return int(self._one_value("an index"))
+
+    def __format__(self, spec: str) -> str:
+        if not spec:
+            return repr(self)
+        return format(self._one_value(f"format spec {spec!r}"), spec)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """np.asarray(t), np.mean(t), plt.plot(t): the values (before this, numpy made an array of 0-d Tensors)."""
+        array = self.numpy()
+        return array if dtype is None else array.astype(dtype, copy=False)
 
     def requires_grad_(self, value: bool = True) -> Tensor:
         self.requires_grad = value
@@ -855,7 +888,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             if x.shape != y.shape:
                 shape = _broadcast_shape(x.shape, y.shape)
                 x, y = x._broadcast_to(shape), y._broadcast_to(shape)
-        elif isinstance(other, (np.ndarray, np.generic)):
+        elif isinstance(other, np.generic):
+            # a numpy scalar is a Python scalar, as in PyTorch (and tinygrad, for np.float64): `x / np.sqrt(d)`
+            # keeps x's float32 (as a float64 tensor it made the whole graph float64); an array, 0-d too, is a tensor
+            return self._broadcasted(other.item(), reverse, match_dtype)
+        elif isinstance(other, np.ndarray):
             return self._broadcasted(Tensor(other, device=self.device), reverse, match_dtype)
         else:
             y = Tensor(self._scalar_operand(other))
@@ -894,9 +931,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         if type(other) is float and other and other == other and a.dtype.is_float:  # `x * 0.5`, the most common
             # case: its constant node is cached by value (no ±0.0 or NaN here, whose cache key is their bits)
             return _scalar_node(a.dtype, a.device, a.shape, other, other)
-        if isinstance(other, (np.ndarray, np.generic)):
+        if isinstance(other, np.ndarray):
             return None
-        const = self._scalar_operand(other)
+        const = self._scalar_operand(other.item() if isinstance(other, np.generic) else other)  # (see `_broadcasted`)
         return const if const.dtype is a.dtype else None
 
     def _binary_general(self, op: Ops, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
@@ -1034,8 +1071,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             x, y = x._broadcasted(y)
         elif isinstance(y, Tensor):
             y, x = y._broadcasted(x)
-        else:
-            x, y = Tensor(x, device=self.device)._broadcasted(y)
+        else:  # (a numpy scalar is a Python scalar, as in `_broadcasted`)
+            x, y = Tensor(x.item() if isinstance(x, np.generic) else x, device=self.device)._broadcasted(y)
         shape = _broadcast_shape(cond.shape, x.shape)
         cond, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)
         return x._wrap(cond.uop.where(x.uop, y.uop))
@@ -1204,7 +1241,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     def __pow__(self, x: Tensor | Scalar) -> Tensor: return self.pow(x)  # noqa: E704
     def __rpow__(self, x: Tensor | Scalar) -> Tensor: return self.pow(x, True)  # noqa: E704
     def __matmul__(self, x: Tensor) -> Tensor: return self.matmul(x)  # noqa: E704
-    def __rmatmul__(self, x: Tensor) -> Tensor: return x.matmul(self)  # noqa: E704
+    def __rmatmul__(self, x: Tensor | np.ndarray) -> Tensor:  # (`np_array @ t`: numpy defers to this)
+        return (x if isinstance(x, Tensor) else Tensor(x, device=self.device)).matmul(self)
     def __and__(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.AND, x)  # noqa: E704
     def __rand__(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.AND, x, True)  # noqa: E704
     def __or__(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.OR, x)  # noqa: E704
@@ -1214,6 +1252,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     def __invert__(self) -> Tensor: return self.bitwise_not()  # noqa: E704
     def __lshift__(self, x: int | Tensor) -> Tensor: return self.lshift(x)  # noqa: E704
     def __rshift__(self, x: int | Tensor) -> Tensor: return self.rshift(x)  # noqa: E704
+    def __rlshift__(self, x: int | Tensor) -> Tensor: return self.lshift(x, True)  # noqa: E704
+    def __rrshift__(self, x: int | Tensor) -> Tensor: return self.rshift(x, True)  # noqa: E704
     def __abs__(self) -> Tensor: return self.abs()  # noqa: E704
     def __iadd__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self + x)  # noqa: E704
     def __isub__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self - x)  # noqa: E704

@@ -272,6 +272,81 @@ def test_numpy_scalar_input() -> None:
     assert t.shape == () and t.dtype == dtypes.float64 and t.item() == 2.5
 
 
+@pytest.mark.parametrize("scalar", [np.float64(8.0), np.float32(8.0), np.float16(8.0), np.int64(8)],
+                         ids=lambda v: type(v).__name__)
+def test_numpy_scalars_combine_as_python_scalars(scalar: Any) -> None:
+    """`x / np.sqrt(d)` keeps x's dtype, as a Python scalar does (PyTorch; tinygrad for np.float64): a numpy scalar
+    became a tensor of its own dtype, so attention scores divided by np.sqrt(64) made the whole graph float64."""
+    a = rand((2, 3))
+    for dt in (dtypes.float32, dtypes.float16):
+        x = T(a, dtype=dt)
+        for out in (x / scalar, scalar * x, x - scalar, x.maximum(scalar), (x > 0).where(scalar, x), x < scalar):
+            assert out.dtype is (dtypes.bool if out.dtype is dtypes.bool else dt)
+    np.testing.assert_allclose((T(a) / scalar).numpy(), a / np.float32(scalar), rtol=1e-6)
+    ints = T(np.array([1, 2, 3], np.int32))
+    assert (ints * np.int64(2)).dtype is dtypes.int32 and (ints * np.float64(0.5)).dtype is dtypes.float32
+    assert (T([True]).where(np.float64(1.0), 0.0)).dtype is dtypes.float32
+    assert (T(a) * np.array(8.0)).dtype is dtypes.float64  # an array, 0-d too, is a tensor of its dtype (PyTorch too)
+    if torch is not None:
+        assert (torch.tensor(a) / scalar).dtype is torch.float32
+        assert (torch.tensor([1, 2, 3], dtype=torch.int32) * np.int64(2)).dtype is torch.int32
+
+
+def test_numpy_on_the_left_gives_a_tensor() -> None:
+    """`np_array * t` and `np.float32(2) * t` are Tensors in the graph (numpy defers to Tensor's reflected
+    operators, as with PyTorch's tensors); numpy made an object array of 0-d Tensors."""
+    a, b = rand((2, 3)), rand((3, 2), seed=1)
+    w = T(a, requires_grad=True)
+    for out, expected in [(b.T * w, b.T * a), (np.float32(2.0) * w, 2 * a), (np.float64(1.0) - w, 1 - a),
+                          (b @ w, b @ a), (b.T < w, b.T < a)]:
+        assert isinstance(out, Tensor), type(out)
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
+    (np.float32(3.0) * w).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), np.full((2, 3), 3.0, np.float32))
+
+
+def test_numpy_reads_a_tensor_as_its_values() -> None:
+    """np.asarray(t) (and everything built on it: np.median, plt.plot) is the tensor's values, as with PyTorch's
+    tensors; it was an object array of 0-d Tensors."""
+    a = rand((3, 4))
+    t = T(a)[:, ::2]
+    out = np.asarray(t)
+    assert out.dtype == np.float32 and out.shape == (3, 2)
+    np.testing.assert_array_equal(out, a[:, ::2])
+    assert np.asarray(T([1, 2]), dtype=np.float64).dtype == np.float64
+    np.testing.assert_array_equal(np.array(T([1.5, 2.5], dtype=dtypes.bfloat16)), [1.5, 2.5])
+    assert np.median(T(a)) == np.median(a)
+
+
+def test_one_element_tensor_conversions() -> None:
+    """PyTorch's float(loss), int(n), lst[t.argmax()] and f"{loss:.3f}"; a tensor of several elements (or a float
+    index) raises TypeError naming the problem."""
+    assert float(T([2.5])) == 2.5 and int(T([[3.7]])) == 3 and int(T(-3.7)) == -3
+    assert ["a", "b", "c"][T([0.1, 0.9, 0.5]).argmax()] == "b" and ["a", "b"][T(True)] == "b"
+    assert f"{T(2.5):.2f}" == "2.50" and f"{T([3]):d}" == "3" and f"{T([1, 2])}" == repr(T([1, 2]))
+    with pytest.raises(TypeError, match="one element"):
+        float(T([1.0, 2.0]))
+    with pytest.raises(TypeError, match="one element"):
+        f"{T([1.0, 2.0]):.2f}"
+    with pytest.raises(TypeError, match="integer"):
+        [1, 2][T(0.0)]
+    if torch is not None:
+        assert float(torch.tensor([2.5])) == 2.5 and ["a", "b", "c"][torch.tensor([0.1, 0.9, 0.5]).argmax()] == "b"
+
+
+def test_reflected_shifts_and_tensor_from_range() -> None:
+    """`1 << t` and `64 >> t` (tinygrad's __rlshift__/__rrshift__, PyTorch too) and Tensor(range(n)) (torch.tensor)."""
+    s = np.array([1, 2, 3], np.int32)
+    np.testing.assert_array_equal((1 << T(s)).numpy(), 1 << s)
+    np.testing.assert_array_equal((64 >> T(s)).numpy(), 64 >> s)
+    assert (1 << T(s)).dtype is dtypes.int32
+    np.testing.assert_array_equal(T(range(5)).numpy(), np.arange(5, dtype=np.int32))
+    assert T(range(5)).dtype is dtypes.int32 and T(range(0)).shape == (0,)
+    assert T(range(1, 7, 2), dtype=dtypes.float32).tolist() == [1.0, 3.0, 5.0]
+    if torch is not None:
+        assert (1 << torch.tensor(s)).tolist() == [2, 4, 8] and torch.tensor(range(3)).tolist() == [0, 1, 2]
+
+
 @pytest.mark.parametrize("maker, np_value", [
     (lambda: Tensor.zeros(2, 3, device=DEVICE), np.zeros((2, 3), np.float32)),
     (lambda: Tensor.zeros((2, 3), device=DEVICE), np.zeros((2, 3), np.float32)),
