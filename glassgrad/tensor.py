@@ -71,9 +71,13 @@ class _LazyTensors:
     def __init__(self) -> None:
         self.refs: list[weakref.ref[Tensor]] = []
         self.limit = 4096
+        self.no_grad_blocks: list[list[weakref.ref[Tensor]]] = []  # per open `no_grad()` block: the results made in it
 
     def add(self, t: Tensor) -> None:
-        self.refs.append(weakref.ref(t))
+        ref = weakref.ref(t)
+        self.refs.append(ref)
+        if self.no_grad_blocks:
+            self.no_grad_blocks[-1].append(ref)
         if len(self.refs) > self.limit:
             self.tensors()
 
@@ -1932,12 +1936,33 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
 
 @contextlib.contextmanager
 def no_grad() -> Iterator[None]:
-    """No gradient bookkeeping inside (realized tensors keep no link to the graph that made them)."""
+    """No gradient bookkeeping inside, as PyTorch's: realized tensors keep no link to the graph that made them, and
+    the float results made inside that are still lazy at the end are detached (a later backward() does not reach
+    the tensors they were computed from: `with no_grad(): y = w * 2` then `(y * w).sum().backward()` gives w.grad
+    = y, not 2y)."""
     previous, Tensor.no_grad = Tensor.no_grad, True
+    made: list[weakref.ref[Tensor]] = []
+    _LAZY.no_grad_blocks.append(made)
     try:
         yield
     finally:
         Tensor.no_grad = previous
+        _LAZY.no_grad_blocks.remove(made)
+        _detach_lazy_results(made)
+
+
+def _detach_lazy_results(made: list[weakref.ref[Tensor]]) -> None:
+    """Cut the graphs of the float tensors made in a no_grad block that are still lazy (realized ones keep no lineage
+    already). A view stays a view (an assign through it still writes the tensor it shows, as through `detach()`);
+    writes (ASSIGN) and their targets are left as they are, and so are tensors on several devices."""
+    for ref in made:
+        t = ref()
+        if t is None or not t.dtype.is_float or not isinstance(t.device, str):
+            continue
+        uop = t.uop
+        if uop.op in (Ops.ASSIGN, Ops.DETACH) or is_buffer_view(uop) or ASSIGN_TARGETS.get(id(t)) is t:
+            continue
+        t.uop = UOp(Ops.DETACH, uop.dtype, (uop,))
 
 
 # ---------------------------------------------------------------------- helpers

@@ -2050,6 +2050,36 @@ def test_no_grad_and_detach() -> None:
     np.testing.assert_allclose(x.grad.numpy(), 5 * a)
 
 
+def test_no_grad_results_left_lazy_carry_no_gradient() -> None:
+    """A result made under no_grad() and not realized there (a target, a scale, a view) is cut from autograd as in
+    PyTorch: it carried the gradient to the tensors it was computed from once backward() ran outside the block
+    (w.grad came out 2y where PyTorch gives y)."""
+    from glassgrad import no_grad
+    a = rand((3, 4))
+
+    def run(make: Callable[..., Any], ctx: Any) -> tuple[np.ndarray, ...]:
+        w = make(a, requires_grad=True)
+        with ctx():
+            y, scale, view, nested = w * 2, w.abs().max(), w.T, (w * 3).exp().log()
+        y_again = w * 2  # the same graph as y, made with gradients on: the gradient flows through this one
+        loss = (y * y_again).sum() + (w / scale).sum() + (view.T * w).sum() + (nested * w).sum()
+        loss.backward()
+        return w.grad.numpy(), y.detach().numpy(), view.detach().numpy()
+    ours = run(T, no_grad)
+    expected = 2 * 2 * a + 1 / np.abs(a).max() + a + 3 * a  # y * 2 + 1/scale + view.T + nested
+    np.testing.assert_allclose(ours[0], expected, rtol=1e-5)
+    np.testing.assert_allclose(ours[1], 2 * a)
+    np.testing.assert_allclose(ours[2], a.T)
+    if torch is not None:
+        np.testing.assert_allclose(ours[0], run(torch.tensor, torch.no_grad)[0], rtol=1e-5)
+    # a view made under no_grad still writes the tensor it shows
+    base = T(np.arange(3, dtype=np.float32)).contiguous().realize()
+    with no_grad():
+        part = base[1:]
+    part[0] = 10.0
+    assert base.tolist() == [0.0, 10.0, 2.0] and part.tolist() == [10.0, 2.0]
+
+
 def test_second_order_gradient() -> None:
     a = np.array([1.0, -2.0, 3.0], np.float32)
     x = T(a, requires_grad=True)
