@@ -576,3 +576,19 @@ def test_pickle_round_trips_lazy_realized_and_view_tensors_and_models() -> None:
     np.testing.assert_array_equal(back[1].grad.numpy(), 2 * x)
     np.testing.assert_array_equal(back[2].weight.numpy(), model.weight.numpy())
     assert pickle.loads(pickle.dumps(dtypes.void)) is dtypes.void
+
+
+def test_safe_load_from_a_tensor_of_the_files_bytes(tmp_path: Path) -> None:
+    """tinygrad's safe_load and safe_load_metadata take a 1-d uint8 tensor of the file (`safe_load(Tensor(data))`,
+    a download held in memory); they raised TypeError for anything but a path."""
+    path = tmp_path / "m.safetensors"
+    safe_save({"w": Tensor([[1.0, 2.0]]), "b": Tensor([3], dtype=dtypes.int8)}, str(path), metadata={"k": "v"})
+    blob = Tensor(path.read_bytes())
+    loaded = safe_load(blob)
+    np.testing.assert_array_equal(loaded["w"].numpy(), [[1.0, 2.0]])
+    assert loaded["b"].dtype == dtypes.int8 and loaded["b"].tolist() == [3]
+    assert safe_load_metadata(blob) == safe_load_metadata(path)
+    with pytest.raises(ValueError, match="8-byte header"):
+        safe_load(Tensor(b"1234"))
+    with pytest.raises(ValueError, match="1-d uint8"):
+        safe_load(Tensor([1.0, 2.0]))
