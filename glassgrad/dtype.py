@@ -221,7 +221,8 @@ def truncate(value: float | int | bool, dtype: DType) -> float | int | bool:
         if dtype == dtypes.float32:
             with contextlib.suppress(OverflowError):  # beyond float32's range: numpy below gives +-inf
                 return struct.unpack("<f", struct.pack("<f", value))[0]  # C's double -> float rounding, as numpy's
-    return float(np.array(value, dtype=dtype.np))
+    with np.errstate(over="ignore"):  # beyond the dtype's range is +-inf, as the kernels give (no numpy warning)
+        return float(np.array(value, dtype=dtype.np))
 
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:

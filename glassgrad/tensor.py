@@ -1658,17 +1658,26 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         return -((-self).max(axis, keepdim))
 
     def mean(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
+        """Mean; float16/bfloat16 sum and divide in float32 and return their own dtype (as tinygrad and PyTorch:
+        summed in half, 70,000 ones overflowed to inf, and the count itself to inf, giving NaN)."""
         count = sint_prod([self.shape[a] for a in self._resolve_axes(axis)])
-        total = self._float().sum(axis, keepdim)
+        half = self.dtype in (dtypes.float16, dtypes.bfloat16)
+        total = self.sum(axis, keepdim, dtype=dtypes.float32) if half else self._float().sum(axis, keepdim)
         if isinstance(count, UOp):  # a symbolic count divides as a kernel argument
-            return total / count  # type: ignore[operator]
-        return total / count if count else total * math.nan
+            out = total / count  # type: ignore[operator]
+        else:
+            out = total / count if count else total * math.nan
+        return out.cast(self.dtype) if half else out
 
     def var(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+        """Variance; float16/bfloat16 are computed in float32 and return their own dtype (as mean)."""
         dof = sint_sub(sint_prod([self.shape[a] for a in self._resolve_axes(axis)]), correction)
-        centered = self._float() - self._float().mean(axis, keepdim=True)
+        half = self.dtype in (dtypes.float16, dtypes.bfloat16)
+        x = self.float() if half else self._float()
+        centered = x - x.mean(axis, keepdim=True)
         squares = (centered * centered).sum(axis, keepdim)
-        return squares / (dof.maximum(0) if isinstance(dof, UOp) else max(0, dof))  # type: ignore[operator]
+        out = squares / (dof.maximum(0) if isinstance(dof, UOp) else max(0, dof))  # type: ignore[operator]
+        return out.cast(self.dtype) if half else out
 
     def std(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
         """sqrt(var), with gradient 0 (as in PyTorch), not NaN, where the variance is 0."""

@@ -1108,6 +1108,28 @@ def test_prod_of_half_types_keeps_the_dtype(dtype: DType) -> None:
         assert torch.tensor(a, dtype=tdt).prod(1).dtype is tdt
 
 
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_mean_and_var_of_half_types_past_their_range(dtype: DType) -> None:
+    """mean, var and std of float16/bfloat16 sum and divide in float32 and return the input's dtype (tinygrad and
+    PyTorch): the mean of 70,000 float16 values was the half sum (inf) over the count cast to half (inf): NaN."""
+    a = np.full((2, 70000), 1.5, np.float32)
+    a[1, ::2] = 0.5
+    t = T(a, dtype=dtype)
+    mean, var, std = t.mean(1), t.var(1), t.std(1)
+    assert mean.dtype is dtype and var.dtype is dtype and std.dtype is dtype
+    np.testing.assert_allclose(mean.float().numpy(), [1.5, 1.0])
+    np.testing.assert_allclose(var.float().numpy(), a.var(1, ddof=1), rtol=1e-2)
+    np.testing.assert_allclose(std.float().numpy(), a.std(1, ddof=1), rtol=1e-2)
+    assert t.mean().float().item() == 1.25
+    if torch is not None:
+        tt = torch.tensor(a).to(torch.float16 if dtype is dtypes.float16 else torch.bfloat16)
+        np.testing.assert_allclose(mean.float().numpy(), tt.mean(1).float().numpy())
+    x = T(np.array([1.0, 2.0, 4.0], np.float32), dtype=dtype, requires_grad=True)
+    x.var().backward()
+    assert x.grad is not None and x.grad.dtype is dtype
+    np.testing.assert_allclose(x.grad.float().numpy(), [-4 / 3, -1 / 3, 5 / 3], rtol=1e-2)
+
+
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64],
                          ids=lambda d: d.name)
 def test_abs_of_signed_zeros_is_plus_zero(dtype: DType) -> None:
