@@ -14,6 +14,7 @@ import copy
 import functools
 import gc
 import math
+import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, cast
@@ -22,7 +23,7 @@ import numpy as np
 
 from glassgrad.device import Buffer, Device, canonical_devices
 from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper_dtype, to_dtype
-from glassgrad.engine.realize import run_schedule
+from glassgrad.engine.realize import capture_hooks, run_schedule
 from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import TRAINING, normalize_axis, prod, shape_args
@@ -444,6 +445,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
         shape = tuple(sint_eval(d) for d in self.shape)
         if prod(shape) == 0:
             return np.zeros(shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else self.dtype.np)
+        if capture_hooks and os.environ.get("UNSAFE_ALLOW_JIT_BUFFER", "0") in ("", "0"):
+            from glassgrad.engine.jit import JitError  # (jit imports this module)
+            raise JitError("cannot read a tensor's values (numpy(), item(), tolist(), float()) while a TinyJit "
+                           "captures: a replay runs only the kernels, so the value would be baked in; compute with "
+                           "tensors instead (x.where, x.maximum), or read it outside the jitted function")
         flat = self._buffer().numpy()[:prod(shape)]
         if self.dtype == dtypes.bfloat16:
             flat = bf16_to_f32(flat)

@@ -265,6 +265,25 @@ def test_errors() -> None:
         _run3(TinyJit(lambda a: inner(a) * 2), x)
 
 
+@pytest.mark.parametrize("read", ["item", "numpy", "tolist", "float", "bool"])
+def test_reading_values_during_the_capture_raises(read: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`s = x.sum().item()` inside a jitted function was baked into the capture, so every replay computed with the
+    second call's value ([4, 2] where [6, 3] was due); tinygrad raises JitError there, and so does glassgrad now
+    (UNSAFE_ALLOW_JIT_BUFFER=1 allows it, as in tinygrad)."""
+    def fn(x: Tensor) -> Tensor:
+        s = x.sum()
+        value = {"item": s.item, "numpy": lambda: float(s.numpy()), "tolist": s.tolist, "float": lambda: float(s),
+                 "bool": lambda: float(bool(s > 2))}[read]()
+        return (x * value).contiguous()
+    step = TinyJit(fn)
+    np.testing.assert_array_equal(step(Tensor([0.0, 1.0])).numpy(), [0.0, 1.0] if read != "bool" else [0.0, 0.0])
+    with pytest.raises(JitError, match="baked in"):
+        step(Tensor([1.0, 1.0]))
+    monkeypatch.setenv("UNSAFE_ALLOW_JIT_BUFFER", "1")
+    TinyJit(fn)(Tensor([1.0, 1.0]))
+    _run3(TinyJit(fn), Tensor([1.0, 1.0]))
+
+
 def test_state_moved_to_another_buffer_is_refused() -> None:
     w = Tensor(np.ones(3, np.float32)).realize()
     w.assign(w).realize()
