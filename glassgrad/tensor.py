@@ -1472,11 +1472,17 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
             return self[0].cat(*self[1:], dim=dim)
         self = cast(Tensor, self)
         tensors = (self, *others)
+        if any(t.ndim == 0 for t in tensors):
+            raise ShapeError(f"cat: zero-dimensional tensors (shapes {[x.shape for x in tensors]}) have no dimension "
+                             "to join along; use stack, or reshape them to (1,)")
         d = normalize_axis(dim, self.ndim, "dim")
         for t in tensors:
             if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != d):
                 raise ShapeError(f"cat: shapes {[x.shape for x in tensors]} differ outside dimension {d}")
         dt = least_upper_dtype(*(t.dtype for t in tensors))
+        if len(tensors) > _CAT_GROUP:  # many tensors: joined in groups, each group materialised (see _CAT_GROUP)
+            groups = [tensors[i:i + _CAT_GROUP] for i in range(0, len(tensors), _CAT_GROUP)]
+            return Tensor.cat(*(g[0].cast(dt).cat(*g[1:], dim=d).contiguous() for g in groups), dim=d)
         total = sum(t.shape[d] for t in tensors)
         out: Tensor | None = None
         offset = 0
@@ -1947,6 +1953,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     def contiguous_backward(self) -> Tensor:
         """The same values; in the backward pass the gradient flowing through here is materialised (contiguous)."""
         return self._wrap(UOp(Ops.CONTIGUOUS_BACKWARD, self.dtype, (self.uop,)))
+
+
+# `cat` pads every input to the output's size and adds them: each output element evaluates one gated load per input,
+# and the kernel reads every input. More inputs than this are joined in groups, each materialised, so a cat (or stack)
+# of n tensors costs O(size * log n), not O(size * n), and no kernel reads more than this many buffers (a cat of 2,000
+# tensors was one kernel of 2,001 arguments; Metal allows 31).
+_CAT_GROUP = 16
 
 
 @contextlib.contextmanager

@@ -2072,6 +2072,25 @@ def test_no_grad_and_detach() -> None:
     np.testing.assert_allclose(x.grad.numpy(), 5 * a)
 
 
+def test_cat_and_stack_of_many_tensors() -> None:
+    """cat/stack of many tensors (a list collected in a loop): 2,000 made one kernel of 2,001 buffers (a ctypes
+    ArgumentError on the CPU; Metal allows 31), and every output element evaluated a gated load per input (a stack
+    of 1,100 tensors summed took 12 minutes). They are joined in groups now; values and gradients as before."""
+    n = 2000
+    np.testing.assert_array_equal(Tensor.cat(*[T([float(i)]) for i in range(n)]).numpy(), np.arange(n))
+    rows = [rand((3,), seed=i) for i in range(40)]
+    ws = [T(r, requires_grad=True) for r in rows]
+    out = Tensor.stack(*ws, dim=1)
+    np.testing.assert_array_equal(out.numpy(), np.stack(rows, 1))
+    (out * T(np.arange(40, dtype=np.float32))).sum().backward()
+    for i, w in enumerate(ws):
+        np.testing.assert_array_equal(w.grad.numpy(), np.full(3, float(i)))
+    mixed = Tensor.cat(*[T([1, 2]) for _ in range(20)], T([1.5]))
+    assert mixed.dtype is dtypes.float32 and mixed.numpy()[-3:].tolist() == [1.0, 2.0, 1.5]
+    with pytest.raises(ValueError, match="zero-dimensional"):
+        Tensor.cat(T(1.0), T(2.0))
+
+
 def test_no_grad_results_left_lazy_carry_no_gradient() -> None:
     """A result made under no_grad() and not realized there (a target, a scale, a view) is cut from autograd as in
     PyTorch: it carried the gradient to the tensors it was computed from once backward() ran outside the block
