@@ -1270,6 +1270,33 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, meta
     def __imul__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self * x)  # noqa: E704
     def __itruediv__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self / x)  # noqa: E704
 
+    # PyTorch's in-place methods (`p.grad.zero_()`, `x.add_(y, alpha=2)`, `w.clamp_(-1, 1)`, `dst.copy_(src)`): each
+    # writes this tensor's buffer as `x += y` does (a view writes the tensor it shows), keeping its dtype and shape
+    def add_(self, x: Tensor | Scalar, alpha: Scalar = 1) -> Tensor:
+        return self._inplace(self + (x if alpha == 1 else x * alpha))
+
+    def sub_(self, x: Tensor | Scalar, alpha: Scalar = 1) -> Tensor:
+        return self._inplace(self - (x if alpha == 1 else x * alpha))
+
+    def mul_(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self * x)  # noqa: E704
+    def div_(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self / x)  # noqa: E704
+    def zero_(self) -> Tensor: return self._inplace(self.zeros_like())  # noqa: E704
+    def fill_(self, value: Scalar) -> Tensor: return self._inplace(self.full_like(value))  # noqa: E704
+
+    def clamp_(self, min_: Scalar | Tensor | None = None, max_: Scalar | Tensor | None = None) -> Tensor:
+        return self._inplace(self.clip(min_, max_))
+
+    clip_ = clamp_
+
+    def copy_(self, src: Tensor | Scalar | np.ndarray) -> Tensor:
+        """Write src's values (broadcast, cast to this dtype) into this tensor, as PyTorch's copy_."""
+        value = src if isinstance(src, Tensor) else Tensor(src, device=self.device)
+        return self._inplace(value.cast(self.dtype)._broadcast_to(self.shape))
+
+    def dim(self) -> int:
+        """The number of dims (PyTorch's name for ndim)."""
+        return self.ndim
+
     def _inplace(self, result: Tensor) -> Tensor:
         """`x += y` and the like write into x's own buffer (`assign`), as tinygrad's and PyTorch's in-place ops do:
         a TinyJit replays the write (rebinding x to a new graph was captured as a kernel reading x's buffer as it was

@@ -2072,6 +2072,35 @@ def test_no_grad_and_detach() -> None:
     np.testing.assert_allclose(x.grad.numpy(), 5 * a)
 
 
+def test_pytorch_in_place_methods() -> None:
+    """PyTorch's add_/sub_/mul_/div_/zero_/fill_/clamp_/copy_ and dim() (a training loop's `p.grad.zero_()`,
+    `w.clamp_(-1, 1)`): they raised AttributeError. Each writes the tensor's buffer, through views too."""
+    a = rand((2, 3))
+    x = T(a).contiguous().realize()
+    assert x.add_(1.0, alpha=2) is x
+    np.testing.assert_allclose(x.numpy(), a + 2, rtol=1e-6)
+    x.sub_(T(np.ones(3, np.float32)), alpha=0.5).mul_(3).div_(2)
+    expected = (a + 2 - 0.5) * 3 / 2
+    np.testing.assert_allclose(x.numpy(), expected, rtol=1e-6)
+    x.clamp_(-1.0, 1.0)
+    np.testing.assert_allclose(x.numpy(), np.clip(expected, -1, 1))
+    x[0].fill_(7.0)
+    x[:, 2].zero_()
+    expected = np.clip(expected, -1, 1)
+    expected[0], expected[:, 2] = 7.0, 0.0
+    np.testing.assert_allclose(x.numpy(), expected)
+    ints = T(np.zeros((2, 2), np.int32)).contiguous().realize()
+    ints.copy_(T([1.7, -2.2]))
+    assert ints.dtype is dtypes.int32 and ints.tolist() == [[1, -2], [1, -2]]
+    assert x.dim() == 2 and T(1.0).dim() == 0
+    if torch is not None:
+        t = torch.tensor(a)
+        t.add_(1.0, alpha=2).sub_(torch.ones(3), alpha=0.5).mul_(3).div_(2).clamp_(-1.0, 1.0)
+        t[0].fill_(7.0)
+        t[:, 2].zero_()
+        np.testing.assert_allclose(x.numpy(), t.numpy(), rtol=1e-6)
+
+
 def test_cat_and_stack_of_many_tensors() -> None:
     """cat/stack of many tensors (a list collected in a loop): 2,000 made one kernel of 2,001 buffers (a ctypes
     ArgumentError on the CPU; Metal allows 31), and every output element evaluated a gated load per input (a stack
