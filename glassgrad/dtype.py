@@ -34,7 +34,7 @@ class DType:
     __hash__ = object.__hash__
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
-        return to_dtype, (self.name,)  # unpickle to the same singleton
+        return _by_name, (self.name,)  # unpickle to the same singleton (void too: a lazy graph's nodes hold it)
 
     @property
     def is_float(self) -> bool:
@@ -191,6 +191,11 @@ def least_upper_dtype(*ds: DType) -> DType:
     return min(common, key=lambda d: d.priority)
 
 
+def _by_name(name: str) -> DType:
+    """The DType singleton of this name, void included (what unpickling a DType calls)."""
+    return dtypes.void if name == "void" else to_dtype(name)
+
+
 def to_dtype(x: DType | str | type | np.dtype) -> DType:
     """Accept a DType, its name ('float32'), or a numpy dtype."""
     if isinstance(x, DType):
@@ -219,7 +224,8 @@ def truncate(value: float | int | bool, dtype: DType) -> float | int | bool:
         if dtype == dtypes.float32:
             with contextlib.suppress(OverflowError):  # beyond float32's range: numpy below gives +-inf
                 return struct.unpack("<f", struct.pack("<f", value))[0]  # C's double -> float rounding, as numpy's
-    return float(np.array(value, dtype=dtype.np))
+    with np.errstate(over="ignore"):  # beyond the dtype's range is +-inf, as the kernels give (no numpy warning)
+        return float(np.array(value, dtype=dtype.np))
 
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ import copy
 import functools
 import gc
 import math
+import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, NamedTuple, cast, overload
@@ -22,7 +23,7 @@ import numpy as np
 
 from glassgrad.device import Buffer, Device, canonical_devices
 from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper_dtype, to_dtype
-from glassgrad.engine.realize import run_schedule
+from glassgrad.engine.realize import capture_hooks, run_schedule
 from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import TRAINING, normalize_axis, prod, shape_args
@@ -77,9 +78,13 @@ class _LazyTensors:
     def __init__(self) -> None:
         self.refs: list[weakref.ref[Tensor]] = []
         self.limit = 4096
+        self.no_grad_blocks: list[list[weakref.ref[Tensor]]] = []  # per open `no_grad()` block: the results made in it
 
     def add(self, t: Tensor) -> None:
-        self.refs.append(weakref.ref(t))
+        ref = weakref.ref(t)
+        self.refs.append(ref)
+        if self.no_grad_blocks:
+            self.no_grad_blocks[-1].append(ref)
         if len(self.refs) > self.limit:
             self.tensors()
 
@@ -260,6 +265,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "_requires_grad", "grad", "_view_of", "__weakref__")
     no_grad: ClassVar[bool] = False
+    # numpy on the left (`np_array * t`, `np.float32(2) * t`) defers to Tensor's reflected operators, as with
+    # PyTorch's tensors: the result is a Tensor (in the graph), not a numpy array of the values
+    __array_priority__: ClassVar[int] = 1000
     training = _TrainingFlag()  # instances read the flag; the class reads and writes it through _TensorType
     uop: UOp
     grad: Tensor | None
@@ -292,6 +300,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             uop = UOp.const(d, data, device)
         elif isinstance(data, (bytes, bytearray)):  # tinygrad's Tensor(b"...") : the bytes as uint8
             uop = _uop_from_array(np.frombuffer(bytes(data), dtype=np.uint8), want, device)
+        elif isinstance(data, range):  # torch.tensor(range(n)) works
+            uop = _uop_from_array(np.array(data, dtype=(want or dtypes.default_int).np if want != dtypes.bfloat16
+                                           else np.float32), want, device)
         elif data is None:  # tinygrad's Tensor(None): empty
             uop = _uop_from_array(np.zeros(0, (want or dtypes.default_float).np), want, device)
         else:
@@ -387,6 +398,33 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         else:
             self.requires_grad_(bool(value))
 
+    # PyTorch's conversions of a one-element tensor: float(loss), int(n), lst[t.argmax()], f"{loss:.3f}"
+    def _one_value(self, what: str) -> Scalar:
+        if self.numel() != 1:
+            raise TypeError(f"{what} needs a tensor with one element, this one has shape {self.shape}")
+        return self.item()
+
+    def __float__(self) -> float:
+        return float(self._one_value("float()"))
+
+    def __int__(self) -> int:
+        return int(self._one_value("int()"))
+
+    def __index__(self) -> int:
+        if not (self.dtype.is_int or self.dtype.is_bool):
+            raise TypeError(f"only integer tensors of one element can be used as an index, this one is {self.dtype}")
+        return int(self._one_value("an index"))
+
+    def __format__(self, spec: str) -> str:
+        if not spec:
+            return repr(self)
+        return format(self._one_value(f"format spec {spec!r}"), spec)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """np.asarray(t), np.mean(t), plt.plot(t): the values (before this, numpy made an array of 0-d Tensors)."""
+        array = self.numpy()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
     def requires_grad_(self, value: bool = True) -> Tensor:
         if value and not self.dtype.is_float:
             raise RuntimeError(f"only floating point tensors can require gradients, this one is {self.dtype}")
@@ -468,6 +506,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         shape = tuple(sint_eval(d) for d in self.shape)
         if prod(shape) == 0:
             return np.zeros(shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else self.dtype.np)
+        if capture_hooks and os.environ.get("UNSAFE_ALLOW_JIT_BUFFER", "0") in ("", "0"):
+            from glassgrad.engine.jit import JitError  # (jit imports this module)
+            raise JitError("cannot read a tensor's values (numpy(), item(), tolist(), float()) while a TinyJit "
+                           "captures: a replay runs only the kernels, so the value would be baked in; compute with "
+                           "tensors instead (x.where, x.maximum), or read it outside the jitted function")
         flat = self._buffer().numpy()[:prod(shape)]
         if self.dtype == dtypes.bfloat16:
             flat = bf16_to_f32(flat)
@@ -925,7 +968,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             if x.shape != y.shape:
                 shape = _broadcast_shape(x.shape, y.shape)
                 x, y = x._broadcast_to(shape), y._broadcast_to(shape)
-        elif isinstance(other, (np.ndarray, np.generic)):
+        elif isinstance(other, np.generic):
+            # a numpy scalar is a Python scalar, as in PyTorch (and tinygrad, for np.float64): `x / np.sqrt(d)`
+            # keeps x's float32 (as a float64 tensor it made the whole graph float64); an array, 0-d too, is a tensor
+            return self._broadcasted(other.item(), reverse, match_dtype)
+        elif isinstance(other, np.ndarray):
             return self._broadcasted(Tensor(other, device=self.device), reverse, match_dtype)
         else:
             y = Tensor(self._scalar_operand(other))
@@ -964,9 +1011,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if type(other) is float and other and other == other and a.dtype.is_float:  # `x * 0.5`, the most common
             # case: its constant node is cached by value (no ±0.0 or NaN here, whose cache key is their bits)
             return _scalar_node(a.dtype, a.device, a.shape, other, other)
-        if isinstance(other, (np.ndarray, np.generic)):
+        if isinstance(other, np.ndarray):
             return None
-        const = self._scalar_operand(other)
+        const = self._scalar_operand(other.item() if isinstance(other, np.generic) else other)  # (see `_broadcasted`)
         return const if const.dtype is a.dtype else None
 
     def _binary_general(self, op: Ops, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
@@ -1109,8 +1156,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             x, y = x._broadcasted(y)
         elif isinstance(y, Tensor):
             y, x = y._broadcasted(x)
-        else:
-            x, y = Tensor(x, device=self.device)._broadcasted(y)
+        else:  # (a numpy scalar is a Python scalar, as in `_broadcasted`)
+            x, y = Tensor(x.item() if isinstance(x, np.generic) else x, device=self.device)._broadcasted(y)
         shape = _broadcast_shape(cond.shape, x.shape)
         cond, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)
         return x._wrap(cond.uop.where(x.uop, y.uop))
@@ -1263,7 +1310,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
         """log(1 + exp(beta*x)) / beta, and x itself above `threshold` (PyTorch's definition)."""
         scaled = self._float() * beta
-        return (scaled > threshold).where(self, (1 + scaled.minimum(threshold).exp()).log() / beta)
+        # clip, not minimum: at x*beta == threshold minimum would give half the gradient to the constant
+        return (scaled > threshold).where(self, (1 + scaled.clip(None, threshold).exp()).log() / beta)
 
     def logical_and(self, x: Tensor) -> Tensor: return self.bool() & x.bool()  # noqa: E704
     def logical_or(self, x: Tensor) -> Tensor: return self.bool() | x.bool()  # noqa: E704
@@ -1285,7 +1333,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def __pow__(self, x: Tensor | Scalar) -> Tensor: return self.pow(x)  # noqa: E704
     def __rpow__(self, x: Tensor | Scalar) -> Tensor: return self.pow(x, True)  # noqa: E704
     def __matmul__(self, x: Tensor) -> Tensor: return self.matmul(x)  # noqa: E704
-    def __rmatmul__(self, x: Tensor) -> Tensor: return x.matmul(self)  # noqa: E704
+    def __rmatmul__(self, x: Tensor | np.ndarray) -> Tensor:  # (`np_array @ t`: numpy defers to this)
+        return (x if isinstance(x, Tensor) else Tensor(x, device=self.device)).matmul(self)
     def __and__(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.AND, x)  # noqa: E704
     def __rand__(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.AND, x, True)  # noqa: E704
     def __or__(self, x: Tensor | Scalar) -> Tensor: return self._bitwise(Ops.OR, x)  # noqa: E704
@@ -1295,6 +1344,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def __invert__(self) -> Tensor: return self.bitwise_not()  # noqa: E704
     def __lshift__(self, x: int | Tensor) -> Tensor: return self.lshift(x)  # noqa: E704
     def __rshift__(self, x: int | Tensor) -> Tensor: return self.rshift(x)  # noqa: E704
+    def __rlshift__(self, x: int | Tensor) -> Tensor: return self.lshift(x, True)  # noqa: E704
+    def __rrshift__(self, x: int | Tensor) -> Tensor: return self.rshift(x, True)  # noqa: E704
     def __abs__(self) -> Tensor: return self.abs()  # noqa: E704
     def __iadd__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self + x)  # noqa: E704
     def __isub__(self, x: Tensor | Scalar) -> Tensor: return self._inplace(self - x)  # noqa: E704
@@ -1503,11 +1554,17 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             return self[0].cat(*self[1:], dim=dim)
         self = cast(Tensor, self)
         tensors = (self, *others)
+        if any(t.ndim == 0 for t in tensors):
+            raise ShapeError(f"cat: zero-dimensional tensors (shapes {[x.shape for x in tensors]}) have no dimension "
+                             "to join along; use stack, or reshape them to (1,)")
         d = normalize_axis(dim, self.ndim, "dim")
         for t in tensors:
             if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != d):
                 raise ShapeError(f"cat: shapes {[x.shape for x in tensors]} differ outside dimension {d}")
         dt = least_upper_dtype(*(t.dtype for t in tensors))
+        if len(tensors) > _CAT_GROUP:  # many tensors: joined in groups, each group materialised (see _CAT_GROUP)
+            groups = [tensors[i:i + _CAT_GROUP] for i in range(0, len(tensors), _CAT_GROUP)]
+            return Tensor.cat(*(g[0].cast(dt).cat(*g[1:], dim=d).contiguous() for g in groups), dim=d)
         total = sum(t.shape[d] for t in tensors)
         out: Tensor | None = None
         offset = 0
@@ -1682,8 +1739,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     @accepts_dim
     def prod(self, axis: AxisArg = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
+        """Product; accumulated as sum accumulates (float16/bfloat16 in float32, returning their own dtype)."""
         acc = to_dtype(dtype) if dtype is not None else self._sum_dtype()
-        return self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
+        out = self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
+        return out.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else out
 
     @overload
     def max(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor: ...
@@ -1713,18 +1772,27 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     @accepts_dim
     def mean(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
+        """Mean; float16/bfloat16 sum and divide in float32 and return their own dtype (as tinygrad and PyTorch:
+        summed in half, 70,000 ones overflowed to inf, and the count itself to inf, giving NaN)."""
         count = sint_prod([self.shape[a] for a in self._resolve_axes(axis)])
-        total = self._float().sum(axis, keepdim)
+        half = self.dtype in (dtypes.float16, dtypes.bfloat16)
+        total = self.sum(axis, keepdim, dtype=dtypes.float32) if half else self._float().sum(axis, keepdim)
         if isinstance(count, UOp):  # a symbolic count divides as a kernel argument
-            return total / count  # type: ignore[operator]
-        return total / count if count else total * math.nan
+            out = total / count  # type: ignore[operator]
+        else:
+            out = total / count if count else total * math.nan
+        return out.cast(self.dtype) if half else out
 
     @accepts_dim
     def var(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+        """Variance; float16/bfloat16 are computed in float32 and return their own dtype (as mean)."""
         dof = sint_sub(sint_prod([self.shape[a] for a in self._resolve_axes(axis)]), correction)
-        centered = self._float() - self._float().mean(axis, keepdim=True)
+        half = self.dtype in (dtypes.float16, dtypes.bfloat16)
+        x = self.float() if half else self._float()
+        centered = x - x.mean(axis, keepdim=True)
         squares = (centered * centered).sum(axis, keepdim)
-        return squares / (dof.maximum(0) if isinstance(dof, UOp) else max(0, dof))  # type: ignore[operator]
+        out = squares / (dof.maximum(0) if isinstance(dof, UOp) else max(0, dof))  # type: ignore[operator]
+        return out.cast(self.dtype) if half else out
 
     @accepts_dim
     def std(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
@@ -2017,14 +2085,42 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return self._wrap(UOp(Ops.CONTIGUOUS_BACKWARD, self.dtype, (self.uop,)))
 
 
+# `cat` pads every input to the output's size and adds them: each output element evaluates one gated load per input,
+# and the kernel reads every input. More inputs than this are joined in groups, each materialised, so a cat (or stack)
+# of n tensors costs O(size * log n), not O(size * n), and no kernel reads more than this many buffers (a cat of 2,000
+# tensors was one kernel of 2,001 arguments; Metal allows 31).
+_CAT_GROUP = 16
+
+
 @contextlib.contextmanager
 def no_grad() -> Iterator[None]:
-    """No gradient bookkeeping inside (realized tensors keep no link to the graph that made them)."""
+    """No gradient bookkeeping inside, as PyTorch's: realized tensors keep no link to the graph that made them, and
+    the float results made inside that are still lazy at the end are detached (a later backward() does not reach
+    the tensors they were computed from: `with no_grad(): y = w * 2` then `(y * w).sum().backward()` gives w.grad
+    = y, not 2y)."""
     previous, Tensor.no_grad = Tensor.no_grad, True
+    made: list[weakref.ref[Tensor]] = []
+    _LAZY.no_grad_blocks.append(made)
     try:
         yield
     finally:
         Tensor.no_grad = previous
+        _LAZY.no_grad_blocks.remove(made)
+        _detach_lazy_results(made)
+
+
+def _detach_lazy_results(made: list[weakref.ref[Tensor]]) -> None:
+    """Cut the graphs of the float tensors made in a no_grad block that are still lazy (realized ones keep no lineage
+    already). A view stays a view (an assign through it still writes the tensor it shows, as through `detach()`);
+    writes (ASSIGN) and their targets are left as they are, and so are tensors on several devices."""
+    for ref in made:
+        t = ref()
+        if t is None or not t.dtype.is_float or not isinstance(t.device, str):
+            continue
+        uop = t.uop
+        if uop.op in (Ops.ASSIGN, Ops.DETACH) or is_buffer_view(uop) or ASSIGN_TARGETS.get(id(t)) is t:
+            continue
+        t.uop = UOp(Ops.DETACH, uop.dtype, (uop,))
 
 
 # ---------------------------------------------------------------------- helpers

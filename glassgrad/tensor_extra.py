@@ -76,9 +76,10 @@ class ExtraOps:
         return _tensor_class().empty(x.shape, dtype=dtype or x.dtype, device=device or x.device,
                                      requires_grad=requires_grad)
 
-    def const_like(self, b: Any) -> Tensor:
-        """A tensor of this one's shape, dtype and device filled with `b`."""
-        return _tensor_class().full(self._x.shape, b, dtype=self._x.dtype, device=self._x.device)
+    def const_like(self, b: Any, dtype: DType | str | None = None) -> Tensor:
+        """A tensor of this one's shape and device filled with `b`, of this one's dtype or `dtype` (tinygrad's)."""
+        return _tensor_class().full(self._x.shape, b, dtype=self._x.dtype if dtype is None else dtype,
+                                    device=self._x.device)
 
     # ------------------------------------------------------------------ initialisers (tinygrad's static methods)
     @staticmethod

@@ -62,7 +62,7 @@ class LinalgOps:
     # ------------------------------------------------------------------ sorting
     def sort(self, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
         """(sorted values, int32 indices into `dim`), stable (equal values keep their order). A bitonic network;
-        NaNs are not ordered (their place in the result is unspecified)."""
+        NaN sorts as the largest value (last ascending, first descending), as in PyTorch."""
         t = self._m
         tensor = _tensor_class()
         if t.ndim == 0:
@@ -295,13 +295,14 @@ def _axis_sizes(left: list[list[str]], shape: tuple[int, ...], sizes: dict[str, 
 
 # ---------------------------------------------------------------------- bitonic sort
 def _bitonic(rows: Tensor, descending: bool) -> tuple[Tensor, Tensor]:
-    """rows (B, n) -> (values, int32 indices), each row sorted. Padding to 2^m uses the dtype's extreme and indices
+    """rows (B, n) -> (values, int32 indices), each row sorted; NaN counts as the largest value (last ascending,
+    first descending), as in PyTorch and numpy. Padding to 2^m uses the dtype's extreme (NaN ascending) and indices
     past n, so it sorts last."""
     tensor = _tensor_class()
     batch, n = rows.shape
     size = 1 << (n - 1).bit_length()
     pad_value: Any = (-float("inf") if rows.dtype.is_float else rows.dtype.min) if descending else \
-        (float("inf") if rows.dtype.is_float else rows.dtype.max)
+        (float("nan") if rows.dtype.is_float else rows.dtype.max)
     values = rows.pad(((0, 0), (0, size - n)), value=pad_value) if size > n else rows
     indices = tensor.arange(size, device=rows.device).reshape(1, size).expand(batch, size).cast(dtypes.int32)
     block = 2
@@ -329,7 +330,12 @@ def _exchange(values: Tensor, indices: Tensor, half: int, descending: bool, mirr
     if mirror:
         v_bottom, i_bottom = v_bottom.flip(-1), i_bottom.flip(-1)
     first = (v_bottom > v_top) if descending else (v_bottom < v_top)
-    swap = first | ((v_bottom == v_top) & (i_bottom < i_top))
+    equal = v_bottom == v_top
+    if values.dtype.is_float:  # NaN is the largest value (a comparison with it is false, which broke the network)
+        nan_bottom, nan_top = v_bottom.isnan(), v_top.isnan()
+        first = first | ((nan_bottom & nan_top.logical_not()) if descending else (nan_top & nan_bottom.logical_not()))
+        equal = equal | (nan_bottom & nan_top)
+    swap = first | (equal & (i_bottom < i_top))
     new_v = (swap.where(v_bottom, v_top), swap.where(v_top, v_bottom))
     new_i = (swap.where(i_bottom, i_top), swap.where(i_top, i_bottom))
     if mirror:
@@ -351,7 +357,8 @@ def _select_limit(n: int) -> int:
 
 def _topk_by_selection(t: Tensor, k: int, axis: int, largest: bool) -> tuple[Tensor, Tensor]:
     """k rounds of: the max of the elements not taken yet, the first untaken position holding it (so ties keep
-    their order, and NaN counts as the largest, as in PyTorch), mark it taken. Values are gathered at the
+    their order, and NaN counts as the largest, as in PyTorch: first for the largest, last for the smallest), mark it
+    taken. Values are gathered at the
     indices, so gradients reach exactly those elements."""
     tensor = _tensor_class()
     moved = t.transpose(axis, -1) if axis != t.ndim - 1 else t
@@ -363,11 +370,16 @@ def _topk_by_selection(t: Tensor, k: int, axis: int, largest: bool) -> tuple[Ten
     positions = tensor.arange(n, device=t.device).reshape(1, n).cast(dtypes.int32)
     taken = tensor.zeros(rows.shape, dtype=dtypes.bool, device=t.device)
     picked = []
+    nans = rows.detach().isnan() if key.dtype.is_float and not largest else None
     for _ in range(k):
-        best = taken.where(lowest, key).max(-1, keepdim=True)
-        hit = taken.logical_not() & (key == best)
+        candidates = taken.logical_not()
+        if nans is not None:  # the smallest: NaN is the largest value, taken only once no number is left
+            numbers = candidates & nans.logical_not()
+            candidates = numbers.any(-1, keepdim=True).where(numbers, candidates)
+        best = candidates.where(key, lowest).max(-1, keepdim=True)
+        hit = candidates & (key == best)
         if key.dtype.is_float:
-            hit = hit | (taken.logical_not() & key.isnan() & best.isnan())
+            hit = hit | (candidates & key.isnan() & best.isnan())
         index = hit.where(positions, n).min(-1, keepdim=True)
         picked.append(index)
         taken = (taken | (positions == index)).contiguous()

@@ -57,6 +57,23 @@ def _conv_padding(padding: int | Sequence[int], n: int) -> list[tuple[int, int]]
     raise ValueError(f"padding must be an int, {n} ints or {2 * n} ints (per side, last dim first), got {padding!r}")
 
 
+def _string_padding(padding: str, kernel: Sequence[int], dilation: Sequence[int],
+                    stride: Sequence[int]) -> int | list[int]:
+    """PyTorch's padding='valid' (0) and 'same' (per-side pads, the odd pixel at the end, in the flat form, last dim
+    first; stride 1 only, as in PyTorch)."""
+    if padding == "valid":
+        return 0
+    if padding != "same":
+        raise ValueError(f"padding must be an int, ints, 'same' or 'valid', got {padding!r}")
+    if any(s != 1 for s in stride):
+        raise ValueError(f"padding='same' needs stride 1, got stride {tuple(stride)}")
+    flat: list[int] = []
+    for k, d in reversed(list(zip(kernel, dilation))):
+        total = d * (k - 1)
+        flat += [total // 2, total - total // 2]
+    return flat
+
+
 def _lowest(dtype: DType) -> float | int | bool:
     """The value a max never picks over a real one: -inf, the int dtype's minimum, False."""
     return -math.inf if dtype.is_float else dtype.min
@@ -163,9 +180,10 @@ class NNOps:
 
     def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
                stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
-               padding: int | Sequence[int] = 0, dtype: DType | str | None = None) -> Tensor:
+               padding: int | Sequence[int] | str = 0, dtype: DType | str | None = None) -> Tensor:
         """PyTorch's conv2d (and conv1d/conv3d by the weight's rank): x (N, Cin, *spatial), weight
-        (Cout, Cin/groups, *kernel), optional bias (Cout,). dtype: accumulate in (and return) it (tinygrad's)."""
+        (Cout, Cin/groups, *kernel), optional bias (Cout,); padding also 'same' or 'valid', as F.conv2d. dtype:
+        accumulate in (and return) it (tinygrad's)."""
         t = self._t
         n = weight.ndim - 2
         if n < 1 or t.ndim != n + 2:
@@ -176,6 +194,8 @@ class NNOps:
             raise ValueError(f"conv: input has {cin} channels, weight {weight.shape} expects {cin_group} per group "
                              f"with groups={groups}")
         kernel = weight.shape[2:]
+        if isinstance(padding, str):
+            padding = _string_padding(padding, kernel, _tuple(dilation, n, "dilation"), _tuple(stride, n, "stride"))
         pads = _conv_padding(padding, n)
         x = t.pad(((0, 0), (0, 0), *pads)) if any(p != (0, 0) for p in pads) else t
         windows = x._windows(kernel, _tuple(stride, n, "stride"), _tuple(dilation, n, "dilation"))

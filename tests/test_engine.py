@@ -450,3 +450,25 @@ def test_deep_chains_render_within_the_compilers_bracket_limit(device: str) -> N
         x = x * 1.0001 + 0.0001
     (kernel,) = glassgrad.kernels(x.cast(dtypes.float16), device=device)
     assert 0 < _deepest_brackets(kernel.source) < 128
+
+
+def test_a_kernel_reading_more_buffers_than_a_ctypes_call_takes() -> None:
+    """`sum(list_of_tensors)` of 1,100 tensors is one elementwise kernel of 1,101 buffers: ctypes calls a C function
+    with at most 1,024 arguments, so it raised ArgumentError; such a launch goes through the kernel's `_entry`."""
+    n = 1100
+    parts = [Tensor(np.array([i, 1.0], np.float32), device=Device.DEFAULT) for i in range(n)]
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    np.testing.assert_array_equal(total.numpy(), [sum(range(n)), n])
+
+
+def test_a_reduction_over_a_deep_elementwise_chain() -> None:
+    """The staging pass walked a reduction's body recursively: a sum over 1,100 added tensors, reduced, raised
+    RecursionError in codegen."""
+    n = 1100
+    parts = [Tensor(np.full((16, 16), float(i % 7), np.float32), device=Device.DEFAULT) for i in range(n)]
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    np.testing.assert_array_equal(total.sum(0).numpy(), np.full(16, sum(i % 7 for i in range(n)) * 16.0))

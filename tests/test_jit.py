@@ -265,6 +265,25 @@ def test_errors() -> None:
         _run3(TinyJit(lambda a: inner(a) * 2), x)
 
 
+@pytest.mark.parametrize("read", ["item", "numpy", "tolist", "float", "bool"])
+def test_reading_values_during_the_capture_raises(read: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`s = x.sum().item()` inside a jitted function was baked into the capture, so every replay computed with the
+    second call's value ([4, 2] where [6, 3] was due); tinygrad raises JitError there, and so does glassgrad now
+    (UNSAFE_ALLOW_JIT_BUFFER=1 allows it, as in tinygrad)."""
+    def fn(x: Tensor) -> Tensor:
+        s = x.sum()
+        value = {"item": s.item, "numpy": lambda: float(s.numpy()), "tolist": s.tolist, "float": lambda: float(s),
+                 "bool": lambda: float(bool(s > 2))}[read]()
+        return (x * value).contiguous()
+    step = TinyJit(fn)
+    np.testing.assert_array_equal(step(Tensor([0.0, 1.0])).numpy(), [0.0, 1.0] if read != "bool" else [0.0, 0.0])
+    with pytest.raises(JitError, match="baked in"):
+        step(Tensor([1.0, 1.0]))
+    monkeypatch.setenv("UNSAFE_ALLOW_JIT_BUFFER", "1")
+    TinyJit(fn)(Tensor([1.0, 1.0]))
+    _run3(TinyJit(fn), Tensor([1.0, 1.0]))
+
+
 def test_state_moved_to_another_buffer_is_refused() -> None:
     w = Tensor(np.ones(3, np.float32)).realize()
     w.assign(w).realize()
@@ -399,6 +418,37 @@ def test_random_numbers_inside_a_jit_are_fresh_on_every_replay() -> None:
         np.testing.assert_array_equal(a, b)
     for o in first:
         assert ((o >= 0) & (o < 6)).all()
+
+
+@pytest.mark.parametrize("realize_inside", [True, False])
+def test_random_numbers_are_fresh_when_the_function_realizes_its_result(realize_inside: bool) -> None:
+    """`return (x + Tensor.rand(4)).realize()`: the generator's advance adds a host constant [0, drawn] that only the
+    captured kernel used; its buffer died after the capture and its memory was handed to the next buffer of that
+    size, so every replay added 0 and repeated the capture's numbers. Replays equal eager calls of the same seed."""
+    def run(jit: bool) -> list[np.ndarray]:
+        Tensor.manual_seed(5)
+
+        def fn(x: Tensor) -> Tensor:
+            out = x + Tensor.rand(4)
+            return out.realize() if realize_inside else out
+        step = TinyJit(fn) if jit else fn
+        return [step(Tensor([0.0, 0.0, 0.0, 0.0])).numpy().copy() for _ in range(5)]
+    jitted, eager = run(True), run(False)
+    assert len({o.tobytes() for o in jitted}) == 5
+    for a, b in zip(jitted, eager):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_host_constant_made_inside_the_function_keeps_its_values() -> None:
+    """`x * Tensor(np_array)` made inside the function is a constant of the capture: the kernels hold its memory, not
+    its Buffer, so once the tensor died the allocator gave the memory to other buffers of its size and the replays
+    read their values (here 9s) instead of the constant's."""
+    c = np.arange(100, dtype=np.float32)
+    step = TinyJit(lambda x: x * Tensor(c))
+    keep = []
+    for i in range(5):
+        np.testing.assert_array_equal(step(Tensor(np.full(100, i, np.float32))).numpy(), c * i)
+        keep += [Tensor(np.full(100, 9.0, np.float32)).realize() for _ in range(3)]
 
 
 def test_a_replay_realizes_a_leftover_graph_whose_part_was_assigned_since() -> None:

@@ -131,6 +131,34 @@ def test_topk_dims_nan_and_errors() -> None:
         Tensor(x).topk(2, sorted_=False)
 
 
+@pytest.mark.parametrize("n", [5, 8, 13, 40])
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_and_topk_with_nan(n: int, descending: bool) -> None:
+    """NaN sorts as the largest value (last ascending, first descending; numpy, PyTorch). A comparison with NaN is
+    false, so one NaN left the bitonic network's output unsorted ([1, nan, 3, -inf] came back as it was), and
+    topk(largest=False) picked NaN as the smallest."""
+    rng = np.random.default_rng(n)
+    x = rng.choice(np.array([np.nan, np.inf, -np.inf, 0.0, 1.0, 2.5, -3.0], np.float32), (3, n))
+    x[:, 1] = np.nan
+    values, idx = Tensor(x).sort(-1, descending)
+    # ascending: numpy's stable order (NaN last); descending: NaN first, then the numbers largest first, ties in order
+    order = np.argsort(np.where(np.isnan(x), -np.inf, -x) if descending else x, axis=-1, kind="stable")
+    if descending:
+        order = np.stack([np.concatenate([np.flatnonzero(np.isnan(r)), o[~np.isnan(r[o])]]) for r, o in zip(x, order)])
+    np.testing.assert_array_equal(idx.numpy(), order)
+    np.testing.assert_array_equal(values.numpy(), np.take_along_axis(x, order, -1))
+    for k in (1, n // 2, n):
+        top = Tensor(x).topk(k, largest=descending)
+        np.testing.assert_array_equal(top[0].numpy(), np.take_along_axis(x, order[:, :k], -1))
+    if torch is not None:
+        tv, ti = torch.sort(torch.tensor(x), dim=-1, descending=descending, stable=True)
+        np.testing.assert_array_equal(idx.numpy(), ti.numpy())
+        for k in (1, n // 2, n):
+            np.testing.assert_array_equal(Tensor(x).topk(k, largest=descending)[0].numpy(),
+                                          torch.topk(torch.tensor(x), k, largest=descending)[0].numpy())
+    assert Tensor([1.0, np.nan, 3.0, -np.inf]).sort()[0].numpy().tolist()[:3] == [-np.inf, 1.0, 3.0]
+
+
 def test_topk_for_sampling_vocab() -> None:
     """topk along the vocabulary of (B, vocab) logits, as a GPT sampler calls it."""
     logits = RNG.standard_normal((2, 8192)).astype(np.float32)

@@ -299,6 +299,23 @@ def test_conv_and_conv_transpose_are_one_kernel_with_bias() -> None:
     assert len(kernels(x.conv_transpose2d(wt, b, stride=2, padding=1, output_padding=1))) == 1
 
 
+@pytest.mark.parametrize("ws, kw", [((3, 2, 4, 2), dict(padding="same")),
+                                     ((3, 2, 3, 4), dict(padding="same", dilation=2)),
+                                     ((3, 2, 3, 3), dict(padding="valid", stride=2))])
+def test_conv2d_takes_same_and_valid_padding(ws: tuple[int, ...], kw: dict[str, Any]) -> None:
+    """F.conv2d's padding='same' (the odd pixel at the end) and 'valid': Tensor.conv2d crashed with "invalid literal
+    for int()" (only nn.Conv2d took them)."""
+    d = kw.get("dilation", 1)
+    ref_pad = 0 if kw["padding"] == "valid" else \
+        [p for k in reversed(ws[2:]) for p in (d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2)]
+    ref_kw = {**kw, "padding": ref_pad}
+    arrays = [_rand((1, 2, 6, 7), 0), _rand(ws, 1)]
+    check(lambda x, w: x.conv2d(w, **kw), lambda x, w: np_conv(x, w, **ref_kw),
+          None if F is None else lambda x, w: F.conv2d(x, w, **kw), arrays)
+    if kw["padding"] == "same":
+        assert Tensor(arrays[0]).conv2d(Tensor(arrays[1]), **kw).shape == (1, 3, 6, 7)
+
+
 def test_conv_errors() -> None:
     x = Tensor(_rand((1, 4, 5, 5), 0))
     with pytest.raises(ValueError, match="channels"):
@@ -309,6 +326,10 @@ def test_conv_errors() -> None:
         x.conv_transpose2d(Tensor(_rand((3, 2, 3, 3), 1)))
     with pytest.raises(ValueError, match="stride"):
         x.conv2d(Tensor(_rand((2, 4, 3, 3), 1)), stride=0)
+    with pytest.raises(ValueError, match="'same' needs stride 1"):
+        x.conv2d(Tensor(_rand((2, 4, 3, 3), 1)), stride=2, padding="same")
+    with pytest.raises(ValueError, match="'same' or 'valid'"):
+        x.conv2d(Tensor(_rand((2, 4, 3, 3), 1)), padding="full")
 
 
 # ---------------------------------------------------------------------- pooling

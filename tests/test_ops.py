@@ -272,6 +272,81 @@ def test_numpy_scalar_input() -> None:
     assert t.shape == () and t.dtype == dtypes.float64 and t.item() == 2.5
 
 
+@pytest.mark.parametrize("scalar", [np.float64(8.0), np.float32(8.0), np.float16(8.0), np.int64(8)],
+                         ids=lambda v: type(v).__name__)
+def test_numpy_scalars_combine_as_python_scalars(scalar: Any) -> None:
+    """`x / np.sqrt(d)` keeps x's dtype, as a Python scalar does (PyTorch; tinygrad for np.float64): a numpy scalar
+    became a tensor of its own dtype, so attention scores divided by np.sqrt(64) made the whole graph float64."""
+    a = rand((2, 3))
+    for dt in (dtypes.float32, dtypes.float16):
+        x = T(a, dtype=dt)
+        for out in (x / scalar, scalar * x, x - scalar, x.maximum(scalar), (x > 0).where(scalar, x), x < scalar):
+            assert out.dtype is (dtypes.bool if out.dtype is dtypes.bool else dt)
+    np.testing.assert_allclose((T(a) / scalar).numpy(), a / np.float32(scalar), rtol=1e-6)
+    ints = T(np.array([1, 2, 3], np.int32))
+    assert (ints * np.int64(2)).dtype is dtypes.int32 and (ints * np.float64(0.5)).dtype is dtypes.float32
+    assert (T([True]).where(np.float64(1.0), 0.0)).dtype is dtypes.float32
+    assert (T(a) * np.array(8.0)).dtype is dtypes.float64  # an array, 0-d too, is a tensor of its dtype (PyTorch too)
+    if torch is not None:
+        assert (torch.tensor(a) / scalar).dtype is torch.float32
+        assert (torch.tensor([1, 2, 3], dtype=torch.int32) * np.int64(2)).dtype is torch.int32
+
+
+def test_numpy_on_the_left_gives_a_tensor() -> None:
+    """`np_array * t` and `np.float32(2) * t` are Tensors in the graph (numpy defers to Tensor's reflected
+    operators, as with PyTorch's tensors); numpy made an object array of 0-d Tensors."""
+    a, b = rand((2, 3)), rand((3, 2), seed=1)
+    w = T(a, requires_grad=True)
+    for out, expected in [(b.T * w, b.T * a), (np.float32(2.0) * w, 2 * a), (np.float64(1.0) - w, 1 - a),
+                          (b @ w, b @ a), (b.T < w, b.T < a)]:
+        assert isinstance(out, Tensor), type(out)
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
+    (np.float32(3.0) * w).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), np.full((2, 3), 3.0, np.float32))
+
+
+def test_numpy_reads_a_tensor_as_its_values() -> None:
+    """np.asarray(t) (and everything built on it: np.median, plt.plot) is the tensor's values, as with PyTorch's
+    tensors; it was an object array of 0-d Tensors."""
+    a = rand((3, 4))
+    t = T(a)[:, ::2]
+    out = np.asarray(t)
+    assert out.dtype == np.float32 and out.shape == (3, 2)
+    np.testing.assert_array_equal(out, a[:, ::2])
+    assert np.asarray(T([1, 2]), dtype=np.float64).dtype == np.float64
+    np.testing.assert_array_equal(np.array(T([1.5, 2.5], dtype=dtypes.bfloat16)), [1.5, 2.5])
+    assert np.median(T(a)) == np.median(a)
+
+
+def test_one_element_tensor_conversions() -> None:
+    """PyTorch's float(loss), int(n), lst[t.argmax()] and f"{loss:.3f}"; a tensor of several elements (or a float
+    index) raises TypeError naming the problem."""
+    assert float(T([2.5])) == 2.5 and int(T([[3.7]])) == 3 and int(T(-3.7)) == -3
+    assert ["a", "b", "c"][T([0.1, 0.9, 0.5]).argmax()] == "b" and ["a", "b"][T(True)] == "b"
+    assert f"{T(2.5):.2f}" == "2.50" and f"{T([3]):d}" == "3" and f"{T([1, 2])}" == repr(T([1, 2]))
+    with pytest.raises(TypeError, match="one element"):
+        float(T([1.0, 2.0]))
+    with pytest.raises(TypeError, match="one element"):
+        f"{T([1.0, 2.0]):.2f}"
+    with pytest.raises(TypeError, match="integer"):
+        [1, 2][T(0.0)]
+    if torch is not None:
+        assert float(torch.tensor([2.5])) == 2.5 and ["a", "b", "c"][torch.tensor([0.1, 0.9, 0.5]).argmax()] == "b"
+
+
+def test_reflected_shifts_and_tensor_from_range() -> None:
+    """`1 << t` and `64 >> t` (tinygrad's __rlshift__/__rrshift__, PyTorch too) and Tensor(range(n)) (torch.tensor)."""
+    s = np.array([1, 2, 3], np.int32)
+    np.testing.assert_array_equal((1 << T(s)).numpy(), 1 << s)
+    np.testing.assert_array_equal((64 >> T(s)).numpy(), 64 >> s)
+    assert (1 << T(s)).dtype is dtypes.int32
+    np.testing.assert_array_equal(T(range(5)).numpy(), np.arange(5, dtype=np.int32))
+    assert T(range(5)).dtype is dtypes.int32 and T(range(0)).shape == (0,)
+    assert T(range(1, 7, 2), dtype=dtypes.float32).tolist() == [1.0, 3.0, 5.0]
+    if torch is not None:
+        assert (1 << torch.tensor(s)).tolist() == [2, 4, 8] and torch.tensor(range(3)).tolist() == [0, 1, 2]
+
+
 @pytest.mark.parametrize("maker, np_value", [
     (lambda: Tensor.zeros(2, 3, device=DEVICE), np.zeros((2, 3), np.float32)),
     (lambda: Tensor.zeros((2, 3), device=DEVICE), np.zeros((2, 3), np.float32)),
@@ -1017,6 +1092,53 @@ def test_sum_dtypes(np_dtype: Any, sum_dtype: DType) -> None:
 def test_sum_float16_accumulates_in_float32() -> None:
     a = np.full(4096, 1.0, np.float16)  # 4096 is beyond float16's exact integers when accumulated in float16 (2048)
     assert T(a).sum().item() == 4096.0
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_prod_of_half_types_keeps_the_dtype(dtype: DType) -> None:
+    """prod of float16/bfloat16 accumulates in float32 and returns the input's dtype, as sum does (and PyTorch);
+    it returned float32."""
+    a = np.array([[1.5, 2.0, -3.0], [0.5, 4.0, 2.0]], np.float32)
+    out = T(a, dtype=dtype).prod(1)
+    assert out.dtype is dtype and T(a, dtype=dtype).prod().dtype is dtype
+    np.testing.assert_allclose(out.float().numpy(), [-9.0, 4.0])
+    assert T(a, dtype=dtype).prod(dtype=dtypes.float32).dtype is dtypes.float32
+    if torch is not None:
+        tdt = torch.float16 if dtype is dtypes.float16 else torch.bfloat16
+        assert torch.tensor(a, dtype=tdt).prod(1).dtype is tdt
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_mean_and_var_of_half_types_past_their_range(dtype: DType) -> None:
+    """mean, var and std of float16/bfloat16 sum and divide in float32 and return the input's dtype (tinygrad and
+    PyTorch): the mean of 70,000 float16 values was the half sum (inf) over the count cast to half (inf): NaN."""
+    a = np.full((2, 70000), 1.5, np.float32)
+    a[1, ::2] = 0.5
+    t = T(a, dtype=dtype)
+    mean, var, std = t.mean(1), t.var(1), t.std(1)
+    assert mean.dtype is dtype and var.dtype is dtype and std.dtype is dtype
+    np.testing.assert_allclose(mean.float().numpy(), [1.5, 1.0])
+    np.testing.assert_allclose(var.float().numpy(), a.var(1, ddof=1), rtol=1e-2)
+    np.testing.assert_allclose(std.float().numpy(), a.std(1, ddof=1), rtol=1e-2)
+    assert t.mean().float().item() == 1.25
+    if torch is not None:
+        tt = torch.tensor(a).to(torch.float16 if dtype is dtypes.float16 else torch.bfloat16)
+        np.testing.assert_allclose(mean.float().numpy(), tt.mean(1).float().numpy())
+    x = T(np.array([1.0, 2.0, 4.0], np.float32), dtype=dtype, requires_grad=True)
+    x.var().backward()
+    assert x.grad is not None and x.grad.dtype is dtype
+    np.testing.assert_allclose(x.grad.float().numpy(), [-4 / 3, -1 / 3, 5 / 3], rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64],
+                         ids=lambda d: d.name)
+def test_abs_of_signed_zeros_is_plus_zero(dtype: DType) -> None:
+    """abs(+0) and abs(-0) are +0 (numpy, PyTorch): float16/bfloat16 compute in float32, which hid max(x, -x) from
+    the renderer's fabs, and its select gave -0 for +0 (1 / abs(0) was -inf)."""
+    out = T([0.0, -0.0, -1.5, float("nan"), -float("inf")], dtype=dtype).abs().float().numpy()
+    np.testing.assert_array_equal(np.signbit(out), [False] * 5)
+    np.testing.assert_array_equal(out, [0.0, 0.0, 1.5, np.nan, np.inf])
+    assert (1 / T([0.0], dtype=dtype).abs()).float().item() == float("inf")
 
 
 def test_prod_and_mean_dtypes() -> None:
@@ -1950,6 +2072,84 @@ def test_no_grad_and_detach() -> None:
     np.testing.assert_allclose(x.grad.numpy(), 5 * a)
 
 
+def test_pytorch_in_place_methods() -> None:
+    """PyTorch's add_/sub_/mul_/div_/zero_/fill_/clamp_/copy_ and dim() (a training loop's `p.grad.zero_()`,
+    `w.clamp_(-1, 1)`): they raised AttributeError. Each writes the tensor's buffer, through views too."""
+    a = rand((2, 3))
+    x = T(a).contiguous().realize()
+    assert x.add_(1.0, alpha=2) is x
+    np.testing.assert_allclose(x.numpy(), a + 2, rtol=1e-6)
+    x.sub_(T(np.ones(3, np.float32)), alpha=0.5).mul_(3).div_(2)
+    expected = (a + 2 - 0.5) * 3 / 2
+    np.testing.assert_allclose(x.numpy(), expected, rtol=1e-6)
+    x.clamp_(-1.0, 1.0)
+    np.testing.assert_allclose(x.numpy(), np.clip(expected, -1, 1))
+    x[0].fill_(7.0)
+    x[:, 2].zero_()
+    expected = np.clip(expected, -1, 1)
+    expected[0], expected[:, 2] = 7.0, 0.0
+    np.testing.assert_allclose(x.numpy(), expected)
+    ints = T(np.zeros((2, 2), np.int32)).contiguous().realize()
+    ints.copy_(T([1.7, -2.2]))
+    assert ints.dtype is dtypes.int32 and ints.tolist() == [[1, -2], [1, -2]]
+    assert x.dim() == 2 and T(1.0).dim() == 0
+    if torch is not None:
+        t = torch.tensor(a)
+        t.add_(1.0, alpha=2).sub_(torch.ones(3), alpha=0.5).mul_(3).div_(2).clamp_(-1.0, 1.0)
+        t[0].fill_(7.0)
+        t[:, 2].zero_()
+        np.testing.assert_allclose(x.numpy(), t.numpy(), rtol=1e-6)
+
+
+def test_cat_and_stack_of_many_tensors() -> None:
+    """cat/stack of many tensors (a list collected in a loop): 2,000 made one kernel of 2,001 buffers (a ctypes
+    ArgumentError on the CPU; Metal allows 31), and every output element evaluated a gated load per input (a stack
+    of 1,100 tensors summed took 12 minutes). They are joined in groups now; values and gradients as before."""
+    n = 2000
+    np.testing.assert_array_equal(Tensor.cat(*[T([float(i)]) for i in range(n)]).numpy(), np.arange(n))
+    rows = [rand((3,), seed=i) for i in range(40)]
+    ws = [T(r, requires_grad=True) for r in rows]
+    out = Tensor.stack(*ws, dim=1)
+    np.testing.assert_array_equal(out.numpy(), np.stack(rows, 1))
+    (out * T(np.arange(40, dtype=np.float32))).sum().backward()
+    for i, w in enumerate(ws):
+        np.testing.assert_array_equal(w.grad.numpy(), np.full(3, float(i)))
+    mixed = Tensor.cat(*[T([1, 2]) for _ in range(20)], T([1.5]))
+    assert mixed.dtype is dtypes.float32 and mixed.numpy()[-3:].tolist() == [1.0, 2.0, 1.5]
+    with pytest.raises(ValueError, match="zero-dimensional"):
+        Tensor.cat(T(1.0), T(2.0))
+
+
+def test_no_grad_results_left_lazy_carry_no_gradient() -> None:
+    """A result made under no_grad() and not realized there (a target, a scale, a view) is cut from autograd as in
+    PyTorch: it carried the gradient to the tensors it was computed from once backward() ran outside the block
+    (w.grad came out 2y where PyTorch gives y)."""
+    from glassgrad import no_grad
+    a = rand((3, 4))
+
+    def run(make: Callable[..., Any], ctx: Any) -> tuple[np.ndarray, ...]:
+        w = make(a, requires_grad=True)
+        with ctx():
+            y, scale, view, nested = w * 2, w.abs().max(), w.T, (w * 3).exp().log()
+        y_again = w * 2  # the same graph as y, made with gradients on: the gradient flows through this one
+        loss = (y * y_again).sum() + (w / scale).sum() + (view.T * w).sum() + (nested * w).sum()
+        loss.backward()
+        return w.grad.numpy(), y.detach().numpy(), view.detach().numpy()
+    ours = run(T, no_grad)
+    expected = 2 * 2 * a + 1 / np.abs(a).max() + a + 3 * a  # y * 2 + 1/scale + view.T + nested
+    np.testing.assert_allclose(ours[0], expected, rtol=1e-5)
+    np.testing.assert_allclose(ours[1], 2 * a)
+    np.testing.assert_allclose(ours[2], a.T)
+    if torch is not None:
+        np.testing.assert_allclose(ours[0], run(torch.tensor, torch.no_grad)[0], rtol=1e-5)
+    # a view made under no_grad still writes the tensor it shows
+    base = T(np.arange(3, dtype=np.float32)).contiguous().realize()
+    with no_grad():
+        part = base[1:]
+    part[0] = 10.0
+    assert base.tolist() == [0.0, 10.0, 2.0] and part.tolist() == [10.0, 2.0]
+
+
 def test_second_order_gradient() -> None:
     a = np.array([1.0, -2.0, 3.0], np.float32)
     x = T(a, requires_grad=True)
@@ -2039,6 +2239,10 @@ GRAD_EDGES: list[tuple[str, Callable[[Any], Any], Any, list[float], list[float]]
      [1.0, 0.0, 1.0, 0.5]),
     ("silu saturated", lambda x: x.silu(), _tf("silu"), [100.0, -100.0, -1e5], [1.0, 0.0, 0.0]),
     ("softplus saturated", lambda x: x.softplus(), _tf("softplus"), [100.0, -100.0, -1e5], [1.0, 0.0, 0.0]),
+    ("softplus at its threshold", lambda x: x.softplus(), _tf("softplus"), [20.0, 19.5], [1.0, 1.0]),
+    ("softplus beta at its threshold", lambda x: x.softplus(beta=2.0, threshold=6.0),
+     lambda x: F.softplus(x, beta=2.0, threshold=6.0), [3.0], [0.9975274]),
+    ("logsigmoid at -threshold", lambda x: x.logsigmoid(), _tf("logsigmoid"), [-20.0], [1.0]),
     ("elu at 0 and saturated", lambda x: x.elu(), _tf("elu"), [100.0, -100.0, 0.0, 1e5], [1.0, 0.0, 1.0, 1.0]),
     ("relu/abs at 0", lambda x: x.relu() + x.abs(), SAME, [0.0], [0.0]),
     ("relu6 at its kinks", lambda x: x.relu6(), _tf("relu6"), [0.0, 6.0, 3.0, 7.0], [0.0, 0.0, 1.0, 0.0]),

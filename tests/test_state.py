@@ -554,3 +554,41 @@ def test_load_state_dict_takes_tinygrads_arguments_and_returns_the_loaded_tensor
     assert [id(t) for t in loaded] == [id(t) for t in get_state_dict(layer).values()]
     assert state == {} and layer.num_batches_tracked.shape == () and layer.num_batches_tracked.item() == 5
     np.testing.assert_array_equal(layer.running_var.numpy(), [2.0, 2.0])
+
+
+# ---------------------------------------------------------------------------------------------- pickle
+def test_pickle_round_trips_lazy_realized_and_view_tensors_and_models() -> None:
+    """pickle.dumps of a tensor that has not run (its graph holds void nodes: DEVICE, SINK) failed to load with
+    "unknown dtype 'void'"; realized tensors, views, models and gradients travel as values."""
+    import pickle
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    w = Tensor(x, requires_grad=True)
+    (w * w).sum().backward()
+    model = nn.Linear(4, 2)
+    objs = {"lazy": Tensor(x) * 2 + 1, "real": Tensor(x).realize(), "view": Tensor(x).realize()[1:, ::2].T,
+            "half": Tensor(x).half(), "int": Tensor([1, 2, 3]), "empty": Tensor.zeros(0, 3), "0d": Tensor(3.0)}
+    back = pickle.loads(pickle.dumps((objs, w, model)))
+    for k, t in objs.items():
+        assert back[0][k].dtype is t.dtype and back[0][k].shape == t.shape, k
+        np.testing.assert_array_equal(back[0][k].numpy(), t.numpy(), err_msg=k)
+    np.testing.assert_array_equal(back[1].numpy(), x)
+    assert back[1].requires_grad
+    np.testing.assert_array_equal(back[1].grad.numpy(), 2 * x)
+    np.testing.assert_array_equal(back[2].weight.numpy(), model.weight.numpy())
+    assert pickle.loads(pickle.dumps(dtypes.void)) is dtypes.void
+
+
+def test_safe_load_from_a_tensor_of_the_files_bytes(tmp_path: Path) -> None:
+    """tinygrad's safe_load and safe_load_metadata take a 1-d uint8 tensor of the file (`safe_load(Tensor(data))`,
+    a download held in memory); they raised TypeError for anything but a path."""
+    path = tmp_path / "m.safetensors"
+    safe_save({"w": Tensor([[1.0, 2.0]]), "b": Tensor([3], dtype=dtypes.int8)}, str(path), metadata={"k": "v"})
+    blob = Tensor(path.read_bytes())
+    loaded = safe_load(blob)
+    np.testing.assert_array_equal(loaded["w"].numpy(), [[1.0, 2.0]])
+    assert loaded["b"].dtype == dtypes.int8 and loaded["b"].tolist() == [3]
+    assert safe_load_metadata(blob) == safe_load_metadata(path)
+    with pytest.raises(ValueError, match="8-byte header"):
+        safe_load(Tensor(b"1234"))
+    with pytest.raises(ValueError, match="1-d uint8"):
+        safe_load(Tensor([1.0, 2.0]))

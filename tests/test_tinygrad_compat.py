@@ -455,3 +455,12 @@ def test_clone_linear_and_bitwise_take_tinygrads_keywords() -> None:
     assert out.dtype == dtypes.float32
     np.testing.assert_array_equal(out.numpy(), np.full((2, 4), 4.0))
     assert Tensor(x).linear(Tensor(w)).dtype == dtypes.float16
+
+
+def test_const_like_takes_tinygrads_dtype() -> None:
+    """tinygrad 0.14's `const_like(b, dtype=None)`: the dtype keyword raised TypeError here."""
+    t = Tensor([[1.5, 2.5]])
+    same = t.const_like(3)
+    assert same.dtype == dtypes.float32 and same.tolist() == [[3.0, 3.0]]
+    other = t.const_like(3, dtype=dtypes.int8)
+    assert other.dtype == dtypes.int8 and other.shape == (1, 2) and other.tolist() == [[3, 3]]

@@ -149,28 +149,28 @@ def _stage_roots(body: UOp, reduce_loops: list[UOp], inner: list[UOp]) -> list[t
     roots: list[tuple[UOp, list[Dim]]] = []
     seen: set[UOp] = set()
 
-    def visit(n: UOp) -> None:
+    stack = [body]  # a depth-first walk, sources in order, without recursion (a cat of 1,000 tensors is that deep)
+    while stack:
+        n = stack.pop()
         if n in seen or n.op is Ops.REDUCE:
-            return
+            continue
         seen.add(n)
         loads = [u for u in n.toposort(stop=lambda x: x.op is Ops.REDUCE) if u.op is Ops.LOAD]
         if not loads:
-            return
+            continue
         gated = [u for u in loads if len(u.src) == 3]
         if gated and _is_root_candidate(n, inner, gated):
             if (dims := _staging_dims(n, reduce_loops, inner, False)) is not None:
                 roots.append((n, dims))
-            return
+            continue
         if not gated and n.op in GroupOp.ALU and _is_root_candidate(n, inner, loads) and \
                 (dims := _staging_dims(n, reduce_loops, inner, True)) is not None:
             roots.append((n, dims))
-            return
+            continue
         if n.op is Ops.LOAD and (dims := _pack_dims(n, reduce_loops, inner)) is not None:
             roots.append((n, dims))
-            return
-        for s in n.src:
-            visit(s)
-    visit(body)
+            continue
+        stack.extend(reversed(n.src))
     return roots
 
 
@@ -198,17 +198,16 @@ def _affine_leaves(root: UOp) -> list[UOp]:
     comparisons (every use of a loop sits inside one; a reduction's inside is its own)."""
     leaves: list[UOp] = []
     seen: set[UOp] = set()
-
-    def visit(n: UOp) -> None:
+    stack = [root]  # depth-first, sources in order, without recursion
+    while stack:
+        n = stack.pop()
         if n in seen or n.op is Ops.REDUCE:
-            return
+            continue
         seen.add(n)
         if n.dtype.is_int:
             leaves.append(n)
-            return
-        for s in n.src:
-            visit(s)
-    visit(root)
+            continue
+        stack.extend(reversed(n.src))
     return leaves
 
 
@@ -291,12 +290,22 @@ def stages_before_reduction(ast: UOp, upcast: tuple[UOp, ...]) -> bool:
     depends on global loops only, and is made once for every position of the global loops it does not use."""
     for red in (u for u in ast.toposort() if u.op is Ops.REDUCE):
         reduce_loops, inner = _tile_loops(red, upcast)
-        if not inner or not _constant(reduce_loops + inner):
+        if not inner or not _constant(reduce_loops + inner) or _too_many_loads(red.src[0]):
             continue
         if any(_covers_reduction(root, dims, reduce_loops)
                for root, dims in _stage_roots(red.src[0], reduce_loops, inner)):
             return True
     return False
+
+
+# A reduction reading more buffers than this is not staged: the search for staging roots walks each candidate's graph
+# (quadratic in its size), and such bodies are sums over many inputs (a stack of 1,000 tensors summed: 12 minutes of
+# codegen), not the convolutions and matmuls that staging is for.
+MAX_STAGED_LOADS = 64
+
+
+def _too_many_loads(body: UOp) -> bool:
+    return sum(u.op is Ops.LOAD for u in body.toposort(stop=lambda x: x.op is Ops.REDUCE)) > MAX_STAGED_LOADS
 
 
 def _constant(loops: list[UOp]) -> bool:
@@ -316,7 +325,7 @@ def stage_gated_loads(ast: UOp, upcast: tuple[UOp, ...]) -> UOp:
     mapping: dict[UOp, UOp] = {}
     for red in (u for u in ast.toposort() if u.op is Ops.REDUCE):
         reduce_loops, inner = _tile_loops(red, upcast)
-        if not inner or not _constant(reduce_loops + inner):
+        if not inner or not _constant(reduce_loops + inner) or _too_many_loads(red.src[0]):
             continue
         for root, dims in _stage_roots(red.src[0], reduce_loops, inner):
             if root in mapping:

@@ -33,8 +33,10 @@ at the first replay, then only the launches whose inputs or Variable values chan
 outside the graphs. `CUDAGRAPH=0`, `TIMING=1` and `DEBUG>=2` launch kernel by kernel.
 
 Limits: Python values and host data inside the function (`Tensor(np_array)` made there, closure scalars) are
-constants of the capture; random numbers drawn on the host inside the function (`Tensor.rand`, dropout) raise
-`JitError` at capture, as a replay would repeat them. `JIT=0` runs the function eagerly on every call.
+constants of the capture (the capture keeps their buffers alive). Reading a tensor's values inside the function
+(`.item()`, `.numpy()`, `float(t)`) raises `JitError` at capture, as in tinygrad: a replay would reuse the value read
+then (`UNSAFE_ALLOW_JIT_BUFFER=1` allows it). Random numbers are drawn on the device, so each replay draws new ones.
+`JIT=0` runs the function eagerly on every call.
 """
 from __future__ import annotations
 
@@ -373,6 +375,10 @@ class _Capture:
         self.intermediate_bytes = 0  # bytes of the intermediates nothing else holds, each in its own buffer
         self.pool: list[Buffer] = []  # the memory they share when planned
         slot_buffers = self._place(steps, plan)
+        # the kernels hold only handles: every buffer they use that is not the pool's (state, constants made from
+        # host data inside the function, an intermediate something else holds) is kept alive here, or its memory
+        # would go back to the allocator when its last tensor dies and be handed to another buffer
+        self.state_buffers = list({id(r): r for s in steps for r in s.refs if isinstance(r, Buffer)}.values())
         self.steps = _graph_kernels([self._launch(s, slot_buffers) for s in steps],
                                     lambda device: Device[device].graph is not None)
         self.graphs = [s for s in self.steps if isinstance(s, _KernelGraph)]

@@ -30,7 +30,7 @@ import numpy as np
 from glassgrad import amp
 from glassgrad.dtype import dtypes
 from glassgrad.tensor import Tensor, mark_trainable, no_grad
-from glassgrad.tensor_nn import _tuple
+from glassgrad.tensor_nn import _string_padding, _tuple
 
 __all__ = ["Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm", "BatchNorm1d",
            "BatchNorm2d", "BatchNorm3d", "LayerNorm", "LayerNorm2d", "GroupNorm", "InstanceNorm", "RMSNorm",
@@ -72,19 +72,7 @@ def _conv_padding_arg(padding: IntOrInts | str, kernel: tuple[int, ...], dilatio
                       stride: tuple[int, ...]) -> IntOrInts:
     """'valid' -> 0; 'same' -> per-side pads (the odd pixel at the end, as PyTorch), in conv2d's flat form
     (last dim first); ints pass through."""
-    if not isinstance(padding, str):
-        return padding
-    if padding == "valid":
-        return 0
-    if padding != "same":
-        raise ValueError(f"padding must be an int, ints, 'same' or 'valid', got {padding!r}")
-    if any(s != 1 for s in stride):
-        raise ValueError(f"padding='same' needs stride 1, got stride {stride}")
-    flat: list[int] = []
-    for k, d in reversed(list(zip(kernel, dilation))):
-        total = d * (k - 1)
-        flat += [total // 2, total - total // 2]
-    return flat
+    return padding if not isinstance(padding, str) else _string_padding(padding, kernel, dilation, stride)
 
 
 def _conv_geometry(in_channels: int, out_channels: int, groups: int, kernel_size: IntOrInts, stride: IntOrInts,

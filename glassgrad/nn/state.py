@@ -197,18 +197,20 @@ def _build_header(tensors: Mapping[str, Tensor], arrays: Mapping[str, np.ndarray
 
 
 # ---------------------------------------------------------------------------------------------- safetensors reading
-def safe_load_metadata(path: PathLike) -> dict[str, Any]:
+def safe_load_metadata(path: PathLike | Tensor) -> dict[str, Any]:
     """The validated JSON header of a safetensors file: name -> {dtype, shape, data_offsets}, and
-    `"__metadata__"` when the file has one. Reads only the header."""
-    with open(path, "rb") as f:
-        header, _ = _read_header(f, os.fspath(path))
+    `"__metadata__"` when the file has one. Reads only the header. `path` may be a 1-d uint8 tensor of the file's
+    bytes, as in tinygrad."""
+    with _source(path) as f:
+        header, _ = _read_header(f, _where(path))
     return header
 
 
-def safe_load(path: PathLike, device: str | None = None) -> dict[str, Tensor]:
-    """Every tensor of a safetensors file, by name, on `device`. Raises `ValueError` for a malformed file."""
-    where = os.fspath(path)
-    with open(path, "rb") as f:
+def safe_load(path: PathLike | Tensor, device: str | None = None) -> dict[str, Tensor]:
+    """Every tensor of a safetensors file (or of a 1-d uint8 tensor of its bytes, as in tinygrad:
+    `safe_load(Tensor(data))`), by name, on `device`. Raises `ValueError` for a malformed file."""
+    where = _where(path)
+    with _source(path) as f:
         header, data_start = _read_header(f, where)
         tensors: dict[str, Tensor] = {}
         for name, info in header.items():
@@ -217,9 +219,21 @@ def safe_load(path: PathLike, device: str | None = None) -> dict[str, Tensor]:
     return tensors
 
 
+def _source(path: PathLike | Tensor) -> Any:
+    """A binary file over a path, or over the bytes of a 1-d uint8 tensor."""
+    from glassgrad.nn.torch_pickle import _open
+    return _open(path)
+
+
+def _where(path: PathLike | Tensor) -> str:
+    return f"a uint8 tensor of {path.shape[0]} bytes" if isinstance(path, Tensor) and path.ndim == 1 else \
+        "a tensor" if isinstance(path, Tensor) else os.fspath(path)
+
+
 def _read_header(f: Any, where: str) -> tuple[dict[str, Any], int]:
     """Parse and check the header; returns it and the file offset where the data starts."""
-    file_size = os.fstat(f.fileno()).st_size
+    file_size = f.seek(0, os.SEEK_END)
+    f.seek(0)
     if file_size < 8:
         raise ValueError(f"{where}: not a safetensors file: {file_size} bytes, fewer than the 8-byte header length")
     (length,) = struct.unpack("<Q", f.read(8))

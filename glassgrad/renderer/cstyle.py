@@ -25,10 +25,25 @@ _LOW_PRECISION = (dtypes.float16, dtypes.bfloat16)
 _NARROW_INTS = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)  # C promotes these to int in arithmetic
 
 
+def _negated(y: UOp, x: UOp) -> bool:
+    """Whether y is -x: NEG(x), or the form float32_compute gave it, CAST(NEG(CAST(x, float32)), x's dtype)."""
+    if y.op is Ops.NEG:
+        return y.src[0] is x
+    return y.op is Ops.CAST and y.src[0].op is Ops.NEG and y.src[0].src[0].op is Ops.CAST and \
+        y.src[0].src[0].src[0] is x
+
+
 def _compute_in_float32(u: UOp) -> UOp | None:
     """float16/bfloat16 arithmetic -> cast the inputs to float32, compute, cast the result back."""
     if u.op is Ops.WHERE:
         return None
+    if u.op is Ops.MAX and u.dtype in _LOW_PRECISION and (_negated(u.src[1], u.src[0]) or
+                                                          _negated(u.src[0], u.src[1])):
+        # max(x, -x) (Tensor.abs) stays max(xf, -xf) on the one float32 value, so the renderers' abs function takes
+        # it: the select they fall back on gives abs(+0) = -0
+        x = u.src[0] if _negated(u.src[1], u.src[0]) else u.src[1]
+        xf = x.cast(dtypes.float32)
+        return UOp(Ops.MAX, dtypes.float32, (xf, UOp(Ops.NEG, dtypes.float32, (xf,)))).cast(u.dtype)
     srcs = tuple(s.cast(dtypes.float32) if s.dtype in _LOW_PRECISION else s for s in u.src)
     if srcs == u.src:
         return None

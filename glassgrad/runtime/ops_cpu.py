@@ -117,6 +117,10 @@ THREADS = getenv("THREADS", os.cpu_count() or 1)
 # whether woken or not (4M: 201 -> 143 us woken, 109 spinning)
 MIN_WORK_PER_THREAD = 1 << 18
 CHUNKS_PER_THREAD = 4  # parts of the outer loop per thread: a thread the OS runs late leaves its parts to the others
+# ctypes calls a C function with at most 1024 arguments: a kernel taking more (Tensor.cat of 2,000 tensors, a sum of a
+# list of them) is called through its `_entry`, which takes the buffers and values as two arrays
+MAX_DIRECT_ARGS = 1000
+_ENTRY_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong)
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -173,12 +177,14 @@ class CPUProgram:
     def __call__(self, *bufs: np.ndarray, global_size: tuple[int, ...] = (1,), local_size: Any = None,
                  vals: tuple[int, ...] = (), work: int = 0, wait: bool = False) -> float:
         fn = self.fn
-        if not self.typed:  # the first call fixes the C argument types, so every call passes plain ints
-            fn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_int32] * len(vals) + [ctypes.c_int64] * 2
-            self.typed = True
         outer = global_size[0] if global_size else 1
         # (a tiny kernel, the most common launch, decides on one thread with one comparison)
         threads = 1 if work < 2 * MIN_WORK_PER_THREAD else max(1, min(THREADS, outer, work // MIN_WORK_PER_THREAD))
+        if len(bufs) + len(vals) + 2 > MAX_DIRECT_ARGS:
+            return self._call_entry(bufs, vals, outer, threads)
+        if not self.typed:  # the first call fixes the C argument types, so every call passes plain ints
+            fn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_int32] * len(vals) + [ctypes.c_int64] * 2
+            self.typed = True
         start = time.perf_counter()
         if threads == 1:
             try:  # (every launch: _addresses, inline; the handles are nearly always the allocator's)
@@ -193,6 +199,22 @@ class CPUProgram:
             pool.run(self.entry, pointers, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
         else:
             self._python_threads(_addresses(bufs) + list(vals), outer, threads)
+        return time.perf_counter() - start
+
+    def _call_entry(self, bufs: tuple[np.ndarray, ...], vals: tuple[int, ...], outer: int, threads: int) -> float:
+        """A launch with too many arguments for a ctypes call: through `<name>_entry` (arrays of the buffers'
+        addresses and of the values), on the C thread pool when there is one and the work is worth it."""
+        if self.entry is None:
+            raise RuntimeError(f"CPU kernel {self.name} takes {len(bufs)} buffers and {len(vals)} values, more than a "
+                               f"ctypes call can pass ({MAX_DIRECT_ARGS}), and has no _entry function")
+        start = time.perf_counter()
+        addresses = (ctypes.c_void_p * len(bufs))(*_addresses(bufs))
+        ints = (ctypes.c_longlong * max(1, len(vals)))(*vals)
+        if threads > 1 and self.pool is not None and (pool := self.pool.get()) is not None:
+            pool.start(threads - 1)
+            pool.run(self.entry, addresses, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
+        else:
+            _ENTRY_TYPE(self.entry)(ctypes.addressof(addresses), ctypes.addressof(ints), 0, outer)
         return time.perf_counter() - start
 
     def _python_threads(self, args: list[int], outer: int, threads: int) -> None:
