@@ -24,8 +24,9 @@ RNG = np.random.default_rng(0)
 
 
 def _reduce_taps(t: Tensor) -> int:
-    """The iterations of the reduce loops of the (last) kernel computing `t`: the taps it runs per output."""
-    spec = kernels(t)[-1]
+    """The iterations of the reduce loops of the (last) kernel computing `t` on the CPU (the pass is the CPU's; with
+    DEV=CUDA the tensors live on the GPU): the taps it runs per output."""
+    spec = kernels(t, device="CPU")[-1]
     sizes = [u.src[0].arg for u in spec.uops if u.op is Ops.RANGE and u.arg[1] in ("reduce", "unroll")]
     return int(np.prod(sizes))
 
