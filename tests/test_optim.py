@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_tensor_extra import _np_newton_schulz
 
-from glassgrad import GlobalCounters, Tensor, dtypes, no_grad
+from glassgrad import Device, GlobalCounters, Tensor, dtypes, no_grad
 from glassgrad.engine import realize as engine_realize
 from glassgrad.nn.lr import CosineAnnealingLR, OneCycleLR, StepLR
 from glassgrad.nn.optim import LAMB, LARS, SGD, Adam, AdamW, Muon, Optimizer, OptimizerGroup
@@ -428,7 +428,8 @@ def test_memory_stays_constant_over_steps() -> None:
 def test_adam_kernels_per_step() -> None:
     counts, _, _, _ = _kernel_counts(lambda ps: Adam(ps, lr=1e-3), 3)
     # forward and backward (4 matmul/bias reductions, 3 grads), the step count, then per param: m, v and the param
-    assert counts[1] == counts[2] <= 16
+    # (one kernel storing all three on a CPU; three on a GPU, whose elementwise kernels store one output each)
+    assert counts[1] == counts[2] <= (16 if Device.DEFAULT == "CPU" else 19)
 
 
 def test_step_writes_into_the_same_buffers() -> None:
