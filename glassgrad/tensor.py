@@ -31,7 +31,7 @@ from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
 from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
 from glassgrad.schedule.versions import StaleReaders, overwritten_versions, written_versions
-from glassgrad.tensor_extra import ExtraOps, InPlaceOps
+from glassgrad.tensor_extra import ExtraOps, InPlaceOps, TorchOps
 from glassgrad.tensor_linalg import LinalgOps
 from glassgrad.tensor_math import MathOps, accepts_dim, computed_in_float32
 from glassgrad.tensor_nn import NNOps
@@ -261,7 +261,8 @@ class _TensorType(type):
         TRAINING.value = int(mode)
 
 
-class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPlaceOps, metaclass=_TensorType):
+class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPlaceOps, TorchOps,
+             metaclass=_TensorType):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "_requires_grad", "grad", "_view_of", "__weakref__")
     no_grad: ClassVar[bool] = False

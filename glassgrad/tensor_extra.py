@@ -10,6 +10,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
+
 from glassgrad.dtype import DType, dtypes, to_dtype
 from glassgrad.helpers import prod
 from glassgrad.multi import make_multi
@@ -223,6 +225,84 @@ class InPlaceOps:
     def normal_(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
         t = self._t
         return self._write(_tensor_class().normal(*t.shape, mean=mean, std=std, dtype=t.dtype, device=t.device))
+
+
+class TorchOps:
+    """PyTorch's names that tinygrad lacks, mixed into Tensor, each built from tinygrad's ops (so they fuse and
+    differentiate as those do)."""
+    __slots__ = ()
+
+    @property
+    def _s(self) -> Tensor:
+        return cast("Tensor", self)
+
+    def amax(self, dim: Any = None, keepdim: bool = False) -> Tensor: return self._s.max(dim, keepdim)  # noqa: E704
+    def amin(self, dim: Any = None, keepdim: bool = False) -> Tensor: return self._s.min(dim, keepdim)  # noqa: E704
+
+    def log1p(self) -> Tensor:
+        """log(1 + x), accurate for small x (Kahan: log(u) * x / (u - 1) with u = 1 + x rounded, x where u is 1)."""
+        x = self._s.float() if not self._s.dtype.is_float else self._s
+        u = x + 1
+        one = u == 1
+        return one.where(x, u.log() * x / one.where(1.0, u - 1))
+
+    def norm(self, p: float = 2.0, dim: Any = None, keepdim: bool = False) -> Tensor:
+        """The p-norm over `dim` (all elements by default): (sum |x|^p)^(1/p); p = inf: the largest |x|."""
+        a = self._s.float().abs() if not self._s.dtype.is_float else self._s.abs()
+        if p == math.inf:
+            return a.max(dim, keepdim)
+        if p == 2:
+            return a.square().sum(dim, keepdim).sqrt()
+        if p == 1:
+            return a.sum(dim, keepdim)
+        return a.pow(p).sum(dim, keepdim).pow(1.0 / p)
+
+    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+        """The slices along `dim`, that dim removed."""
+        t = self._s
+        axis = dim + t.ndim if dim < 0 else dim
+        return tuple(t.shrink(tuple((i, i + 1) if a == axis else None for a in range(t.ndim))).squeeze(axis)
+                     for i in range(t.shape[axis]))
+
+    def index_select(self, dim: int, index: Tensor) -> Tensor:
+        """The entries of `index` (1-d ints) along `dim`, in its order."""
+        t = self._s
+        if index.ndim != 1 or index.dtype.is_float:
+            raise ValueError(f"index_select needs a 1-d integer index, got shape {index.shape} of {index.dtype}")
+        axis = dim + t.ndim if dim < 0 else dim
+        return t[(slice(None),) * axis + (index,)]
+
+    def nan_to_num(self, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
+        """NaN -> nan, +inf -> posinf (default: the dtype's largest finite value), -inf -> neginf (its lowest)."""
+        t = self._s
+        if not t.dtype.is_float:
+            return t
+        big = float(np.finfo(np.float32 if t.dtype == dtypes.bfloat16 else t.dtype.np).max)  # type: ignore[arg-type]
+        out = (t != t).where(nan, t)
+        out = (out == math.inf).where(big if posinf is None else posinf, out)
+        return (out == -math.inf).where(-big if neginf is None else neginf, out)
+
+    def outer(self, other: Tensor) -> Tensor: return self._s.reshape(-1, 1) * other.reshape(1, -1)  # noqa: E704
+    def mm(self, other: Tensor) -> Tensor: return self._s.matmul(other)  # noqa: E704
+    def bmm(self, other: Tensor) -> Tensor: return self._s.matmul(other)  # noqa: E704
+    def view_as(self, other: Tensor) -> Tensor: return self._s.reshape(other.shape)  # noqa: E704
+    def reshape_as(self, other: Tensor) -> Tensor: return self._s.reshape(other.shape)  # noqa: E704
+    def expand_as(self, other: Tensor) -> Tensor: return self._s.expand(other.shape)  # noqa: E704
+    def swapaxes(self, a: int, b: int) -> Tensor: return self._s.transpose(a, b)  # noqa: E704
+
+    def narrow(self, dim: int, start: int, length: int) -> Tensor:
+        t = self._s
+        axis = dim + t.ndim if dim < 0 else dim
+        return t.shrink(tuple((start, start + length) if a == axis else None for a in range(t.ndim)))
+
+    def movedim(self, source: int, destination: int) -> Tensor:
+        t = self._s
+        order = [a for a in range(t.ndim) if a != source % t.ndim]
+        order.insert(destination % t.ndim, source % t.ndim)
+        return t.permute(*order)
+    moveaxis = movedim
+
+    def count_nonzero(self, dim: Any = None) -> Tensor: return (self._s != 0).sum(dim)  # noqa: E704
 
 
 def _odd_polynomial_step(x: Tensor, params: tuple[float, ...]) -> Tensor:

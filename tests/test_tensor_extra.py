@@ -194,3 +194,40 @@ def test_max_and_min_with_dim_return_values_and_indices() -> None:
     assert x.max(1).tolist() == [5.0, 6.0] and x.max(axis=1).tolist() == [5.0, 6.0]
     assert x.t().shape == (3, 2) and Tensor([1.0, 2.0]).t().shape == (2,)
     assert x.type_as(Tensor([1])).dtype == dtypes.int32
+
+
+def test_pytorch_only_methods_match_torch_or_numpy() -> None:
+    """amax, amin, log1p, norm, unbind, index_select, nan_to_num, outer, mm, bmm, view_as, expand_as, swapaxes,
+    narrow, movedim and count_nonzero: PyTorch's names tinygrad lacks (AttributeError before)."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    x = Tensor(a)
+    np.testing.assert_allclose(x.amax(1).numpy(), a.max(1))
+    np.testing.assert_allclose(x.amin(dim=0, keepdim=True).numpy(), a.min(0, keepdims=True))
+    small = np.array([1e-8, -1e-7, 0.5, 3.0, -0.5, 0.0], np.float32)
+    np.testing.assert_allclose(Tensor(small).log1p().numpy(), np.log1p(small.astype(np.float64)), rtol=2e-7)
+    np.testing.assert_allclose(x.norm().numpy(), np.linalg.norm(a), rtol=1e-6)
+    np.testing.assert_allclose(x.norm(1, dim=1).numpy(), np.abs(a).sum(1), rtol=1e-6)
+    np.testing.assert_allclose(x.norm(3, dim=0).numpy(), (np.abs(a) ** 3).sum(0) ** (1 / 3), rtol=1e-5)
+    np.testing.assert_allclose(x.norm(math.inf).numpy(), np.abs(a).max())
+    parts = x.unbind(1)
+    assert len(parts) == 4 and all(np.array_equal(p.numpy(), a[:, i]) for i, p in enumerate(parts))
+    np.testing.assert_array_equal(x.index_select(1, Tensor([3, 0, 3])).numpy(), a[:, [3, 0, 3]])
+    with pytest.raises(ValueError, match="1-d integer"):
+        x.index_select(0, Tensor([[0]]))
+    odd = Tensor([np.nan, np.inf, -np.inf, 1.0]).nan_to_num(posinf=9.0).numpy()
+    assert odd.tolist()[:2] == [0.0, 9.0] and odd[2] == np.finfo(np.float32).min and odd[3] == 1.0
+    np.testing.assert_allclose(Tensor([1.0, 2.0]).outer(Tensor([3.0, 4.0, 5.0])).numpy(), np.outer([1, 2], [3, 4, 5]))
+    b = rng.standard_normal((4, 2)).astype(np.float32)
+    np.testing.assert_allclose(x.mm(Tensor(b)).numpy(), a @ b, rtol=1e-5)
+    np.testing.assert_allclose(Tensor(a[None]).bmm(Tensor(b[None])).numpy(), (a @ b)[None], rtol=1e-5)
+    assert x.view_as(Tensor.empty(4, 3)).shape == (4, 3) and x[:1].expand_as(x).shape == (3, 4)
+    np.testing.assert_array_equal(x.swapaxes(0, 1).numpy(), a.T)
+    np.testing.assert_array_equal(x.narrow(1, 1, 2).numpy(), a[:, 1:3])
+    c = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(Tensor(c).movedim(0, -1).numpy(), np.moveaxis(c, 0, -1))
+    assert Tensor([[0, 1], [2, 0]]).count_nonzero().item() == 2
+    w = Tensor(small, requires_grad=True)
+    w.log1p().sum().backward()
+    assert w.grad is not None
+    np.testing.assert_allclose(w.grad.numpy(), 1 / (1 + small.astype(np.float64)), rtol=1e-6)
