@@ -143,25 +143,24 @@ def test_swap_equal_sizes() -> None:
     np.testing.assert_array_equal(run_with(ast, [Opt(OptOps.SWAP, 0, 1)]), run_with(ast, []))
 
 
-def conv_input_gradient() -> Tensor:
-    """The input gradient of a padded, dilated conv with a relu: a staged `relu'(y) * g` over a window footprint."""
+def _input_gradient(x_shape: tuple[int, ...], cout: int, **conv: int) -> Tensor:
     rng = np.random.default_rng(0)
-    x = Tensor(rng.standard_normal((2, 3, 7, 9), dtype=np.float32), requires_grad=True)
-    w = Tensor(rng.standard_normal((5, 3, 3, 3), dtype=np.float32))
-    x.conv2d(w, padding=2, dilation=2).relu().sum().backward()
+    x = Tensor(rng.standard_normal(x_shape, dtype=np.float32), requires_grad=True)
+    w = Tensor(rng.standard_normal((cout, x_shape[1], 3, 3), dtype=np.float32))
+    x.conv2d(w, **conv).relu().sum().backward()
     assert x.grad is not None
     return x.grad
+
+
+def conv_input_gradient() -> Tensor:
+    """The input gradient of a padded, dilated conv with a relu: a staged `relu'(y) * g` over a window footprint."""
+    return _input_gradient((2, 3, 7, 9), 5, padding=2, dilation=2)
 
 
 def strided_input_gradient() -> Tensor:
     """The input gradient of a stride-2 conv of an odd size: split by phase (codegen/polyphase.py), its last taps
     and last output column past the ends."""
-    rng = np.random.default_rng(0)
-    x = Tensor(rng.standard_normal((2, 3, 9, 7), dtype=np.float32), requires_grad=True)
-    w = Tensor(rng.standard_normal((4, 3, 3, 3), dtype=np.float32))
-    x.conv2d(w, stride=2, padding=1).relu().sum().backward()
-    assert x.grad is not None
-    return x.grad
+    return _input_gradient((2, 3, 9, 7), 4, stride=2, padding=1)
 
 
 WORKLOADS = {

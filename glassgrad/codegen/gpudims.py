@@ -656,21 +656,20 @@ def _staged_outputs(plan: MatmulPlan, b: _Block, smem: UOp, widths: tuple[int, i
     runs = widths[0] * widths[1] // run
     if stride is None or runs % b.threads:
         return None
+    def in_output(row: UOp, col: UOp) -> tuple[UOp, UOp]:  # tile position -> output position
+        return b.row_tile * UOp.const(dt, widths[0]) + row, b.col_tile * UOp.const(dt, widths[1]) + col
+
     copies = []
     for q in range(runs // b.threads):
         n = b.lidx + UOp.const(dt, q * b.threads)
         row, col = n // UOp.const(dt, widths[1] // run), (n % UOp.const(dt, widths[1] // run)) * UOp.const(dt, run)
-        index = _run_index(plan, b, b.row_tile * UOp.const(dt, widths[0]) + row,
-                           b.col_tile * UOp.const(dt, widths[1]) + col, run)
-        if index is None:
+        if (index := _run_index(plan, b, *in_output(row, col), run)) is None:
             return None
         copies.append((index, row * UOp.const(dt, stride) + col))
     done = UOp(Ops.BARRIER, smem.dtype, (smem, *(acc for acc, _, _ in results)))  # the factors' tiles are free
-    stores = []
-    for acc, row, col in results:
-        out = _output(plan, b, acc, b.row_tile * UOp.const(dt, widths[0]) + row,
-                      b.col_tile * UOp.const(dt, widths[1]) + col)
-        stores.append(UOp(Ops.STORE, dtypes.void, (done, row * UOp.const(dt, stride) + col, out.src[2])))
+    stores = [UOp(Ops.STORE, dtypes.void, (done, row * UOp.const(dt, stride) + col,
+                                           _output(plan, b, acc, *in_output(row, col)).src[2]))
+              for acc, row, col in results]
     ready = UOp(Ops.BARRIER, smem.dtype, (done, *stores))
     return [UOp(Ops.COPY_OUT, dtypes.void, (plan.store.src[0], index, ready, local)) for index, local in copies]
 

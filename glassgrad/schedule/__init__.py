@@ -407,11 +407,17 @@ def _shrunk_view(u: UOp, consumers: dict[UOp, list[UOp]]) -> UOp:
     onto the padded input, read without the pad's border (CNN of bench/wide.py: (8, 48, 34, 34) -> (8, 48, 32, 32),
     whose stride-2 phases are then 16 wide, not 17)."""
     top = node = u
-    while len(users := consumers.get(node, [])) == 1 and users[0].op in (Ops.RESHAPE, Ops.SHRINK):
-        node = users[0]
+    while (user := _only_reader(node, consumers)) is not None and user.op in (Ops.RESHAPE, Ops.SHRINK):
+        node = user
         if node.op is Ops.SHRINK:
             top = node
     return top
+
+
+def _only_reader(node: UOp, consumers: dict[UOp, list[UOp]]) -> UOp | None:
+    """The one node that reads `node`, if exactly one does."""
+    users = consumers.get(node, [])
+    return users[0] if len(users) == 1 else None
 
 
 def _narrowed(u: UOp, consumers: dict[UOp, list[UOp]]) -> UOp:
@@ -420,10 +426,9 @@ def _narrowed(u: UOp, consumers: dict[UOp, list[UOp]]) -> UOp:
     logits, 8192 x 50304, were stored as float32 and read by the loss's eight kernels; their gradient as float32
     and read by two matmuls that round it to bfloat16)."""
     node = u
-    while len(users := consumers.get(node, [])) == 1 and users[0].op is Ops.RESHAPE:
-        node = users[0]
-    users = consumers.get(node, [])
-    return users[0] if len(users) == 1 and _narrowing_cast(users[0]) else u
+    while (user := _only_reader(node, consumers)) is not None and user.op is Ops.RESHAPE:
+        node = user
+    return user if user is not None and _narrowing_cast(user) else u
 
 
 SCHEDULE_CACHE = ScheduleCache()
