@@ -279,12 +279,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
                  requires_grad: bool | None = None) -> None:
         if type(data) is UOp and device is None and dtype is None and requires_grad is None:  # every op's result
             self.uop, self.grad, self._requires_grad, self._view_of = data, None, None, None
-            refs, ref = _LAZY.refs, weakref.ref(self)  # (_LAZY.add, inline)
-            refs.append(ref)
-            if _LAZY.no_grad_blocks:
-                _LAZY.no_grad_blocks[-1].append(ref)
-            if len(refs) > _LAZY.limit:
-                _LAZY.tensors()
+            _LAZY.add(self)  # (one place for it: an inlined copy once missed the open no_grad block's list)
             return
         if isinstance(device, (tuple, list)) and not isinstance(data, (UOp, bool, int, float)):
             whole = Tensor(data, canonical_devices(device)[0], dtype, requires_grad=None)
