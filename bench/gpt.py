@@ -4,8 +4,8 @@ In: `--device CPU|CUDA` (default CPU), `--repeat N` (timed rounds, default 5), `
 small on CPU, full elsewhere); on CPU both libraries use `THREADS` threads (glassgrad's flag, default all cores).
 Out: a table with the median time per call of each workload for glassgrad and PyTorch, throughput, and the ratio
 (PyTorch time / glassgrad time: > 1 means glassgrad is faster). Everything is fp32 but the two mixed-precision
-train rows. `--only a,b` runs just those workloads (train, train_bf16, train_fp16, generate, attention). Absolute times
-on shared machines drift; ratios from one run do not.
+train rows. `--only a,b` runs just those workloads (train, train_bf16, train_fp16, generate, attention,
+attention_bf16). Absolute times on shared machines drift; ratios from one run do not.
 
   * train step: forward, backward and AdamW on a GPT-2 (full: vocab 8192, context 256, width 512, 8 heads, 6 layers,
     batch 16). glassgrad: a TinyJit step (examples/gpt2.py's); PyTorch: eager, the same architecture with
@@ -22,6 +22,8 @@ on shared machines drift; ratios from one run do not.
   * attention: causal softmax(q k^T / sqrt(d)) v forward and backward for q, k, v (full: batch 16, 8 heads, 256
     positions, head dim 64). PyTorch twice: F.scaled_dot_product_attention (its fused kernels) and the same math
     spelled out (matmul, mask, softmax, matmul), which is what glassgrad computes.
+  * attention_bf16: the same in bfloat16 at GPT-2 124M's sizes (full: batch 8, 12 heads, 1024 positions, head dim
+    64): glassgrad's flash attention on CUDA (codegen/chained.py) against PyTorch's flash SDPA.
 
     python bench/gpt.py --small              # a couple of minutes on a small CPU
     python bench/gpt.py --device CUDA --repeat 10
@@ -61,6 +63,7 @@ class Sizes:
     gen_cache: int
     gen_tokens: int
     attention: tuple[int, int, int, int]  # batch, heads, positions, head dim
+    attention_bf16: tuple[int, int, int, int]
     mixed: GPT2Config      # the bf16 train row
     mixed_batch: int
     mixed_context: int
@@ -68,13 +71,14 @@ class Sizes:
 
 FULL = Sizes(train=GPT2Config(vocab_size=8192, n_ctx=256, n_embd=512, n_head=8, n_layer=6), batch=16, context=256,
              generate=GPT2Config(), gen_cache=1024, gen_tokens=64, attention=(16, 8, 256, 64),
+             attention_bf16=(8, 12, 1024, 64),
              mixed=GPT2Config(vocab_size=50304), mixed_batch=8, mixed_context=1024)
 SMALL = Sizes(train=GPT2Config(vocab_size=512, n_ctx=64, n_embd=128, n_head=4, n_layer=2), batch=8, context=64,
               generate=GPT2Config(vocab_size=2048, n_ctx=256, n_embd=256, n_head=4, n_layer=4), gen_cache=256,
-              gen_tokens=32, attention=(4, 4, 64, 32),
+              gen_tokens=32, attention=(4, 4, 64, 32), attention_bf16=(2, 4, 256, 64),
               mixed=GPT2Config(vocab_size=512, n_ctx=64, n_embd=128, n_head=4, n_layer=2), mixed_batch=8,
               mixed_context=64)
-WORKLOADS = ("train", "train_bf16", "train_fp16", "generate", "attention")
+WORKLOADS = ("train", "train_bf16", "train_fp16", "generate", "attention", "attention_bf16")
 
 
 def median_time(step: Callable[[], object], sync: Callable[[], None], repeat: int, calls: int = 1,
@@ -150,9 +154,10 @@ def gg_generation(cfg: GPT2Config, cache: int, tokens: int) -> Callable[[], obje
     return run
 
 
-def gg_attention(shape: tuple[int, int, int, int], device: str) -> Callable[[], object]:
+def gg_attention(shape: tuple[int, int, int, int], device: str, dtype: Any = dtypes.float32) -> Callable[[], object]:
     rng = np.random.default_rng(0)
-    inputs = [Tensor(rng.standard_normal(shape).astype(np.float32), device=device).realize() for _ in range(4)]
+    inputs = [Tensor(rng.standard_normal(shape).astype(np.float32), device=device).cast(dtype).contiguous().realize()
+              for _ in range(4)]
 
     @TinyJit
     def step(q: Tensor, k: Tensor, v: Tensor, dout: Tensor) -> list[Tensor]:
@@ -254,9 +259,10 @@ def torch_generation(cfg: GPT2Config, cache: int, tokens: int, device: str) -> C
     return run
 
 
-def torch_attention(shape: tuple[int, int, int, int], device: str, fused: bool) -> Callable[[], object]:
+def torch_attention(shape: tuple[int, int, int, int], device: str, fused: bool, dtype: Any = None
+                    ) -> Callable[[], object]:
     gen = torch.Generator().manual_seed(0)
-    q, k, v, dout = (torch.randn(shape, generator=gen).to(device) for _ in range(4))
+    q, k, v, dout = (torch.randn(shape, generator=gen).to(device, dtype or torch.float32) for _ in range(4))
     for t in (q, k, v):
         t.requires_grad_(True)
     mask = torch.ones(shape[2], shape[2], dtype=torch.bool, device=device).tril()
@@ -326,6 +332,9 @@ def main() -> None:
         generate_row(sizes, device, tdev, args.repeat, gg_sync, t_sync if have_torch else None)
     if "attention" in only:
         attention_row(sizes.attention, device, tdev, args.repeat, gg_sync, t_sync if have_torch else None)
+    if "attention_bf16" in only:
+        attention_row(sizes.attention_bf16, device, tdev, args.repeat, gg_sync, t_sync if have_torch else None,
+                      half=True)
 
 
 def train_row(c: GPT2Config, b: int, t: int, dt: DType, device: str, tdev: str, repeat: int,
@@ -346,16 +355,21 @@ def generate_row(sizes: Sizes, device: str, tdev: str, repeat: int, gg_sync: Cal
 
 
 def attention_row(a: tuple[int, int, int, int], device: str, tdev: str, repeat: int, gg_sync: Callable[[], None],
-                  t_sync: Callable[[], None] | None) -> None:
-    gg = median_time(gg_attention(a, device), gg_sync, repeat, calls=3)
+                  t_sync: Callable[[], None] | None, half: bool = False) -> None:
+    """Causal attention forward and backward; `half`: in bfloat16 (glassgrad's flash kernels where they apply,
+    against PyTorch's flash SDPA)."""
+    dtype, torch_dtype = (dtypes.bfloat16, torch.bfloat16 if torch is not None else None) if half else \
+        (dtypes.float32, None)
+    gg = median_time(gg_attention(a, device, dtype), gg_sync, repeat, calls=3)
     fl = attention_flops(a) / 1e9
+    name = f"attention{' bf16' if half else ''} fwd+bwd {'x'.join(map(str, a))}"
     if t_sync:
-        row(f"attention fwd+bwd {'x'.join(map(str, a))}", gg,
-            median_time(torch_attention(a, tdev, fused=False), t_sync, repeat, calls=3), fl, "GFLOP/s")
+        row(name, gg, median_time(torch_attention(a, tdev, False, torch_dtype), t_sync, repeat, calls=3), fl,
+            "GFLOP/s")
         row("  vs PyTorch's fused sdpa", gg,
-            median_time(torch_attention(a, tdev, fused=True), t_sync, repeat, calls=3), fl, "GFLOP/s")
+            median_time(torch_attention(a, tdev, True, torch_dtype), t_sync, repeat, calls=3), fl, "GFLOP/s")
     else:
-        row(f"attention fwd+bwd {'x'.join(map(str, a))}", gg, None, fl, "GFLOP/s")
+        row(name, gg, None, fl, "GFLOP/s")
 
 
 if __name__ == "__main__":

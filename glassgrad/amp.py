@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 from glassgrad.device import Device
 from glassgrad.dtype import DType, dtypes, to_dtype
 from glassgrad.tensor import Tensor, no_grad
+from glassgrad.tensor_nn import attention_output
 
 __all__ = ["autocast", "compute_dtype", "linear", "matmul", "attention", "GradScaler", "HALF_DTYPES"]
 
@@ -123,7 +124,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, 
     scores = (_to(q, dt) @ _to(k, dt).transpose(-1, -2)).float() * (1 / math.sqrt(q.shape[-1]))
     if attn_mask is not None:
         scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask.float()
-    return scores.softmax(-1).cast(dt) @ _to(v, dt)
+    return attention_output(scores, _to(v, dt), q.shape[-1], dt, dt)
 
 
 # ---------------------------------------------------------------------- loss scaling

@@ -68,6 +68,10 @@ ALLOW_TF32 = ContextVar("ALLOW_TF32", 0)
 # training mode: dropout drops, BatchNorm uses (and updates) batch statistics, Optimizer.step is allowed. tinygrad's
 # `Context(TRAINING=1)`; `Tensor.training` and `with Tensor.train():` read and set this same flag
 TRAINING = ContextVar("TRAINING", 0)
+# scaled_dot_product_attention without a T x T buffer: softmax(s) @ v spelled exp(s - logsumexp(s)) @ v, whose scores
+# the scheduler recomputes inside the kernels that reduce over them (`schedule._chained`). 1: everywhere, 0: never,
+# -1 (default): where a GPU renders those kernels on its tensor cores (codegen/gpudims.py, "chained")
+FLASH_ATTENTION = ContextVar("FLASH_ATTENTION", -1)
 
 
 def kernel_flags() -> tuple[int, ...]:

@@ -29,6 +29,30 @@ if TYPE_CHECKING:
 INTERPOLATE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear")
 
 
+def attention_output(scores: Tensor, value: Tensor, head_dim: int, factors: DType,
+                     weights_dtype: DType | None = None) -> Tensor:
+    """softmax(scores, -1) @ value for attention's scores (q and k heads `head_dim` long, of dtype `factors`), the
+    weights cast to `weights_dtype` first when given (autocast's half weights).
+
+    Where flash attention applies (`schedule.flash_attention`) the weights are spelled exp(scores - lse), lse the
+    rows' logsumexp: the scheduler stores only lse (O(T)) and recomputes the T x T scores inside each kernel that
+    reduces over them (`schedule._chained`), forward and backward. lse enters the weights detached, and the output
+    gets `out * (lse.detach() - lse)`, which is 0: its gradient carries lse's part of the backward, -sum(dO * out)
+    per row, where differentiating exp(scores - lse) through lse would sum dO v^T times the weights over all keys
+    (a third pass over the T x T scores). Float16 and bfloat16 scores are computed in float32 and rounded once, as
+    the softmax is."""
+    from glassgrad.schedule import flash_attention  # (the scheduler imports the tensor modules' helpers)
+    if not flash_attention(scores.device, scores.shape[-2], scores.shape[-1], max(head_dim, value.shape[-1]), factors):
+        weights = scores.softmax(-1)
+        return (weights if weights_dtype is None else weights.cast(weights_dtype)) @ value
+    x = scores.float() if scores.dtype in (dtypes.float16, dtypes.bfloat16) else scores
+    lse = x.logsumexp(-1, keepdim=True)
+    fixed = lse.detach()
+    out = (x - fixed).exp().cast(weights_dtype or scores.dtype) @ value
+    zero = out.detach().cast(x.dtype) * (fixed - lse)
+    return out + zero.cast(out.dtype)
+
+
 def _tensor_class() -> type[Tensor]:
     """The Tensor class, for its constructors (imported late: tensor.py imports this module)."""
     from glassgrad.tensor import Tensor
@@ -349,7 +373,11 @@ class NNOps:
             attn_mask = rows >= tensor.arange(key.shape[-2], device=q.device).reshape(1, -1)
         if attn_mask is not None:
             scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask
-        return scores.softmax(-1).dropout(dropout_p) @ value
+        if not 0 <= dropout_p <= 1:
+            raise ValueError(f"dropout probability must be in [0, 1], got {dropout_p}")
+        if dropout_p > 0 and _tensor_class().training:
+            return scores.softmax(-1).dropout(dropout_p) @ value
+        return attention_output(scores, value, q.shape[-1], q.dtype)
 
     def embedding(self, weight: Tensor) -> Tensor:
         """Row lookup: self holds int indices (any shape), weight is (vocab, dim) -> (*self.shape, dim).

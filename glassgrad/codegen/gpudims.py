@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from glassgrad.codegen.linearize import range_size, reduce_identity
 from glassgrad.dtype import DType, dtypes
@@ -54,6 +54,9 @@ from glassgrad.uop.pattern import substitute
 from glassgrad.uop.sint import sint, sint_ceildiv, sint_max, sint_prod
 from glassgrad.uop.symbolic import simplify
 
+if TYPE_CHECKING:
+    from glassgrad.codegen.chained import ChainPlan
+
 LOCAL_SIZE = 256          # threads per block (a power of two: the group reduction halves it)
 GROUP_MIN_REDUCE = 256    # reductions shorter than this stay a loop per thread
 FEW_OUTPUTS = 4096        # below this many outputs, a thread per output leaves the GPU mostly idle
@@ -62,7 +65,8 @@ MANY_ELEMENTS = 1 << 20   # from this size on
 
 Dims = tuple[int, int, int]
 Grid = tuple[sint, int, int]  # blocks: a symbolic count is evaluated at launch
-_INDEX_OPS = frozenset({Ops.RANGE, Ops.CONST, Ops.SPECIAL, Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.NEG})
+_INDEX_OPS = frozenset({Ops.RANGE, Ops.CONST, Ops.SPECIAL, Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.NEG,
+                        Ops.XOR})
 
 
 def gpu_dims(ast: UOp, local_order: tuple[UOp, ...] = (), local_size: int = LOCAL_SIZE,
@@ -77,7 +81,7 @@ def gpu_dims(ast: UOp, local_order: tuple[UOp, ...] = (), local_size: int = LOCA
     return narrow_indices(ast), global_size, local
 
 
-def automatic_shape(ast: UOp) -> str:
+def automatic_shape(ast: UOp, chained: bool = True) -> str:
     """The launch shape `gpu_dims` picks for a kernel without LOCAL/GROUP opts: "tiled", "rows", "grouped" or
     "flat" (the GPU heuristic turns the last two into opts where they fit). A kernel with a register tile (UPCAST,
     UNROLL) is flat: the other shapes rebuild the loops of its reductions and outputs without it."""
@@ -86,6 +90,9 @@ def automatic_shape(ast: UOp) -> str:
         return "flat"
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
     reduces = [u for u in nodes if u.op is Ops.REDUCE]
+    from glassgrad.codegen.chained import chain_plan  # (it builds on this module's tiles)
+    if chained and chain_plan(ast, nodes, global_ranges, reduces) is not None:
+        return "chained"
     if matmul_plan(ast, nodes, global_ranges, reduces) is not None:
         return "tiled"
     if reduces and _row_split(global_ranges, reduces) is not None:
@@ -100,6 +107,11 @@ def _launch_shape(ast: UOp, local_size: int, tensor_cores: bool, tf32: bool) -> 
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
     reduces = [u for u in nodes if u.op is Ops.REDUCE]
     shape = automatic_shape(ast)
+    if shape == "chained":
+        from glassgrad.codegen.chained import chain_plan, chained_tiles
+        if tensor_cores:
+            return chained_tiles(ast, cast("ChainPlan", chain_plan(ast, nodes, global_ranges, reduces)))
+        shape = automatic_shape(ast, chained=False)
     if shape == "tiled":
         return _tiled(ast, cast(MatmulPlan, matmul_plan(ast, nodes, global_ranges, reduces)), tensor_cores, tf32)
     if shape == "rows":
@@ -276,9 +288,13 @@ def _rows(ast: UOp, nodes: list[UOp], rows: tuple[list[UOp], list[UOp]], reduces
 
 def _group_reductions(ast: UOp, reduces: list[UOp], lidx: UOp, local_size: int, first_id: int) -> UOp:
     """Every REDUCE (listed sources first) -> a group reduction, also one that reads another (softmax's sum reads
-    the max). The rewrite runs bottom-up, so each is keyed by its form once the reductions inside it are grouped."""
+    the max). The rewrite runs bottom-up, so each is keyed by its form once the reductions inside it are grouped.
+    A REDUCE inside another's value that varies with the outer one's loops (a chained kernel's scores, where no
+    tensor cores take it) stays a loop of each thread: the group's threads split the outer loop between them."""
+    inner = {u for red in reduces for u in red.src[0].toposort()
+             if u.op is Ops.REDUCE and any(r in u.toposort() for r in red.src[1:])}
     grouped: dict[UOp, UOp] = {}
-    for i, red in enumerate(reduces):
+    for i, red in enumerate(r for r in reduces if r not in inner):
         current = substitute(red, grouped)
         grouped[current] = _group_reduce(current, lidx, local_size, first_id + i)
     return substitute(ast, grouped)

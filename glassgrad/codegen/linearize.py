@@ -108,9 +108,13 @@ class _Emitter:
 
     def siblings(self, red: UOp) -> list[UOp]:
         """`red` and the kernel's other REDUCEs over the same loops that can share its loops (none reads another's
-        result): a register tile of outputs becomes one loop with an accumulator per output, not a loop each."""
+        result): a register tile of outputs becomes one loop with an accumulator per output, not a loop each. A
+        REDUCE under one of them over other loops (a chained kernel's scores, which all its outputs share) is
+        computed inside the shared loop, once."""
+        loops = set(red.src[1:])
+
         def independent(r: UOp) -> bool:
-            return not any(n.op is Ops.REDUCE for n in r.src[0].toposort(stop=lambda x: x.op is Ops.REDUCE))
+            return not any(n.op is Ops.REDUCE and loops & set(n.src[1:]) for n in r.src[0].toposort())
         if not independent(red):
             return [red]
         return [r for r in self.reduces if r.src[1:] == red.src[1:] and r not in self.emitted
@@ -189,7 +193,7 @@ class _Emitter:
 
 
 _NOT_HOISTED = (Ops.REDUCE, Ops.GROUP_REDUCE, Ops.STORE, Ops.COPY_OUT, Ops.SINK, Ops.DEFINE_ACC, Ops.ACCUMULATE,
-                Ops.BARRIER)
+                Ops.BARRIER, Ops.SHUFFLE_XOR)
 
 
 def _is_stage(u: UOp) -> bool:

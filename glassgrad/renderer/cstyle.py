@@ -164,6 +164,10 @@ class CStyleLanguage:
     # dtypes a STORE arg=ADD (a scatter's `buf[i] += v` at a data-dependent index) can add; others keep the one-hot sum
     scatter_dtypes: frozenset[DType] = frozenset()
 
+    def render_shuffle_xor(self, value: str, mask: int) -> str:
+        """The value `value` of lane (this lane ^ mask) of the warp (SHUFFLE_XOR: chained kernels only)."""
+        raise NotImplementedError(f"{type(self).__name__} has no warp shuffles")
+
     def render_copy_out(self, buf: str, index: str, smem: str, smem_index: str) -> str:
         """A 16-byte run from shared memory into `buf` (COPY_OUT: tensor-core kernels only)."""
         raise NotImplementedError(f"{type(self).__name__} has no 16-byte copies out of shared memory")
@@ -272,6 +276,9 @@ class CStyleLanguage:
         """A warp's fragment `name` from shared buffer `buf`: one index per lane (ldmatrix), or one per register."""
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
 
+    def render_packed_fragment(self, name: str, values: list[str], dtype: DType) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no tensor-core fragments")
+
     def render_mma(self, acc: str, row_frag: str, col_frag: str, col_half: int, dtype: DType) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
 
@@ -297,6 +304,9 @@ class CStyleLanguage:
 
     def render(self, name: str, program: list[UOp]) -> str:
         uses = Counter(s for u in program for s in u.src)
+        # a select's operands appear twice in its text (`a > b ? a : b`): inlined, a tree of maxes (a chained
+        # kernel's row max of 16 values) doubled its text per level; they get variables instead
+        uses.update(s for u in program if u.op is Ops.MAX and u.dtype.is_float for s in u.src)
         hoisted = _hoisted_values(program)
         names: dict[UOp, str] = {}
         counters: Counter[str] = Counter()
@@ -378,11 +388,17 @@ class CStyleLanguage:
             elif u.op is Ops.DEFINE_ACC and u.arg.src[0].op is Ops.WMMA:  # a warp's fragment of accumulators
                 names[u] = names[u.arg] = new_name("acc")
                 line(self.render_fragment_acc(names[u]))
-            elif u.op is Ops.ACCUMULATE and u.src[1].op is Ops.WMMA:
-                mma = u.src[1]
-                line(self.render_mma(a[0], names[mma.src[0]], names[mma.src[1]], mma.arg, mma.src[0].dtype))
+            elif u.op is Ops.ACCUMULATE and u.src[1].op is Ops.WMMA:  # a chain of them: each adds into the fragment
+                chain = [u.src[1]]
+                while len(chain[-1].src) == 3:
+                    chain.append(chain[-1].src[2])
+                for mma in reversed(chain):
+                    line(self.render_mma(a[0], names[mma.src[0]], names[mma.src[1]], mma.arg, mma.src[0].dtype))
             elif u.op is Ops.WMMA:
                 names[u] = ""  # rendered by its ACCUMULATE
+            elif u.op is Ops.FRAGMENT and u.arg[0] == "pack":  # a row fragment from float values (its registers)
+                names[u] = new_name("frag")
+                line(self.render_packed_fragment(names[u], a, u.dtype))
             elif u.op is Ops.FRAGMENT:
                 names[u] = new_name("frag")
                 line(self.render_fragment(names[u], a[0], a[1:], u.arg, u.dtype))
@@ -428,6 +444,9 @@ class CStyleLanguage:
                 line(f"{'if (' + a[3] + ') ' if len(a) == 4 else ''}{a[0]}[{a[1]}] = {a[2]};")
             elif u.op is Ops.COPY_OUT:
                 line(self.render_copy_out(a[0], a[1], a[2], a[3]))
+            elif u.op is Ops.SHUFFLE_XOR:
+                names[u] = new_name("lane")
+                line(f"{self.render_dtype(u.dtype)} {names[u]} = {self.render_shuffle_xor(a[0], u.arg)};")
             elif u.op is Ops.SPECIAL:
                 names[u] = new_name(u.arg[0])
                 for text in self.render_special(u, names[u], a[0] if a else None):

@@ -48,6 +48,15 @@ __device__ __forceinline__ void gg_mma_{name}(float* c, const unsigned* a, const
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }}"""
+# two floats rounded to nearest-even into one register of a half fragment, the first in the low 16 bits
+_PACK_BF16 = """\
+__device__ __forceinline__ unsigned gg_pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); return *(unsigned*)&v;
+}"""
+_PACK_F16 = """\
+__device__ __forceinline__ unsigned gg_pack_f16(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi); return *(unsigned*)&v;
+}"""
 _MMA_TYPES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
 # an atomic add of an 8- or 16-bit int: a compare-and-swap loop on the aligned 32-bit word holding it (the other
 # bytes written back as they were; CUDA allocations are 256-byte aligned, so the word is inside the allocation)
@@ -155,6 +164,13 @@ class CUDARenderer(CStyleLanguage):
             return f"unsigned {name}[{len(indices)}] = {{{values}}};"
         return f"unsigned {name}[4]; gg_ldmatrix{'_trans' if kind[1] else ''}({name}, &{buf}[{indices[0]}]);"
 
+    def render_packed_fragment(self, name: str, values: list[str], dtype: DType) -> str:
+        """Registers a0..a3 of an m16n8k16 row fragment, each two float values rounded to `dtype` (the first in the
+        low half): what a 16 x 16 block of float accumulators becomes as the next product's row factor."""
+        pack = "gg_pack_bf16" if dtype == dtypes.bfloat16 else "gg_pack_f16"
+        regs = ", ".join(f"{pack}({values[2 * i]}, {values[2 * i + 1]})" for i in range(len(values) // 2))
+        return f"unsigned {name}[{len(values) // 2}] = {{{regs}}};"
+
     def render_mma(self, acc: str, row_frag: str, col_frag: str, col_half: int, dtype: DType) -> str:
         if dtype == dtypes.float32:
             return f"gg_mma_tf32({acc}, {row_frag}, {col_frag});"
@@ -168,6 +184,9 @@ class CUDARenderer(CStyleLanguage):
             return f"gg_cp_async4(&{smem}[{index}], &{buf}[{buf_index}], true);"
         return f"gg_cp_async4(&{smem}[{index}], &{buf}[{gate} ? {buf_index} : 0], {gate});"
 
+    def render_shuffle_xor(self, value: str, mask: int) -> str:
+        return f"__shfl_xor_sync(0xffffffffu, {value}, {mask})"
+
     def render_copy_out(self, buf: str, index: str, smem: str, smem_index: str) -> str:
         return f"*(uint4*)&{buf}[{index}] = *(const uint4*)&{smem}[{smem_index}];"
 
@@ -180,9 +199,9 @@ class CUDARenderer(CStyleLanguage):
     def render_kernel(self, name: str, params: list[str], body: list[str], local_size: int = 1) -> str:
         text = "\n".join(body)
         headers = []
-        if "half" in text or "half" in " ".join(params):
+        if "half" in text or "half" in " ".join(params) or "gg_pack_f16(" in text:
             headers.append("#include <cuda_fp16.h>")
-        if "__nv_bfloat16" in text or "__nv_bfloat16" in " ".join(params):
+        if "__nv_bfloat16" in text or "__nv_bfloat16" in " ".join(params) or "gg_pack_bf16(" in text:
             headers.append("#include <cuda_bf16.h>")
         if "gg_atomic_add_narrow" in text:
             headers.append(_NARROW_ATOMIC_ADD)
@@ -194,6 +213,10 @@ class CUDARenderer(CStyleLanguage):
             headers.append(_ASYNC_ELEMENT_HELPER)
         if "gg_ldmatrix" in text:
             headers.append(_MMA_HELPERS)
+        if "gg_pack_bf16(" in text:
+            headers.append(_PACK_BF16)
+        if "gg_pack_f16(" in text:
+            headers.append(_PACK_F16)
         if "gg_tf32" in text:
             headers.append(_TF32_HELPERS)
         headers += [_MMA.format(name=t, t=t) for t in _MMA_TYPES.values() if f"gg_mma_{t}(" in text]

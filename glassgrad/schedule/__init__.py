@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glassgrad.device import Buffer
-from glassgrad.dtype import dtypes
+from glassgrad.dtype import DType, dtypes
 from glassgrad.engine.memory import SchedulePlan
-from glassgrad.helpers import SCACHE, prod
+from glassgrad.helpers import FLASH_ATTENTION, SCACHE, prod
 from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, walk_graph
 from glassgrad.schedule.gather import gather_one_hot
 from glassgrad.schedule.indexing import KernelBuilder
@@ -232,6 +232,7 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
     reached_from: dict[UOp, UOp] = {}
     cost: dict[UOp, int] = {}
     readers: dict[UOp, set[UOp]] = {}  # elementwise node -> the kernels (roots) that would compute it
+    over_chained: dict[UOp, bool] = {}
     for root in roots:
         seen: set[WalkState] = set()
         fused: dict[UOp, None] = {root: None} if root.op is Ops.REDUCE_AXIS else {}
@@ -245,6 +246,10 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
             seen.add(state)
             if node.op in GroupOp.ALU:
                 readers.setdefault(node, set()).add(root)
+            if node.op is Ops.REDUCE_AXIS and repeated and _chained(node):  # recomputed where it is read
+                found.update(n for n in _computed_tile_operands(node) if n not in roots)
+                stack.extend((s, True, expanded, None, None) for s in node.src)
+                continue
             if node.op is Ops.REDUCE_AXIS:
                 fused[node] = None
                 if reached_from.setdefault(node, root) is not root:
@@ -259,7 +264,8 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
                 if mode == "row" and _row_reduce(node, node.src[0].shape):  # once per output: its rows are its own
                     stack.extend((s, True, expanded, "row", node.src[0].shape) for s in node.src)
                     continue
-            elif expanded and node.op in GroupOp.ALU and _elementwise_cost(node, cost) >= COSTLY_ELEMENTWISE:
+            elif expanded and node.op in GroupOp.ALU and _elementwise_cost(node, cost) >= COSTLY_ELEMENTWISE and \
+                    not _over_chained(node, over_chained):
                 found.add(node)
                 continue
             if mode is not None and (node.op in GroupOp.Elementwise or node.op is Ops.DETACH):  # (DETACH: identity)
@@ -273,8 +279,75 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
                 below = repeated or node.op in (Ops.EXPAND, Ops.REDUCE_AXIS)
                 stack.extend((s, below, expanded or node.op is Ops.EXPAND, None, None) for s in node.src)
         found.update(_matmuls_sharing_a_kernel(fused, root))
-        found.update(n for u in fused for n in _computed_tile_operands(u) if n not in roots)
-    return found or set(_shared_values_to_store(readers, roots))
+        found.update(n for u in fused for n in _computed_tile_operands(u)
+                     if n not in roots and not _over_chained(n, over_chained))
+    return found or set(n for n in _shared_values_to_store(readers, roots) if not _over_chained(n, over_chained))
+
+
+def _over_chained(node: UOp, memo: dict[UOp, bool]) -> bool:
+    """Whether elementwise work reaches a chained matmul (`_chained`) through views and casts: a value of the T x T
+    scores (the probabilities, their gradient), which is recomputed with them rather than stored."""
+    if node not in memo:
+        def stop(u: UOp) -> bool:
+            return u in memo or u.op is Ops.REDUCE_AXIS or _materialised(u)
+        for u in node.toposort(stop=stop):  # (sources first)
+            if u not in memo:
+                memo[u] = _chained(u) if u.op is Ops.REDUCE_AXIS else \
+                    not _materialised(u) and any(memo[s] for s in u.src)
+    return memo[node]
+
+
+CHAIN_MAX_INNER = 128  # the longest reduction of a chained matmul: an attention head's 64 or 128 dims
+CHAIN_MIN_RATIO = 2   # ... and its output's sides are at least this many times as long
+FLASH_TILE = 64       # by default (FLASH_ATTENTION=-1) flash attention needs whole tiles of the GPU's chained kernels:
+FLASH_MAX_HEAD = 64   # rows and keys multiples of 64, heads a multiple of 16 up to 64 (codegen/chained.py)
+
+
+def _chained(u: UOp) -> bool:
+    """Attention's scores where flash attention applies (`flash_attention`): a batched matmul-shaped reduction over a
+    short axis (q @ k^T over a head's dims; the backward's dO @ v^T) whose two output sides are long (T x T from two
+    T x 64 factors). It is never stored: every kernel that reduces over it recomputes it (on a GPU its tile stays in
+    registers between two tensor-core products), so no T x T buffer exists."""
+    if not _matmul_shaped(u) or len(u.arg[1]) != 1:
+        return False
+    shape, axis = u.src[0].shape, u.arg[1][0]
+    if len(shape) < 3 or not all(isinstance(d, int) for d in shape):
+        return False
+    value = u.src[0]
+    while value.op is Ops.CAST:
+        value = value.src[0]
+    sides = []
+    for factor in value.src:
+        while factor.op is Ops.CAST:
+            factor = factor.src[0]
+        if factor.op is not Ops.EXPAND:
+            return False
+        broadcast = [i for i, (a, b) in enumerate(zip(factor.src[0].shape, factor.shape)) if a != b]
+        if len(broadcast) != 1 or broadcast[0] == axis:
+            return False
+        sides.append(broadcast[0])
+    return sides[0] != sides[1] and \
+        flash_attention(u.device, shape[sides[1]], shape[sides[0]], shape[axis], _product_dtype(value))
+
+
+def _product_dtype(product: UOp) -> DType:
+    """The dtype a matmul's product multiplies in: its own, or its factors' where both are widened from one."""
+    widened = {s.src[0].dtype for s in product.src if s.op is Ops.CAST}
+    return widened.pop() if len(widened) == 1 and all(s.op is Ops.CAST for s in product.src) else product.dtype
+
+
+def flash_attention(device: Any, rows: sint, keys: sint, head_dim: sint, dtype: DType) -> bool:
+    """Whether attention with rows x keys scores, over heads `head_dim` long of `dtype` factors, is computed without
+    storing the scores (FLASH_ATTENTION: 1 everywhere, 0 nowhere; -1, the default, on CUDA for float16/bfloat16
+    factors in whole tiles of the chained tensor-core kernels). Rows and keys are at least CHAIN_MIN_RATIO heads
+    long in any case (shorter, the scores are no larger than the factors)."""
+    if not (isinstance(rows, int) and isinstance(keys, int) and isinstance(head_dim, int)) or \
+            min(rows, keys) < CHAIN_MIN_RATIO * head_dim or head_dim > CHAIN_MAX_INNER:
+        return False
+    if FLASH_ATTENTION.value != -1:
+        return bool(FLASH_ATTENTION.value)
+    return isinstance(device, str) and device.split(":")[0] == "CUDA" and dtype in (dtypes.float16, dtypes.bfloat16) \
+        and rows % FLASH_TILE == 0 and keys % FLASH_TILE == 0 and head_dim % 16 == 0 and head_dim <= FLASH_MAX_HEAD
 
 
 def _shared_values_to_store(readers: dict[UOp, set[UOp]], roots: dict[UOp, None]) -> list[UOp]:
@@ -445,7 +518,8 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     sink = UOp(Ops.SINK, dtypes.void, tuple(originals))
     # the walk (stopping at materialised nodes) and the structure key in one pass
     nodes, _, key = walk_graph(sink, outs, REALIZED.get, REALIZED.id_tables(), bool(SCACHE))
-    if key is not None and (template := SCHEDULE_CACHE.get(key.graph)) is not None:
+    graph_key = (FLASH_ATTENTION.value, key.graph) if key is not None else ()  # (the flag changes the fusion)
+    if key is not None and (template := SCHEDULE_CACHE.get(graph_key)) is not None:
         return template.instantiate(key, nodes, outs, ScheduleItem)
     created: list[Buffer] = []
     schedule, views = _schedule_graph(outs, originals, sink, nodes, created)
@@ -463,7 +537,7 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     plan.place(created)
     if key is not None and (template := ScheduleTemplate.capture((schedule, views), key, created, outs,
                                                                  plan)) is not None:
-        SCHEDULE_CACHE.put(key.graph, template)
+        SCHEDULE_CACHE.put(graph_key, template)
     return schedule, views
 
 

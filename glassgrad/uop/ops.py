@@ -72,6 +72,9 @@ class Ops(Enum):
     # shared buffer's BARRIER, the shared index): a tensor-core tile's outputs leave through shared memory in whole
     # runs instead of one element per lane (codegen/gpudims.py, `_staged_outputs`)
     COPY_OUT = auto()
+    # a value of another lane of the warp: lane l reads lane l ^ arg's (chained kernels' row reductions combine the
+    # 4 lanes that share a row; codegen/chained.py)
+    SHUFFLE_XOR = auto()
     # several devices (glassgrad/multi.py): MULTI(part_0, ..., part_n-1) arg=axis is one tensor whose parts live on
     # n devices, split along `axis` (None: each part is a whole copy); its device is the tuple of the parts' devices.
     # ALLREDUCE(p_0, ..., p_n-1) arg=(op, i) is, on p_i's device, the elementwise `op` (ADD, MAX, MUL) of the n
@@ -566,7 +569,17 @@ _INT_RANGE_RULES: dict[Ops, Callable[[UOp, list[Range]], Range | None]] = {
     Ops.IDIV: lambda u, s: _idiv_range(s[0], s[1]),
     Ops.MOD: lambda u, s: _mod_range(s[0], s[1]),
     Ops.MAX: lambda u, s: (max(s[0][0], s[1][0]), max(s[0][1], s[1][1])),
+    Ops.XOR: lambda u, s: _xor_range(s[0], s[1]),
 }
+
+
+def _xor_range(a: Range, b: Range) -> Range | None:
+    """x ^ y of non-negative values stays below the next power of two of the larger (a shared tile's swizzle)."""
+    if a[0] < 0 or b[0] < 0:
+        return None
+    return (0, (1 << max(int(a[1]), int(b[1])).bit_length()) - 1)
+
+
 _BOOL_RANGE_RULES: dict[Ops, Callable[[UOp, list[Range]], Range | None]] = {
     **_COMPARE_RULES,  # bool ADD/MAX/OR are "or", MUL/AND are "and", NEG is "not"
     Ops.ADD: lambda u, s: (s[0][0] or s[1][0], s[0][1] or s[1][1]),

@@ -1,0 +1,203 @@
+"""Flash attention: `scaled_dot_product_attention` (and autocast's `amp.attention`) without a T x T buffer.
+
+Where it applies (FLASH_ATTENTION, `schedule.flash_attention`) the weights are spelled exp(s - logsumexp(s)) and the
+scheduler recomputes the scores inside every kernel that reduces over them (`schedule._chained`); on a GPU those
+kernels are chained tensor-core kernels (codegen/chained.py).
+
+Checked here, everywhere: values and q/k/v gradients against a float64 numpy reference (causal, boolean and additive
+masks, cross attention with more keys than queries), with FLASH_ATTENTION=1 forcing the form on the CPU; that no
+buffer of T x T elements is scheduled and the kernel count; that CUDA renders the chained kernels by default for
+bfloat16/float16 and that NVRTC compiles them (when installed); that the default leaves the CPU and float32 CUDA
+alone. With a GPU (skipped otherwise): the values and gradients of the chained kernels.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from glassgrad import Tensor, amp, dtypes, kernels
+from glassgrad.helpers import Context
+from glassgrad.schedule import create_schedule
+from glassgrad.uop.ops import UOp
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, mask: np.ndarray | None
+              ) -> tuple[np.ndarray, ...]:
+    """float64 attention and its q, k, v gradients for the loss sum(out * dout); `mask` is additive (-inf: hidden)."""
+    q, k, v, dout = (x.astype(np.float64) for x in (q, k, v, dout))
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = q @ np.swapaxes(k, -1, -2) * scale + (0 if mask is None else mask)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    out = p @ v
+    dv = np.swapaxes(p, -1, -2) @ dout
+    dp = dout @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    return out, ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, dv
+
+
+def causal(rows: int, keys: int) -> np.ndarray:
+    return np.where(np.arange(rows)[:, None] >= np.arange(keys)[None, :], 0.0, -np.inf)
+
+
+def inputs(shape_q: tuple[int, ...], shape_kv: tuple[int, ...], seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32) for s in (shape_q, shape_kv, shape_kv, shape_q)]
+
+
+def run(arrays: list[np.ndarray], mask: str, dtype: Any = dtypes.float32, device: str | None = None,
+        autocast: bool = False) -> list[np.ndarray]:
+    q, k, v = (Tensor(a, device=device).cast(dtype).detach() for a in arrays[:3])
+    for t in (q, k, v):
+        t.requires_grad = True
+    dout = Tensor(arrays[3], device=device)
+    rows, keys = arrays[0].shape[-2], arrays[1].shape[-2]
+    kw: dict[str, Any] = {"is_causal": True} if mask == "causal" else {}
+    if mask == "bool":
+        kw["attn_mask"] = Tensor(causal(rows, keys) == 0, device=device)
+    elif mask == "additive":
+        kw["attn_mask"] = Tensor(np.where(causal(rows, keys) == 0, 0.25, -math.inf).astype(np.float32), device=device)
+    if autocast:
+        with amp.autocast(dtype):
+            out = amp.attention(q, k, v, **kw)
+    else:
+        out = q.scaled_dot_product_attention(k, v, **kw)
+    (out.float() * dout).sum().backward()
+    return [t.float().numpy() for t in (out, q.grad, k.grad, v.grad)]  # type: ignore[union-attr]
+
+
+def expected(arrays: list[np.ndarray], mask: str) -> tuple[np.ndarray, ...]:
+    rows, keys = arrays[0].shape[-2], arrays[1].shape[-2]
+    additive = None if mask == "none" else causal(rows, keys) + (0.25 if mask == "additive" else 0.0)
+    return reference(*arrays, additive)
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "bool", "additive"])
+def test_forced_on_cpu_matches_reference(mask: str) -> None:
+    arrays = inputs((2, 3, 128, 32), (2, 3, 128, 32))
+    with Context(FLASH_ATTENTION=1):
+        got = run(arrays, mask)
+    for g, e, name in zip(got, expected(arrays, mask), ("out", "dq", "dk", "dv")):
+        np.testing.assert_allclose(g, e, rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+def test_cross_attention_more_keys_than_queries() -> None:
+    arrays = inputs((1, 2, 64, 16), (1, 2, 192, 16), seed=1)
+    with Context(FLASH_ATTENTION=1):
+        got = run(arrays, "none")
+    for g, e, name in zip(got, expected(arrays, "none"), ("out", "dq", "dk", "dv")):
+        np.testing.assert_allclose(g, e, rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+def _graph(rows: int, dim: int, dtype: Any, autocast: bool, backward: bool = True, device: str | None = None
+           ) -> list[UOp]:
+    q, k, v = (Tensor.empty(2, 3, rows, dim, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+    if autocast:
+        with amp.autocast(dtypes.bfloat16):
+            out = amp.attention(q, k, v, is_causal=True)
+    else:
+        out = q.scaled_dot_product_attention(k, v, is_causal=True)
+    if not backward:
+        return [out.uop]
+    (out.float() * out.float()).sum().backward()
+    return [t.uop for t in (out, q.grad, k.grad, v.grad)]  # type: ignore[union-attr]
+
+
+def _largest_buffer(uops: list[UOp]) -> tuple[int, int]:
+    """(kernels, elements of the largest buffer any of them touches) of the schedule realizing `uops`."""
+    schedule, _ = create_schedule(uops)
+    return len(schedule), max(b.size for item in schedule for b in item.bufs)
+
+
+def test_no_scores_buffer_when_forced() -> None:
+    rows, dim = 256, 64
+    with Context(FLASH_ATTENTION=1):
+        forward, largest = _largest_buffer(_graph(rows, dim, dtypes.float32, False, backward=False))
+        # the rows' max, their sum of exp, the product, the output (plus the zero that carries lse's gradient)
+        assert largest <= 2 * 3 * rows * dim and forward == 4
+        count, largest = _largest_buffer(_graph(rows, dim, dtypes.float32, False))
+        assert largest <= 2 * 3 * rows * dim and count <= 10
+    with Context(FLASH_ATTENTION=0):
+        _, largest = _largest_buffer(_graph(rows, dim, dtypes.float32, False))
+        assert largest >= 2 * 3 * rows * rows  # the default on the CPU: the softmax's T x T buffers
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_default_on_cuda_for_halves_only(autocast: bool) -> None:
+    """Built for CUDA (scheduled, not run: no GPU needed): bfloat16 attention is flash by default; float32 attention
+    on CUDA and any attention on the CPU keep the softmax's T x T buffers."""
+    rows = 256
+    with Context(FLASH_ATTENTION=-1):
+        _, largest = _largest_buffer(_graph(rows, 64, dtypes.bfloat16, autocast, device="CUDA"))
+        assert largest <= 2 * 3 * rows * 64
+        _, largest = _largest_buffer(_graph(rows, 64, dtypes.bfloat16, autocast, device="CPU"))
+        assert largest >= 2 * 3 * rows * rows
+        if not autocast:
+            _, largest = _largest_buffer(_graph(rows, 64, dtypes.float32, False, device="CUDA"))
+            assert largest >= 2 * 3 * rows * rows
+
+
+def test_where_flash_applies_by_default() -> None:
+    from glassgrad.schedule import flash_attention
+    with Context(FLASH_ATTENTION=-1):
+        assert flash_attention("CUDA", 1024, 1024, 64, dtypes.bfloat16)
+        assert flash_attention("CUDA:1", 256, 512, 32, dtypes.float16)
+        assert not flash_attention("CUDA", 1024, 1024, 64, dtypes.float32)
+        assert not flash_attention("CPU", 1024, 1024, 64, dtypes.bfloat16)
+        assert not flash_attention("CUDA", 1000, 1024, 64, dtypes.bfloat16)  # not whole tiles
+        assert not flash_attention("CUDA", 1024, 1024, 128, dtypes.bfloat16)  # heads over 64: shared memory
+        assert not flash_attention("CUDA", 1, 1024, 64, dtypes.bfloat16)  # one query (generation)
+    with Context(FLASH_ATTENTION=1):
+        assert flash_attention("CPU", 1024, 1024, 64, dtypes.float32)
+        assert not flash_attention("CPU", 64, 1024, 64, dtypes.float32)  # scores no larger than the factors
+    with Context(FLASH_ATTENTION=0):
+        assert not flash_attention("CUDA", 1024, 1024, 64, dtypes.bfloat16)
+
+
+def _cuda_flash_kernels(dtype: Any, autocast: bool) -> list[Any]:
+    return kernels(*[Tensor(u) for u in _graph(256, 64, dtype, autocast, device="CUDA")])
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_cuda_renders_chained_kernels(autocast: bool) -> None:
+    specs = _cuda_flash_kernels(dtypes.bfloat16, autocast)
+    chained = [s for s in specs if "gg_mma_bf16" in s.source]
+    assert len(chained) == 6  # max, sum, output; dq, dk, dv (D = sum(dO * out) is elementwise work)
+    assert all(s.local_size == (128, 1, 1) for s in chained)
+    assert sum("gg_pack_bf16" in s.source for s in chained) == 4  # the second products: out, dq, dk, dv
+    assert sum("__shfl_xor_sync" in s.source for s in chained) == 2  # the row reductions: max, sum
+
+
+def test_cuda_chained_kernels_compile(nvrtc: Any) -> None:
+    for dtype in (dtypes.bfloat16, dtypes.float16):
+        for spec in _cuda_flash_kernels(dtype, False):
+            assert nvrtc.compile(spec.source), spec.name
+
+
+# ---------------------------------------------------------------------- on a GPU
+@pytest.mark.parametrize("mask", ["none", "causal", "bool", "additive"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cuda_values(cuda: str, mask: str, dtype: str) -> None:
+    arrays = inputs((2, 3, 256, 64), (2, 3, 256, 64), seed=2)
+    dt = getattr(dtypes, dtype)
+    rounded = [Tensor(a).cast(dt).float().numpy() for a in arrays[:3]] + [arrays[3]]
+    with Context(FLASH_ATTENTION=-1):
+        got = run(arrays, mask, dt, cuda)
+    tol = 3e-2 if dtype == "bfloat16" else 5e-3
+    for g, e, name in zip(got, expected(rounded, mask), ("out", "dq", "dk", "dv")):
+        scale = np.abs(e).max()
+        assert np.abs(g - e).max() <= tol * scale, f"{name}: {np.abs(g - e).max()} vs {tol * scale}"
+
+
+def test_cuda_autocast_matches_unfused(cuda: str) -> None:
+    """The bf16 flash kernels against the same attention with flash off (materialised softmax), on the GPU."""
+    arrays = inputs((2, 4, 512, 64), (2, 4, 512, 64), seed=3)
+    with Context(FLASH_ATTENTION=1):
+        flash = run(arrays, "causal", dtypes.bfloat16, cuda, autocast=True)
+    with Context(FLASH_ATTENTION=0):
+        plain = run(arrays, "causal", dtypes.bfloat16, cuda, autocast=True)
+    for f, p, name in zip(flash, plain, ("out", "dq", "dk", "dv")):
+        assert np.abs(f - p).max() <= 2e-2 * np.abs(p).max(), name
