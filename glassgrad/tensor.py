@@ -702,19 +702,24 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """`gradient()` of this tensor, whose graph with lineage substituted (`_with_lineage`) is `root`; `nodes`
         are the targets' nodes in it (`_graph_nodes_of`; None: not in the graph, a zero gradient); `order`:
         `root.toposort()` if the caller has it."""
+        return [Tensor.zeros(t.shape, dtype=t.dtype, device=t.device) if g is None else g
+                for t, g in zip(targets, self._reached_gradients(root, nodes, gradient, order))]
+
+    def _reached_gradients(self, root: UOp, nodes: Sequence[UOp | None], gradient: Tensor,
+                           order: list[UOp] | None = None) -> list[Tensor | None]:
+        """The gradients at `nodes` (as `_gradient`), None for a node the gradient does not reach (not in the
+        graph, only behind a detach() or a comparison)."""
         grads = compute_gradient(root, gradient.cast(self.dtype).uop, {u for u in nodes if u is not None}, order)
-        out = []
-        for t, u in zip(targets, nodes):
-            g = None if u is None else grads.get(u)
-            out.append(Tensor(g) if g is not None else Tensor.zeros(t.shape, dtype=t.dtype, device=t.device))
-        return out
+        return [None if u is None or (g := grads.get(u)) is None else Tensor(g) for u in nodes]
 
     def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
                  create_graph: bool = False) -> Tensor:
-        """Accumulate d(self)/d(t) into `t.grad` for every tensor `t` with requires_grad=True that self depends on.
-        When none of them has requires_grad=True (where PyTorch raises), as tinygrad 0.14 (which has no
-        requires_grad): every live float tensor of the computation not marked requires_grad=False gets its `.grad`,
-        so `t = Tensor([1.0, 2.0]); t.sum().backward(); t.grad` works as in tinygrad.
+        """Accumulate d(self)/d(t) into `t.grad` for every tensor `t` with requires_grad=True that self depends on
+        differentiably (as PyTorch: one reached only through `detach()` or a comparison keeps `.grad` None, and when
+        no such tensor is reached at all, backward() raises). When none of them is in the graph (where PyTorch
+        raises), as tinygrad 0.14 (which has no requires_grad): every live float tensor of the computation not marked
+        requires_grad=False gets its `.grad` (zeros where the gradient does not reach it, as tinygrad's), so
+        `t = Tensor([1.0, 2.0]); t.sum().backward(); t.grad` works as in tinygrad.
 
         `retain_graph` and `create_graph` are PyTorch's keywords, accepted as what always holds here: the graph is
         lazy and stays (a second backward through it works), and each `.grad` is itself a graph that can be
@@ -725,18 +730,26 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if gradient is not None and gradient.shape != self.shape:
             raise ValueError(f"backward(): gradient shape {gradient.shape} does not match tensor shape {self.shape}")
         root, order = _lineage_and_order(self.uop)  # (once: the walk is over the whole forward graph)
-        candidates = [t for t in list(_REQUIRES_GRAD.values()) if t.requires_grad is not False]
+        candidates = [t for t in list(_REQUIRES_GRAD.values()) if t._requires_grad is not False]
         root_nodes = set(order)
-        # (tinygrad 0.14's rule, where PyTorch would raise: it has no requires_grad)
-        found = _in_graph(candidates, root_nodes) or _in_graph(_tinygrad_targets(root_nodes, self), root_nodes)
+        found = _in_graph(candidates, root_nodes)
+        if gradient is None:
+            gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
+        if found:  # PyTorch's rule
+            found = _in_graph([t for t, _ in found], _attached_nodes(root, order, root_nodes))
+            reached = self._reached_gradients(root, [u for _, u in found], gradient, order)
+            if all(g is None for g in reached):
+                raise RuntimeError("backward(): the tensors with requires_grad=True in this computation are only "
+                                   "reached through detach() or non-differentiable ops (comparisons, casts to int), "
+                                   "so none gets a gradient (PyTorch raises here too)")
+            _accumulate([t for t, _ in found], reached)
+            return self
+        found = _in_graph(_tinygrad_targets(root_nodes, self), root_nodes)  # tinygrad 0.14's rule
         if not found:
             raise RuntimeError("backward(): no tensor of this computation can take a gradient (int and bool tensors "
                                "cannot, nor tensors made with requires_grad=False)")
-        if gradient is None:
-            gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
         targets = [t for t, _ in found]
-        for t, g in zip(targets, self._gradient(root, targets, [u for _, u in found], gradient, order)):
-            t.grad = g if t.grad is None else t.grad + g
+        _accumulate(targets, self._gradient(root, targets, [u for _, u in found], gradient, order))
         return self
 
     # ------------------------------------------------------------------ creation
@@ -2394,6 +2407,21 @@ def _graph_nodes_of(targets: Sequence[Tensor], nodes: set[UOp]) -> list[UOp | No
         u = _with_lineage(t.uop)
         out.append(u if u in nodes else written.get(t.uop))
     return out
+
+
+def _accumulate(targets: Sequence[Tensor], grads: Sequence[Tensor | None]) -> None:
+    """Add each gradient into its tensor's `.grad` (None: the gradient does not reach it, `.grad` stays)."""
+    for t, g in zip(targets, grads):
+        if g is not None:
+            t.grad = g if t.grad is None else t.grad + g
+
+
+def _attached_nodes(root: UOp, order: list[UOp], nodes: set[UOp]) -> set[UOp]:
+    """The nodes of `root`'s graph (`order`, as the set `nodes`) not only behind a DETACH: those a gradient may
+    reach."""
+    if not any(n.op is Ops.DETACH for n in order):
+        return nodes
+    return set(root.toposort(stop=lambda n: n.op is Ops.DETACH))
 
 
 def _in_graph(tensors: Sequence[Tensor], nodes: set[UOp]) -> list[tuple[Tensor, UOp]]:
