@@ -36,6 +36,7 @@ from glassgrad.tensor_linalg import LinalgOps
 from glassgrad.tensor_math import MathOps, accepts_dim, computed_in_float32
 from glassgrad.tensor_nn import NNOps
 from glassgrad.tensor_shape import ShapeOps
+from glassgrad.tensor_torch import TorchNames
 from glassgrad.uop.ops import GroupOp, Ops, UOp, _arg_key, sint
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.sint import (
@@ -261,7 +262,7 @@ class _TensorType(type):
         TRAINING.value = int(mode)
 
 
-class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPlaceOps, TorchOps,
+class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPlaceOps, TorchOps, TorchNames,
              metaclass=_TensorType):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "_requires_grad", "grad", "_view_of", "__weakref__")
@@ -1538,11 +1539,20 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
                              f"(shape {self.shape})")
         return self.reshape(*self.shape[:d], *sizes, *self.shape[d + 1:])
 
-    def squeeze(self, dim: int | None = None) -> Tensor:
+    def squeeze(self, dim: int | Sequence[int] | None = None) -> Tensor:
+        """Drop dims of size 1: all of them, or those among `dim` (an int or, as torch >= 2.0, a tuple of ints;
+        a named dim of another size stays, as in PyTorch)."""
         if dim is None:
             return self.reshape(tuple(s for s in self.shape if s != 1))
-        d = normalize_axis(dim, self.ndim)
-        return self if self.ndim == 0 or self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
+        dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        if self.ndim == 0:
+            for d in dims:
+                normalize_axis(d, 1)  # (PyTorch lets a 0-d tensor name dim 0 or -1)
+            return self
+        axes = [normalize_axis(d, self.ndim) for d in dims]
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"squeeze: dim {dim} names a dim more than once")
+        return self.reshape(tuple(s for i, s in enumerate(self.shape) if not (i in axes and s == 1)))
 
     def unsqueeze(self, dim: int) -> Tensor:
         d = normalize_axis(dim, self.ndim + 1)
