@@ -144,9 +144,9 @@ def _tinygrad_targets(root_nodes: set[UOp], root: Tensor) -> list[Tensor]:
     with requires_grad=False is a PyTorch program's: none (backward() then raises, as PyTorch does)."""
     found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and o.dtype.is_float and
              isinstance(o.device, str) and _with_lineage(o.uop) in root_nodes]
-    if any(t.requires_grad is False for t in found):
+    if any(t._requires_grad is False for t in found):
         return []
-    return [t for t in found if t.requires_grad is None]
+    return [t for t in found if t._requires_grad is None]
 
 
 _LAZY = _LazyTensors()
@@ -386,7 +386,14 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def requires_grad(self) -> bool | None:
         """True: `backward()` fills this tensor's `.grad`. False: never (PyTorch's default for a plain tensor, a
         layer's buffers). None: undecided, tinygrad's default (a layer's parameter until an optimizer takes it; a
-        fresh tensor, which gets a gradient only when nothing in the graph asked for one, as in tinygrad 0.14)."""
+        fresh tensor, which gets a gradient only when nothing in the graph asked for one, as in tinygrad 0.14).
+
+        An op's result reports True when a gradient can flow from it to a tensor that `backward()` would fill (one
+        with requires_grad=True, or a layer's parameter: not only through detach(), nor made in an open no_grad()
+        block), as PyTorch's (and tinygrad 0.10's) results do; None otherwise. (A walk of its graph, done when asked:
+        nothing is stored per op.)"""
+        if self._requires_grad is None and _reaches_a_grad_leaf(self):
+            return True
         return self._requires_grad
 
     @requires_grad.setter
@@ -543,10 +550,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         out = Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (UOp(Ops.DETACH, self.dtype, (self.uop,)),)))
         with no_grad():  # copied now, as PyTorch does: the copy's graph no longer reaches this tensor
             out.realize()
-        if self.requires_grad:
+        if self._requires_grad:
             out.requires_grad_(True)
         else:
-            out.requires_grad = self.requires_grad
+            out.requires_grad = self._requires_grad
             if id(self) in _REQUIRES_GRAD:
                 mark_trainable(out)
         if self.grad is not None:
@@ -623,9 +630,14 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         self._view_of = None
         ASSIGN_TARGETS[id(self)] = self
 
-    def to(self, device: str | tuple[str, ...] | None) -> Tensor:
+    def to(self, device: str | tuple[str, ...] | DType | None, dtype: DType | None = None) -> Tensor:
         """A copy on `device`. From several devices to one, the parts are gathered; to a tuple of devices, every
-        device gets a whole copy (`shard(devices)` with axis None)."""
+        device gets a whole copy (`shard(devices)` with axis None). As PyTorch's, `t.to(dtype)` casts and
+        `t.to(device, dtype)` does both."""
+        if isinstance(device, DType):
+            return self.cast(device)
+        if dtype is not None:
+            return self.to(device).cast(dtype)
         target = canonical_devices(device or Device.DEFAULT)
         if target == self.device:
             return self
@@ -1805,8 +1817,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return out.cast(self.dtype) if half else out
 
     @accepts_dim
-    def var(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
-        """Variance; float16/bfloat16 are computed in float32 and return their own dtype (as mean)."""
+    def var(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1, *,
+            unbiased: bool | None = None) -> Tensor:
+        """Variance; float16/bfloat16 are computed in float32 and return their own dtype (as mean). `unbiased`
+        (PyTorch's older keyword): False is correction=0, True correction=1."""
+        if unbiased is not None:
+            correction = int(unbiased)
         dof = sint_sub(sint_prod([self.shape[a] for a in self._resolve_axes(axis)]), correction)
         half = self.dtype in (dtypes.float16, dtypes.bfloat16)
         x = self.float() if half else self._float()
@@ -1816,9 +1832,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return out.cast(self.dtype) if half else out
 
     @accepts_dim
-    def std(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    def std(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1, *,
+            unbiased: bool | None = None) -> Tensor:
         """sqrt(var), with gradient 0 (as in PyTorch), not NaN, where the variance is 0."""
-        v = self.var(axis, keepdim, correction)
+        v = self.var(axis, keepdim, correction, unbiased=unbiased)
         zero = v == 0
         return zero.where(0.0, zero.where(1.0, v).sqrt())
 
@@ -2303,7 +2320,7 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
     a tensor marked `requires_grad=False` (running statistics, the random generator's state). The target's old
     version forgets its lineage, since nothing can read that version any more: no chain of steps builds up.
     `assigned` False: the caller knows no node of `views` is an ASSIGN."""
-    leaves = {id(t.uop) for t in _pending_assigns() if t.requires_grad is not None or id(t) in _REQUIRES_GRAD} \
+    leaves = {id(t.uop) for t in _pending_assigns() if t._requires_grad is not None or id(t) in _REQUIRES_GRAD} \
         if assigned and any(node.op is Ops.ASSIGN for node in views) else set()
     for node, view in views.items():
         REALIZED[node] = view
@@ -2417,6 +2434,20 @@ def _graph_nodes_of(targets: Sequence[Tensor], nodes: set[UOp]) -> list[UOp | No
         u = _with_lineage(t.uop)
         out.append(u if u in nodes else written.get(t.uop))
     return out
+
+
+def _reaches_a_grad_leaf(t: Tensor) -> bool:
+    """Whether `t`'s graph (lineage substituted; not behind a DETACH) holds a tensor other than `t` that backward()
+    fills (requires_grad=True, or a layer's parameter), for a `t` not made in an open no_grad() block: PyTorch's
+    requires_grad of an op's result."""
+    if not _REQUIRES_GRAD or (Tensor.no_grad and any(r() is t for block in _LAZY.no_grad_blocks for r in block)):
+        return False
+    root = _with_lineage(t.uop)
+    nodes = set(root.toposort(stop=lambda n: n.op is Ops.DETACH))
+    others = [o for o in list(_REQUIRES_GRAD.values()) if o is not t and o._requires_grad is not False]
+    # (a tensor whose node is t's own is another leaf made the same way, `Tensor.eye(3)` twice: lazy nodes are
+    # shared, so that is no op of t's)
+    return any(u is not None and u is not root for u in _graph_nodes_of(others, nodes))
 
 
 def _accumulate(targets: Sequence[Tensor], grads: Sequence[Tensor | None]) -> None:

@@ -11,7 +11,8 @@ import pytest
 from test_ops import LAYOUTS, check
 from torch_optional import torch
 
-from glassgrad import Tensor, dtypes
+from glassgrad import Tensor, dtypes, no_grad
+from glassgrad.nn import Linear
 
 
 # ---------------------------------------------------------------------- detach() and .grad
@@ -254,3 +255,40 @@ def test_torch_name_specials() -> None:
                                rtol=1e-6)
     np.testing.assert_allclose(Tensor(c).addmm(Tensor(t1), Tensor(t2), beta=2, alpha=3).numpy(), 2 * c + 3 * t1 @ t2,
                                rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------- requires_grad of results
+def test_results_of_requires_grad_inputs_require_grad() -> None:
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    c = Tensor([3.0, 4.0])
+    assert (x * 2).requires_grad is True and (c + x).sum().requires_grad is True
+    assert (x * 2).realize().requires_grad is True  # (a realized result keeps its lineage)
+    assert not (c * 2).requires_grad and not x.detach().requires_grad and not (x.detach() * c).requires_grad
+    assert (c * 2).requires_grad is None  # tinygrad's "undecided", as before: a tinygrad program sees no change
+    with no_grad():
+        y = x * 2
+        assert not y.requires_grad
+    assert not y.requires_grad
+    layer = Linear(2, 3)
+    assert layer(c.reshape(1, 2)).requires_grad is True  # as a torch layer's output
+    if torch is not None:
+        tx = torch.tensor([1.0, 2.0], requires_grad=True)
+        assert (tx * 2).requires_grad and not (tx.detach() * 2).requires_grad
+
+
+def test_setting_requires_grad_on_a_result_still_works() -> None:
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = x * 3
+    y.requires_grad = False  # (only the stored flag: y is still a result of x)
+    assert y.requires_grad is False
+
+
+# ---------------------------------------------------------------------- torch-style keywords
+def test_to_dtype_and_unbiased_keyword() -> None:
+    a = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
+    t = Tensor(a)
+    assert t.to(dtypes.float16).dtype == dtypes.float16 and t.to(t.device, dtypes.int32).dtype == dtypes.int32
+    assert t.to("cpu").device == t.to(t.device).device
+    for unbiased, ddof in ((False, 0), (True, 1)):
+        np.testing.assert_allclose(t.var(1, unbiased=unbiased).numpy(), a.var(1, ddof=ddof), rtol=1e-5)
+        np.testing.assert_allclose(t.std(dim=0, unbiased=unbiased).numpy(), a.std(0, ddof=ddof), rtol=1e-5)

@@ -102,7 +102,7 @@ class Optimizer:
             raise ValueError("an optimizer needs at least one param")
         _check_param_dtypes(params)
         for p in params:
-            if p.requires_grad is None:
+            if p._requires_grad is None:  # (its own flag: a lazy param may share its node with one set already)
                 p.requires_grad_(True)
         self.params: list[Tensor] = [p for p in params if p.requires_grad]
         self.buffers: list[Tensor] = [p for p in params if not p.requires_grad]
