@@ -36,6 +36,7 @@ from glassgrad.tensor_linalg import LinalgOps
 from glassgrad.tensor_math import MathOps, accepts_dim, computed_in_float32
 from glassgrad.tensor_nn import NNOps
 from glassgrad.tensor_shape import ShapeOps
+from glassgrad.tensor_torch import TorchNames
 from glassgrad.uop.ops import GroupOp, Ops, UOp, _arg_key, sint
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.sint import (
@@ -143,9 +144,9 @@ def _tinygrad_targets(root_nodes: set[UOp], root: Tensor) -> list[Tensor]:
     with requires_grad=False is a PyTorch program's: none (backward() then raises, as PyTorch does)."""
     found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and o.dtype.is_float and
              isinstance(o.device, str) and _with_lineage(o.uop) in root_nodes]
-    if any(t.requires_grad is False for t in found):
+    if any(t._requires_grad is False for t in found):
         return []
-    return [t for t in found if t.requires_grad is None]
+    return [t for t in found if t._requires_grad is None]
 
 
 _LAZY = _LazyTensors()
@@ -261,7 +262,7 @@ class _TensorType(type):
         TRAINING.value = int(mode)
 
 
-class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPlaceOps, TorchOps,
+class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPlaceOps, TorchOps, TorchNames,
              metaclass=_TensorType):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "_requires_grad", "grad", "_view_of", "__weakref__")
@@ -385,7 +386,14 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def requires_grad(self) -> bool | None:
         """True: `backward()` fills this tensor's `.grad`. False: never (PyTorch's default for a plain tensor, a
         layer's buffers). None: undecided, tinygrad's default (a layer's parameter until an optimizer takes it; a
-        fresh tensor, which gets a gradient only when nothing in the graph asked for one, as in tinygrad 0.14)."""
+        fresh tensor, which gets a gradient only when nothing in the graph asked for one, as in tinygrad 0.14).
+
+        An op's result reports True when a gradient can flow from it to a tensor that `backward()` would fill (one
+        with requires_grad=True, or a layer's parameter: not only through detach(), nor made in an open no_grad()
+        block), as PyTorch's (and tinygrad 0.10's) results do; None otherwise. (A walk of its graph, done when asked:
+        nothing is stored per op.)"""
+        if self._requires_grad is None and _reaches_a_grad_leaf(self):
+            return True
         return self._requires_grad
 
     @requires_grad.setter
@@ -542,10 +550,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         out = Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (UOp(Ops.DETACH, self.dtype, (self.uop,)),)))
         with no_grad():  # copied now, as PyTorch does: the copy's graph no longer reaches this tensor
             out.realize()
-        if self.requires_grad:
+        if self._requires_grad:
             out.requires_grad_(True)
         else:
-            out.requires_grad = self.requires_grad
+            out.requires_grad = self._requires_grad
             if id(self) in _REQUIRES_GRAD:
                 mark_trainable(out)
         if self.grad is not None:
@@ -622,9 +630,14 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         self._view_of = None
         ASSIGN_TARGETS[id(self)] = self
 
-    def to(self, device: str | tuple[str, ...] | None) -> Tensor:
+    def to(self, device: str | tuple[str, ...] | DType | None, dtype: DType | None = None) -> Tensor:
         """A copy on `device`. From several devices to one, the parts are gathered; to a tuple of devices, every
-        device gets a whole copy (`shard(devices)` with axis None)."""
+        device gets a whole copy (`shard(devices)` with axis None). As PyTorch's, `t.to(dtype)` casts and
+        `t.to(device, dtype)` does both."""
+        if isinstance(device, DType):
+            return self.cast(device)
+        if dtype is not None:
+            return self.to(device).cast(dtype)
         target = canonical_devices(device or Device.DEFAULT)
         if target == self.device:
             return self
@@ -702,19 +715,24 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """`gradient()` of this tensor, whose graph with lineage substituted (`_with_lineage`) is `root`; `nodes`
         are the targets' nodes in it (`_graph_nodes_of`; None: not in the graph, a zero gradient); `order`:
         `root.toposort()` if the caller has it."""
+        return [Tensor.zeros(t.shape, dtype=t.dtype, device=t.device) if g is None else g
+                for t, g in zip(targets, self._reached_gradients(root, nodes, gradient, order))]
+
+    def _reached_gradients(self, root: UOp, nodes: Sequence[UOp | None], gradient: Tensor,
+                           order: list[UOp] | None = None) -> list[Tensor | None]:
+        """The gradients at `nodes` (as `_gradient`), None for a node the gradient does not reach (not in the
+        graph, only behind a detach() or a comparison)."""
         grads = compute_gradient(root, gradient.cast(self.dtype).uop, {u for u in nodes if u is not None}, order)
-        out = []
-        for t, u in zip(targets, nodes):
-            g = None if u is None else grads.get(u)
-            out.append(Tensor(g) if g is not None else Tensor.zeros(t.shape, dtype=t.dtype, device=t.device))
-        return out
+        return [None if u is None or (g := grads.get(u)) is None else Tensor(g) for u in nodes]
 
     def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
                  create_graph: bool = False) -> Tensor:
-        """Accumulate d(self)/d(t) into `t.grad` for every tensor `t` with requires_grad=True that self depends on.
-        When none of them has requires_grad=True (where PyTorch raises), as tinygrad 0.14 (which has no
-        requires_grad): every live float tensor of the computation not marked requires_grad=False gets its `.grad`,
-        so `t = Tensor([1.0, 2.0]); t.sum().backward(); t.grad` works as in tinygrad.
+        """Accumulate d(self)/d(t) into `t.grad` for every tensor `t` with requires_grad=True that self depends on
+        differentiably (as PyTorch: one reached only through `detach()` or a comparison keeps `.grad` None, and when
+        no such tensor is reached at all, backward() raises). When none of them is in the graph (where PyTorch
+        raises), as tinygrad 0.14 (which has no requires_grad): every live float tensor of the computation not marked
+        requires_grad=False gets its `.grad` (zeros where the gradient does not reach it, as tinygrad's), so
+        `t = Tensor([1.0, 2.0]); t.sum().backward(); t.grad` works as in tinygrad.
 
         `retain_graph` and `create_graph` are PyTorch's keywords, accepted as what always holds here: the graph is
         lazy and stays (a second backward through it works), and each `.grad` is itself a graph that can be
@@ -725,18 +743,26 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if gradient is not None and gradient.shape != self.shape:
             raise ValueError(f"backward(): gradient shape {gradient.shape} does not match tensor shape {self.shape}")
         root, order = _lineage_and_order(self.uop)  # (once: the walk is over the whole forward graph)
-        candidates = [t for t in list(_REQUIRES_GRAD.values()) if t.requires_grad is not False]
+        candidates = [t for t in list(_REQUIRES_GRAD.values()) if t._requires_grad is not False]
         root_nodes = set(order)
-        # (tinygrad 0.14's rule, where PyTorch would raise: it has no requires_grad)
-        found = _in_graph(candidates, root_nodes) or _in_graph(_tinygrad_targets(root_nodes, self), root_nodes)
+        found = _in_graph(candidates, root_nodes)
+        if gradient is None:
+            gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
+        if found:  # PyTorch's rule
+            found = _in_graph([t for t, _ in found], _attached_nodes(root, order, root_nodes))
+            reached = self._reached_gradients(root, [u for _, u in found], gradient, order)
+            if all(g is None for g in reached):
+                raise RuntimeError("backward(): the tensors with requires_grad=True in this computation are only "
+                                   "reached through detach() or non-differentiable ops (comparisons, casts to int), "
+                                   "so none gets a gradient (PyTorch raises here too)")
+            _accumulate([t for t, _ in found], reached)
+            return self
+        found = _in_graph(_tinygrad_targets(root_nodes, self), root_nodes)  # tinygrad 0.14's rule
         if not found:
             raise RuntimeError("backward(): no tensor of this computation can take a gradient (int and bool tensors "
                                "cannot, nor tensors made with requires_grad=False)")
-        if gradient is None:
-            gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
         targets = [t for t, _ in found]
-        for t, g in zip(targets, self._gradient(root, targets, [u for _, u in found], gradient, order)):
-            t.grad = g if t.grad is None else t.grad + g
+        _accumulate(targets, self._gradient(root, targets, [u for _, u in found], gradient, order))
         return self
 
     # ------------------------------------------------------------------ creation
@@ -1525,11 +1551,20 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
                              f"(shape {self.shape})")
         return self.reshape(*self.shape[:d], *sizes, *self.shape[d + 1:])
 
-    def squeeze(self, dim: int | None = None) -> Tensor:
+    def squeeze(self, dim: int | Sequence[int] | None = None) -> Tensor:
+        """Drop dims of size 1: all of them, or those among `dim` (an int or, as torch >= 2.0, a tuple of ints;
+        a named dim of another size stays, as in PyTorch)."""
         if dim is None:
             return self.reshape(tuple(s for s in self.shape if s != 1))
-        d = normalize_axis(dim, self.ndim)
-        return self if self.ndim == 0 or self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
+        dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        if self.ndim == 0:
+            for d in dims:
+                normalize_axis(d, 1)  # (PyTorch lets a 0-d tensor name dim 0 or -1)
+            return self
+        axes = [normalize_axis(d, self.ndim) for d in dims]
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"squeeze: dim {dim} names a dim more than once")
+        return self.reshape(tuple(s for i, s in enumerate(self.shape) if not (i in axes and s == 1)))
 
     def unsqueeze(self, dim: int) -> Tensor:
         d = normalize_axis(dim, self.ndim + 1)
@@ -1782,8 +1817,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return out.cast(self.dtype) if half else out
 
     @accepts_dim
-    def var(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
-        """Variance; float16/bfloat16 are computed in float32 and return their own dtype (as mean)."""
+    def var(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1, *,
+            unbiased: bool | None = None) -> Tensor:
+        """Variance; float16/bfloat16 are computed in float32 and return their own dtype (as mean). `unbiased`
+        (PyTorch's older keyword): False is correction=0, True correction=1."""
+        if unbiased is not None:
+            correction = int(unbiased)
         dof = sint_sub(sint_prod([self.shape[a] for a in self._resolve_axes(axis)]), correction)
         half = self.dtype in (dtypes.float16, dtypes.bfloat16)
         x = self.float() if half else self._float()
@@ -1793,9 +1832,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return out.cast(self.dtype) if half else out
 
     @accepts_dim
-    def std(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    def std(self, axis: AxisArg = None, keepdim: bool = False, correction: int = 1, *,
+            unbiased: bool | None = None) -> Tensor:
         """sqrt(var), with gradient 0 (as in PyTorch), not NaN, where the variance is 0."""
-        v = self.var(axis, keepdim, correction)
+        v = self.var(axis, keepdim, correction, unbiased=unbiased)
         zero = v == 0
         return zero.where(0.0, zero.where(1.0, v).sqrt())
 
@@ -2280,7 +2320,7 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
     a tensor marked `requires_grad=False` (running statistics, the random generator's state). The target's old
     version forgets its lineage, since nothing can read that version any more: no chain of steps builds up.
     `assigned` False: the caller knows no node of `views` is an ASSIGN."""
-    leaves = {id(t.uop) for t in _pending_assigns() if t.requires_grad is not None or id(t) in _REQUIRES_GRAD} \
+    leaves = {id(t.uop) for t in _pending_assigns() if t._requires_grad is not None or id(t) in _REQUIRES_GRAD} \
         if assigned and any(node.op is Ops.ASSIGN for node in views) else set()
     for node, view in views.items():
         REALIZED[node] = view
@@ -2394,6 +2434,35 @@ def _graph_nodes_of(targets: Sequence[Tensor], nodes: set[UOp]) -> list[UOp | No
         u = _with_lineage(t.uop)
         out.append(u if u in nodes else written.get(t.uop))
     return out
+
+
+def _reaches_a_grad_leaf(t: Tensor) -> bool:
+    """Whether `t`'s graph (lineage substituted; not behind a DETACH) holds a tensor other than `t` that backward()
+    fills (requires_grad=True, or a layer's parameter), for a `t` not made in an open no_grad() block: PyTorch's
+    requires_grad of an op's result."""
+    if not _REQUIRES_GRAD or (Tensor.no_grad and any(r() is t for block in _LAZY.no_grad_blocks for r in block)):
+        return False
+    root = _with_lineage(t.uop)
+    nodes = set(root.toposort(stop=lambda n: n.op is Ops.DETACH))
+    others = [o for o in list(_REQUIRES_GRAD.values()) if o is not t and o._requires_grad is not False]
+    # (a tensor whose node is t's own is another leaf made the same way, `Tensor.eye(3)` twice: lazy nodes are
+    # shared, so that is no op of t's)
+    return any(u is not None and u is not root for u in _graph_nodes_of(others, nodes))
+
+
+def _accumulate(targets: Sequence[Tensor], grads: Sequence[Tensor | None]) -> None:
+    """Add each gradient into its tensor's `.grad` (None: the gradient does not reach it, `.grad` stays)."""
+    for t, g in zip(targets, grads):
+        if g is not None:
+            t.grad = g if t.grad is None else t.grad + g
+
+
+def _attached_nodes(root: UOp, order: list[UOp], nodes: set[UOp]) -> set[UOp]:
+    """The nodes of `root`'s graph (`order`, as the set `nodes`) not only behind a DETACH: those a gradient may
+    reach."""
+    if not any(n.op is Ops.DETACH for n in order):
+        return nodes
+    return set(root.toposort(stop=lambda n: n.op is Ops.DETACH))
 
 
 def _in_graph(tensors: Sequence[Tensor], nodes: set[UOp]) -> list[tuple[Tensor, UOp]]:

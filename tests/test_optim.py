@@ -723,3 +723,74 @@ def test_lr_has_tinygrads_shape_and_a_scheduler_written_for_tinygrad_drives_it()
             opt.step()
     np.testing.assert_allclose(w.numpy(), [0.0, 0.0], atol=1e-7)  # (1 - 2 * 0.1) then (1 - 2 * 0.5) times w
     assert s.shape == () and s.item() == pytest.approx(0.0, abs=1e-6)
+
+
+ONECYCLE_OPTS: dict[str, tuple[Callable[[list[Tensor]], Optimizer], Callable[[Any, Any], Any], str]] = {
+    "sgd": (lambda ps: SGD(ps, lr=0.1, momentum=0.9), lambda torch, ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+            "momentum"),
+    "sgd-no-momentum": (lambda ps: SGD(ps, lr=0.1), lambda torch, ps: torch.optim.SGD(ps, lr=0.1), "momentum"),
+    "nesterov": (lambda ps: SGD(ps, lr=0.1, momentum=0.5, nesterov=True),
+                 lambda torch, ps: torch.optim.SGD(ps, lr=0.1, momentum=0.5, nesterov=True), "momentum"),
+    "adam": (lambda ps: Adam(ps, lr=0.1), lambda torch, ps: torch.optim.Adam(ps, lr=0.1), "b1"),
+    "adamw": (lambda ps: AdamW(ps, lr=0.1, weight_decay=0.1),
+              lambda torch, ps: torch.optim.AdamW(ps, lr=0.1, weight_decay=0.1), "b1"),
+}
+
+
+def _torch_momentum(opt: Any, name: str) -> float:
+    group = opt.param_groups[0]
+    return float(group["betas"][0] if name == "b1" else group["momentum"])
+
+
+@pytest.mark.parametrize("three_phase, strategy", [(False, "cos"), (True, "linear")])
+@pytest.mark.parametrize("which", list(ONECYCLE_OPTS))
+def test_onecycle_cycles_momentum_as_torch(which: str, three_phase: bool, strategy: str) -> None:
+    """OneCycleLR's default cycle_momentum=True: the momentum (SGD) or beta1 (Adam) moves from 0.95 down to 0.85 and
+    back, step by step as in PyTorch, and the steps use it (the weights match torch's after every step)."""
+    torch = pytest.importorskip("torch")
+    make, make_torch, name = ONECYCLE_OPTS[which]
+    w0 = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
+    w, tw = Tensor(w0.copy(), requires_grad=True), torch.tensor(w0.copy(), requires_grad=True)
+    opt, topt = make([w]), make_torch(torch, [tw])
+    kw: dict[str, Any] = {"max_lr": 0.5, "total_steps": 12, "three_phase": three_phase, "anneal_strategy": strategy}
+    sched, tsched = OneCycleLR(opt, **kw), torch.optim.lr_scheduler.OneCycleLR(topt, **kw)
+    with Tensor.train():
+        for step in range(12):
+            assert getattr(opt, name) == pytest.approx(_torch_momentum(topt, name), rel=1e-12), step
+            assert sched.get_last_lr()[0] == pytest.approx(tsched.get_last_lr()[0], rel=1e-9)
+            opt.zero_grad()
+            topt.zero_grad()
+            ((w * w * w).sum() + w.sum()).backward()
+            ((tw * tw * tw).sum() + tw.sum()).backward()
+            opt.step()
+            topt.step()
+            np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-4, atol=5e-5, err_msg=f"step {step}")
+            sched.step()
+            tsched.step()
+
+
+def test_onecycle_momentum_cycle_compiles_no_kernel_per_step() -> None:
+    w = Tensor(np.zeros(3, np.float32), requires_grad=True)
+    opt = Adam([w], lr=0.1)
+    sched = OneCycleLR(opt, max_lr=0.5, total_steps=8)
+    with Tensor.train():
+        for step in range(8):
+            if step == 2:
+                compiled = len(engine_realize._kernel_cache)
+            opt.zero_grad()
+            (w * w).sum().backward()
+            opt.step()
+            sched.step()
+    assert len(engine_realize._kernel_cache) == compiled
+
+
+def test_onecycle_momentum_options() -> None:
+    opt = SGD([Tensor(np.ones(2, np.float32))], lr=0.1, momentum=0.3)
+    OneCycleLR(opt, max_lr=1.0, total_steps=10, cycle_momentum=False)
+    assert opt.momentum == 0.3
+    sched = OneCycleLR(opt, max_lr=1.0, epochs=2, steps_per_epoch=5, base_momentum=0.5, max_momentum=0.7)
+    assert sched.total_steps == 10 and opt.momentum == pytest.approx(0.7)
+    with pytest.raises(ValueError, match="total_steps"):
+        OneCycleLR(opt, max_lr=1.0)
+    with pytest.raises(ValueError, match="anneal_strategy"):
+        OneCycleLR(opt, max_lr=1.0, total_steps=3, anneal_strategy="exp")

@@ -138,7 +138,7 @@ def _input_buffers(tensors: list[Tensor], names: list[str]) -> tuple[list[Buffer
     Tensor.realize_all(*tensors)
     # an input is a leaf of the step: a gradient must read its buffer (the one each call swaps), not recompute it
     # from the graph that made it before the call (shard, to, a gather `X[samples]` of a random sample)
-    _forget_lineage([t for t in tensors if not t.requires_grad and t.uop in LINEAGE])
+    _forget_lineage([t for t in tensors if not t._requires_grad and t.uop in LINEAGE])
     buffers: list[Buffer] = []
     owners: list[Tensor] = []
     for t, name in zip(tensors, names):

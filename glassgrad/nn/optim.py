@@ -102,7 +102,7 @@ class Optimizer:
             raise ValueError("an optimizer needs at least one param")
         _check_param_dtypes(params)
         for p in params:
-            if p.requires_grad is None:
+            if p._requires_grad is None:  # (its own flag: a lazy param may share its node with one set already)
                 p.requires_grad_(True)
         self.params: list[Tensor] = [p for p in params if p.requires_grad]
         self.buffers: list[Tensor] = [p for p in params if not p.requires_grad]
@@ -117,6 +117,25 @@ class Optimizer:
         # the lr as given, when a number (schedules start from it exactly, not from its float32 rounding)
         self.initial_lr: float | None = None if isinstance(lr, Tensor) else float(lr)
         self._skip: Tensor | None = None  # set during schedule_step(skip=...)
+        self._hypers: dict[str, Tensor] = {}  # hyper-parameters a schedule rewrites (`set_hyper`)
+
+    def set_hyper(self, name: str, value: float) -> None:
+        """Set hyper-parameter `name` (SGD's `momentum`, Adam's `b1`) to `value` between steps, as a schedule does
+        (OneCycleLR's momentum cycle). The first call moves it into a one-element buffer that the update kernels read
+        (like `lr`), so a new value never means a new kernel; the float attribute follows it."""
+        if not isinstance(getattr(self, name, None), float):
+            raise AttributeError(f"{type(self).__name__} has no hyper-parameter {name!r}")
+        setattr(self, name, float(value))
+        if name not in self._hypers:
+            self._hypers[name] = new_state((1,), self.lr.dtype, self.device, float(value))
+        else:
+            with no_grad():
+                self._hypers[name].assign(Tensor([float(value)], device=self.device).cast(self.lr.dtype)).realize()
+
+    def _hyper(self, name: str) -> float | Tensor:
+        """Hyper-parameter `name` for the update math: its buffer (0-d) once a schedule set it, else the float."""
+        t = self._hypers.get(name)
+        return getattr(self, name) if t is None else t.reshape(())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients (`.grad = None`), so the next `backward()` does not add to them; with
@@ -150,7 +169,7 @@ class Optimizer:
                 self._update(p, value)
         finally:
             self._skip = None
-        return [*self.params, *self.buffers, *self.state(), self.lr]
+        return [*self.params, *self.buffers, *self.state(), self.lr, *self._hypers.values()]
 
     def _update(self, target: Tensor, value: Tensor) -> Tensor:
         """target.assign(value), or of `where(skip, target, value)` inside a skippable step; returns target."""
@@ -253,6 +272,13 @@ class SGD(Optimizer):
     def state(self) -> list[Tensor]:
         return list(self.b)
 
+    def set_hyper(self, name: str, value: float) -> None:
+        """As Optimizer's; a momentum made nonzero (PyTorch's OneCycleLR does that to SGD(momentum=0)) gets its
+        buffers, starting at zero."""
+        super().set_hyper(name, value)
+        if name == "momentum" and value and not self.b:
+            self.b = [new_state(p.shape, state_dtype(p.dtype), p.device, like=p) for p in self.params]
+
     def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
         steps = [self._direction(i, p, g) for i, (p, g) in enumerate(zip(self.params, grads))]
         return [p - (step if self.classic else self.lr_scalar * step) for p, step in zip(self.params, steps)]
@@ -264,8 +290,9 @@ class SGD(Optimizer):
             g = g * self.lr_scalar
         if not self.momentum:
             return g
-        b = self._update(self.b[i], self.momentum * self.b[i] + g)
-        return g + self.momentum * b if self.nesterov else b
+        momentum = self._hyper("momentum")
+        b = self._update(self.b[i], momentum * self.b[i] + g)
+        return g + momentum * b if self.nesterov else b
 
 
 # ---------------------------------------------------------------------- LARS and Muon
@@ -301,6 +328,13 @@ class LARS(Optimizer):
     def state(self) -> list[Tensor]:
         return list(self.b)
 
+    def set_hyper(self, name: str, value: float) -> None:
+        """As Optimizer's; a momentum made nonzero (PyTorch's OneCycleLR does that to SGD(momentum=0)) gets its
+        buffers, starting at zero."""
+        super().set_hyper(name, value)
+        if name == "momentum" and value and not self.b:
+            self.b = [new_state(p.shape, state_dtype(p.dtype), p.device, like=p) for p in self.params]
+
     def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
         return [p - self._step_of(i, p, g).cast(p.dtype) for i, (p, g) in enumerate(zip(self.params, grads))]
 
@@ -311,8 +345,9 @@ class LARS(Optimizer):
         if self.classic:
             g = g * scale
         if self.momentum:
-            b = self._update(self.b[i], self.momentum * self.b[i] + g)
-            g = g + self.momentum * b if self.nesterov else b
+            momentum = self._hyper("momentum")
+            b = self._update(self.b[i], momentum * self.b[i] + g)
+            g = g + momentum * b if self.nesterov else b
         if self.ns_coefficients:
             g = g.reshape(g.shape[0], -1).newton_schulz(self.ns_steps, self.ns_coefficients).reshape(g.shape)
         if not self.classic:
@@ -376,7 +411,7 @@ class _Moments(Optimizer):
     def _count_step(self) -> tuple[Tensor, Tensor]:
         """Advance `t` and return the bias corrections (1 - b1**t, 1 - b2**t) as float tensors."""
         t = self._update(self.t, self.t + 1).cast(dtypes.float32)
-        return 1.0 - self.b1 ** t, 1.0 - self.b2 ** t
+        return 1.0 - self._hyper("b1") ** t, 1.0 - self.b2 ** t
 
 
 class Adam(_Moments):
@@ -395,7 +430,7 @@ class Adam(_Moments):
         for i, (p, g) in enumerate(zip(self.params, grads)):
             if self.weight_decay and not self.decoupled:
                 g = g + self.weight_decay * p
-            m = self._update(self.m[i], self.m[i] + (1.0 - self.b1) * (g - self.m[i]))
+            m = self._update(self.m[i], self.m[i] + (1.0 - self._hyper("b1")) * (g - self.m[i]))
             v = self._update(self.v[i], self.v[i] * self.b2 + (1.0 - self.b2) * g * g)
             base = p * (1.0 - self.lr_scalar * self.weight_decay) if self.weight_decay and self.decoupled else p
             out.append(base - step_size * (m / (v.sqrt() / bc2_sqrt + self.eps)))
@@ -426,7 +461,8 @@ class LAMB(_Moments):
         bc1, bc2 = self._count_step()
         out = []
         for i, (p, g) in enumerate(zip(self.params, grads)):
-            m = self._update(self.m[i], self.b1 * self.m[i] + (1.0 - self.b1) * g)
+            b1 = self._hyper("b1")
+            m = self._update(self.m[i], b1 * self.m[i] + (1.0 - b1) * g)
             v = self._update(self.v[i], self.b2 * self.v[i] + (1.0 - self.b2) * (g * g))
             up = (m / bc1) / ((v / bc2).sqrt() + self.eps) + self.weight_decay * p
             out.append(p - self.lr_scalar * self._trust_ratio(p, up) * up)
