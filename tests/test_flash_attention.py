@@ -201,3 +201,29 @@ def test_cuda_autocast_matches_unfused(cuda: str) -> None:
         plain = run(arrays, "causal", dtypes.bfloat16, cuda, autocast=True)
     for f, p, name in zip(flash, plain, ("out", "dq", "dk", "dv")):
         assert np.abs(f - p).max() <= 2e-2 * np.abs(p).max(), name
+
+
+def _key_loop_bounds(specs: list[Any]) -> list[str]:
+    """The trip count of each chained kernel's loop over the keys (its first reduce loop), as rendered."""
+    import re
+    bounds = []
+    for spec in specs:
+        if "gg_mma" in spec.source:
+            found = re.search(r"for \(int ridx\d+ = 0; ridx\d+ < ([^;]+);", spec.source)
+            assert found is not None, spec.name
+            bounds.append(found.group(1))
+    return bounds
+
+
+def test_causal_tiles_are_skipped_only_where_the_weight_is_the_identity() -> None:
+    """Causal flash attention's chained kernels loop over the keys a block's rows see (a bound computed from the
+    block), and a mask whose hidden value is not the reduction's identity (-1e9 instead of -inf: exp gives a
+    tiny number, not provably 0) keeps every tile."""
+    causal = _cuda_flash_kernels(dtypes.bfloat16, False)
+    assert all(not b.isdigit() for b in _key_loop_bounds(causal)) and len(_key_loop_bounds(causal)) == 6
+    q, k, v = (Tensor.empty(2, 3, 256, 64, dtype=dtypes.bfloat16, device="CUDA") for _ in range(3))
+    rows = Tensor.arange(256, device="CUDA").reshape(-1, 1) >= Tensor.arange(256, device="CUDA").reshape(1, -1)
+    scores = (q @ k.transpose(-1, -2)).float() * 0.125
+    out = rows.where(scores, -1e9).softmax(-1).cast(dtypes.bfloat16) @ v
+    bounds = _key_loop_bounds(kernels(out))
+    assert bounds and all(b.isdigit() for b in bounds)
