@@ -18,8 +18,9 @@ tensors sit next to each other (ints between them do not separate them: an int s
 counts it as an advanced index), else they go in front. Out-of-range ints and list entries
 raise IndexError naming the dim and its size; entries of a lazy index Tensor cannot be checked without computing
 them, so an out-of-range entry there selects nothing and yields 0 (documented difference from numpy).
-Boolean masks are not supported: a bool tensor, list or array index raises IndexError (as tinygrad), which is also a
-TypeError.
+Boolean masks select as numpy's and PyTorch's do: a bool tensor, array or list covering k dims (its shape theirs)
+is the k index arrays of its True entries (a Tensor mask is computed for that: the result's shape depends on its
+values). tinygrad raises there. A Python bool or a 0-d mask raises IndexError, which is also a TypeError.
 Symbolic slices: a bound Variable (or an int expression of one) as a slice's start or stop, `t[:v]`, `t[v:v+2]`,
 is a shrink with symbolic bounds (step 1, no negative bounds); a dimension that is already symbolic takes such
 slices and in-range ints. A bound Variable alone, `t[v]`, selects like an int (a shrink to [v, v+1), the dim
@@ -60,20 +61,56 @@ def getitem(t: Tensor, index: Any) -> Tensor:
 
 # ---------------------------------------------------------------------- parsing
 def _parse(t: Tensor, index: tuple[Any, ...]) -> list[_Item]:
-    """Classify every entry, expand the Ellipsis and pad with full slices up to t.ndim consumed dims."""
-    raw = [_classify(t, entry) for entry in index]
+    """Classify every entry, expand the Ellipsis and pad with full slices up to t.ndim consumed dims; a boolean
+    mask becomes the integer indices of its True entries, one per dim it covers."""
+    raw = [_Item("mask", mask) if (mask := _bool_mask(entry)) is not None else _classify(t, entry) for entry in index]
     ellipses = sum(1 for it in raw if it.kind == "ellipsis")
     if ellipses > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
-    consumed = sum(1 for it in raw if it.kind in ("int", "slice", "tensor"))
+    consumed = sum(1 for it in raw if it.kind in ("int", "slice", "tensor")) + \
+        sum(it.value.ndim for it in raw if it.kind == "mask")
     if consumed > t.ndim:
         raise IndexError(f"too many indices for tensor of dimension {t.ndim}: {consumed} were given "
                          f"(shape {t.shape})")
     fill = [_Item("slice", slice(None))] * (t.ndim - consumed)
     if ellipses:
         at = next(i for i, it in enumerate(raw) if it.kind == "ellipsis")
-        return raw[:at] + fill + raw[at + 1:]
-    return raw + fill
+        raw = raw[:at] + fill + raw[at + 1:]
+    else:
+        raw = raw + fill
+    return _expand_masks(t, raw)
+
+
+def _bool_mask(entry: Any) -> np.ndarray | None:
+    """A boolean mask index (a bool Tensor, numpy array or nested list, at least 1-d) as a numpy array, else None.
+    A Tensor mask is computed here: the result's shape depends on its values (as in PyTorch, a synchronisation)."""
+    from glassgrad.tensor import Tensor
+    if isinstance(entry, Tensor) and entry.dtype.is_bool and entry.ndim >= 1:
+        return np.asarray(entry.numpy())
+    if isinstance(entry, (list, tuple, np.ndarray)) and not isinstance(entry, Tensor):
+        array = np.asarray(entry)
+        if array.dtype == np.bool_ and array.ndim >= 1:
+            return array
+    return None
+
+
+def _expand_masks(t: Tensor, items: list[_Item]) -> list[_Item]:
+    """Each mask item -> the index tensors of its True entries (numpy's `nonzero`), after checking that its shape is
+    the shape of the dims it covers (numpy's rule: a mismatch is an IndexError, never a partial selection)."""
+    out: list[_Item] = []
+    dim = 0
+    for it in items:
+        if it.kind != "mask":
+            out.append(it)
+            dim += it.kind in ("int", "slice", "tensor")
+            continue
+        covered = tuple(t.shape[dim:dim + it.value.ndim])
+        if covered != it.value.shape:
+            raise IndexError(f"boolean index of shape {it.value.shape} does not match the indexed dims {covered} of "
+                             f"a tensor of shape {t.shape} (from dim {dim})")
+        out.extend(_Item("tensor", _host_index(positions, t.device)) for positions in np.nonzero(it.value))
+        dim += it.value.ndim
+    return out
 
 
 def _classify(t: Tensor, entry: Any) -> _Item:

@@ -292,3 +292,33 @@ def test_to_dtype_and_unbiased_keyword() -> None:
     for unbiased, ddof in ((False, 0), (True, 1)):
         np.testing.assert_allclose(t.var(1, unbiased=unbiased).numpy(), a.var(1, ddof=ddof), rtol=1e-5)
         np.testing.assert_allclose(t.std(dim=0, unbiased=unbiased).numpy(), a.std(0, ddof=ddof), rtol=1e-5)
+
+
+def test_boolean_mask_indexing_as_numpy() -> None:
+    """x[mask] (PyTorch's and numpy's): the elements where a bool mask covering the leading, middle or trailing dims is
+    True, from a Tensor, numpy array or list mask; an empty selection; its gradient; x[mask] = v; a mask whose shape
+    is not the covered dims' raises instead of selecting a part."""
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 10
+    t = Tensor(x)
+    rows = np.array([[True, False, True], [False, False, True]])
+    last = np.array([True, False, True, True])
+    cases = [(t > 0, x > 0), (rows, rows), (Tensor(rows), rows), ([True, False], np.array([True, False]))]
+    for index, np_index in cases:
+        np.testing.assert_array_equal(t[index].numpy(), x[np_index])
+    np.testing.assert_array_equal(t[:, :, last].numpy(), x[:, :, last])
+    np.testing.assert_array_equal(t[..., last].numpy(), x[..., last])
+    np.testing.assert_array_equal(t[1, [True, False, True]].numpy(), x[1, [True, False, True]])
+    assert t[np.zeros((2, 3), bool)].shape == (0, 4)
+    w = Tensor(x, requires_grad=True)
+    w[w > 0].sum().backward()
+    assert w.grad is not None
+    np.testing.assert_array_equal(w.grad.numpy(), (x > 0).astype(np.float32))
+    y, z = Tensor(x.copy()), x.copy()
+    y[Tensor(x[:, 0, 0] > -5)] = 7.0
+    z[x[:, 0, 0] > -5] = 7.0
+    np.testing.assert_array_equal(y.numpy(), z)
+    with pytest.raises(IndexError, match="does not match"):
+        t[np.ones((3, 2), bool)]
+    if torch is not None:
+        tt = torch.tensor(x)
+        np.testing.assert_array_equal(t[t > 0].numpy(), tt[tt > 0].numpy())
