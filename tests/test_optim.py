@@ -645,20 +645,25 @@ def test_schedules_match_torch(name: str) -> None:
     assert _schedule_values(name) == pytest.approx(expected, rel=1e-6, abs=1e-12)
 
 
+def _train_with_schedule(w: Tensor, opt: Any, sched: Any, loss: Any, steps: int) -> int:
+    """Run `steps` steps of opt on loss(w) with `sched` stepped after each; returns the kernels compiled after the
+    first two (a schedule's new values must not need a new kernel)."""
+    with Tensor.train():
+        for step in range(steps):
+            if step == 2:
+                compiled = len(engine_realize._kernel_cache)
+            opt.zero_grad()
+            loss(w).backward()
+            opt.step()
+            sched.step()
+    return len(engine_realize._kernel_cache) - compiled
+
+
 def test_schedule_step_changes_no_kernel_and_trains_with_new_lr() -> None:
     w = Tensor(np.zeros(2, np.float32))
     opt = SGD([w], lr=1.0)
-    sched = StepLR(opt, step_size=1, gamma=0.5)
-    with Tensor.train():
-        for epoch in range(4):
-            if epoch == 2:
-                compiled = len(engine_realize._kernel_cache)
-            opt.zero_grad()
-            w.sum().backward()
-            opt.step()
-            sched.step()
+    assert _train_with_schedule(w, opt, StepLR(opt, step_size=1, gamma=0.5), lambda w: w.sum(), 4) == 0
     np.testing.assert_allclose(w.numpy(), -(1 + 0.5 + 0.25 + 0.125))
-    assert len(engine_realize._kernel_cache) == compiled
 
 
 def test_onecycle_refuses_to_step_past_total_steps() -> None:
@@ -773,15 +778,7 @@ def test_onecycle_momentum_cycle_compiles_no_kernel_per_step() -> None:
     w = Tensor(np.zeros(3, np.float32), requires_grad=True)
     opt = Adam([w], lr=0.1)
     sched = OneCycleLR(opt, max_lr=0.5, total_steps=8)
-    with Tensor.train():
-        for step in range(8):
-            if step == 2:
-                compiled = len(engine_realize._kernel_cache)
-            opt.zero_grad()
-            (w * w).sum().backward()
-            opt.step()
-            sched.step()
-    assert len(engine_realize._kernel_cache) == compiled
+    assert _train_with_schedule(w, opt, sched, lambda w: (w * w).sum(), 8) == 0
 
 
 def test_onecycle_momentum_options() -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from glassgrad import Tensor, Variable, dtypes
-from glassgrad.device import Compiled, Device
+from glassgrad.device import Compiled
 
 pytestmark = metal_emulator.needs_cxx
 
@@ -167,13 +167,6 @@ def test_the_shim_converts_half_exactly(half_storage: bool) -> None:
     spread_nan = np.isnan(spread)
     np.testing.assert_array_equal(rounded[~spread_nan], expected_half[~spread_nan])
     assert np.isnan(rounded[spread_nan].view(np.float16)).all()
-
-
-@pytest.fixture
-def emulated(monkeypatch: pytest.MonkeyPatch) -> Compiled:
-    device = metal_emulator.create_emulated_device()
-    monkeypatch.setitem(Device._devices, "METAL", device)
-    return device
 
 
 def test_tensors_on_the_emulated_device(emulated: Compiled) -> None:

@@ -12,20 +12,13 @@ import metal_emulator
 import numpy as np
 import pytest
 
-from glassgrad.device import Compiled, Device
+from glassgrad.device import Compiled
 from glassgrad.helpers import Context
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_flash_attention import expected, inputs, run  # noqa: E402
 
 pytestmark = metal_emulator.needs_cxx
-
-
-@pytest.fixture
-def emulated(monkeypatch: pytest.MonkeyPatch) -> Compiled:
-    device = metal_emulator.create_emulated_device()
-    monkeypatch.setitem(Device._devices, "METAL", device)
-    return device
 
 
 @pytest.mark.parametrize("mask", ["additive"])

@@ -9,18 +9,11 @@ import numpy as np
 import pytest
 
 from glassgrad import Tensor
-from glassgrad.device import Compiled, Device
+from glassgrad.device import Compiled
 from glassgrad.kernels import kernels
 from glassgrad.uop.ops import Ops
 
 pytestmark = metal_emulator.needs_cxx
-
-
-@pytest.fixture
-def emulated(monkeypatch: pytest.MonkeyPatch) -> Compiled:
-    device = metal_emulator.create_emulated_device()
-    monkeypatch.setitem(Device._devices, "METAL", device)
-    return device
 
 
 @pytest.mark.parametrize("m,k,n", [(130, 70, 129), (64, 8, 64), (200, 33, 65)])
