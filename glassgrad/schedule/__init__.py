@@ -308,7 +308,7 @@ def _chained(u: UOp) -> bool:
     short axis (q @ k^T over a head's dims; the backward's dO @ v^T) whose two output sides are long (T x T from two
     T x 64 factors). It is never stored: every kernel that reduces over it recomputes it (on a GPU its tile stays in
     registers between two tensor-core products), so no T x T buffer exists."""
-    if not _matmul_shaped(u) or len(u.arg[1]) != 1:
+    if not _flash_device(u.device) or not _matmul_shaped(u) or len(u.arg[1]) != 1:
         return False
     shape, axis = u.src[0].shape, u.arg[1][0]
     if len(shape) < 3 or not all(isinstance(d, int) for d in shape):
@@ -346,8 +346,15 @@ def flash_attention(device: Any, rows: sint, keys: sint, head_dim: sint, dtype: 
         return False
     if FLASH_ATTENTION.value != -1:
         return bool(FLASH_ATTENTION.value)
-    return isinstance(device, str) and device.split(":")[0] == "CUDA" and dtype in (dtypes.float16, dtypes.bfloat16) \
-        and rows % FLASH_TILE == 0 and keys % FLASH_TILE == 0 and head_dim % 16 == 0 and head_dim <= FLASH_MAX_HEAD
+    return _flash_device(device) and dtype in (dtypes.float16, dtypes.bfloat16) and rows % FLASH_TILE == 0 and \
+        keys % FLASH_TILE == 0 and head_dim % 16 == 0 and head_dim <= FLASH_MAX_HEAD
+
+
+def _flash_device(device: Any) -> bool:
+    """Whether flash attention can apply on `device` at all (FLASH_ATTENTION=1: anywhere; -1: CUDA)."""
+    if FLASH_ATTENTION.value != -1:
+        return bool(FLASH_ATTENTION.value)
+    return isinstance(device, str) and device.split(":")[0] == "CUDA"
 
 
 def _shared_values_to_store(readers: dict[UOp, set[UOp]], roots: dict[UOp, None]) -> list[UOp]:
