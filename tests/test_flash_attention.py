@@ -21,7 +21,7 @@ import pytest
 from glassgrad import Tensor, amp, dtypes, kernels
 from glassgrad.helpers import Context
 from glassgrad.schedule import create_schedule
-from glassgrad.uop.ops import UOp
+from glassgrad.uop.ops import Ops, UOp
 
 
 def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, mask: np.ndarray | None
@@ -227,3 +227,14 @@ def test_causal_tiles_are_skipped_only_where_the_weight_is_the_identity() -> Non
     out = rows.where(scores, -1e9).softmax(-1).cast(dtypes.bfloat16) @ v
     bounds = _key_loop_bounds(kernels(out))
     assert bounds and all(b.isdigit() for b in bounds)
+
+
+@pytest.mark.parametrize("width", [16, 32, 48, 64, 80, 96, 112, 128])
+def test_shared_tile_layout_is_a_permutation_within_the_tile(width: int) -> None:
+    """Every (row, column) of a chained kernel's swizzled shared tile has its own slot inside the tile, for every
+    head width the default allows or a forced run takes (a 48-wide row's XOR once reached past its row)."""
+    from glassgrad.codegen.chained import ROWS, _at, _evaluate
+    from glassgrad.dtype import dtypes as dt
+    pos, kk = (UOp(Ops.RANGE, dt.int32, (UOp.const(dt.int32, n),), (i, "global")) for i, n in enumerate((ROWS, width)))
+    index = _evaluate(_at(100, width, pos, kk), {pos: np.arange(ROWS)[:, None], kk: np.arange(width)[None, :]})
+    assert sorted(index.ravel().tolist()) == list(range(100, 100 + ROWS * width))

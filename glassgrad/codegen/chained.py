@@ -184,10 +184,12 @@ def _shared_layout(plan: ChainPlan) -> tuple[dict[tuple[str, int, int], int], in
 
 def _at(base: int, width: int, pos: UOp, kk: UOp) -> UOp:
     """Shared index of element (pos, kk) of a [pos][kk] tile `width` wide: 16-byte chunks XOR-swizzled by the row,
-    so that the 8 rows an ldmatrix (or ldmatrix.trans) reads at one chunk fall in 8 different bank groups."""
+    so that the 8 rows an ldmatrix (or ldmatrix.trans) reads at one chunk fall in 8 different bank groups. The
+    swizzle permutes chunks within aligned groups of the largest power of two (up to 8) that divides the row's
+    chunks, so every chunk stays in its row (a 48-wide row has 6: pairs)."""
     dt = pos.dtype
     chunks = width // 8
-    swizzle = pos % UOp.const(dt, min(8, chunks))
+    swizzle = pos % UOp.const(dt, min(8, chunks & -chunks))
     chunk = (kk // UOp.const(dt, 8)).alu(Ops.XOR, swizzle)
     return UOp.const(dt, base) + pos * UOp.const(dt, width) + chunk * UOp.const(dt, 8) + kk % UOp.const(dt, 8)
 
