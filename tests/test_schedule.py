@@ -320,6 +320,31 @@ def test_a_gpu_matmul_stores_its_computed_factor_after_a_narrowing_cast() -> Non
                 w.T.cast(dtypes.bfloat16).reshape(1, 16, 32)).sum(2)
     assert [k.name for k in kernels(expanded, device="CUDA")] == ["E_64_32", "r_64_16_32"]  # (the sum, in float32)
 
+def test_a_gpu_matmul_of_a_shrunk_computed_factor_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`(a + b)[:, 1:] @ w` on a GPU: the computed factor is stored as its shrink (the elements the matmul reads).
+    The scheduler's next walk descended through that stored shrink to the sum, chose it again, mapped it to the same
+    shrink, and repeated forever (`Tensor.det` hung on CUDA). The walk is bounded here so a regression fails, not
+    hangs; then the values are checked on the CPU."""
+    import glassgrad.schedule as schedule_module
+    walks = 0
+    walk = schedule_module._reduces_to_materialise
+
+    def bounded(roots: dict[UOp, None]) -> set[UOp]:
+        nonlocal walks
+        walks += 1
+        assert walks < 20, "the scheduler keeps choosing the same nodes to store"
+        return walk(roots)
+
+    monkeypatch.setattr(schedule_module, "_reduces_to_materialise", bounded)
+    a, b, w = ints(6, 5, seed=1), ints(6, 5, seed=2), ints(4, 3, seed=3)
+    for device in ("CUDA", "METAL"):
+        walks = 0
+        x, y, z = (Tensor.empty(*arr.shape, device=device) for arr in (a, b, w))
+        assert [k.name[0] for k in kernels((x + y)[:, 1:] @ z, device=device)] == ["E", "r"]
+    out = (Tensor(a) + Tensor(b))[:, 1:] @ Tensor(w)
+    np.testing.assert_array_equal(out.numpy(), (a + b)[:, 1:] @ w)
+
+
 def test_padded_matmul_results_summed_keep_one_reduction_per_kernel() -> None:
     """The q, k and v gradients of a fused qkv projection: three matmuls, padded into one (T, 3D) gradient."""
     qs = [(ints(4, 6, seed=i), ints(6, 2, seed=10 + i)) for i in range(3)]

@@ -288,7 +288,7 @@ def test_to_dtype_and_unbiased_keyword() -> None:
     a = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
     t = Tensor(a)
     assert t.to(dtypes.float16).dtype == dtypes.float16 and t.to(t.device, dtypes.int32).dtype == dtypes.int32
-    assert t.to("cpu").device == t.to(t.device).device
+    assert t.to("cpu").device == "CPU" and t.to(t.device).device == t.device
     for unbiased, ddof in ((False, 0), (True, 1)):
         np.testing.assert_allclose(t.var(1, unbiased=unbiased).numpy(), a.var(1, ddof=ddof), rtol=1e-5)
         np.testing.assert_allclose(t.std(dim=0, unbiased=unbiased).numpy(), a.std(0, ddof=ddof), rtol=1e-5)

@@ -247,7 +247,7 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
             if node.op in GroupOp.ALU:
                 readers.setdefault(node, set()).add(root)
             if node.op is Ops.REDUCE_AXIS and repeated and _chained(node):  # recomputed where it is read
-                found.update(n for n in _computed_tile_operands(node) if n not in roots)
+                found.update(n for n in _computed_tile_operands(node, roots) if n not in roots)
                 stack.extend((s, True, expanded, None, None) for s in node.src)
                 continue
             if node.op is Ops.REDUCE_AXIS:
@@ -279,7 +279,7 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
                 below = repeated or node.op in (Ops.EXPAND, Ops.REDUCE_AXIS)
                 stack.extend((s, below, expanded or node.op is Ops.EXPAND, None, None) for s in node.src)
         found.update(_matmuls_sharing_a_kernel(fused, root))
-        found.update(n for u in fused for n in _computed_tile_operands(u)
+        found.update(n for u in fused for n in _computed_tile_operands(u, roots)
                      if n not in roots and not _over_chained(n, over_chained))
     return found or set(n for n in _shared_values_to_store(readers, roots) if not _over_chained(n, over_chained))
 
@@ -382,7 +382,7 @@ def _shared_values_to_store(readers: dict[UOp, set[UOp]], roots: dict[UOp, None]
     return [n for n in worth if not any(u in worth for u in n.toposort(stop=is_input) if u is not n)]
 
 
-def _computed_tile_operands(u: UOp) -> list[UOp]:
+def _computed_tile_operands(u: UOp, roots: dict[UOp, None]) -> list[UOp]:
     """On a GPU, the factors of a matmul-shaped reduction that are computed rather than read (an elementwise
     combination under the views and casts: a GELU's gradient, the q, k and v gradients gathered from the heads'
     layout by pads and adds): each is stored by a kernel of its own. A tiled kernel copies every factor element once
@@ -390,27 +390,29 @@ def _computed_tile_operands(u: UOp) -> list[UOp]:
     its gathers are repeated in every copy (GPT-2's c_fc weight gradient: 1.2 ms in the step against 0.1 alone).
     Where a narrowing cast sits right on the computed value (autocast's bfloat16), the cast value is stored: half the
     bytes in every copy (bf16 GPT-2 step on an H200: 151.0 -> 148.8 ms). Never a cast above a view: over an EXPAND it
-    would store the repeats."""
+    would store the repeats. A factor whose views pass a node already stored (`roots`) is read from that buffer."""
     if u.op is not Ops.REDUCE_AXIS or not _thread_per_output(u.device) or not _matmul_shaped(u):
         return []
     value = u.src[0]
     while value.op is Ops.CAST:
         value = value.src[0]
-    return [stored for factor in value.src if (stored := _stored_factor(factor)) is not None]
+    return [stored for factor in value.src if (stored := _stored_factor(factor, roots)) is not None]
 
 
-def _stored_factor(factor: UOp) -> UOp | None:
+def _stored_factor(factor: UOp, roots: dict[UOp, None]) -> UOp | None:
     """The node to store for a matmul factor, down its views and casts: the computed value, or above it the highest
     node reached through reshapes, permutes and narrowing float casts only (float32 -> bfloat16 under autocast: half
     the bytes; the q, k and v gradients in the layout the matmul reads them: its tile copies are then contiguous runs,
     which cp.async makes). A reduction (attention's `p @ v`, stored anyway) is stored this way only through a
     narrowing cast: its kernel then writes the bfloat16 the next matmul reads. None when the factor is read from a
-    buffer."""
+    buffer, or from a node already chosen to be stored (in `roots`: a shrink of the padded value under it, say)."""
     chain: list[UOp] = []
     while factor.op in GroupOp.Movement or factor.op is Ops.CAST:
+        if factor in roots:
+            return None
         chain.append(factor)
         factor = factor.src[0]
-    if factor.op not in GroupOp.ALU and factor.op is not Ops.REDUCE_AXIS or _materialised(factor):
+    if factor.op not in GroupOp.ALU and factor.op is not Ops.REDUCE_AXIS or _materialised(factor) or factor in roots:
         return None
     climbed: list[UOp] = []
     for node in reversed(chain):  # upwards from the computed value
@@ -476,7 +478,10 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
         for src in dict.fromkeys(n.src):
             consumers.setdefault(src, []).append(n)
     while extra := _reduces_to_materialise(roots):
-        roots.update(dict.fromkeys(_narrowed(_shrunk_view(u, consumers), consumers) for u in extra))
+        added = [v for u in extra if (v := _narrowed(_shrunk_view(u, consumers), consumers)) not in roots]
+        if not added:  # all of them are stored already, as the views above them: the walk would find them forever
+            break
+        roots.update(dict.fromkeys(added))
     return roots
 
 
