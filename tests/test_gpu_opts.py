@@ -4,6 +4,7 @@ IR they give, BEAM's actions, and NVRTC compiling the CUDA source of a few opts.
 numbers, against the CPU backend. (tests/metal/test_metal_opts.py runs such kernels on the emulated Metal device.)"""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -51,8 +52,8 @@ def cuda_kernel(out: Tensor) -> Kernel:
     (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, 0)], "power of two"),  # whole axis: 768 threads
     (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, -4)], "int >= 0"),
     (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, 256), Opt(G, 1, 0)], "one GROUP per kernel"),
-    (lambda: E(16, 768).sum(axis=1), [Opt(L, 0, 4), Opt(G, 2, 2)], "GROUP with LOCAL"),
-    (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, 256), Opt(L, 0, 4)], "LOCAL after GROUP"),
+    (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, 256), Opt(L, 0, 8)], "2048 threads per work-group"),
+    (lambda: E(16, 768).sum(axis=1), [Opt(L, 0, 16), Opt(G, 1, 128)], "2048 threads per work-group"),
     (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, 256), Opt(U, 0, 4)], "does not combine"),
     (lambda: E(16, 768).sum(axis=1), [Opt(R, 1, 4), Opt(G, 1, 2)], "does not combine"),
     (lambda: E(64, 64) * 2, [Opt(L, 1, 0), Opt(L, 0, 32)], "2048 threads per work-group, more than 1024"),
@@ -101,9 +102,53 @@ def test_local_launch() -> None:
 def test_group_launch() -> None:
     spec = get_program(cuda_ast(E(16, 768).sum(axis=1)), CUDA, [Opt(G, 1, 256)])
     assert (spec.global_size, spec.local_size) == ((16, 1, 1), (256, 1, 1))
-    assert [u.arg for u in spec.uops if u.op is Ops.GROUP_REDUCE] == [(Ops.ADD, 256)]
+    assert [u.arg for u in spec.uops if u.op is Ops.GROUP_REDUCE] == [(Ops.ADD, 256, 256)]
     assert "for (int ridx1 = 0; ridx1 < 3; ridx1++)" in spec.source  # 768 / 256 elements per thread
     assert "if ((lidx0 == 0)) data0[bidx0] = red0;" in spec.source
+
+
+def test_several_groups_per_work_group() -> None:
+    """LOCAL with GROUP: 16 outputs of a work-group, each summed by 16 neighbouring threads (the group is the
+    innermost thread index, so a group's threads read a contiguous run of its row). On CUDA a group inside a warp
+    combines by shuffles; the group's first thread stores."""
+    spec = get_program(cuda_ast(E(64, 64).sum(axis=1)), CUDA, [Opt(L, 0, 16), Opt(G, 2, 16)])
+    assert (spec.global_size, spec.local_size) == ((4, 1, 1), (256, 1, 1))
+    assert [u.arg for u in spec.uops if u.op is Ops.GROUP_REDUCE] == [(Ops.ADD, 16, 256)]
+    assert "__shfl_xor_sync(0xffffffffu, red0, s)" in spec.source and "__syncthreads" not in spec.source
+    group = re.search(r"int (alu\d+) = \(lidx0 % 16\);", spec.source)
+    assert group and f"if (({group[1]} == 0)) data0[" in spec.source
+
+
+def test_several_groups_combine_in_shared_memory_segments() -> None:
+    """A group wider than a warp (64 threads), or a work-group that is not whole warps, combines in shared memory:
+    each group's tree runs over its own segment of the work-group's slots and reads its first slot."""
+    spec = get_program(cuda_ast(E(8, 256).sum(axis=1)), CUDA, [Opt(L, 0, 4), Opt(G, 2, 64)])
+    assert spec.local_size == (256, 1, 1) and "__shfl" not in spec.source
+    group = re.search(r"int (alu\d+) = \(lidx0 % 64\);", spec.source)
+    assert group and "float smem0[256];" in spec.source
+    assert f"if ({group[1]} < s) smem0[lidx0] = smem0[lidx0] + smem0[lidx0 + s];" in spec.source
+    assert f"float red0 = smem0[lidx0 - {group[1]}];" in spec.source
+    odd = get_program(cuda_ast(E(6, 64).sum(axis=1)), CUDA, [Opt(L, 0, 3), Opt(G, 2, 4)])  # 12 threads
+    assert odd.local_size == (12, 1, 1) and "__shfl" not in odd.source and "float smem0[12];" in odd.source
+
+
+@pytest.mark.parametrize("make, opts", [
+    (lambda: (E(8, 12, 1024, 64, dtype=dtypes.bfloat16).float() * E(8, 12, 1024, 64, dtype=dtypes.bfloat16).float()
+              ).sum(-1), [Opt(L, 2, 16), Opt(G, 4, 16)]),   # flash attention's D: rows of a head's 64 dims
+    (lambda: E(1000, 128).mean(-1), [Opt(L, 0, 8), Opt(G, 2, 32)]),
+    (lambda: E(4096, 8).max(-1), [Opt(L, 0, 128), Opt(G, 2, 2)]),
+    (lambda: E(64, 1000).sum(0), None),        # columns: neighbouring outputs are neighbouring addresses
+    (lambda: E(64, 1024).sum(1), [Opt(G, 1, 256)]),  # a long row: one group of 256 per output, as before
+])
+def test_short_strided_rows_get_lane_groups(make: Callable[[], Tensor], opts: list[Opt] | None) -> None:
+    """The GPU heuristic gives a short contiguous row that one thread per output would read with a stride a group
+    of up to 32 neighbouring threads (each at least 4 elements), and LOCALs that fill 256 threads."""
+    k = cuda_kernel(make())
+    chosen = hand_coded_optimizations(k)
+    if opts is None:
+        assert not any(o.op is G for o in chosen)
+    else:
+        assert chosen == opts
 
 
 def test_flat_shape_with_upcast_names_loops_apart() -> None:
@@ -196,6 +241,14 @@ CASES: dict[str, tuple[Callable[[], Tensor], list[Opt]]] = {
     "group": (lambda: E(16, 768).sum(axis=1), [Opt(G, 1, 128)]),
     "group, whole axis, half": (lambda: E(16, 512, dtype=dtypes.float16).sum(axis=1), [Opt(G, 1, 0)]),
     "group over two reductions": (lambda: E(32, 64).softmax(-1), [Opt(G, 2, 32)]),
+    "groups per work-group, shuffles": (lambda: E(64, 64).sum(axis=1), [Opt(L, 0, 16), Opt(G, 2, 16)]),
+    "groups per work-group, half max": (lambda: E(256, 32, dtype=dtypes.float16).max(axis=1),
+                                        [Opt(L, 0, 32), Opt(G, 2, 8)]),
+    "groups per work-group, bf16 row products": (
+        lambda: (E(2, 3, 64, 64, dtype=dtypes.bfloat16).float() * E(2, 3, 64, 64, dtype=dtypes.bfloat16).float()
+                 ).sum(-1), [Opt(L, 2, 16), Opt(G, 4, 16)]),
+    "groups per work-group, shared memory": (lambda: E(8, 256).sum(axis=1), [Opt(L, 0, 4), Opt(G, 2, 64)]),
+    "groups per work-group, softmax": (lambda: E(64, 64).softmax(-1), [Opt(L, 0, 8), Opt(G, 3, 32)]),
 }
 
 

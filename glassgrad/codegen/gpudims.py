@@ -124,14 +124,16 @@ def _launch_shape(ast: UOp, local_size: int, tensor_cores: bool, tf32: bool) -> 
 
 def _from_opts(ast: UOp, local_order: tuple[UOp, ...]) -> tuple[UOp, Grid, Dims]:
     """The launch shape the opts chose: one work-group per combination of the global loops (`bidx`, their flattened
-    index), its threads (`lidx`) the local loops (`Opt(LOCAL)`, flattened in `local_order`) or one group loop
-    (`Opt(GROUP)`). A REDUCE over a group loop becomes the thread's share (the other loops, strided by the group
-    size) combined by a GROUP_REDUCE; thread 0 then stores. The split sizes divide exactly: no ids past the end."""
+    index), its threads (`lidx`) the local loops (`Opt(LOCAL)`, flattened in `local_order`) and at most one group
+    loop (`Opt(GROUP)`), innermost. A REDUCE over a group loop becomes the thread's share (the other loops, strided
+    by the group size) combined by a GROUP_REDUCE over the group's threads; with LOCAL threads too the work-group
+    holds several groups side by side (a group per output: a short row read by neighbouring threads), each combining
+    its own segment. The group's first thread stores. The split sizes divide exactly: no ids past the end."""
     nodes = ast.toposort()
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
     groups = [u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "group"]
     assert set(local_order) == {u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "local"}, "local_order"
-    assert len(groups) <= 1 and not (groups and local_order), "one GROUP per kernel, without LOCAL (Kernel checks)"
+    assert len(groups) <= 1, "one GROUP per kernel (Kernel checks)"
     threads = tuple(local_order) + tuple(groups)
     blocks, sizes = _total(_sizes(global_ranges)), cast(tuple[int, ...], _sizes(threads))
     dt = _index_dtype(global_ranges or list(threads))
@@ -139,7 +141,7 @@ def _from_opts(ast: UOp, local_order: tuple[UOp, ...]) -> tuple[UOp, Grid, Dims]
     lidx = UOp(Ops.SPECIAL, dt, (), ("lidx", prod(sizes), prod(sizes)))
     if groups:
         ast = _group_loop(ast, groups[0], lidx)
-        first_thread = lidx.eq(UOp.const(dt, 0))  # every thread has the result; thread 0 writes it
+        first_thread = groups[0].eq(UOp.const(dt, 0))  # every thread has its group's result; the first writes it
         ast = ast.replace(src=tuple(s.replace(src=(*s.src[:3], _both(s.src[3] if len(s.src) == 4 else None,
                                                                      first_thread)))
                                     if s.op is Ops.STORE else s for s in ast.src))
@@ -149,14 +151,16 @@ def _from_opts(ast: UOp, local_order: tuple[UOp, ...]) -> tuple[UOp, Grid, Dims]
 
 
 def _group_loop(ast: UOp, group: UOp, lidx: UOp) -> UOp:
-    """Every REDUCE over the `group` loop -> GROUP_REDUCE(this thread's REDUCE over its other loops, lidx); inner
-    ones first (a reduction may read another)."""
+    """Every REDUCE over the `group` loop -> GROUP_REDUCE(this thread's REDUCE over its other loops, the group
+    index, the work-group's thread id), arg (op, group size, threads of the work-group); inner ones first (a
+    reduction may read another)."""
     done: dict[UOp, UOp] = {}
+    threads = lidx.arg[1]
     for red in (u for u in ast.toposort() if u.op is Ops.REDUCE and group in u.src[1:]):
         current = substitute(red, done)
         rest = tuple(r for r in current.src[1:] if r is not group)
         partial = current.replace(src=(current.src[0], *rest)) if rest else current.src[0]
-        done[current] = UOp(Ops.GROUP_REDUCE, red.dtype, (partial, group), (red.arg, group.src[0].arg))
+        done[current] = UOp(Ops.GROUP_REDUCE, red.dtype, (partial, group, lidx), (red.arg, group.src[0].arg, threads))
     return substitute(ast, done)
 
 

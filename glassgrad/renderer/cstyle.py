@@ -294,13 +294,19 @@ class CStyleLanguage:
     def render_async_wait(self, pending: int) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
 
-    def render_group_reduce(self, u: UOp, partial: str, lidx: str, smem: str, result: str) -> list[str]:
-        """Combine the group's partial results in shared memory (a tree: L/2, L/4, ... 1), leave it in `result`."""
-        op, size = u.arg
-        step = f"{smem}[{lidx}] = {self.render_combine(f'{smem}[{lidx}]', f'{smem}[{lidx} + s]', op, u.dtype)};"
-        return [self.render_local_array(u.dtype, smem, size), f"{smem}[{lidx}] = {partial};", self.barrier,
-                f"for (int s = {size // 2}; s > 0; s >>= 1) {{", f"  if ({lidx} < s) {step}", f"  {self.barrier}", "}",
-                f"{self.render_dtype(u.dtype)} {result} = {smem}[0];"]
+    def render_group_reduce(self, u: UOp, args: list[str], smem: str, result: str) -> list[str]:
+        """Combine the group's partial results in shared memory (a tree: G/2, G/4, ... 1), leave it in `result`.
+        `args`: the partial result, the thread's index in its group, and (several groups in a work-group, arg
+        (op, G, threads)) the work-group's thread id: each group combines its own segment of G slots."""
+        op, size = u.arg[0], u.arg[1]
+        threads = u.arg[2] if len(u.arg) == 3 else size
+        partial, group = args[0], args[1]
+        slot = args[2] if threads != size else group
+        combined = self.render_combine(f"{smem}[{slot}]", f"{smem}[{slot} + s]", op, u.dtype)
+        first = f"{slot} - {group}" if threads != size else "0"
+        return [self.render_local_array(u.dtype, smem, threads), f"{smem}[{slot}] = {partial};", self.barrier,
+                f"for (int s = {size // 2}; s > 0; s >>= 1) {{", f"  if ({group} < s) {smem}[{slot}] = {combined};",
+                f"  {self.barrier}", "}", f"{self.render_dtype(u.dtype)} {result} = {smem}[{first}];"]
 
     def render(self, name: str, program: list[UOp]) -> str:
         uses = Counter(s for u in program for s in u.src)
@@ -460,7 +466,7 @@ class CStyleLanguage:
                     line(self.barrier)
             elif u.op is Ops.GROUP_REDUCE:
                 names[u] = new_name("red")
-                for text in self.render_group_reduce(u, a[0], a[1], new_name("smem"), names[u]):
+                for text in self.render_group_reduce(u, a, new_name("smem"), names[u]):
                     line(text)
             elif u.op in GroupOp.ALU or u.op in (Ops.CAST, Ops.BITCAST):
                 if not self._widened(u):  # 32-bit arithmetic that may wrap gets 32-bit operands

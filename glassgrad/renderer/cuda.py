@@ -85,6 +85,11 @@ __device__ __forceinline__ void gg_mma_tf32(float* c, const unsigned* a, const u
 }"""
 
 
+# the types __shfl_xor_sync moves (cuda_fp16.h and cuda_bf16.h add the halves)
+_SHUFFLED = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64,
+                       dtypes.float16, dtypes.bfloat16})
+
+
 class CUDARenderer(CStyleLanguage):
     device = "CUDA"
     has_local = True
@@ -186,6 +191,18 @@ class CUDARenderer(CStyleLanguage):
 
     def render_shuffle_xor(self, value: str, mask: int) -> str:
         return f"__shfl_xor_sync(0xffffffffu, {value}, {mask})"
+
+    def render_group_reduce(self, u: UOp, args: list[str], smem: str, result: str) -> list[str]:
+        """A group of at most 32 threads lies inside one warp (its threads are consecutive and aligned: the group
+        loop is the innermost thread index): it combines with register shuffles (lane ^ s, s = G/2 ... 1), no shared
+        memory and no barrier. Every lane of the warp takes part, so the work-group must fill whole warps."""
+        size, threads = u.arg[1], u.arg[2] if len(u.arg) == 3 else u.arg[1]
+        if size > 32 or threads % 32 or u.dtype not in _SHUFFLED:
+            return super().render_group_reduce(u, args, smem, result)
+        other, dtype = f"{result}_lane", self.render_dtype(u.dtype)  # (each lane shuffles once per step)
+        return [f"{dtype} {result} = {args[0]};", f"for (int s = {size // 2}; s > 0; s >>= 1) {{",
+                f"  {dtype} {other} = __shfl_xor_sync(0xffffffffu, {result}, s);",
+                f"  {result} = {self.render_combine(result, other, u.arg[0], u.dtype)};", "}"]
 
     def render_copy_out(self, buf: str, index: str, smem: str, smem_index: str) -> str:
         return f"*(uint4*)&{buf}[{index}] = *(const uint4*)&{smem}[{smem_index}];"

@@ -45,6 +45,7 @@ WORKLOADS: dict[str, Callable[[], Tensor]] = {
     "sum of two axes": lambda: rand(6, 16, 64).sum(axis=(1, 2)),
     "int max": lambda: Tensor(np.arange(8 * 256, dtype=np.int32).reshape(8, 256) % 97, device="METAL").max(axis=1),
     "softmax (two reductions, one reads the other)": lambda: rand(8, 64).softmax(-1),
+    "short rows": lambda: (rand(64, 64) * rand(64, 64, seed=1)).sum(axis=1),
 }
 
 
@@ -81,6 +82,11 @@ def check(metal: Compiled, ast: UOp, opts: list[Opt]) -> None:
     ("int max", [Opt(G, 1, 128)]),
     ("softmax (two reductions, one reads the other)", [Opt(G, 2, 16)]),
     ("softmax (two reductions, one reads the other)", [Opt(L, 1, 0)]),
+    ("row sums", [Opt(L, 0, 4), Opt(G, 2, 64)]),              # 4 groups of 64 threads, each its own segment
+    ("row sums", [Opt(G, 1, 32), Opt(L, 0, 8)]),              # LOCAL after GROUP: the group stays innermost
+    ("int max", [Opt(L, 0, 4), Opt(G, 2, 16)]),
+    ("softmax (two reductions, one reads the other)", [Opt(L, 0, 4), Opt(G, 3, 16)]),
+    ("sum of two axes", [Opt(L, 0, 2), Opt(G, 3, 8)]),
 ])
 def test_launch_opts_keep_results(metal: Compiled, name: str, opts: list[Opt]) -> None:
     ast = last_ast(WORKLOADS[name]())
@@ -95,6 +101,7 @@ def test_launch_opts_keep_results(metal: Compiled, name: str, opts: list[Opt]) -
     ("wide elementwise", [Opt(L, 1, 0), Opt(L, 0, 4)]),  # 64 x 4 = 256 threads
     ("row sums", [Opt(G, 1, 256)]),
     ("int max", [Opt(G, 1, 256)]),
+    ("short rows", [Opt(L, 0, 16), Opt(G, 2, 16)]),  # 16 threads a row of 64, 16 rows a work-group
 ])
 def test_heuristic_launch_opts(metal: Compiled, name: str, expected: list[Opt]) -> None:
     """The GPU heuristic's LOCAL/GROUP opts on the emulated device, against the CPU."""

@@ -41,7 +41,9 @@ inside its token loop (`_scatter_lanes`).
 
 GPU kernels (`gpu_launch_opts`): the *flat* and *grouped* launch shapes of `codegen/gpudims.py`, written as opts where
 their sizes divide exactly: `LOCAL`s of the innermost output axes making 256 threads (and an `UPCAST` of 4 for large
-elementwise kernels: 4 elements per thread, a block apart), or a `GROUP` of 256 threads on the innermost reduce axis.
+elementwise kernels: 4 elements per thread, a block apart), or a `GROUP` of 256 threads on the innermost reduce axis;
+a short contiguous row that one thread per output would read with a stride gets a `GROUP` of up to 32 neighbouring
+threads per output and `LOCAL`s filling the work-group (`_lane_group_opts`).
 Other GPU kernels (tiled matmuls, one-group-per-row kernels, and sizes no split divides) get no opts: gpudims
 chooses their shape.
 """
@@ -488,7 +490,7 @@ def gpu_launch_opts(k: Kernel) -> list[Opt]:
     if any(k.size(axis) is None for axis in range(len(k.axes))):
         return []  # symbolic sizes: gpudims' flat shape checks the real count in the kernel
     shape = automatic_shape(k.ast)
-    opts = _group_opts(k) if shape == "grouped" else _local_opts(k) if shape == "flat" else []
+    opts = _group_opts(k) if shape == "grouped" else (_lane_group_opts(k) or _local_opts(k)) if shape == "flat" else []
     try:
         k.copy().apply_opts(opts)
     except KernelOptError:
@@ -508,13 +510,47 @@ def _group_opts(k: Kernel) -> list[Opt]:
     return [Opt(OptOps.GROUP, axis, LOCAL_SIZE)] if (k.size(axis) or 1) % LOCAL_SIZE == 0 else []
 
 
-def _local_opts(k: Kernel) -> list[Opt]:
-    """One thread per output, LOCAL_SIZE (or all the outputs, when fewer) per work-group, taken from the innermost
+LANE_GROUP_MAX = 32   # threads sharing one output's short reduction: at most a warp (they combine by shuffles)
+LANE_SHARE = 4        # elements each of them reduces, at least
+
+
+def _lane_group_opts(k: Kernel) -> list[Opt]:
+    """A short reduction over a contiguous row whose thread-per-output layout would read with a stride (D = sum(dO *
+    out) over a head's 64 dims, a mean over the last axis of 64): G neighbouring threads share each output's row
+    (`GROUP` G, each thread at least LANE_SHARE elements, G <= 32 so a group lies inside a warp and combines by
+    shuffles) and LOCAL_SIZE / G outputs share a work-group (`LOCAL`). A warp's loads then cover whole runs of
+    rows instead of one element of 32 rows each."""
+    reduce_axes = k.axes_of("reduce")
+    if not reduce_axes or k.axes_of("local", "group", "upcast", "unroll"):
+        return []
+    axis = max(reduce_axes, key=lambda a: k.axes[a].arg[0])
+    rng, size = k.axes[axis], k.size(axis) or 0
+    reduces = [u for u in k.ast.toposort() if u.op is Ops.REDUCE]
+    if any(rng not in red.src[1:] or max(r.arg[0] for r in red.src[1:]) != rng.arg[0] for red in reduces):
+        return []
+    outputs = [a for a in k.axes_of("global") if (k.size(a) or 1) > 1]
+    if not outputs or 1 not in k.strides(axis) or all(st in (0, 1) for st in k.strides(outputs[-1])):
+        return []  # (no contiguous row, or neighbouring outputs are read from neighbouring addresses already)
+    group = LANE_GROUP_MAX
+    while group >= 2 and (size % group or size < group * LANE_SHARE):
+        group //= 2
+    if group < 2:
+        return []
+    local = _local_opts(k, LOCAL_SIZE // group)
+    if not local:
+        return []
+    threaded = k.copy().apply_opts(local)
+    grouped_axis = max(threaded.axes_of("reduce"), key=lambda a: threaded.axes[a].arg[0])
+    return [*local, Opt(OptOps.GROUP, grouped_axis, group)]
+
+
+def _local_opts(k: Kernel, threads: int = LOCAL_SIZE) -> list[Opt]:
+    """One thread per output, `threads` (or all the outputs, when fewer) per work-group, taken from the innermost
     output axes whole and then a divisor of the next one; large elementwise kernels also upcast the output axis
     just outside the threads by ELEMENTS_PER_THREAD."""
     sizes = {axis: k.size(axis) or 1 for axis in k.axes_of("global")}
     total = prod(sizes.values())
-    remaining = min(LOCAL_SIZE, total)
+    remaining = min(threads, total)
     opts = []
     for axis in sorted(sizes, reverse=True):  # (a LOCAL moves only the axes after it)
         if remaining == 1:

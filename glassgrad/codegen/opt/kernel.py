@@ -167,9 +167,7 @@ class Kernel:
         check(threads <= MAX_THREADS, f"{opt}: {threads} threads per work-group, more than {MAX_THREADS}")
         if opt.op is OptOps.GROUP:
             self._check_group(opt, rng, amount)
-        else:
-            check(not self.axes_of("group"), f"{opt}: LOCAL after GROUP (several groups per work-group) is not "
-                                             f"supported yet")
+        self._check_group_memory(opt, threads, rng if opt.op is OptOps.GROUP else None)
         new_kind = "local" if opt.op is OptOps.LOCAL else "group"
         inner = self._split(rng, amount, size, new_kind)
         if new_kind == "local":
@@ -188,16 +186,21 @@ class Kernel:
 
     def _check_group(self, opt: Opt, rng: UOp, amount: int) -> None:
         check(not self.axes_of("group"), f"{opt}: one GROUP per kernel (this one has a group axis already)")
-        check(not self.axes_of("local"), f"{opt}: GROUP with LOCAL (several groups per work-group) is not "
-                                         f"supported yet")
         check(not self.axes_of("upcast", "unroll"), f"{opt}: GROUP does not combine with UPCAST/UNROLL (a register "
                                                     f"tile of partial results)")
         check(amount & (amount - 1) == 0, f"{opt}: GROUP needs a power of two (its threads combine in a halving "
                                           f"tree), not {amount}")
-        grouped = [u for u in self.ast.toposort() if u.op is Ops.REDUCE and rng in u.src[1:]]
-        shared = sum(amount * u.dtype.itemsize for u in grouped)
-        check(shared <= MAX_SHARED, f"{opt}: {len(grouped)} group reductions of {amount} threads need {shared} bytes "
-                                    f"of shared memory, more than {MAX_SHARED}")
+
+    def _check_group_memory(self, opt: Opt, threads: int, group: UOp | None) -> None:
+        """Each group reduction combines one value per thread of the work-group in shared memory (with LOCAL
+        threads too: several groups side by side, each combining its own segment)."""
+        group = group if group is not None else next((self.axes[i] for i in self.axes_of("group")), None)
+        if group is None:
+            return
+        grouped = [u for u in self.ast.toposort() if u.op is Ops.REDUCE and group in u.src[1:]]
+        shared = sum(threads * u.dtype.itemsize for u in grouped)
+        check(shared <= MAX_SHARED, f"{opt}: {len(grouped)} group reductions of {threads} threads need {shared} "
+                                    f"bytes of shared memory, more than {MAX_SHARED}")
 
     def _padto(self, opt: Opt, rng: UOp, kind: str, size: int | None) -> None:
         """PADTO: global axis `rng` grows from `size` to the next multiple of `amount` (1023 -> 1024 for 16), so that

@@ -46,7 +46,7 @@ from glassgrad.uop.ops import Ops, UOp
 UPCAST_AMOUNTS = (0, 2, 3, 4, 8, 16, 32)
 UNROLL_AMOUNTS = (0, 2, 4, 8)
 LOCAL_AMOUNTS = (0, 2, 4, 8, 16, 32, 64, 128, 256)  # threads of a work-group along an output axis (GPUs)
-GROUP_AMOUNTS = (0, 16, 32, 64, 128, 256)            # threads sharing a reduce axis (GPUs)
+GROUP_AMOUNTS = (0, 4, 8, 16, 32, 64, 128, 256)      # threads sharing a reduce axis (GPUs; with LOCAL: per output)
 PADTO_AMOUNTS = (4, 8, 16)  # an output axis padded to a multiple of a vector width, for the UPCAST after it (CPUs)
 TIMING_RUNS = 3
 SLOW = 3.0  # a candidate whose first run takes this many times the best time so far is not timed again
