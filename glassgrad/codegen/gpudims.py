@@ -6,7 +6,8 @@ Out: the AST rewritten for a GPU, the grid size (in blocks) and the block size (
 A kernel with `local` or `group` loops (`Opt(LOCAL)`, `Opt(GROUP)`, from the GPU heuristic or BEAM) takes the
 shape they spell (`_from_opts`): one work-group per combination of the remaining global loops, its threads the
 local loops (flattened in loop order) and the group loop (innermost), whose REDUCEs become a per-thread share plus
-a GROUP_REDUCE over the group's threads (with LOCAL too: several groups per work-group, each its own segment). The heuristic writes the *flat* and *grouped* shapes below as such opts where their sizes divide.
+a GROUP_REDUCE over the group's threads (with LOCAL too: several groups per work-group, each its own segment).
+The heuristic writes the *flat* and *grouped* shapes below as such opts where their sizes divide.
 Without such loops gpudims picks one of four shapes itself (`automatic_shape`):
 
 * **flat**: one thread per output element. The global loops are flattened into one id

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,6 +238,7 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
         fused: dict[UOp, None] = {root: None} if root.op is Ops.REDUCE_AXIS else {}
         repeated, mode, row_shape = _walk_start(root)
         stack: list[WalkState] = [(s, repeated, False, mode, row_shape) for s in root.src]
+        chained, statistics = False, []  # (a chained kernel's per-row values with a transcendental, below)
         while stack:
             state = stack.pop()
             node, repeated, expanded, mode, row_shape = state
@@ -249,7 +250,11 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
             if node.op is Ops.REDUCE_AXIS and repeated and _chained(node):  # recomputed where it is read
                 found.update(n for n in _computed_tile_operands(node, roots) if n not in roots)
                 stack.extend((s, True, expanded, None, None) for s in node.src)
+                chained = True
                 continue
+            if expanded and node.op in GroupOp.ALU and \
+                    COSTLY_IN_CHAIN <= _elementwise_cost(node, cost) < COSTLY_ELEMENTWISE:
+                statistics.append(node)
             if node.op is Ops.REDUCE_AXIS:
                 fused[node] = None
                 if reached_from.setdefault(node, root) is not root:
@@ -278,10 +283,20 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
             else:
                 below = repeated or node.op in (Ops.EXPAND, Ops.REDUCE_AXIS)
                 stack.extend((s, below, expanded or node.op is Ops.EXPAND, None, None) for s in node.src)
+        if chained:  # per-row values: at most 1/16 of the kernel's outputs (one per row of a head's 16..128 dims)
+            found.update(_outermost(n for n in statistics if n.size * 16 <= root.size and
+                                    not _over_chained(n, over_chained)))
         found.update(_matmuls_sharing_a_kernel(fused, root))
         found.update(n for u in fused for n in _computed_tile_operands(u, roots)
                      if n not in roots and not _over_chained(n, over_chained))
     return found or set(n for n in _shared_values_to_store(readers, roots) if not _over_chained(n, over_chained))
+
+
+def _outermost(nodes: Iterable[UOp]) -> set[UOp]:
+    """The nodes that no other one of `nodes` computes."""
+    candidates = set(nodes)
+    inside = {u for n in candidates for u in n.toposort(stop=_materialised) if u is not n}
+    return candidates - inside
 
 
 def _over_chained(node: UOp, memo: dict[UOp, bool]) -> bool:
@@ -446,6 +461,10 @@ def _matmuls_sharing_a_kernel(fused: dict[UOp, None], root: UOp) -> list[UOp]:
 
 
 COSTLY_ELEMENTWISE = 32  # ALU work (divisions and transcendentals count 8) worth a buffer rather than recomputing
+# ... in a chained kernel (flash attention's), for a value it reads through a broadcast: a per-query statistic with a
+# transcendental (the log-sum-exp, max + log(sum)) is loaded and recomputed for every score of the T x T tile a block
+# walks. dk's kernel, whose rows are the keys, took a log and two loads per score; stored, it loads one value.
+COSTLY_IN_CHAIN = 8
 _SLOW_OPS = (Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW, Ops.RECIP)
 
 
