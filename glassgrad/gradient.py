@@ -20,6 +20,12 @@ def _c(like: UOp, value: float) -> UOp:
     return UOp.const(like.dtype, value, like.device).reshape((1,) * len(like.shape)).expand(like.shape)
 
 
+def _cos(x: UOp) -> UOp:
+    """cos x as 1 - 2 sin(x/2)^2 (as `Tensor.cos`: x/2 is exact, pi/2 - x is not for a large x)."""
+    s = x.alu(Ops.MUL, _c(x, 0.5)).alu(Ops.SIN)
+    return _c(x, 1.0).alu(Ops.ADD, _c(x, -2.0).alu(Ops.MUL, s.alu(Ops.MUL, s)))
+
+
 def _true(like: UOp) -> UOp:
     return UOp.const(dtypes.bool, True, like.device).reshape((1,) * len(like.shape)).expand(like.shape)
 
@@ -119,7 +125,7 @@ RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.SQRT: lambda g, n: (g.alu(Ops.FDIV, n.alu(Ops.MUL, _c(n, 2.0))),),
     Ops.EXP2: lambda g, n: (g.alu(Ops.MUL, n.alu(Ops.MUL, _c(n, math.log(2)))),),
     Ops.LOG2: lambda g, n: (g.alu(Ops.FDIV, n.src[0].alu(Ops.MUL, _c(n, math.log(2)))),),
-    Ops.SIN: lambda g, n: (g.alu(Ops.MUL, _c(n, math.pi / 2).alu(Ops.ADD, n.src[0].alu(Ops.NEG)).alu(Ops.SIN)),),
+    Ops.SIN: lambda g, n: (g.alu(Ops.MUL, _cos(n.src[0])),),
     Ops.MOD: lambda g, n: (g, g.alu(Ops.MUL, n.src[0].alu(Ops.FDIV, n.src[1]).alu(Ops.TRUNC)).alu(Ops.NEG)),
     Ops.TRUNC: lambda g, n: (_c(g, 0.0),),
     Ops.POW: _pow_grad,

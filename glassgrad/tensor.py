@@ -1233,10 +1233,24 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()  # noqa: E704
     def exp2(self) -> Tensor: return self._float()._unary(Ops.EXP2)  # noqa: E704
     def log2(self) -> Tensor: return self._float()._unary(Ops.LOG2)  # noqa: E704
-    def exp(self) -> Tensor: return (self._float() * (1 / math.log(2))).exp2()  # noqa: E704
-    def log(self) -> Tensor: return self.log2() * math.log(2)  # noqa: E704
     def sin(self) -> Tensor: return self._float()._unary(Ops.SIN)  # noqa: E704
-    def cos(self) -> Tensor: return (math.pi / 2 - self._float()).sin()  # noqa: E704
+
+    # exp, log, cos and tan are several ops: for float16/bfloat16 they run in float32 and round once (as tinygrad's
+    # and PyTorch's): exp's scaled argument rounded to bfloat16 made exp(20) 1.7% off and exp(88.5) inf
+    @computed_in_float32
+    def exp(self) -> Tensor: return (self._float() * (1 / math.log(2))).exp2()  # noqa: E704
+
+    @computed_in_float32
+    def log(self) -> Tensor: return self.log2() * math.log(2)  # noqa: E704
+
+    @computed_in_float32
+    def cos(self) -> Tensor:
+        """1 - 2 sin(x/2)^2: x/2 is exact, so a large x keeps its phase (sin(pi/2 - x) lost it in the rounding of
+        pi/2 - x: cos(1e4) was 1.5e-4 off, cos(1e20) any number)."""
+        s = (self._float() * 0.5).sin()
+        return 1 - 2 * (s * s)
+
+    @computed_in_float32
     def tan(self) -> Tensor: return self.sin() / self.cos()  # noqa: E704
 
     def trunc(self) -> Tensor:
@@ -1876,6 +1890,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     @accepts_dim
     @computed_in_float32
     def logsumexp(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor:
+        """log(sum(exp(x))) shifted by the row's max; an empty row gives -inf (log 0, as PyTorch; its max raises)."""
+        axes = self._resolve_axes(axis)
+        if any(self.shape[a] == 0 for a in axes):
+            shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+            out = Tensor.full(shape, -math.inf, dtype=self._float().dtype, device=self.device)
+            return out if keepdim else out.squeeze_axes(axes)
         m = self._float().max(axis, keepdim=True).detach()  # any shift gives the same value: no gradient through it
         m = (m == math.inf).where(0.0, (m == -math.inf).where(0.0, m))  # keep inf/-inf rows finite-safe
         out = (self - m).exp().sum(axis, keepdim=True).log() + m

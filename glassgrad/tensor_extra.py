@@ -10,11 +10,10 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
-
 from glassgrad.dtype import DType, dtypes, to_dtype
 from glassgrad.helpers import prod
 from glassgrad.multi import make_multi
+from glassgrad.tensor_math import computed_in_float32
 from glassgrad.uop.ops import Ops
 
 if TYPE_CHECKING:
@@ -49,12 +48,12 @@ class ExtraOps:
 
     def hardsigmoid(self, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
         """min(max(alpha*x + beta, 0), 1) (PyTorch's with the defaults)."""
-        y = self._x * alpha + beta
-        return y.relu() - (y - 1).relu()
+        y = self._x * alpha + beta  # (not relu(y) - relu(y - 1), tinygrad's: inf - inf at x = inf, and y - 1 == y
+        return (y <= 0).where(0.0, (y >= 1).where(1.0, y))  # for a big x; gradient 0 at both ends, as PyTorch's)
 
     def hardswish(self) -> Tensor:
-        """x * relu6(x + 3) / 6."""
-        return self._x * (self._x + 3).relu6() * (1 / 6)
+        """x * (relu6(x + 3) / 6) (the factor at most 1: x * 6 overflowed float16 for x near its max)."""
+        return self._x * ((self._x + 3).relu6() * (1 / 6))
 
     # ------------------------------------------------------------------ dtypes and creation
     def is_floating_point(self) -> bool:
@@ -239,12 +238,14 @@ class TorchOps:
     def amax(self, dim: Any = None, keepdim: bool = False) -> Tensor: return self._s.max(dim, keepdim)  # noqa: E704
     def amin(self, dim: Any = None, keepdim: bool = False) -> Tensor: return self._s.min(dim, keepdim)  # noqa: E704
 
+    @computed_in_float32
     def log1p(self) -> Tensor:
-        """log(1 + x), accurate for small x (Kahan: log(u) * x / (u - 1) with u = 1 + x rounded, x where u is 1)."""
+        """log(1 + x), accurate for small x (Kahan: log(u) * (x / (u - 1)) with u = 1 + x rounded; x where u is 1,
+        and where u is inf, which only x = inf gives). x / (u - 1) is near 1: log(u) * x overflowed for a big x."""
         x = self._s.float() if not self._s.dtype.is_float else self._s
         u = x + 1
-        one = u == 1
-        return one.where(x, u.log() * x / one.where(1.0, u - 1))
+        exact = (u == 1) | (u == math.inf)
+        return exact.where(x, u.log() * (x / exact.where(1.0, u - 1)))
 
     def norm(self, p: float = 2.0, dim: Any = None, keepdim: bool = False) -> Tensor:
         """The p-norm over `dim` (all elements by default): (sum |x|^p)^(1/p); p = inf: the largest |x|."""
@@ -277,7 +278,8 @@ class TorchOps:
         t = self._s
         if not t.dtype.is_float:
             return t
-        big = float(np.finfo(np.float32 if t.dtype == dtypes.bfloat16 else t.dtype.np).max)  # type: ignore[arg-type]
+        exponent, mantissa = dtypes.finfo(t.dtype)  # (bfloat16's largest is 3.39e38: float32's rounds to inf)
+        big = (2 - 2.0 ** -mantissa) * 2.0 ** (2 ** (exponent - 1) - 1)
         out = (t != t).where(nan, t)
         out = (out == math.inf).where(big if posinf is None else posinf, out)
         return (out == -math.inf).where(-big if neginf is None else neginf, out)

@@ -68,12 +68,20 @@ def _odd_series(x: Tensor, coefficients: Sequence[float]) -> Tensor:
     return x * _horner(x * x, list(reversed(coefficients)))
 
 
+def _huge(x: Tensor, safe: float = 0.0) -> tuple[Tensor, Tensor]:
+    """(x > 2^32, x where it is not and `safe` where it is): beyond 2^32 sqrt(x^2 +- 1) is x in float32 and x^2 may
+    overflow, so asinh and acosh are log(2x) there; the other branch sees `safe` (no inf, no NaN in its gradient)."""
+    big = x > 2.0 ** 32
+    return big, big.where(safe, x)
+
+
 def _small(x: Tensor, switch: float) -> tuple[Tensor, Tensor]:
     """(|x| < switch, x where that holds and 0 elsewhere): the input a near-zero series may safely see."""
     near = x.abs() < switch
     return near, near.where(x, 0.0)
 
 
+_LN2 = math.log(2)
 # Taylor coefficients (odd powers, lowest first) used below the switch points
 _ASIN_SERIES = [math.comb(2 * n, n) / (4 ** n * (2 * n + 1)) for n in range(10)]
 _ASINH_SERIES = [(-1) ** n * math.comb(2 * n, n) / (4 ** n * (2 * n + 1)) for n in range(10)]
@@ -152,9 +160,16 @@ class MathOps:
         return a._wrap(a.uop.alu(Ops.MOD, b.uop))
 
     def lerp(self, end: Tensor, weight: Tensor | Scalar) -> Tensor:
-        """self + (end - self) * weight."""
+        """self + weight * (end - self) for |weight| < 0.5, else end - (end - self) * (1 - weight): PyTorch's
+        formula (tinygrad has only the first), exact at both ends (weight 1 gives `end`, which self + (end - self)
+        need not round to) and finite where it can be (lerp(inf, 0, 0.5) is inf, not inf - inf). Ints: the first."""
         t = self._m
-        return t + (end - t) * weight
+        diff = end - t
+        if not diff.dtype.is_float:
+            return t + diff * weight
+        if isinstance(weight, (int, float)):
+            return t + weight * diff if abs(weight) < 0.5 else end - diff * (1 - weight)
+        return (weight.abs() < 0.5).where(t + weight * diff, end - diff * (1 - weight))
 
     def logaddexp(self, other: Tensor | Scalar) -> Tensor:
         """log(exp(self) + exp(other)) without overflow: shifted by the (detached) larger of the two; -inf with
@@ -168,26 +183,39 @@ class MathOps:
     def log10(self) -> Tensor:
         return self._m.log2() * math.log10(2)
 
+    @computed_in_float32
     def sinh(self) -> Tensor:
+        """The series below |x| = 0.5, else e^(x - ln 2) - e^(-x - ln 2) (as cosh: no overflow before sinh's)."""
         x = self._m._float()
         near, small = _small(x, 0.5)
-        return near.where(_odd_series(small, _SINH_SERIES), (x.exp() - (-x).exp()) * 0.5)
+        return near.where(_odd_series(small, _SINH_SERIES), (x - _LN2).exp() - (-x - _LN2).exp())
 
+    @computed_in_float32
     def cosh(self) -> Tensor:
+        """e^(x - ln 2) + e^(-x - ln 2): e^x / 2 without e^x, which overflows float32 from 88.7 (cosh from 89.4)."""
         x = self._m._float()
-        return (x.exp() + (-x).exp()) * 0.5
+        return (x - _LN2).exp() + (-x - _LN2).exp()
 
+    @computed_in_float32
     def asinh(self) -> Tensor:
-        """sign(x) log(|x| + sqrt(x^2 + 1)) (odd by construction), the series below |x| = 0.3."""
+        """sign(x) log(|x| + sqrt(x^2 + 1)) (odd by construction), the series below |x| = 0.3, and log(2|x|) above
+        2^32 (where sqrt(x^2 + 1) is |x| and x^2 would overflow: asinh(1e20) was inf)."""
         x = self._m._float()
         near, small = _small(x, 0.3)
         magnitude = x.abs()
-        far = x.sign() * (magnitude + (magnitude * magnitude + 1).sqrt()).log()
+        big, moderate = _huge(magnitude)
+        far = x.sign() * (big.where(magnitude, moderate + (moderate * moderate + 1).sqrt()).log()
+                          + big.where(math.log(2), 0.0))
         return near.where(_odd_series(small, _ASINH_SERIES), far)
 
+    @computed_in_float32
     def acosh(self) -> Tensor:
+        """log(x + sqrt(x - 1) sqrt(x + 1)): NaN below 1 (through the square root: x + sqrt(x^2 - 1) gave -inf or
+        inf for some x <= -1), exact near 1 (x - 1 has no rounding there), and log(2x) above 2^32 (no overflow)."""
         x = self._m._float()
-        return (x + (x * x - 1).sqrt()).log()
+        big, moderate = _huge(x, 2.0)
+        inside = moderate + (moderate - 1).sqrt() * (moderate + 1).sqrt()
+        return big.where(x, inside).log() + big.where(math.log(2), 0.0)
 
     def atanh(self) -> Tensor:
         x = self._m._float()

@@ -9,8 +9,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
+
 from glassgrad.dtype import DType, dtypes
-from glassgrad.errors import ShapeError
+from glassgrad.errors import ArgumentError, ShapeError
+from glassgrad.tensor_math import computed_in_float32
 
 if TYPE_CHECKING:
     from glassgrad.tensor import Tensor
@@ -53,12 +56,15 @@ class TorchNames:
     def atan2(self, other: Tensor | Scalar) -> Tensor:
         """The angle of (x=other, y=self) in [-pi, pi], as torch.atan2(self, other). The arctangent is taken of the
         smaller over the larger magnitude (no overflow, a well-defined gradient wherever the point is not 0);
-        the sign of a zero y picks the side at x < 0, as in C."""
+        the sign of a zero y picks the side at x < 0, as in C. Both infinite: the diagonals (pi/4, 3pi/4, ...), as
+        C, numpy and PyTorch give (inf / inf would be NaN)."""
         y, x = self._s._broadcasted(other)
         y, x = _floated(y), _floated(x)
         swap = y.abs() > x.abs()
         den = swap.where(y, x)
         ratio = swap.where(x, y) / (den == 0).where(1.0, den)  # (den is 0 only where both are)
+        both_inf = (y.abs() == math.inf) & (x.abs() == math.inf)
+        ratio = both_inf.where(y.sign() * x.sign(), ratio)
         r = ratio.atan()
         left = x.signbit().where(r + y.full_like(math.pi).copysign(y), r)  # (x = -0.0 too, as C; r keeps -0.0)
         return swap.where(y.full_like(math.pi / 2).copysign(y) - r, left)
@@ -93,8 +99,9 @@ class TorchNames:
             p = p.clamp(eps, 1 - eps)
         return (p / (1 - p)).log()
 
+    @computed_in_float32
     def sinc(self) -> Tensor:
-        """sin(pi x) / (pi x), 1 at 0."""
+        """sin(pi x) / (pi x), 1 at 0 (float16 in float32: pi x overflowed near its max)."""
         x = _floated(self._s)
         zero = x == 0
         px = zero.where(1.0, x) * math.pi
@@ -199,6 +206,28 @@ class TorchNames:
             t = (hi != lo) if t.dtype.is_bool else hi - lo
         return t
 
+    def unique(self, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False,  # noqa: A002
+               dim: int | None = None) -> Tensor | tuple[Tensor, ...]:
+        """torch.unique of the flattened tensor: its distinct values in ascending order (sorted=False gives that
+        order too, as PyTorch's CPU kernel does), with `return_inverse` each element's index into them (int64, the
+        input's shape) and `return_counts` how often each occurs (int64). Each NaN is a value of its own, as in
+        PyTorch (numpy's default merges them). The output's size depends on the data, so this realizes the tensor
+        and computes on the host through numpy (a device-to-host sync, not lazy, nothing for a JIT to capture);
+        the outputs are new leaves on the tensor's device, without gradients. dim= (unique slices) is not
+        supported."""
+        if dim is not None:
+            raise ArgumentError(f"unique: dim={dim} (unique slices along a dim) is not supported; only the unique "
+                                "values of the flattened tensor (dim=None)")
+        t = self._s
+        values, inverse, counts = _unique_flat(t.detach().numpy().reshape(-1))
+        T = _tensor_class()
+        outs = [T(values, dtype=t.dtype, device=t.device)]
+        if return_inverse:
+            outs.append(T(inverse.reshape(t.shape), dtype=dtypes.int64, device=t.device))
+        if return_counts:
+            outs.append(T(counts, dtype=dtypes.int64, device=t.device))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
     # ------------------------------------------------------------------ new_* constructors
     def _like_kwargs(self, dtype: DType | str | None, device: str | None) -> dict[str, Any]:
         return {"dtype": dtype if dtype is not None else self._s.dtype,
@@ -248,6 +277,19 @@ class TorchNames:
         """log(det): NaN for a negative determinant, -inf for a singular matrix, as PyTorch's."""
         sign, logabs = self.slogdet()
         return (sign < 0).where(math.nan, logabs)
+
+
+def _unique_flat(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sorted distinct values, each element's index into them, counts) of a 1-d array; every NaN is its own value,
+    after the others (PyTorch's order; no `equal_nan`, which needs numpy 1.24)."""
+    nan = np.isnan(flat) if flat.dtype.kind == "f" else np.zeros(flat.shape, dtype=bool)
+    values, inverse, counts = np.unique(flat[~nan], return_inverse=True, return_counts=True)
+    n_nan = int(nan.sum())
+    full_inverse = np.empty(flat.shape, dtype=np.int64)
+    full_inverse[~nan] = inverse.reshape(-1)
+    full_inverse[nan] = len(values) + np.arange(n_nan)
+    return (np.concatenate([values, flat[nan]]), full_inverse,
+            np.concatenate([counts, np.ones(n_nan, dtype=counts.dtype)]).astype(np.int64))
 
 
 def _lu_diagonal(a: Tensor, name: str) -> tuple[Tensor, Tensor]:
