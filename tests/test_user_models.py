@@ -1,0 +1,140 @@
+"""Small models as a new user writes them (tinygrad-style layers, optimisers, `Tensor.train()`, TinyJit; PyTorch
+habits such as `loss.item()` after `opt.step()`), each checked against a numpy forward (always) and against the same
+model in PyTorch with the same weights (gradients and a few optimiser steps, when PyTorch is installed). Every test
+here is the regression test of a bug such a program found."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from torch_optional import torch
+
+from glassgrad import Tensor, nn
+from glassgrad.nn.state import get_parameters, get_state_dict
+
+
+# ---------------------------------------------------------------------- helpers
+def _rand(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _load_torch_weights(model: Any, torch_module: Any) -> None:
+    """Copy a PyTorch module's state into a glassgrad model with the same keys (every key must be in both)."""
+    ours, theirs = get_state_dict(model), torch_module.state_dict()
+    assert set(ours) == set(theirs), (sorted(ours), sorted(theirs))
+    for name, value in theirs.items():
+        ours[name].assign(Tensor(value.detach().numpy().copy())).realize()
+
+
+def _assert_state_matches(model: Any, torch_module: Any, atol: float = 1e-5) -> None:
+    ours = get_state_dict(model)
+    for name, value in torch_module.state_dict().items():
+        np.testing.assert_allclose(ours[name].numpy(), value.detach().numpy(), atol=atol, rtol=1e-4, err_msg=name)
+
+
+def _train_both(model: Any, torch_module: Any, loss: Callable[[Any], Any], torch_loss: Callable[[Any], Any],
+                make_opt: Callable[[list[Tensor]], Any], make_torch_opt: Callable[[Any], Any], steps: int = 3) -> None:
+    """`steps` steps of each model on its loss (PyTorch habits: zero_grad, backward, step, then item()); the losses
+    and finally every state entry must agree."""
+    opt, topt = make_opt(get_parameters(model)), make_torch_opt(torch_module.parameters())
+    for _ in range(steps):
+        topt.zero_grad()
+        expected = torch_loss(torch_module)
+        expected.backward()
+        topt.step()
+        with Tensor.train():
+            opt.zero_grad()
+            got = loss(model)
+            got.backward()
+            opt.step()
+        assert got.item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-6)
+    _assert_state_matches(model, torch_module)
+
+
+# ---------------------------------------------------------------------- recurrent cells
+@pytest.mark.parametrize("rows, cols", [(2, 17), (3, 18), (2, 23), (7, 31)])
+def test_column_sum_of_a_row_of_17_to_31_lanes(rows: int, cols: int) -> None:
+    """A column sum 17..31 wide (a Linear(., 18)'s bias gradient) became one row of SIMD lanes with no output loop
+    left, and the register-tile heuristic then asked for the outermost output loop: IndexError at compile time."""
+    a = _rand(rows, cols)
+    np.testing.assert_allclose(Tensor(a).sum(0).numpy(), a.sum(0), atol=1e-5)
+
+
+class _GRU:
+    """A hand-written GRU unrolled over time, (T, B, I) -> (T, B, 2): gates by chunk and split."""
+
+    def __init__(self, inputs: int, hidden: int) -> None:
+        self.hidden = hidden
+        self.ih, self.hh, self.out = nn.Linear(inputs, 3 * hidden), nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, 2)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        h = Tensor.zeros(x.shape[1], self.hidden)
+        outs = []
+        for t in range(x.shape[0]):
+            h = _gru_step(self.ih(x[t]), self.hh(h), h, self.hidden)
+            outs.append(h)
+        return self.out(Tensor.stack(*outs))
+
+
+def _gru_step(gi: Any, gh: Any, h: Any, hidden: int) -> Any:
+    """One GRU update from the input and hidden projections (glassgrad or torch tensors alike)."""
+    ir, iz, i_n = gi.chunk(3, 1)
+    hr, hz, h_n = gh.split(hidden, dim=1)
+    r, z = (ir + hr).sigmoid(), (iz + hz).sigmoid()
+    return (1 - z) * (i_n + r * h_n).tanh() + z * h
+
+
+def _np_gru(params: dict[str, np.ndarray], x: np.ndarray, hidden: int) -> np.ndarray:
+    sigmoid = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    h, outs = np.zeros((x.shape[1], hidden), np.float64), []
+    for t in range(x.shape[0]):
+        gi = x[t] @ params["ih.weight"].T + params["ih.bias"]
+        gh = h @ params["hh.weight"].T + params["hh.bias"]
+        r = sigmoid(gi[:, :hidden] + gh[:, :hidden])
+        z = sigmoid(gi[:, hidden:2 * hidden] + gh[:, hidden:2 * hidden])
+        n = np.tanh(gi[:, 2 * hidden:] + r * gh[:, 2 * hidden:])
+        h = (1 - z) * n + z * h
+        outs.append(h)
+    return np.stack(outs) @ params["out.weight"].T + params["out.bias"]
+
+
+def test_hand_written_gru_trains_like_torch() -> None:
+    """A GRU of hidden size 6 on a batch of 3: its 18-wide bias gradients hit the column-sum crash above."""
+    hidden = 6
+    model = _GRU(7, hidden)
+    x = _rand(3, 3, 7).transpose(1, 0, 2)  # (T, B, I), fed as a permuted view
+    params = {k: v.numpy().astype(np.float64) for k, v in get_state_dict(model).items()}
+    xt = Tensor(np.ascontiguousarray(x.transpose(1, 0, 2))).permute(1, 0, 2)
+    np.testing.assert_allclose(model(xt).numpy(), _np_gru(params, x, hidden), atol=1e-5)
+    with Tensor.train():
+        opt = nn.optim.SGD(get_parameters(model), lr=0.1)
+        opt.zero_grad()
+        model(xt).square().mean().backward()
+        opt.step()
+    assert model.hh.bias.grad is not None and model.hh.bias.grad.shape == (3 * hidden,)
+    if torch is None:
+        return
+    tmodel = _TorchGRU(7, hidden)
+    _load_torch_weights(model, tmodel)
+    tx = torch.tensor(x)
+    _train_both(model, tmodel, lambda m: m(xt).square().mean(), lambda m: m(tx).square().mean(),
+                lambda p: nn.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+                lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1), steps=2)
+
+
+if torch is not None:
+    class _TorchGRU(torch.nn.Module):
+        def __init__(self, inputs: int, hidden: int) -> None:
+            super().__init__()
+            self.hidden = hidden
+            self.ih, self.hh = torch.nn.Linear(inputs, 3 * hidden), torch.nn.Linear(hidden, 3 * hidden)
+            self.out = torch.nn.Linear(hidden, 2)
+
+        def forward(self, x: Any) -> Any:
+            h, outs = torch.zeros(x.shape[1], self.hidden), []
+            for t in range(x.shape[0]):
+                h = _gru_step(self.ih(x[t]), self.hh(h), h, self.hidden)
+                outs.append(h)
+            return self.out(torch.stack(outs))
