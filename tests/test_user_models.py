@@ -138,3 +138,47 @@ if torch is not None:
                 h = _gru_step(self.ih(x[t]), self.hh(h), h, self.hidden)
                 outs.append(h)
             return self.out(torch.stack(outs))
+
+
+# ---------------------------------------------------------------------- losses
+def _np_cross_entropy(logits: np.ndarray, y: np.ndarray, weight: np.ndarray | None, ignore_index: int | None,
+                      smoothing: float, reduction: str) -> np.ndarray:
+    """PyTorch's cross_entropy of (N, C) logits against class indices, with class weights and ignore_index."""
+    shifted = logits - logits.max(1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+    wc = np.ones(logits.shape[1], logits.dtype) if weight is None else weight
+    keep = np.ones(y.shape, bool) if ignore_index is None else y != ignore_index
+    safe = np.where(keep, y, 0)
+    picked = np.take_along_axis(logp, safe[:, None], 1)[:, 0]
+    sample_weight = wc[safe] * keep
+    loss = -((1 - smoothing) * picked * sample_weight + smoothing * (logp * wc).mean(1) * keep)
+    return {"mean": loss.sum() / sample_weight.sum(), "sum": loss.sum(), "none": loss}[reduction]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted, ignore_index, smoothing", [(False, -100, 0.0), (True, None, 0.0),
+                                                               (True, -100, 0.1), (False, 3, 0.2)])
+def test_cross_entropy_weight_and_ignore_index(weighted: bool, ignore_index: int | None, smoothing: float,
+                                               reduction: str) -> None:
+    """PyTorch's `weight=` and `ignore_index=` (padding labels of -100 in a sequence model's targets) were
+    TypeErrors. Without them the loss is tinygrad's: -100 is then no class, not an ignored one."""
+    logits, classes = _rand(9, 7), 7
+    y = np.random.default_rng(1).integers(0, classes, 9)
+    y[[0, 4]] = -100 if ignore_index == -100 else 3
+    weight = np.linspace(0.5, 2.0, classes, dtype=np.float32) if weighted else None
+    x = Tensor(logits, requires_grad=True)
+    loss = x.cross_entropy(Tensor(y), reduction=reduction, label_smoothing=smoothing,
+                           weight=None if weight is None else Tensor(weight), ignore_index=ignore_index)
+    expected = _np_cross_entropy(logits, y, weight, ignore_index, smoothing, reduction)
+    np.testing.assert_allclose(loss.numpy(), expected, atol=1e-5, rtol=1e-5)
+    if torch is None:
+        return
+    tx = torch.tensor(logits, requires_grad=True)
+    tloss = torch.nn.functional.cross_entropy(tx, torch.tensor(y), None if weight is None else torch.tensor(weight),
+                                              ignore_index=-100 if ignore_index is None else ignore_index,
+                                              reduction=reduction, label_smoothing=smoothing)
+    loss.sum().backward()
+    tloss.sum().backward()
+    assert x.grad is not None
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), atol=1e-6)
+
