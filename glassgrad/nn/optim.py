@@ -39,6 +39,7 @@ share one buffer raise `ValueError`.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 from glassgrad.device import canonical_devices
@@ -411,7 +412,15 @@ class _Moments(Optimizer):
     def _count_step(self) -> tuple[Tensor, Tensor]:
         """Advance `t` and return the bias corrections (1 - b1**t, 1 - b2**t) as float tensors."""
         t = self._update(self.t, self.t + 1).cast(dtypes.float32)
-        return 1.0 - self._hyper("b1") ** t, 1.0 - self.b2 ** t
+        return _bias_correction(self._hyper("b1"), t), _bias_correction(self.b2, t)
+
+
+def _bias_correction(beta: float | Tensor, t: Tensor) -> Tensor:
+    """1 - beta**t as -expm1(t * log(beta)), log(beta) taken in double. Computed as written, in float32, it cancels:
+    b2 = 0.999 rounds to 0.99900001, so 1 - b2 is 1.3e-5 off, and every Adam step was 6e-6 too short (PyTorch
+    takes the power in double); this way it is float32-exact (beta 0: log is -inf, and the correction 1)."""
+    log_beta = beta.log() if isinstance(beta, Tensor) else math.log(beta) if beta > 0 else -math.inf
+    return -(t * log_beta).expm1()
 
 
 class Adam(_Moments):
