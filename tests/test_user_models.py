@@ -185,21 +185,41 @@ def test_cross_entropy_weight_and_ignore_index(weighted: bool, ignore_index: int
 
 
 # ---------------------------------------------------------------------- optimisers
+def _np_adam(w0: np.ndarray, grads: np.ndarray, lr: float, b1: float, b2: float, weight_decay: float,
+             decoupled: bool) -> np.ndarray:
+    """PyTorch's Adam (AdamW with `decoupled`) in float64, bias corrections exact."""
+    p, m, v = w0.astype(np.float64), np.zeros(w0.shape), np.zeros(w0.shape)
+    for t, g in enumerate(grads.astype(np.float64), start=1):
+        g = g if decoupled else g + weight_decay * p
+        p = p * (1 - lr * weight_decay) if decoupled else p
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        p = p - lr / (1 - b1 ** t) * m / (np.sqrt(v) / np.sqrt(1 - b2 ** t) + 1e-8)
+    return p
+
+
+def _run_adam(opt_class: Any, grads: np.ndarray, w: Tensor, **kwargs: Any) -> np.ndarray:
+    opt = opt_class([w], **kwargs)
+    for g in grads:
+        w.grad = Tensor(g)
+        with Tensor.train():
+            opt.step()
+    return w.numpy()
+
+
 @pytest.mark.parametrize("decoupled", [False, True])
 def test_adam_bias_correction_is_float32_exact(decoupled: bool) -> None:
     """1 - b2**t was taken in float32, where b2 = 0.999 is 0.99900001: the correction was 1.3e-5 off and every step
     6e-6 too short, 4e-6 off PyTorch after 5 steps of lr 0.1 (PyTorch takes the power in double)."""
     rng = np.random.default_rng(0)
     w0, grads = rng.standard_normal(64).astype(np.float32), rng.standard_normal((5, 64)).astype(np.float32)
-    w = Tensor(w0, requires_grad=True)
-    opt = (nn.optim.AdamW if decoupled else nn.optim.Adam)([w], lr=0.1, weight_decay=0.1)
-    p, m, v = w0.astype(np.float64), np.zeros(64), np.zeros(64)
-    for t, g32 in enumerate(grads, start=1):
-        w.grad = Tensor(g32)
-        with Tensor.train():
-            opt.step()
-        g = g32 + (0 if decoupled else 0.1 * p)
-        p = p * (1 - 0.1 * 0.1) if decoupled else p
-        m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
-        p = p - 0.1 / (1 - 0.9 ** t) * m / (np.sqrt(v) / np.sqrt(1 - 0.999 ** t) + 1e-8)
-    np.testing.assert_allclose(w.numpy(), p, atol=5e-7, rtol=0)
+    got = _run_adam(nn.optim.AdamW if decoupled else nn.optim.Adam, grads, Tensor(w0), lr=0.1, weight_decay=0.1)
+    np.testing.assert_allclose(got, _np_adam(w0, grads, 0.1, 0.9, 0.999, 0.1, decoupled), atol=5e-7, rtol=0)
+
+
+@pytest.mark.parametrize("opt_class", ["Adam", "AdamW"])
+def test_adam_takes_torch_betas_keyword(opt_class: str) -> None:
+    """`Adam(params, lr, betas=(0.9, 0.98))`, PyTorch's spelling of tinygrad's b1, b2, was a TypeError."""
+    rng = np.random.default_rng(1)
+    w0, grads = rng.standard_normal(16).astype(np.float32), rng.standard_normal((3, 16)).astype(np.float32)
+    got = _run_adam(getattr(nn.optim, opt_class), grads, Tensor(w0), lr=0.05, betas=(0.8, 0.98), weight_decay=0.01)
+    np.testing.assert_allclose(got, _np_adam(w0, grads, 0.05, 0.8, 0.98, 0.01, opt_class == "AdamW"), atol=5e-7)

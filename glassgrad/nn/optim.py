@@ -30,7 +30,8 @@ Behaviour (tinygrad's, where tinygrad has one):
   of state back unchanged (`where(t, old, new)`), decided on the device with no host sync. `glassgrad.amp.GradScaler`
   uses it to skip a step whose gradients hold an inf or NaN.
 
-SGD, Adam and AdamW follow PyTorch's update rules exactly (tests compare against `torch.optim`); LAMB, LARS and Muon
+SGD, Adam and AdamW follow PyTorch's update rules exactly (tests compare against `torch.optim`; PyTorch's keyword
+`betas=(b1, b2)` works for the Adam family, in place of tinygrad's `b1`, `b2`); LAMB, LARS and Muon
 follow tinygrad. tinygrad's `device=` and `fused=` are accepted: `device` must be the params' own (state lives with
 its param) and `fused` changes nothing (a step is one schedule either way; Muon refuses it, as tinygrad).
 Each param gets its own buffer: one that is still lazy (say `Tensor.zeros(8)`, which hash-conses with every other
@@ -429,8 +430,9 @@ class Adam(_Moments):
     decoupled: bool = False
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
-                 eps: float = 1e-8, weight_decay: float = 0.0, device: str | None = None, fused: bool = False) -> None:
-        super().__init__(params, lr, b1, b2, eps, weight_decay, device, fused)
+                 eps: float = 1e-8, weight_decay: float = 0.0, device: str | None = None, fused: bool = False, *,
+                 betas: tuple[float, float] | None = None) -> None:
+        super().__init__(params, lr, *(betas or (b1, b2)), eps, weight_decay, device, fused)
 
     def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
         bc1, bc2 = self._count_step()
@@ -451,8 +453,9 @@ class AdamW(Adam):
     decoupled = True
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
-                 eps: float = 1e-8, weight_decay: float = 0.01, device: str | None = None, fused: bool = False) -> None:
-        super().__init__(params, lr, b1, b2, eps, weight_decay, device, fused)
+                 eps: float = 1e-8, weight_decay: float = 0.01, device: str | None = None, fused: bool = False, *,
+                 betas: tuple[float, float] | None = None) -> None:
+        super().__init__(params, lr, *(betas or (b1, b2)), eps, weight_decay, device, fused)
 
 
 class LAMB(_Moments):
@@ -462,8 +465,8 @@ class LAMB(_Moments):
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
                  eps: float = 1e-6, weight_decay: float = 0.0, adam: bool = False, device: str | None = None,
-                 fused: bool = False) -> None:
-        super().__init__(params, lr, b1, b2, eps, weight_decay, device, fused)
+                 fused: bool = False, *, betas: tuple[float, float] | None = None) -> None:
+        super().__init__(params, lr, *(betas or (b1, b2)), eps, weight_decay, device, fused)
         self.adam = adam
 
     def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
