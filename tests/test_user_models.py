@@ -62,6 +62,16 @@ def test_column_sum_of_a_row_of_17_to_31_lanes(rows: int, cols: int) -> None:
     np.testing.assert_allclose(Tensor(a).sum(0).numpy(), a.sum(0), atol=1e-5)
 
 
+
+@pytest.mark.parametrize("shape, op", [((2, 3, 257), "max"), ((5, 4, 101), "min"), ((5, 2, 1021), "sum"),
+                                       ((2, 4, 1021), "max")])
+def test_reduction_over_the_first_axis_of_a_padded_row(shape: tuple[int, ...], op: str) -> None:
+    """max(0) of (2, 3, 257) gave -inf everywhere (and sum(0) of (5, 2, 1021) zeros): gcc 12's -O2 rebased the
+    register tile's accumulators on the output pointer in the loop of masked stores, then dropped the accumulation as
+    a dead store. Found as softmax(0) giving NaN on a (100, 3, 257) tensor."""
+    a = _rand(*shape)
+    np.testing.assert_allclose(getattr(Tensor(a), op)(0).numpy(), getattr(a, op)(0), atol=1e-5, rtol=1e-5)
+
 class _GRU:
     """A hand-written GRU unrolled over time, (T, B, I) -> (T, B, 2): gates by chunk and split."""
 
