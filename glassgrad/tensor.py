@@ -2004,20 +2004,39 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             num_classes = int(self.max().item()) + 1
         return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).where(1, 0)
 
-    def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
-        """PyTorch's cross_entropy: logits (N, C, ...) against class indices (N, ...) or probabilities (N, C, ...)."""
-        classes = self.shape[1] if self.ndim > 1 else self.shape[0]
+    def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
+                      weight: Tensor | None = None, ignore_index: int | None = None) -> Tensor:
+        """PyTorch's cross_entropy: logits (N, C, ...) against class indices (N, ...) or probabilities (N, C, ...).
+        `weight` (C,) weighs each class and `ignore_index` drops the targets equal to it, as in PyTorch: with class
+        indices "mean" divides by the summed weights of the kept targets. ignore_index defaults to None, not to
+        PyTorch's -100: tinygrad's cross_entropy ignores nothing, and a tinygrad program must keep its loss."""
         axis = 1 if self.ndim > 1 else 0
-        if not Y.dtype.is_float:
-            target = Y.one_hot(classes)
-            target = target.permute(0, -1, *range(1, target.ndim - 1)) if target.ndim > 2 else target
-        else:
-            target = Y
+        classes = self.shape[axis]
+        class_weight = None if weight is None else weight.reshape(classes, *([1] * (self.ndim - axis - 1)))
+        log_probs = self.log_softmax(axis)
+        if Y.dtype.is_float:
+            if ignore_index is not None:
+                raise ValueError("cross_entropy: ignore_index needs class-index targets, not probabilities")
+            if Y.shape != self.shape:
+                raise ShapeError(f"cross_entropy: logits {self.shape} do not match targets {Y.shape}")
+            target = Y * (1 - label_smoothing) + label_smoothing / classes
+            weighted = target if class_weight is None else target * class_weight
+            return _reduce_loss(-(log_probs * weighted).sum(axis), reduction)
+        target = Y.one_hot(classes)
+        target = target.permute(0, -1, *range(1, target.ndim - 1)) if target.ndim > 2 else target
         if target.shape != self.shape:
             raise ShapeError(f"cross_entropy: logits {self.shape} do not match targets {Y.shape}")
-        target = target * (1 - label_smoothing) + label_smoothing / classes
-        loss = -(self.log_softmax(axis) * target).sum(axis)
-        return _reduce_loss(loss, reduction)
+        picked, smooth = (log_probs * target).sum(axis), log_probs.mean(axis)
+        if class_weight is None and ignore_index is None:  # tinygrad's loss
+            return _reduce_loss(-((1 - label_smoothing) * picked + label_smoothing * smooth), reduction)
+        sample_weight = Y.ones_like(dtype=self.dtype) if class_weight is None else (target * class_weight).sum(axis)
+        if class_weight is not None:
+            smooth = (log_probs * class_weight).mean(axis)
+        if ignore_index is not None:
+            sample_weight = (Y != ignore_index).where(sample_weight, 0)
+            smooth = (Y != ignore_index).where(smooth, 0)
+        loss = -((1 - label_smoothing) * picked * sample_weight + label_smoothing * smooth)
+        return loss.sum() / sample_weight.sum() if reduction == "mean" else _reduce_loss(loss, reduction)
 
     def sparse_categorical_crossentropy(self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0,
                                         reduction: str = "mean") -> Tensor:

@@ -427,9 +427,10 @@ def test_memory_stays_constant_over_steps() -> None:
 
 def test_adam_kernels_per_step() -> None:
     counts, _, _, _ = _kernel_counts(lambda ps: Adam(ps, lr=1e-3), 3)
-    # forward and backward (4 matmul/bias reductions, 3 grads), the step count, then per param: m, v and the param
-    # (one kernel storing all three on a CPU; three on a GPU, whose elementwise kernels store one output each)
-    assert counts[1] == counts[2] <= (16 if Device.DEFAULT == "CPU" else 19)
+    # forward and backward (4 matmul/bias reductions, 3 grads), the step count and its two bias corrections (an
+    # expm1 each, worth a buffer of one element), then per param: m, v and the param (one kernel storing all three
+    # on a CPU; three on a GPU, whose elementwise kernels store one output each)
+    assert counts[1] == counts[2] <= (18 if Device.DEFAULT == "CPU" else 21)
 
 
 def test_step_writes_into_the_same_buffers() -> None:

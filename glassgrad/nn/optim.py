@@ -30,7 +30,8 @@ Behaviour (tinygrad's, where tinygrad has one):
   of state back unchanged (`where(t, old, new)`), decided on the device with no host sync. `glassgrad.amp.GradScaler`
   uses it to skip a step whose gradients hold an inf or NaN.
 
-SGD, Adam and AdamW follow PyTorch's update rules exactly (tests compare against `torch.optim`); LAMB, LARS and Muon
+SGD, Adam and AdamW follow PyTorch's update rules exactly (tests compare against `torch.optim`; PyTorch's keyword
+`betas=(b1, b2)` works for the Adam family, in place of tinygrad's `b1`, `b2`); LAMB, LARS and Muon
 follow tinygrad. tinygrad's `device=` and `fused=` are accepted: `device` must be the params' own (state lives with
 its param) and `fused` changes nothing (a step is one schedule either way; Muon refuses it, as tinygrad).
 Each param gets its own buffer: one that is still lazy (say `Tensor.zeros(8)`, which hash-conses with every other
@@ -39,6 +40,7 @@ share one buffer raise `ValueError`.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 from glassgrad.device import canonical_devices
@@ -411,7 +413,15 @@ class _Moments(Optimizer):
     def _count_step(self) -> tuple[Tensor, Tensor]:
         """Advance `t` and return the bias corrections (1 - b1**t, 1 - b2**t) as float tensors."""
         t = self._update(self.t, self.t + 1).cast(dtypes.float32)
-        return 1.0 - self._hyper("b1") ** t, 1.0 - self.b2 ** t
+        return _bias_correction(self._hyper("b1"), t), _bias_correction(self.b2, t)
+
+
+def _bias_correction(beta: float | Tensor, t: Tensor) -> Tensor:
+    """1 - beta**t as -expm1(t * log(beta)), log(beta) taken in double. Computed as written, in float32, it cancels:
+    b2 = 0.999 rounds to 0.99900001, so 1 - b2 is 1.3e-5 off, and every Adam step was 6e-6 too short (PyTorch
+    takes the power in double); this way it is float32-exact (beta 0: log is -inf, and the correction 1)."""
+    log_beta = beta.log() if isinstance(beta, Tensor) else math.log(beta) if beta > 0 else -math.inf
+    return -(t * log_beta).expm1()
 
 
 class Adam(_Moments):
@@ -420,8 +430,9 @@ class Adam(_Moments):
     decoupled: bool = False
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
-                 eps: float = 1e-8, weight_decay: float = 0.0, device: str | None = None, fused: bool = False) -> None:
-        super().__init__(params, lr, b1, b2, eps, weight_decay, device, fused)
+                 eps: float = 1e-8, weight_decay: float = 0.0, device: str | None = None, fused: bool = False, *,
+                 betas: tuple[float, float] | None = None) -> None:
+        super().__init__(params, lr, *(betas or (b1, b2)), eps, weight_decay, device, fused)
 
     def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
         bc1, bc2 = self._count_step()
@@ -442,8 +453,9 @@ class AdamW(Adam):
     decoupled = True
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
-                 eps: float = 1e-8, weight_decay: float = 0.01, device: str | None = None, fused: bool = False) -> None:
-        super().__init__(params, lr, b1, b2, eps, weight_decay, device, fused)
+                 eps: float = 1e-8, weight_decay: float = 0.01, device: str | None = None, fused: bool = False, *,
+                 betas: tuple[float, float] | None = None) -> None:
+        super().__init__(params, lr, *(betas or (b1, b2)), eps, weight_decay, device, fused)
 
 
 class LAMB(_Moments):
@@ -453,8 +465,8 @@ class LAMB(_Moments):
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
                  eps: float = 1e-6, weight_decay: float = 0.0, adam: bool = False, device: str | None = None,
-                 fused: bool = False) -> None:
-        super().__init__(params, lr, b1, b2, eps, weight_decay, device, fused)
+                 fused: bool = False, *, betas: tuple[float, float] | None = None) -> None:
+        super().__init__(params, lr, *(betas or (b1, b2)), eps, weight_decay, device, fused)
         self.adam = adam
 
     def _new_values(self, grads: list[Tensor]) -> list[Tensor]:

@@ -45,7 +45,11 @@ from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir
 # -fno-trapping-math (no program here reads the floating-point exception flags, so both arms of a select may be
 # computed: gcc then vectorises a loop whose selects hold arithmetic, GELU's tanh among them; values are unchanged)
 BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math")
-OPTIONAL_FLAGS = ("-march=native", "-fopenmp-simd")
+# -fno-ivopts: gcc 12.2's induction-variable pass rewrote a read of a local array (a register tile's accumulators, in
+# a loop of masked stores: a column max or sum over a padded row of 257 or 1021) as an address based on the output
+# pointer, and RTL dead-store elimination then dropped the accumulation as never read: max(0) of a (2, 3, 257) tensor
+# gave -inf everywhere. Optional, as each of these: clang ignores it (with a warning)
+OPTIONAL_FLAGS = ("-march=native", "-fopenmp-simd", "-fno-ivopts")
 # tried in this order when CC is not set. gcc first: the kernels' loop shapes and pragmas were tuned with gcc 12, and
 # clang 14 runs them about 3x slower (MNIST's training step, batch 512, 2 cores: 1.4 s with gcc, 4.5 s with clang)
 CANDIDATES = ("gcc", "clang", "cc")
