@@ -369,8 +369,8 @@ class NNOps:
         scores = (q @ key.transpose(-1, -2)) * factor
         if is_causal:
             tensor = _tensor_class()
-            rows = tensor.arange(q.shape[-2], device=q.device).reshape(-1, 1)
-            attn_mask = rows >= tensor.arange(key.shape[-2], device=q.device).reshape(1, -1)
+            rows = tensor.arange(q.shape[-2], device=q.device).reshape(q.shape[-2], 1)  # (no -1: symbolic lengths)
+            attn_mask = rows >= tensor.arange(key.shape[-2], device=q.device).reshape(1, key.shape[-2])
         if attn_mask is not None:
             scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask
         if not 0 <= dropout_p <= 1:

@@ -285,6 +285,14 @@ def test_heuristic_pads_odd_vector_and_row_axes(n: int, m: int, expected: list[O
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows, cols", [(64, 17), (5000, 17), (300, 31)])
+def test_a_column_sum_whose_lanes_take_the_whole_width_compiles(rows: int, cols: int) -> None:
+    """`x.sum(axis=0)` of a prime width up to 31: the SIMD lanes take the whole output axis, so no output axis is
+    left for the register rows; looking for one indexed an empty list (IndexError on the CPU). Values as numpy's."""
+    x = np.random.default_rng(rows + cols).standard_normal((rows, cols), dtype=np.float32)
+    np.testing.assert_allclose(Tensor(x).sum(axis=0).numpy(), x.sum(axis=0, dtype=np.float64), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("rows, cols, expected", [
     (1000, 1023, [Opt(U, 0, 31)]),              # 33 x 31 lanes: no gate, nothing staged
     (64, 1023, [Opt(U, 0, 31)]),

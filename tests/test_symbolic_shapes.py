@@ -367,6 +367,30 @@ def test_arange_to_a_symbolic_stop_and_a_causal_mask() -> None:
         Tensor.arange(0, v.bind(3), 0.5)
 
 
+def test_a_max_under_a_causal_mask_over_a_symbolic_row() -> None:
+    """`where(causal, s, -inf).max(-1)` with a batch and a symbolic row length: the CPU kernel wrote the masked value
+    out in each of its four uses in the max's SIMD loop, and gcc 12 (-march=x86-64-v3) vectorised that into NaN
+    flags where no NaN was (rows of 9 or more came out NaN). Values as numpy's."""
+    s = RNG.standard_normal((2, 40, 40)).astype(np.float32)
+    for n in (3, 17, 40):
+        v = Variable("i", 1, 40).bind(n)
+        causal = Tensor.arange(v).reshape(v, 1) >= Tensor.arange(v).reshape(1, v)
+        out = causal.where(Tensor(s)[:, :v, :v], -np.inf).max(-1).numpy()
+        np.testing.assert_array_equal(out, np.where(np.tril(np.ones((n, n), bool)), s[:, :n, :n], -np.inf).max(-1))
+
+
+def test_causal_attention_over_a_symbolic_length() -> None:
+    """`scaled_dot_product_attention(is_causal=True)` with query and key of a symbolic length (a prompt of varying
+    length): the causal mask's reshape used -1, which a symbolic reshape refuses (ValueError). Values as numpy's."""
+    q, k, w = (RNG.standard_normal((2, 40, 64)).astype(np.float32) for _ in range(3))
+    for n in (3, 17, 40):
+        v = Variable("i", 1, 40).bind(n)
+        out = Tensor(q)[:, :v].scaled_dot_product_attention(Tensor(k)[:, :v], Tensor(w)[:, :v], is_causal=True)
+        scores = np.where(np.tril(np.ones((n, n), bool)), q[:, :n] @ k[:, :n].transpose(0, 2, 1) / 8, -np.inf)
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        np.testing.assert_allclose(out.numpy(), p / p.sum(-1, keepdims=True) @ w[:, :n], rtol=1e-4, atol=1e-5)
+
+
 def test_tinyjit_leaves_a_symbolic_input_in_its_own_buffer() -> None:
     """The JIT copies an input that shares its buffer into one of its own before the capture; a symbolic-shaped
     input must not be copied (its copy was a Buffer sized by a symbolic expression: this call's value only, and a

@@ -431,8 +431,12 @@ class CStyleLanguage:
                 line(f"{self.render_dtype(u.dtype)} {names[u]} = {a[0]};")
             elif u.op is Ops.ACCUMULATE and any(acc is u.src[0] for acc, _ in nan_flags.values()):
                 flag = next(f for acc, f in nan_flags.values() if acc is u.src[0])
-                line(f"{a[0]} = {a[1]} > {a[0]} ? {a[1]} : {a[0]}; {flag} |= {a[1]} != {a[1]}; "
-                     f"{flag}_above |= {a[1]} > -INFINITY;")
+                # the value is named once, not written out in each of its four uses: gcc 12 (-O2 -march=x86-64-v3
+                # -fopenmp-simd -fno-trapping-math) vectorised the repeated select of a causal mask over a symbolic
+                # row length into NaN flags where no NaN was (`softmax` of masked scores came out NaN from row 9 on)
+                value = new_name("max")
+                line(f"{self.render_dtype(u.src[1].dtype)} {value} = {a[1]}; {a[0]} = {value} > {a[0]} ? {value} : "
+                     f"{a[0]}; {flag} |= {value} != {value}; {flag}_above |= {value} > -INFINITY;")
             elif u.op is Ops.ACCUMULATE and (fma := self._fused_product(u, uses, nesting)) is not None:
                 line(f"{a[0]} = {self.render_fma(ref(fma.src[0]), ref(fma.src[1]), a[0], u.dtype)};")
             elif u.op is Ops.ACCUMULATE:
