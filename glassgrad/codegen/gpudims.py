@@ -319,7 +319,7 @@ def _group_reduce(red: UOp, lidx: UOp, local_size: int, range_id: int) -> UOp:
         value = _gate_loads(value, valid)
         value = valid.where(value, UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
     partial = UOp(Ops.REDUCE, red.dtype, (value, step), red.arg)
-    return UOp(Ops.GROUP_REDUCE, red.dtype, (partial, lidx), (red.arg, local_size))
+    return UOp(Ops.GROUP_REDUCE, red.dtype, (partial, lidx, lidx), (red.arg, local_size, local_size))
 
 
 def _gate_loads(value: UOp, valid: UOp) -> UOp:

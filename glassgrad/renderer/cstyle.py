@@ -296,10 +296,9 @@ class CStyleLanguage:
 
     def render_group_reduce(self, u: UOp, args: list[str], smem: str, result: str) -> list[str]:
         """Combine the group's partial results in shared memory (a tree: G/2, G/4, ... 1), leave it in `result`.
-        `args`: the partial result, the thread's index in its group, and (several groups in a work-group, arg
-        (op, G, threads)) the work-group's thread id: each group combines its own segment of G slots."""
-        op, size = u.arg[0], u.arg[1]
-        threads = u.arg[2] if len(u.arg) == 3 else size
+        `args`: the partial result, the thread's index in its group and the work-group's thread id; arg (op, G,
+        threads): with several groups in a work-group each combines its own segment of G slots."""
+        op, size, threads = u.arg
         partial, group = args[0], args[1]
         slot = args[2] if threads != size else group
         combined = self.render_combine(f"{smem}[{slot}]", f"{smem}[{slot} + s]", op, u.dtype)

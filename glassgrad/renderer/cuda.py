@@ -196,7 +196,7 @@ class CUDARenderer(CStyleLanguage):
         """A group of at most 32 threads lies inside one warp (its threads are consecutive and aligned: the group
         loop is the innermost thread index): it combines with register shuffles (lane ^ s, s = G/2 ... 1), no shared
         memory and no barrier. Every lane of the warp takes part, so the work-group must fill whole warps."""
-        size, threads = u.arg[1], u.arg[2] if len(u.arg) == 3 else u.arg[1]
+        _, size, threads = u.arg
         if size > 32 or threads % 32 or u.dtype not in _SHUFFLED:
             return super().render_group_reduce(u, args, smem, result)
         other, dtype = f"{result}_lane", self.render_dtype(u.dtype)  # (each lane shuffles once per step)

@@ -239,6 +239,7 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
         repeated, mode, row_shape = _walk_start(root)
         stack: list[WalkState] = [(s, repeated, False, mode, row_shape) for s in root.src]
         chained, statistics = False, []  # (a chained kernel's per-row values with a transcendental, below)
+        flash = _flash_device(root.device)
         while stack:
             state = stack.pop()
             node, repeated, expanded, mode, row_shape = state
@@ -252,7 +253,7 @@ def _reduces_to_materialise(roots: dict[UOp, None]) -> set[UOp]:
                 stack.extend((s, True, expanded, None, None) for s in node.src)
                 chained = True
                 continue
-            if expanded and node.op in GroupOp.ALU and \
+            if flash and expanded and node.op in GroupOp.ALU and \
                     COSTLY_IN_CHAIN <= _elementwise_cost(node, cost) < COSTLY_ELEMENTWISE:
                 statistics.append(node)
             if node.op is Ops.REDUCE_AXIS:

@@ -503,13 +503,23 @@ def gpu_launch_opts(k: Kernel) -> list[Opt]:
 def _group_opts(k: Kernel) -> list[Opt]:
     """A grouped reduction: LOCAL_SIZE threads share the innermost reduce axis (thread l takes elements l, l+256,
     ...), when every reduction runs over that axis as its innermost loop and 256 divides it."""
+    axis = _innermost_reduce_axis(k)
+    if axis is None:
+        return []
+    return [Opt(OptOps.GROUP, axis, LOCAL_SIZE)] if (k.size(axis) or 1) % LOCAL_SIZE == 0 else []
+
+
+def _innermost_reduce_axis(k: Kernel) -> int | None:
+    """The innermost reduce axis, when every reduction runs over it as its innermost loop (a GROUP splits it)."""
     reduce_axes = k.axes_of("reduce")
+    if not reduce_axes:
+        return None
     axis = max(reduce_axes, key=lambda a: k.axes[a].arg[0])
     rng = k.axes[axis]
     reduces = [u for u in k.ast.toposort() if u.op is Ops.REDUCE]
     if any(rng not in red.src[1:] or max(r.arg[0] for r in red.src[1:]) != rng.arg[0] for red in reduces):
-        return []
-    return [Opt(OptOps.GROUP, axis, LOCAL_SIZE)] if (k.size(axis) or 1) % LOCAL_SIZE == 0 else []
+        return None
+    return axis
 
 
 LANE_GROUP_MAX = 32   # threads sharing one output's short reduction: at most a warp (they combine by shuffles)
@@ -522,14 +532,10 @@ def _lane_group_opts(k: Kernel) -> list[Opt]:
     (`GROUP` G, each thread at least LANE_SHARE elements, G <= 32 so a group lies inside a warp and combines by
     shuffles) and LOCAL_SIZE / G outputs share a work-group (`LOCAL`). A warp's loads then cover whole runs of
     rows instead of one element of 32 rows each."""
-    reduce_axes = k.axes_of("reduce")
-    if not reduce_axes or k.axes_of("local", "group", "upcast", "unroll"):
+    axis = _innermost_reduce_axis(k)
+    if axis is None or k.axes_of("local", "group", "upcast", "unroll"):
         return []
-    axis = max(reduce_axes, key=lambda a: k.axes[a].arg[0])
-    rng, size = k.axes[axis], k.size(axis) or 0
-    reduces = [u for u in k.ast.toposort() if u.op is Ops.REDUCE]
-    if any(rng not in red.src[1:] or max(r.arg[0] for r in red.src[1:]) != rng.arg[0] for red in reduces):
-        return []
+    size = k.size(axis) or 0
     outputs = [a for a in k.axes_of("global") if (k.size(a) or 1) > 1]
     if not outputs or 1 not in k.strides(axis) or all(st in (0, 1) for st in k.strides(outputs[-1])):
         return []  # (no contiguous row, or neighbouring outputs are read from neighbouring addresses already)
@@ -541,9 +547,8 @@ def _lane_group_opts(k: Kernel) -> list[Opt]:
     local = _local_opts(k, LOCAL_SIZE // group)
     if not local:
         return []
-    threaded = k.copy().apply_opts(local)
-    grouped_axis = max(threaded.axes_of("reduce"), key=lambda a: threaded.axes[a].arg[0])
-    return [*local, Opt(OptOps.GROUP, grouped_axis, group)]
+    grouped_axis = _innermost_reduce_axis(k.copy().apply_opts(local))
+    return [*local, Opt(OptOps.GROUP, grouped_axis, group)] if grouped_axis is not None else []
 
 
 def _local_opts(k: Kernel, threads: int = LOCAL_SIZE) -> list[Opt]:
