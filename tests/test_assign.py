@@ -147,6 +147,66 @@ def test_assigns_that_read_each_others_old_values() -> None:
     assert _buffer(w) is w_buf and _buffer(b) is b_buf
 
 
+def _kernels_of(*tensors: Tensor) -> int:
+    GlobalCounters.reset()
+    Tensor.realize_all(*tensors)
+    return GlobalCounters.kernel_count
+
+
+def test_in_place_writes_read_by_another_in_place_write_are_one_kernel() -> None:
+    """An optimizer's shape: p's update reads the new moments m and v; the kernel updating p writes m and v in place
+    too, and each holds the value it would have on its own."""
+    rng = np.random.default_rng(0)
+    p0, m0, v0, g0 = (rng.random(37, dtype=np.float32) for _ in range(4))
+    p, m, v = (Tensor(a).realize() for a in (p0, m0, v0))
+    g = Tensor(g0).realize()
+    bufs = [_buffer(t) for t in (p, m, v)]
+    m.assign(m * 0.9 + g * 0.1)
+    v.assign(v * 0.99 + g * g * 0.01)
+    p.assign(p - 0.5 * m / (v.sqrt() + 1e-3))
+    assert _kernels_of(p, m, v) == 1
+    m1, v1 = m0 * np.float32(0.9) + g0 * np.float32(0.1), v0 * np.float32(0.99) + g0 * g0 * np.float32(0.01)
+    np.testing.assert_allclose(m.numpy(), m1, rtol=1e-6)
+    np.testing.assert_allclose(v.numpy(), v1, rtol=1e-6)
+    np.testing.assert_allclose(p.numpy(), p0 - 0.5 * m1 / (np.sqrt(v1) + 1e-3), rtol=1e-5)
+    assert [_buffer(t) for t in (p, m, v)] == bufs
+
+
+def test_an_in_place_write_reading_other_elements_of_its_buffer_is_not_merged() -> None:
+    """m's new value reads m reversed: written in place by p's kernel, a thread would read an element another has
+    already overwritten; it keeps its own route (a temporary) and the values stay right."""
+    m0, p0 = np.arange(8, dtype=np.float32), np.ones(8, np.float32)
+    m, p = Tensor(m0).realize(), Tensor(p0).realize()
+    m.assign(m.flip(0) + 1)
+    p.assign(p + m)
+    Tensor.realize_all(p, m)
+    np.testing.assert_array_equal(m.numpy(), m0[::-1] + 1)
+    np.testing.assert_array_equal(p.numpy(), p0 + m0[::-1] + 1)
+
+
+def test_a_merged_in_place_write_waits_for_the_readers_of_the_old_value() -> None:
+    """`total` reads m before its write and p's update reads both: the reduction runs first, then the one kernel
+    writing m and p."""
+    m0, p0 = np.arange(6, dtype=np.float32), np.full(6, 2.0, np.float32)
+    m, p = Tensor(m0).realize(), Tensor(p0).realize()
+    total = m.sum()
+    m.assign(m + 1)
+    p.assign(p * m + total)
+    Tensor.realize_all(p, m)
+    np.testing.assert_array_equal(m.numpy(), m0 + 1)
+    np.testing.assert_array_equal(p.numpy(), p0 * (m0 + 1) + m0.sum())
+
+
+def test_in_place_writes_chained_across_buffers() -> None:
+    """a's new value is b's old plus one, and b's new value reads a's new one: one kernel writes both."""
+    a, b = Tensor([1.0, 2.0, 3.0]).realize(), Tensor([10.0, 20.0, 30.0]).realize()
+    a.assign(b + 1)
+    b.assign(a * 2)
+    assert _kernels_of(a, b) == 1
+    np.testing.assert_array_equal(a.numpy(), [11.0, 21.0, 31.0])
+    np.testing.assert_array_equal(b.numpy(), [22.0, 42.0, 62.0])
+
+
 def test_a_second_assign_while_the_first_is_pending() -> None:
     p = Tensor(np.zeros(3, np.float32))
     buf = _buffer(p)

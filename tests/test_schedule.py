@@ -1273,8 +1273,8 @@ def test_an_output_read_through_an_expand_or_another_index_is_not_merged() -> No
 @pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
 def test_an_optimizer_step_stores_the_gradient_it_computes(optimizer: str) -> None:
     """`p.grad` keeps its value after the step (tensor value semantics), at no kernel of its own when the gradient is
-    elementwise work (as BatchNorm's weight gradient from its reduced parts): the kernel of the first update that
-    reads the gradient stores it too."""
+    elementwise work (as BatchNorm's weight gradient from its reduced parts): the param's update kernel stores it
+    too, along with the optimizer state it updates in place (one kernel per param)."""
     from glassgrad.engine import realize
     from glassgrad.nn import optim
     rng = np.random.default_rng(1)
@@ -1294,7 +1294,10 @@ def test_an_optimizer_step_stores_the_gradient_it_computes(optimizer: str) -> No
     np.testing.assert_allclose(w.grad.numpy(), a * np.exp(a * w0), rtol=1e-5, atol=1e-6)
     grad_buffer = w.grad.uop.base.arg[0]
     writers = [item for item in items if any(buf is grad_buffer for buf, _ in item.writes)]
-    assert len(writers) == 1 and len(writers[0].writes) == 2, [item.writes for item in items]
+    state = opt.b if optimizer == "SGD" else [*opt.m, *opt.v]
+    expected = {id(t.uop.base.arg[0]) for t in (w, *state)} | {id(grad_buffer)}
+    assert len(writers) == 1 and {id(buf) for buf, _ in writers[0].writes} == expected, \
+        [item.writes for item in items]
 
 
 def test_a_weight_gradient_with_few_output_tiles_is_split_to_fill_a_gpu() -> None:

@@ -152,6 +152,7 @@ REALIZED = RealizedMap()
 
 
 BufferVersion = tuple[Buffer, int]  # a buffer's contents after its n-th in-place write (ASSIGN)
+Stored = tuple[UOp, Buffer, int]  # a further output of a kernel: the node, its buffer, the version it writes
 
 
 @dataclass(frozen=True)
@@ -588,8 +589,11 @@ def _schedule_graph(outs: list[UOp], originals: list[UOp], sink: UOp, nodes: lis
     merged = _merged_outputs(roots, nodes)
     first_created = len(created)
     schedule, views, via_temp = _items(nodes, roots, merged, created)
-    if merged and _topological(schedule)[1]:  # a kernel of several outputs made an order need a temporary copy:
-        del created[first_created:]           # without them, no ordering is harder than the graph's own
+    # a kernel of several outputs made an order need a temporary copy, or writes in place an output that it reads
+    # at other elements too: without merged outputs, no ordering is harder than the graph's own
+    if merged and (_topological(schedule)[1] or any(len(it.writes) > 1 and reads_other_elements(it.ast)
+                                                    for it in schedule)):
+        del created[first_created:]
         schedule, views, via_temp = _items(nodes, roots, {}, created)
 
     def view_of(u: UOp) -> UOp | None:
@@ -610,7 +614,7 @@ def _items(nodes: list[UOp], roots: dict[UOp, None], merged: dict[UOp, UOp], cre
     `merged` is stored by the kernel of the root it maps to (`_merged_outputs`), not by one of its own.
     Also returns, for each in-place write, the same write through a temporary buffer (see `order_writes`)."""
     views: dict[UOp, UOp] = {}
-    stored_by: dict[UOp, list[tuple[UOp, Buffer]]] = {owner: [] for owner in merged.values()}
+    stored_by: dict[UOp, list[Stored]] = {owner: [] for owner in merged.values()}
 
     def view_of(u: UOp) -> UOp | None:
         return views.get(u) or REALIZED.get(u)
@@ -628,7 +632,12 @@ def _items(nodes: list[UOp], roots: dict[UOp, None], merged: dict[UOp, UOp], cre
             continue
         also = tuple(stored_by.get(node, ()))
         # the kernel computes the outputs it also stores: it must not load them from their own (unwritten) buffers
-        own_view = view_of if not also else _hiding({n for n, _ in also}, view_of)
+        own_view = view_of if not also else _hiding({n for n, _, _ in also}, view_of)
+        if node in merged and node.op is Ops.ASSIGN:  # written in place by the kernel of the root it maps to
+            buf, version = without_reshapes(node.src[0]).arg
+            stored_by[merged[node]].append((node, buf, version + 1))
+            views[node] = buffer_view(buf, node.shape, version + 1)
+            continue
         if node.op is Ops.ASSIGN:
             items = _assign_items(node, own_view, created, also=also)
             if len(items) == 1:
@@ -640,7 +649,7 @@ def _items(nodes: list[UOp], roots: dict[UOp, None], merged: dict[UOp, UOp], cre
         out = Buffer(node.device, _buffer_size(node), node.dtype)
         created.append(out)
         if node in merged:
-            stored_by[merged[node]].append((node, out))
+            stored_by[merged[node]].append((node, out, 0))
         elif node.size == 0:
             pass
         elif node.op is Ops.COPY:
@@ -663,14 +672,18 @@ def _merged_outputs(roots: dict[UOp, None], nodes: list[UOp]) -> dict[UOp, UOp]:
     """{root: the root whose kernel also stores it}. A root X that another root's kernel computes anyway, at that
     kernel's own index (elementwise ops and reshapes lead from the kernel's value to X: the same elements in the
     same row-major order, no other movement, no reduction in between), is stored by that kernel, a second output,
-    rather than computed by a kernel of its own. An optimizer step that keeps a gradient (`p.grad` after the step)
-    then runs no kernel more than without keeping it: the update of Adam's first moment stores the gradient.
+    rather than computed by a kernel of its own. X may be an in-place write (an ASSIGN, stored into its target's
+    buffer), and the outputs X's own kernel would have stored move with it. So an optimizer step is one kernel per
+    param: AdamW's update of p computes the new moments m and v on the way, and stores all three (and the gradient,
+    where that is elementwise work such as BatchNorm's: `p.grad` after the step costs no kernel).
 
     Only for elementwise kernels: neither kernel may hold a reduction. A reduction's kernel is shaped for the
     hardware (tiles, work-groups) by its loads and its one store; a weight gradient merged into AdamW's update took
-    a GPT step on the H100 from 65 to 213 ms. Not for an X that some other root the kernel reads depends on (X
-    would be needed before the kernel that writes it runs), nor for copies, in-place writes or symbolic shapes."""
+    a GPT step on the H100 from 65 to 213 ms. Not where a root the merged kernel reads depends on X (X would be
+    needed before the kernel that writes it runs), nor for copies or symbolic shapes."""
     merged: dict[UOp, UOp] = {}
+    reads: dict[UOp, set[UOp]] = {}  # a candidate kernel's root -> the roots that kernel reads
+    depends = _RootDependencies(roots, nodes)
     for node in nodes:
         if node not in roots or node.size == 0 or not all(isinstance(d, int) for d in node.shape):
             continue
@@ -683,14 +696,55 @@ def _merged_outputs(roots: dict[UOp, None], nodes: list[UOp]) -> dict[UOp, UOp]:
         if _has_reduction(start, roots):
             continue
         reached, frontier = _elementwise_reach(start, roots)
+        reads[node] = set(frontier)
         for extra in reached:
-            if extra in merged or extra in merged.values() or extra.size != node.size or \
-                    extra.device != node.device or extra.op not in GroupOp.Elementwise or \
-                    _has_reduction([extra], roots):
+            if extra not in reads or extra in merged or extra.size != node.size or extra.device != node.device:
+                continue  # (`reads` holds exactly the roots that could be kernels of this kind themselves)
+            stored = {extra, *(x for x, owner in merged.items() if owner is extra)}
+            kernel_reads = (reads[node] | reads[extra]) - stored
+            if depends.any_on(kernel_reads, stored) or \
+                    not _distinct_targets([node, *stored, *(x for x, owner in merged.items() if owner is node)]):
                 continue
-            if not any(extra in other.toposort(stop=_materialised) for other in frontier if other is not extra):
-                merged[extra] = node
+            for x in stored:
+                merged[x] = node
+            reads[node] = kernel_reads
     return merged
+
+
+def _distinct_targets(outputs: list[UOp]) -> bool:
+    """Whether no two of a kernel's outputs are in-place writes to one buffer (`p.assign(p + 1)` twice: both
+    versions from one kernel would be stored in no defined order)."""
+    targets = [without_reshapes(u.src[0]).arg[0] for u in outputs if u.op is Ops.ASSIGN]
+    return len({id(b) for b in targets}) == len(targets)
+
+
+class _RootDependencies:
+    """Which roots depend on which, through the graph (down to materialised nodes): built on the first question,
+    in one walk over `nodes` (topologically ordered), each node's set of roots below it as a bit mask."""
+
+    def __init__(self, roots: dict[UOp, None], nodes: list[UOp]) -> None:
+        self.roots, self.nodes = roots, nodes
+        self._masks: dict[UOp, int] | None = None
+        self._bit = {r: 1 << i for i, r in enumerate(roots)}
+
+    def any_on(self, readers: Iterable[UOp], written: Iterable[UOp]) -> bool:
+        """Whether any of `readers` depends on any of `written`."""
+        if self._masks is None:
+            self._masks = self._build()
+        wanted = 0
+        for w in written:
+            wanted |= self._bit.get(w, 0)
+        return any(self._masks.get(r, 0) & wanted for r in readers)
+
+    def _build(self) -> dict[UOp, int]:
+        masks: dict[UOp, int] = {}
+        for u in self.nodes:
+            mask = 0
+            if not _materialised(u):
+                for s in u.src:
+                    mask |= masks.get(s, 0) | self._bit.get(s, 0)
+            masks[u] = mask
+        return masks
 
 
 def _has_reduction(start: list[UOp], roots: dict[UOp, None]) -> bool:
@@ -929,11 +983,12 @@ def _split_rule(u: UOp, uses: dict[UOp, int]) -> UOp | None:
 
 
 def _kernel_item(node: UOp, out: Buffer, version: int, view_of: Callable[[UOp], UOp | None],
-                 also: Sequence[tuple[UOp, Buffer]] = ()) -> ScheduleItem:
-    """The kernel that writes `node` into `out` (making its `version`), and each of `also` into its own buffer."""
+                 also: Sequence[Stored] = ()) -> ScheduleItem:
+    """The kernel that writes `node` into `out` (making its `version`), and each of `also` into its own buffer (an
+    in-place write making that buffer's next version, or a new buffer's version 0)."""
     builder = KernelBuilder(view_of)
-    ast = builder.build(node, out, also)
-    writes = ((out, version), *((buf, 0) for _, buf in also))
+    ast = builder.build(node, out, [(n, buf) for n, buf, _ in also])
+    writes = ((out, version), *((buf, v) for _, buf, v in also))
     return ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), writes, builder.var_vals)
 
 
@@ -950,7 +1005,7 @@ def _scatter_items(node: UOp, out: Buffer, view_of: Callable[[UOp], UOp | None])
 
 
 def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None], created: list[Buffer],
-                  via_temp: bool = False, also: Sequence[tuple[UOp, Buffer]] = ()) -> list[ScheduleItem]:
+                  via_temp: bool = False, also: Sequence[Stored] = ()) -> list[ScheduleItem]:
     """ASSIGN(target, value): write value into target's own buffer. If the value reads that buffer at any other
     element than the one being written (x.assign(x.T)), computing in place would read overwritten data: compute
     into a temporary buffer first (appended to `created`), then copy it in. `via_temp` asks for that route anyway
@@ -970,10 +1025,11 @@ def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None], created: list
 
 @functools.lru_cache(maxsize=4096)  # the same update kernel recurs every training step (ASTs are hash-consed)
 def reads_other_elements(ast: UOp) -> bool:
-    """True if the kernel loads from its output buffer (DEFINE_GLOBAL 0) at an index other than the one it stores."""
+    """True if the kernel loads from a buffer it stores at an index other than the one it stores (only an in-place
+    write loads its own output buffer)."""
     simplified = simplify(ast)
-    store = simplified.src[0]
-    return any(u.op is Ops.LOAD and u.src[0] is store.src[0] and u.src[1] is not store.src[1]
+    stored_at = {u.src[0]: u.src[1] for u in simplified.src if u.op is Ops.STORE}
+    return any(u.op is Ops.LOAD and u.src[0] in stored_at and u.src[1] is not stored_at[u.src[0]]
                for u in simplified.toposort())
 
 

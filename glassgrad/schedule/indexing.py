@@ -292,6 +292,8 @@ class KernelBuilder:
             return UOp(op, node.dtype, tuple(srcs))
         if op in (Ops.DETACH, Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD):
             return (yield (node.src[0], idxs, gate))
+        if op is Ops.ASSIGN:  # an in-place write this kernel also stores (the scheduler's merged outputs)
+            return (yield (node.src[1], idxs, gate))
         if op is Ops.REDUCE_AXIS:
             return (yield from self._lower_reduce(node, idxs, gate))
         if op is Ops.GATHER:
