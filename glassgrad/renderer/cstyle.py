@@ -14,12 +14,14 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
 from glassgrad.dtype import DType, dtypes
 from glassgrad.uop.ops import GroupOp, Ops, UOp, dtype_bounds
-from glassgrad.uop.pattern import PatternMatcher, UPat
+from glassgrad.uop.pattern import PatternMatcher, UPat, substitute
+from glassgrad.uop.symbolic import simplify
 
 _LOW_PRECISION = (dtypes.float16, dtypes.bfloat16)
 _NARROW_INTS = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)  # C promotes these to int in arithmetic
@@ -112,6 +114,16 @@ class CStyleLanguage:
         return ""
 
     simd_max = False  # a float max over an innermost loop may be a SIMD reduction with a NaN flag (see `_simd_max`)
+    # contiguous runs of an innermost upcast loop's loads and stores move as 16-byte vectors (see `VectorRun`)
+    vector_runs = False
+
+    def render_vector_copy(self, dst: str, src: str, nbytes: int) -> str:
+        """Copy `nbytes` (4, 8 or 16, aligned to that) from the address `src` to the address `dst` as one access."""
+        kind = {4: "unsigned int", 8: "uint2", 16: "uint4"}[nbytes]
+        return f"*({kind}*)({dst}) = *(const {kind}*)({src});"
+
+    def render_aligned_array(self, dtype: DType, name: str, size: int) -> str:
+        return f"{self.render_dtype(dtype)} {name}[{size}] __attribute__((aligned(16)));"
 
     wide_index_type: str | None = None  # a 64-bit type for int32 index variables (see `var_type`), if any
 
@@ -337,6 +349,29 @@ class CStyleLanguage:
             return self.render_const(s.arg, s.dtype) if s.op is Ops.CONST else names[s]
 
         outputs = {u.src[0] for u in program if u.op in (Ops.STORE, Ops.COPY_OUT) and u.src[0].op is Ops.DEFINE_GLOBAL}
+        runs = vector_runs(program) if self.vector_runs else {}
+        run_arrays: dict[UOp, str] = {}  # a vectorised load or store -> the register array of its run
+        stores_after: dict[UOp, list[str]] = {}  # a loop -> the vector stores written after it
+
+        def open_runs(loop: UOp) -> None:
+            """Before an upcast loop: a register array per run; each load's run is filled by vector loads."""
+            firsts: dict[UOp, str] = {}
+            for access, run in runs.items():
+                if run.loop is not loop:
+                    continue
+                if run.first not in firsts:
+                    firsts[run.first] = new_name("run")
+                    line(f"{self.render_dtype(run.first.dtype)} {firsts[run.first]} = "
+                         f"{self._expression(run.first, names)};")
+                array = run_arrays[access] = new_name("vec")
+                line(self.render_aligned_array(access.src[0].dtype, array, run.lanes))
+                buf, first = names[access.src[0]], firsts[run.first]
+                for offset in range(0, run.lanes, run.chunk):
+                    at, held = f"&{buf}[{first}{f' + {offset}' if offset else ''}]", f"&{array}[{offset}]"
+                    copy = self.render_vector_copy(*((held, at) if access.op is Ops.LOAD else (at, held)),
+                                                   run.chunk * access.src[0].dtype.itemsize)
+                    (line(copy) if access.op is Ops.LOAD else stores_after.setdefault(loop, []).append(copy))
+
         for position, u in enumerate(program):
             # what a barrier or a commit orders (STOREs, copies) has no value; a wait's loop index is only its scope
             a = [ref(s) for s in (u.src if u.op not in _ORDERING else u.src[:1])]
@@ -360,6 +395,7 @@ class CStyleLanguage:
                     pragma = self.upcast_loop_pragma(u, lanes) if u.arg[1] != "stage" else self.stage_loop_pragma(lanes)
                     if lanes and u.arg[1] != "stage" and len(self.lane_chunks(u.src[0].arg)) > 1:
                         split_loops[u] = len(body)  # rendered once, then repeated per chunk at its ENDRANGE
+                    open_runs(u)
                     if pragma:
                         line(pragma)
                     line(f"for ({self.loop_var_type(u.dtype)} {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
@@ -383,6 +419,8 @@ class CStyleLanguage:
             elif u.op is Ops.ENDRANGE:
                 depth -= 1
                 line("}")
+                for copy in stores_after.pop(u.src[0], []):
+                    line(copy)
                 if u.src[0] in nan_flags:
                     acc_node, flag = nan_flags.pop(u.src[0])
                     line(f"if (!{flag}_above) {names[acc_node]} = {flag}_start;")
@@ -440,6 +478,13 @@ class CStyleLanguage:
                 line(f"{a[0]} = {self.render_fma(ref(fma.src[0]), ref(fma.src[1]), a[0], u.dtype)};")
             elif u.op is Ops.ACCUMULATE:
                 line(self.render_accumulate(a[0], a[1], u.arg, u.dtype))
+            elif u.op in (Ops.LOAD, Ops.STORE) and u in run_arrays:  # a lane of a vector run
+                lane = f"{run_arrays[u]}[{names[runs[u].loop]}]"
+                if u.op is Ops.LOAD:
+                    names[u] = new_name("val")
+                    line(f"{self.render_dtype(u.dtype)} {names[u]} = {lane};")
+                else:
+                    line(f"{lane} = {a[2]};")
             elif u.op is Ops.LOAD:
                 names[u] = new_name("val")
                 load = f"{a[0]}[{a[1]}]"
@@ -499,9 +544,71 @@ class CStyleLanguage:
     def render_param(self, u: UOp, writes: bool) -> str:
         return f"{'' if writes else 'const '}{self.render_dtype(u.dtype)}* restrict data{u.arg}"
 
+    def _expression(self, u: UOp, names: dict[UOp, str]) -> str:
+        """`u` written out whole from thread ids, loop indices and Variables (an index computed before the loop it
+        belongs to: none of its operations has a variable there yet)."""
+        if u.op is Ops.CONST:
+            return self.render_const(u.arg, u.dtype)
+        if u.op in (Ops.SPECIAL, Ops.RANGE, Ops.DEFINE_VAR):
+            return names[u]
+        a = [self._expression(s, names) for s in u.src]
+        return self.render_cast(a[0], u.src[0].dtype, u.dtype) if u.op is Ops.CAST else self.render_alu(u, a)
+
     def render_var_param(self, u: UOp, slot: int) -> str:
         """A Variable's parameter (`slot`: its position in the parameter list)."""
         return f"const int {u.arg[0]}"
+
+
+@dataclass(frozen=True)
+class VectorRun:
+    """A load or store inside an innermost upcast loop that reads or writes `lanes` consecutive elements from
+    `first` (one per iteration, in order), `first` a multiple of `chunk`: it moves as lanes / chunk vector accesses
+    of `chunk` elements (16 bytes, or 4 or 8 for a short run), through a register array the loop indexes."""
+    loop: UOp
+    first: UOp
+    lanes: int
+    chunk: int
+
+
+def vector_runs(program: list[UOp]) -> dict[UOp, VectorRun]:
+    """The ungated loads and stores of global buffers inside innermost upcast loops that run contiguously along the
+    loop from an aligned first element (buffers start 256-byte aligned; views are offsets in the index)."""
+    runs: dict[UOp, VectorRun] = {}
+    if any(u.op in _SHAPED_BY_GPUDIMS for u in program):
+        return runs  # (tiled and grouped kernels stage their loads themselves)
+    open_loop: UOp | None = None
+    defined: set[UOp] = set()
+    for u in program:
+        if u.op in (Ops.SPECIAL, Ops.DEFINE_VAR):
+            defined.add(u)
+        if u.op is Ops.RANGE:
+            defined.add(u)
+            open_loop = u if u.arg[1] == "upcast" and u.src[0].op is Ops.CONST else None
+        elif u.op is Ops.ENDRANGE:
+            open_loop = None
+        elif open_loop is not None and u.op in (Ops.LOAD, Ops.STORE) and u.src[0].op is Ops.DEFINE_GLOBAL and \
+                len(u.src) == (2 if u.op is Ops.LOAD else 3) and u.arg is None:
+            run = _vector_run(u, open_loop, defined)
+            if run is not None:
+                runs[u] = run
+    return runs
+
+
+def _vector_run(access: UOp, loop: UOp, defined: set[UOp]) -> VectorRun | None:
+    lanes, itemsize = loop.src[0].arg, access.src[0].dtype.itemsize
+    nbytes = lanes * itemsize
+    chunk_bytes = 16 if nbytes % 16 == 0 else nbytes if nbytes in (4, 8) else 0
+    if not chunk_bytes or index_stride(access.src[1], loop) != 1:
+        return None
+    chunk = chunk_bytes // itemsize
+    first = simplify(substitute(access.src[1], {loop: UOp.const(loop.dtype, 0)}))
+    leaves = [n for n in first.toposort() if not n.src and n.op is not Ops.CONST]
+    if any(n not in defined or n is loop for n in leaves) or \
+            any(n.op not in GroupOp.ALU and n.op not in (Ops.CAST, Ops.CONST, Ops.SPECIAL, Ops.RANGE, Ops.DEFINE_VAR)
+                for n in first.toposort()):
+        return None
+    aligned = simplify(first % UOp.const(first.dtype, chunk))
+    return VectorRun(loop, first, lanes, chunk) if aligned.op is Ops.CONST and aligned.arg == 0 else None
 
 
 def index_stride(index: UOp, loop: UOp) -> int | None:
@@ -589,6 +696,8 @@ def _loop_iterations(program: list[UOp]) -> int | None:
 
 
 _ORDERING = (Ops.BARRIER, Ops.ASYNC_COMMIT, Ops.ASYNC_WAIT)
+_SHAPED_BY_GPUDIMS = (Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.WMMA, Ops.FRAGMENT, Ops.ASYNC_COPY, Ops.COPY_OUT,
+                      Ops.GROUP_REDUCE)
 
 
 def _simd_accumulate(program: list[UOp], position: int) -> UOp | None:

@@ -95,6 +95,7 @@ class CUDARenderer(CStyleLanguage):
     has_local = True
     extra_matcher = float32_compute
     barrier = "__syncthreads();"
+    vector_runs = True
 
     def __init__(self, arch: str = "sm_90") -> None:
         """`arch`: the GPU architecture the kernels are for ('sm_90', 'sm_80', 'sm_90a'): a target detail given
@@ -116,6 +117,9 @@ class CUDARenderer(CStyleLanguage):
 
     def render_global_range(self, index: int, var: str, size: str, dtype: str) -> str:
         return "#pragma unroll\n  " + super().render_global_range(index, var, size, dtype)
+
+    def render_aligned_array(self, dtype: DType, name: str, size: int) -> str:
+        return f"__align__(16) {self.render_dtype(dtype)} {name}[{size}];"
 
     def render_local_array(self, dtype: DType, name: str, size: int) -> str:
         # 16-byte aligned: four neighbouring floats at a multiple of 4 then load as one 128-bit access

@@ -49,6 +49,7 @@ chooses their shape.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,6 +59,7 @@ from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
 from glassgrad.codegen.opt.kernel import Kernel
 from glassgrad.codegen.stage import PACK_REUSE, STAGE_MAX, stages_before_reduction
 from glassgrad.helpers import prod
+from glassgrad.renderer.cstyle import index_stride
 from glassgrad.uop.ops import Ops
 
 VECTOR_WIDTH = 16            # floats in one AVX-512 register: a vector axis of a multiple of this is split by it
@@ -492,7 +494,8 @@ def gpu_launch_opts(k: Kernel) -> list[Opt]:
     if any(k.size(axis) is None for axis in range(len(k.axes))):
         return []  # symbolic sizes: gpudims' flat shape checks the real count in the kernel
     shape = automatic_shape(k.ast)
-    opts = _group_opts(k) if shape == "grouped" else (_lane_group_opts(k) or _local_opts(k)) if shape == "flat" else []
+    opts = _group_opts(k) if shape == "grouped" else \
+        (_lane_group_opts(k) or _vector_opts(k) or _local_opts(k)) if shape == "flat" else []
     try:
         k.copy().apply_opts(opts)
     except KernelOptError:
@@ -549,6 +552,53 @@ def _lane_group_opts(k: Kernel) -> list[Opt]:
         return []
     grouped_axis = _innermost_reduce_axis(k.copy().apply_opts(local))
     return [*local, Opt(OptOps.GROUP, grouped_axis, group)] if grouped_axis is not None else []
+
+
+VECTOR_BYTES = 16  # a GPU thread's widest load or store (CUDA's uint4, Metal's uint4)
+WARP = 32
+
+
+def _vector_opts(k: Kernel) -> list[Opt]:
+    """A large elementwise kernel whose store and loads all run contiguously (or stay put) along the innermost output
+    axis: each thread takes VECTOR_BYTES of its narrowest contiguous buffer there (`UPCAST`, innermost), the threads
+    of a work-group neighbouring runs (`LOCAL`), so that the renderer loads and stores each run as one vector
+    (`render_vector_runs`). A warp's 2-byte accesses moved 64 bytes an instruction; its 16-byte ones move 512."""
+    if not k.renderer.vector_runs or k.has_reduce or k.axes_of("local", "group", "upcast", "unroll"):
+        return []
+    outputs = [a for a in k.axes_of("global") if (k.size(a) or 1) > 1]
+    if not outputs or prod(k.size(a) or 1 for a in outputs) < MANY_ELEMENTS:
+        return []
+    axis, nodes = outputs[-1], k.ast.toposort()
+    accesses = [u for u in nodes if u.op in (Ops.LOAD, Ops.STORE)]
+    if any(u.op is Ops.LOAD and len(u.src) == 3 or u.op is Ops.STORE and len(u.src) == 4 for u in accesses):
+        return []  # (gated: a pad's or a masked store's elements are not whole runs)
+    strides = {u: index_stride(u.src[1], k.axes[axis]) for u in accesses}
+    if any(st not in (0, 1) for st in strides.values()) or \
+            any(strides[u] != 1 for u in accesses if u.op is Ops.STORE):
+        return []
+    lanes = VECTOR_BYTES // min(u.src[0].dtype.itemsize for u in accesses if strides[u] == 1)
+    if (k.size(axis) or 1) % lanes:
+        return []
+    upcast = [Opt(OptOps.UPCAST, axis, lanes)]
+    local = _run_threads(k.copy().apply_opts(upcast))
+    return [*upcast, *local] if local else []
+
+
+def _run_threads(k: Kernel) -> list[Opt]:
+    """LOCAL_SIZE threads from the output axes, innermost first, each taking the largest power of two dividing the
+    axis that still fits; at least a warp's worth from the innermost axis, so that a warp's runs are consecutive."""
+    threads, opts = LOCAL_SIZE, list[Opt]()
+    for axis in reversed(k.axes_of("global")):
+        size = k.size(axis) or 1
+        take = math.gcd(size, threads)
+        if not opts and take < WARP:
+            return []
+        if take > 1:
+            opts.append(Opt(OptOps.LOCAL, axis, 0 if take == size else take))
+            threads //= take
+        if threads == 1:
+            return opts
+    return []
 
 
 def _local_opts(k: Kernel, threads: int = LOCAL_SIZE) -> list[Opt]:
