@@ -6,7 +6,9 @@ with their backward, and a few reductions: softmax, layernorm, sums) or `--set g
 step: GPT-2 124M, batch 8 x 1024, forward under autocast, backward and AdamW, every distinct kernel).
 `--save DIR` writes each kernel's CUDA source to DIR/NNN_NAME.cu; `--check DIR` compares the sources with such a
 folder byte by byte (exit status 1 on any difference). `--profile N` prints cProfile's top N functions by
-cumulative time. Out: per kernel, the CPU seconds `get_program` took (process time), and the total.
+cumulative time. Out: the CPU seconds (process time) scheduling took, per kernel those `get_program` took (the 20
+slowest), and their total. Run with PYTHONHASHSEED fixed when comparing sources: the schedule's kernel order (and
+for the small set, once, its kernel count) varied with the hash seed.
 
     python bench/codegen_profile.py --save /tmp/base
     python bench/codegen_profile.py --check /tmp/base --profile 30
@@ -135,7 +137,9 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="print cProfile's top N by cumulative time")
     args = parser.parse_args()
     tensors = gpt_set() if args.set == "gpt" else [*linear_set(), *attention_set(), *reduction_set()]
+    start = time.process_time()
     asts = kernel_asts(tensors)
+    print(f"scheduling: {time.process_time() - start:.2f} s CPU")
     profiler = cProfile.Profile() if args.profile else None
     rendered = render_all(asts, profiler)
     for spec, seconds in sorted(rendered, key=lambda r: -r[1])[:20]:

@@ -158,6 +158,7 @@ def substitute(root: UOp, mapping: dict[UOp, UOp], unchanged: dict[UOp, UOp] | N
     many substitutions into graphs that share a large part no key reaches skip that part)."""
     if not mapping:
         return root
+    assert unchanged is None or not any(k in unchanged for k in mapping), "unchanged_by: for other keys"
     get = mapping.get
 
     def replaced(u: UOp) -> UOp | None:
