@@ -7,12 +7,12 @@ step: GPT-2 124M, batch 8 x 1024, forward under autocast, backward and AdamW, ev
 `--save DIR` writes each kernel's CUDA source to DIR/NNN_NAME.cu; `--check DIR` compares the sources with such a
 folder byte by byte (exit status 1 on any difference). `--profile N` prints cProfile's top N functions by
 cumulative time. Out: the CPU seconds (process time) scheduling took, per kernel those `get_program` took (the 20
-slowest), and their total. Run with PYTHONHASHSEED fixed when comparing sources: the schedule's kernel order (and
-for the small set, once, its kernel count) varied with the hash seed.
+slowest), and their total. Compare sources of runs with one PYTHONHASHSEED, and check which `glassgrad` is imported
+(`PYTHONPATH=.` for this checkout: the script's folder, not the working directory, is on sys.path).
 
-    python bench/codegen_profile.py --save /tmp/base
-    python bench/codegen_profile.py --check /tmp/base --profile 30
-    python bench/codegen_profile.py --set gpt --check /tmp/base_gpt
+    PYTHONPATH=. PYTHONHASHSEED=0 python bench/codegen_profile.py --save /tmp/base
+    PYTHONPATH=. PYTHONHASHSEED=0 python bench/codegen_profile.py --check /tmp/base --profile 30
+    PYTHONPATH=. PYTHONHASHSEED=0 python bench/codegen_profile.py --set gpt --check /tmp/base_gpt
 """
 from __future__ import annotations
 
