@@ -5,7 +5,7 @@ import pytest
 
 from glassgrad.dtype import dtypes
 from glassgrad.uop.ops import GroupOp, Ops, UOp
-from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite, substitute, unchanged_by
 
 I32 = dtypes.int32
 
@@ -228,3 +228,27 @@ class TestGraphRewrite:
         ])
         with pytest.raises(RuntimeError, match="loop"):
             graph_rewrite(rng(4) * 2, flip_flop)
+
+
+# ---------------------------------------------------------------- substitute
+class TestSubstitute:
+    def test_a_key_is_looked_up_once_its_sources_are_rewritten(self) -> None:
+        a, b = rng(4), rng(8, 1)
+        assert substitute(a * 3 + a, {a: b}) is b * 3 + b
+        # (a + 1) is not a key once a -> b: the lookup is of b + 1
+        assert substitute((a + 1) * 2, {a: b, a + 1: c(7)}) is (b + 1) * 2
+
+    def test_replacements_are_substituted_too(self) -> None:
+        a, b = rng(4), rng(8, 1)
+        assert substitute(a + 1, {a: b * 2, b: c(3)}) is c(3) * 2 + 1
+
+    def test_unchanged_nodes_are_not_walked_and_the_result_is_the_same(self) -> None:
+        a, b, k = rng(4), rng(8, 1), rng(16, 2)
+        shared = (b * 5 + 3) // 2  # no key below: found once, for every substitution
+        roots = [(a + shared) * (k + shared), a + k]
+        unchanged = unchanged_by(roots, {a, k})
+        assert shared in unchanged and b in unchanged
+        assert a not in unchanged and k not in unchanged and a + shared not in unchanged and roots[1] not in unchanged
+        for mapping in ({a: c(1)}, {k: b}, {a: k, k: c(2)}):
+            for root in roots:
+                assert substitute(root, mapping, unchanged) is substitute(root, mapping)

@@ -568,3 +568,24 @@ def test_cast_round_trip_folds_only_when_exact(src: DType, mid: DType, folds: bo
         values = np.array([info.min, info.max, 1 + (info.eps if src.is_float else 0)], dtype=src.np)  # type: ignore[union-attr]
         with np.errstate(all="ignore"):
             assert not np.array_equal(values.astype(mid.np).astype(src.np), values)
+
+
+# ---------------------------------------------------------------- a memo shared by the simplifications of one kernel
+def test_shared_simplify_gives_what_each_simplify_gives_alone() -> None:
+    """Inside `shared_simplify()` the calls share one memo (codegen simplifies each copied element's index, all
+    built from the same parts): the results are the nodes each call gives alone, nested uses share the outer memo,
+    and the memo is gone after the outermost exit."""
+    from glassgrad.uop import symbolic
+    a, b = rng(64), rng(32, 1)
+    base = (a * 8 + b) // 4 + (a * 8 + b) % 4
+    exprs = [base + c(i) for i in range(6)] + [(base + c(3)) % c(8), base * c(2) - base]
+    alone = [simplify(e) for e in exprs]
+    with symbolic.shared_simplify():
+        first = symbolic._SHARED.get()
+        assert first is not None
+        assert [simplify(e) for e in exprs] == alone
+        with symbolic.shared_simplify():
+            assert symbolic._SHARED.get() is first
+            assert [simplify(e) for e in reversed(exprs)] == alone[::-1]
+        assert symbolic._SHARED.get() is first and simplify(base) in first.values()
+    assert symbolic._SHARED.get() is None

@@ -22,7 +22,7 @@ from glassgrad.schedule.indexing import kernel_name
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.pattern import graph_rewrite
 from glassgrad.uop.sint import render_sint, sint, sint_eval
-from glassgrad.uop.symbolic import simplify
+from glassgrad.uop.symbolic import shared_simplify, simplify
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,11 @@ def get_program(ast: UOp, renderer: CStyleLanguage, opts: list[Opt] | None = Non
     """`opts`: the optimisations to apply (from a BEAM search, or a test), on the axes of `kernel_ast(ast)`; None:
     the hand-written heuristic's, or none with NOOPT=1. The name, FLOPs and work are the AST's before polyphase
     splits its loops (a stride-2 input gradient keeps its name, and counts the taps that its gate skips)."""
+    with shared_simplify():  # one kernel's simplifications share their work
+        return _get_program(ast, renderer, opts)
+
+
+def _get_program(ast: UOp, renderer: CStyleLanguage, opts: list[Opt] | None) -> ProgramSpec:
     ast = optimize_ast(ast, renderer)
     name = kernel_name(ast)
     flops = estimate_flops(ast)

@@ -32,7 +32,7 @@ from glassgrad.dtype import DType, dtypes
 from glassgrad.helpers import prod
 from glassgrad.schedule.indexing import unflatten_index
 from glassgrad.uop.ops import Ops, UOp
-from glassgrad.uop.pattern import substitute
+from glassgrad.uop.pattern import substitute, unchanged_by
 from glassgrad.uop.symbolic import simplify
 
 ROWS = 64          # rows of a block: 4 warps of 16 (one mma's rows)
@@ -264,15 +264,17 @@ def chained_tiles(ast: UOp, plan: ChainPlan) -> tuple[UOp, tuple[int, int, int],
                                                             n % 2), k16), Ops.ADD) for n in range(KEYS // 8)])
     # the weight of each (row, key) this lane holds: weights[n][e] is row group + 8 (e // 2), key 8 n + 2 t + e % 2
     weights = []
+    roots = [plan.weight, *(score for per_inner in scores for score in per_inner)]
+    unchanged = unchanged_by(roots, plan.inners), unchanged_by(roots, {*batch_map, *plan.rows, plan.key})
     for n in range(KEYS // 8):
         row_n = []
         for e in range(4):
             row = row_block * c(ROWS) + warp_row + group + c(8 * (e // 2))
             key_at = step * c(KEYS) + c(8 * n + e % 2) + in_group * c(2)
             value = substitute(plan.weight, {inner: UOp(Ops.GEP, dtypes.float32, (scores[i][n],), e)
-                                             for i, inner in enumerate(plan.inners)})
+                                             for i, inner in enumerate(plan.inners)}, unchanged[0])
             row_n.append(substitute(value, {**batch_map, **_positions(Operand(plan.weight, plan.rows), row),
-                                            plan.key: key_at}))
+                                            plan.key: key_at}, unchanged[1]))
         weights.append(row_n)
     if plan.column is not None:
         outputs = _second_product(plan, weights, reader, offsets, stage, loop, row_block, warp_row, lane16, upper,
@@ -442,20 +444,24 @@ def _second_product(plan: ChainPlan, weights: list[list[UOp]], reader: UOp, offs
     col_frags = [[UOp(Ops.FRAGMENT, plan.dtype, (reader, _staged(offsets, ("g", 0), stage, plan.columns,
                                                                  c(16 * p) + lane16, c(16 * q) + upper)),
                       ("col", True)) for q in range(plan.columns // 16)] for p in range(KEYS // 16)]
-    outputs = []
+    accs = []
     for n in range(plan.columns // 8):
         chain: UOp | None = None
         for p in range(KEYS // 16):
             chain = UOp(Ops.WMMA, dtypes.float32, (packed[p], col_frags[p][n // 2], *(() if chain is None else
                                                                                        (chain,))), n % 2)
         assert chain is not None
-        acc = UOp(Ops.REDUCE, dtypes.float32, (chain, step), Ops.ADD)
+        accs.append(UOp(Ops.REDUCE, dtypes.float32, (chain, step), Ops.ADD))
+    roots = [plan.store, *accs]  # (what the substitutions below leave as it is: found once, not walked in each)
+    unchanged = unchanged_by(roots, {plan.outer}), unchanged_by(roots, {*batch_map, *plan.rows, *plan.cols})
+    outputs = []
+    for n, acc in enumerate(accs):
         for e in range(4):
             row = row_block * c(ROWS) + warp_row + group + c(8 * (e // 2))
             col = c(8 * n + e % 2) + in_group * c(2)
-            store = substitute(plan.store, {plan.outer: UOp(Ops.GEP, dtypes.float32, (acc,), e)})
+            store = substitute(plan.store, {plan.outer: UOp(Ops.GEP, dtypes.float32, (acc,), e)}, unchanged[0])
             outputs.append(substitute(store, {**batch_map, **_positions(Operand(plan.weight, plan.rows), row),
-                                              **_positions(Operand(plan.weight, plan.cols), col)}))
+                                              **_positions(Operand(plan.weight, plan.cols), col)}, unchanged[1]))
     return outputs
 
 

@@ -51,7 +51,7 @@ from glassgrad.helpers import prod
 from glassgrad.renderer.cstyle import index_stride
 from glassgrad.schedule.indexing import size_node, unflatten_index
 from glassgrad.uop.ops import Ops, UOp
-from glassgrad.uop.pattern import substitute
+from glassgrad.uop.pattern import substitute, unchanged_by
 from glassgrad.uop.sint import sint, sint_ceildiv, sint_max, sint_prod
 from glassgrad.uop.symbolic import simplify
 
@@ -468,12 +468,25 @@ def _copy_tiles(plan: MatmulPlan, b: _Block, smem: UOp, tile_k: int, values: tup
     return UOp(Ops.BARRIER, smem.dtype, (smem, *stores))
 
 
-def _output(plan: MatmulPlan, b: _Block, result: UOp, row: UOp, col: UOp) -> UOp:
-    """The kernel's STORE (and whatever it computes from the reduction) for output (row, col) of the tile."""
-    store = substitute(plan.store, {plan.reduce: result})  # first the REDUCE (while it matches), then the loops
-    store = substitute(store, {**b.batch_map, **_positions(plan.rows, row), **_positions(plan.cols, col)})
+Unchanged = tuple[dict[UOp, UOp], dict[UOp, UOp]]
+
+
+def _output(plan: MatmulPlan, b: _Block, result: UOp, row: UOp, col: UOp, unchanged: Unchanged | None = None) -> UOp:
+    """The kernel's STORE (and whatever it computes from the reduction) for output (row, col) of the tile.
+    `unchanged`: `_output_unchanged` of the results (the same STORE, faster)."""
+    first, loops = unchanged if unchanged is not None else (None, None)
+    store = substitute(plan.store, {plan.reduce: result}, first)  # first the REDUCE (while it matches), then the loops
+    store = substitute(store, {**b.batch_map, **_positions(plan.rows, row), **_positions(plan.cols, col)}, loops)
     valid = _both(_inside(plan.rows, row), _inside(plan.cols, col))
     return store if valid is None else store.replace(src=(*store.src[:3], valid))
+
+
+def _output_unchanged(plan: MatmulPlan, b: _Block, results: list[UOp]) -> Unchanged:
+    """What `_output`'s two substitutions leave as it is in the kernel's STORE and in `results` (the accumulators
+    of all outputs: they share the tile copies), found once instead of walked in each output's substitutions."""
+    roots = [plan.store, *results]
+    return unchanged_by(roots, {plan.reduce}), \
+        unchanged_by(roots, {*b.batch_map, *plan.rows.ranges, *plan.cols.ranges})
 
 
 def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool, tf32: bool = False) -> tuple[UOp, Dims, Dims]:
@@ -505,12 +518,12 @@ def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool, tf32: bool = False) -
                    for i in range(PER_THREAD)]
     col_factors = [UOp(Ops.LOAD, smem.dtype, (barrier, layout(1)(own(tx, j, col_tile), b.k_inner)))
                    for j in range(PER_THREAD)]
-    outputs = []
-    for i in range(PER_THREAD):
-        for j in range(PER_THREAD):
-            red = UOp(Ops.REDUCE, plan.reduce.dtype, (row_factors[i] * col_factors[j], b.k_outer, b.k_inner), Ops.ADD)
-            outputs.append(_output(plan, b, red, b.row_tile * UOp.const(dt, row_tile) + own(ty, i, row_tile),
-                                   b.col_tile * UOp.const(dt, col_tile) + own(tx, j, col_tile)))
+    reds = {(i, j): UOp(Ops.REDUCE, plan.reduce.dtype, (row_factors[i] * col_factors[j], b.k_outer, b.k_inner),
+                        Ops.ADD) for i in range(PER_THREAD) for j in range(PER_THREAD)}
+    unchanged = _output_unchanged(plan, b, list(reds.values()))
+    outputs = [_output(plan, b, red, b.row_tile * UOp.const(dt, row_tile) + own(ty, i, row_tile),
+                       b.col_tile * UOp.const(dt, col_tile) + own(tx, j, col_tile), unchanged)
+               for (i, j), red in reds.items()]
     sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
     return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
 
@@ -645,9 +658,10 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp
                 row = warp_row + UOp.const(dt, i * MMA_M + 8 * (e // 2)) + lane // UOp.const(dt, 4)
                 col = warp_col + UOp.const(dt, j * MMA_N + e % 2) + (lane % UOp.const(dt, 4)) * UOp.const(dt, 2)
                 results.append((UOp(Ops.GEP, dtypes.float32, (red,), e), row, col))
-    outputs = _staged_outputs(plan, b, smem, widths, results) or \
-        [_output(plan, b, acc, b.row_tile * UOp.const(dt, widths[0]) + row, b.col_tile * UOp.const(dt, widths[1]) + col)
-         for acc, row, col in results]
+    unchanged = _output_unchanged(plan, b, [acc for acc, _, _ in results])
+    outputs = _staged_outputs(plan, b, smem, widths, results, unchanged) or \
+        [_output(plan, b, acc, b.row_tile * UOp.const(dt, widths[0]) + row, b.col_tile * UOp.const(dt, widths[1]) + col,
+                 unchanged) for acc, row, col in results]
     sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
     return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
 
@@ -659,7 +673,7 @@ STAGED_PAD = 8     # elements of padding per staged row: rows stay 16-byte align
 
 
 def _staged_outputs(plan: MatmulPlan, b: _Block, smem: UOp, widths: tuple[int, int],
-                    results: list[tuple[UOp, UOp, UOp]]) -> list[UOp] | None:
+                    results: list[tuple[UOp, UOp, UOp]], unchanged: Unchanged) -> list[UOp] | None:
     """The tile's outputs stored through shared memory: once every warp is done with the factors' tiles, each thread
     writes its accumulators' outputs (the kernel's epilogue applied, in the output dtype) to a [row][column] copy
     of the tile in the factors' shared buffer; after a barrier the block copies it out in 16-byte runs, consecutive
@@ -667,7 +681,8 @@ def _staged_outputs(plan: MatmulPlan, b: _Block, smem: UOp, widths: tuple[int, i
     directly writes 4 bytes of each of 8 rows per warp instruction; the runs write whole 128-byte lines.
 
     None (store directly) unless the output has the factors' element size, fits the shared buffer, is stored
-    ungated, and each run of 16 bytes of the tile's rows is provably contiguous and aligned in the output."""
+    ungated, and each run of 16 bytes of the tile's rows is provably contiguous and aligned in the output.
+    `unchanged`: `_output_unchanged` of the results."""
     dt, value = b.dt, plan.store.src[2]
     run = RUN_BYTES // smem.dtype.itemsize
     if len(plan.store.src) != 3 or value.dtype != smem.dtype or widths[1] % run or \
@@ -689,7 +704,7 @@ def _staged_outputs(plan: MatmulPlan, b: _Block, smem: UOp, widths: tuple[int, i
         copies.append((index, row * UOp.const(dt, stride) + col))
     done = UOp(Ops.BARRIER, smem.dtype, (smem, *(acc for acc, _, _ in results)))  # the factors' tiles are free
     stores = [UOp(Ops.STORE, dtypes.void, (done, row * UOp.const(dt, stride) + col,
-                                           _output(plan, b, acc, *in_output(row, col)).src[2]))
+                                           _output(plan, b, acc, *in_output(row, col), unchanged).src[2]))
               for acc, row, col in results]
     ready = UOp(Ops.BARRIER, smem.dtype, (done, *stores))
     return [UOp(Ops.COPY_OUT, dtypes.void, (plan.store.src[0], index, ready, local)) for index, local in copies]

@@ -13,7 +13,7 @@ order given, whether they name ops or match any op. Patterns on commutative bina
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 from glassgrad.dtype import DType
@@ -101,48 +101,77 @@ class PatternMatcher:
         return None
 
 
-def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None) -> UOp:
+def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, memo: dict[UOp, UOp] | None = None) -> UOp:
     """Rewrite the whole graph under `root` bottom-up, to a fixed point (sources first, then the node).
 
     A rule's result may contain new, unrewritten nodes, so it is rewritten in turn. The walk keeps its own stack
-    (no recursion), so graphs and chains of rewrites of any depth work; rules that loop raise RuntimeError."""
-    done: dict[UOp, UOp] = {}
+    (no recursion), so graphs and chains of rewrites of any depth work; rules that loop raise RuntimeError.
+    `memo` (node -> its rewritten form) is read and extended: calls that pass the same dict share their work. Only
+    for rules whose result depends on the node alone (no `ctx`, no state), always with the same `pm`."""
+    return _walk(root, lambda u: pm.rewrite(u, ctx), {} if memo is None else memo)
+
+
+def _walk(root: UOp, rewrite: Callable[[UOp], UOp | None], done: dict[UOp, UOp]) -> UOp:
+    """`graph_rewrite`'s walk: `rewrite(node)` (its sources rewritten already) -> a replacement, or None (none; never
+    the node itself). `done` maps each node walked to its result."""
     in_progress: set[UOp] = set()
     # (node, None): rewrite the node's sources first; (node, node): they are done, rewrite the node itself;
     # (node, replacement): a rule replaced the node and the replacement is done: take its result
     stack: list[tuple[UOp, UOp | None]] = [(root, None)]
+    push, pop = stack.append, stack.pop
     while stack:
-        node, step = stack.pop()
+        node, step = pop()
         if step is None:
             if node in done:
                 continue
             if node in in_progress:
                 raise RuntimeError(f"rewrite rules loop: a rule's result depends on the node it replaces\n{node}")
             in_progress.add(node)
-            stack.append((node, node))
-            stack.extend((s, None) for s in reversed(node.src) if s not in done)
+            push((node, node))
+            for s in reversed(node.src):
+                if s not in done:
+                    push((s, None))
         elif step is node:
-            new_src = tuple(done[s] for s in node.src)
-            current = node if new_src == node.src else node.replace(src=new_src)
-            replacement = pm.rewrite(current, ctx)
-            if replacement is None or replacement in done:
-                _finish(node, current if replacement is None else done[replacement], done, in_progress)
+            src = node.src
+            new_src = tuple([done[s] for s in src])
+            current = node if new_src == src else node.replace(src=new_src)
+            replacement = rewrite(current)
+            if replacement is None:
+                done[node] = current
+                in_progress.discard(node)
+            elif replacement in done:
+                done[node] = done[replacement]
+                in_progress.discard(node)
             else:
-                stack.append((node, replacement))
-                stack.append((replacement, None))
+                push((node, replacement))
+                push((replacement, None))
         else:
-            _finish(node, done[step], done, in_progress)
+            done[node] = done[step]
+            in_progress.discard(node)
     return done[root]
 
 
-def _finish(node: UOp, result: UOp, done: dict[UOp, UOp], in_progress: set[UOp]) -> None:
-    done[node] = result
-    in_progress.discard(node)
-
-
-def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+def substitute(root: UOp, mapping: dict[UOp, UOp], unchanged: dict[UOp, UOp] | None = None) -> UOp:
     """Replace nodes of `root`'s graph by their entries in `mapping`, bottom-up: a node is looked up once its sources
-    are rewritten (so keys should be nodes whose sources no other key replaces), and a replacement is rewritten too."""
+    are rewritten (so keys should be nodes whose sources no other key replaces), and a replacement is rewritten too.
+    `unchanged`: `unchanged_by(..., keys)` for keys that include `mapping`'s (the walk does not enter those nodes:
+    many substitutions into graphs that share a large part no key reaches skip that part)."""
     if not mapping:
         return root
-    return graph_rewrite(root, PatternMatcher([(UPat(name="x"), lambda x: mapping.get(x))]))
+    assert unchanged is None or not any(k in unchanged for k in mapping), "unchanged_by: for other keys"
+    get = mapping.get
+
+    def replaced(u: UOp) -> UOp | None:
+        r = get(u)
+        return None if r is u else r
+    return _walk(root, replaced, {} if unchanged is None else dict(unchanged))
+
+
+def unchanged_by(roots: Iterable[UOp], keys: Collection[UOp]) -> dict[UOp, UOp]:
+    """{node: node} for every node under `roots` that is not one of `keys` and has none of them below it: what any
+    `substitute` whose mapping's keys are among `keys` leaves as it is."""
+    out: dict[UOp, UOp] = {}
+    for u in UOp(Ops.SINK, src=tuple(roots)).toposort()[:-1]:
+        if u not in keys and all(s in out for s in u.src):
+            out[u] = u
+    return out

@@ -20,8 +20,10 @@ value, for int32, uint32 and int64, against a separate reference evaluator.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -499,6 +501,25 @@ symbolic = PatternMatcher([
 ])
 
 
+_SHARED: contextvars.ContextVar[dict[UOp, UOp] | None] = contextvars.ContextVar("glassgrad_simplified", default=None)
+
+
 def simplify(u: UOp) -> UOp:
-    """Run the symbolic rules over a graph to a fixed point."""
-    return graph_rewrite(u, symbolic)
+    """Run the symbolic rules over a graph to a fixed point. Inside `shared_simplify()`, calls share one memo of
+    the nodes simplified so far (the rules depend on the node alone: a node simplifies the same way every time)."""
+    return graph_rewrite(u, symbolic, memo=_SHARED.get())
+
+
+@contextlib.contextmanager
+def shared_simplify() -> Iterator[None]:
+    """While active, every `simplify` reuses what earlier ones worked out (codegen simplifies many expressions that
+    share most of their nodes: the index of each element a tile copies). Nested uses share the outer memo; it is
+    dropped at the outermost exit, so it holds one kernel's nodes, not every node ever simplified."""
+    if _SHARED.get() is not None:
+        yield
+        return
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
