@@ -17,6 +17,7 @@ import math
 import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, cast, overload
 
 import numpy as np
@@ -111,6 +112,69 @@ def _note_pending_assign(t: Tensor) -> None:
     """Call after giving `t` a new node: an assign target whose node is now an ASSIGN joins `_PENDING_ASSIGNS`."""
     if t.uop.op is Ops.ASSIGN and ASSIGN_TARGETS.get(id(t)) is t:
         _PENDING_ASSIGNS[id(t)] = weakref.ref(t)
+
+
+@dataclass
+class _LazyGradients:
+    """The gradients one `backward()` left lazy (and the tensor it was called on), and the nodes of the computation
+    they come from (the forward graph's unrealized nodes and the gradients' own): a realize that reads any of these
+    computes them all, so that the forward's intermediates are computed once (see `_gradients_realized_with`)."""
+    targets: list[weakref.ref[Tensor]]  # the tensors whose `.grad` it set
+    grads: list[weakref.ref[Tensor]]    # those gradients, in order, then the tensor backward() was called on
+    nodes: set[UOp]
+
+    def unrealized(self) -> list[Tensor]:
+        """The gradients still held by their tensors (not zeroed, replaced or accumulated into since) and the
+        backward's own tensor, where alive and not realized yet."""
+        out = [g for target, ref in zip(self.targets, self.grads) if (t := target()) is not None and
+               (g := ref()) is not None and t.grad is g and not is_realized(g.uop)]
+        root = self.grads[-1]()
+        return out + [root] if root is not None and not is_realized(root.uop) else out
+
+
+_LAZY_GRADIENTS: list[_LazyGradients] = []
+
+
+def _note_lazy_gradients(root: Tensor, targets: Sequence[Tensor], forward: list[UOp]) -> None:
+    """After `root.backward()` set the `.grad` of `targets`: remember them (and `root`, whose value the forward
+    computes on the way: the loss a training loop reads after the step) with the forward nodes they depend on."""
+    held = [(t, t.grad) for t in targets if t.grad is not None and not is_realized(t.grad.uop)]
+    if held:
+        nodes = {u for u in forward if u.op is not Ops.CONST and not is_realized(u)} | {g.uop for _, g in held}
+        _LAZY_GRADIENTS.append(_LazyGradients([weakref.ref(t) for t, _ in held],
+                                              [weakref.ref(g) for _, g in held] + [weakref.ref(root)], nodes))
+
+
+def _gradients_realized_with(pending: list[Tensor]) -> list[Tensor]:
+    """The lazy gradients that realizing `pending` computes along: those of every `backward()` whose forward or
+    gradients `pending` reads. Realized on their own later, they would compute the forward's intermediates again
+    (nothing keeps a schedule's intermediate buffers): `loss.backward(); loss.item(); opt.step()` ran the forward
+    twice, and reading each `p.grad` in turn (`p.grad.numpy()`, a clipping loop's `p.grad.mul_(c)`) ran the forward
+    and backward once per parameter. PyTorch's backward computes every gradient at once, as this does then."""
+    live = [entry for entry in _LAZY_GRADIENTS if entry.unrealized()]
+    _LAZY_GRADIENTS[:] = live
+    chosen, extra = {id(t) for t in pending}, list[Tensor]()
+    for entry in live:
+        if any(_reaches(t.uop, entry.nodes) for t in pending):
+            for g in entry.unrealized():
+                if id(g) not in chosen:
+                    chosen.add(id(g))
+                    extra.append(g)
+    return extra
+
+
+def _reaches(root: UOp, nodes: set[UOp]) -> bool:
+    """Whether `root`'s graph, down to realized nodes, holds one of `nodes` (a walk that stops at the first)."""
+    stack, seen = [root], set()
+    while stack:
+        u = stack.pop()
+        if u in nodes:
+            return True
+        if u in seen or is_realized(u):
+            continue
+        seen.add(u)
+        stack.extend(u.src)
+    return False
 
 
 def _pending_assigns() -> list[Tensor]:
@@ -468,6 +532,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         pending = [t for t in tensors if not is_realized(t.uop)]
         if not pending:
             return
+        if _LAZY_GRADIENTS:
+            pending += _gradients_realized_with(pending)
         pending += _RNG.advances()
         readers = _readers_of_overwritten(pending)
         pending += readers
@@ -756,6 +822,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
                                    "reached through detach() or non-differentiable ops (comparisons, casts to int), "
                                    "so none gets a gradient (PyTorch raises here too)")
             _accumulate([t for t, _ in found], reached)
+            _note_lazy_gradients(self, [t for t, _ in found], order)
             return self
         found = _in_graph(_tinygrad_targets(root_nodes, self), root_nodes)  # tinygrad 0.14's rule
         if not found:
@@ -763,6 +830,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
                                "cannot, nor tensors made with requires_grad=False)")
         targets = [t for t, _ in found]
         _accumulate(targets, self._gradient(root, targets, [u for _, u in found], gradient, order))
+        _note_lazy_gradients(self, targets, order)
         return self
 
     # ------------------------------------------------------------------ creation
@@ -2532,7 +2600,12 @@ def _lineage_and_order(u: UOp, want_order: bool = True) -> tuple[UOp, list[UOp]]
     # same node). A state tensor written each step, `c.assign(c + 1)`, has lineage from its last write, which reads
     # the version this pending write will overwrite: substituting it would recompute the old value from contents
     # that are gone (and write the result into c's buffer). A gradient through that read is not taken (a leaf).
-    rewritten = graph_rewrite(u, _lineage_matcher(), ctx={n.src[0] for n in nodes if n.op is Ops.ASSIGN})
+    # A pending write itself is kept as it is, value and all: rewritten, it would be a second ASSIGN of the same
+    # buffer version, and a schedule holding both (the write read by the loss and its copy in the gradients' graph)
+    # wrote it twice (momentum SGD stepped lazily, with a gradient realized in between: the next loss computed from
+    # the weights updated twice). Its value's realized parts are leaves for the gradient.
+    assigns = [n for n in nodes if n.op is Ops.ASSIGN]
+    rewritten = graph_rewrite(u, _lineage_matcher(), ctx={n.src[0] for n in assigns}, memo={n: n for n in assigns})
     return rewritten, rewritten.toposort() if want_order else []
 
 

@@ -792,3 +792,34 @@ def test_onecycle_momentum_options() -> None:
         OneCycleLR(opt, max_lr=1.0)
     with pytest.raises(ValueError, match="anneal_strategy"):
         OneCycleLR(opt, max_lr=1.0, total_steps=3, anneal_strategy="exp")
+
+
+@pytest.mark.parametrize("make", [lambda ps: SGD(ps, lr=0.1, momentum=0.9), lambda ps: Adam(ps, lr=0.1)],
+                         ids=["sgd_momentum", "adam"])
+@pytest.mark.parametrize("read_at", [1, 2])
+def test_lazy_steps_with_a_gradient_read_in_between(make: Callable[[list[Tensor]], Optimizer], read_at: int) -> None:
+    """Steps scheduled without realizing, and the gradient of step `read_at` read before its step: the gradients'
+    graph (lineage put back for a backward through realized values) once held a second copy of the pending write
+    that the loss reads, and a schedule holding both wrote it twice: the next loss and the weights came out as if
+    updated twice, silently. Same losses and weights as eager steps."""
+    results = []
+    for lazy in (False, True):
+        w = Tensor([1.0, -2.0, 0.5], requires_grad=True)
+        opt = make([w])
+        losses = []
+        with Tensor.train():
+            for i in range(3):
+                opt.zero_grad()
+                losses.append(((w * w).sum() + w.sum()).backward())
+                if lazy and i == read_at:
+                    assert w.grad is not None
+                    w.grad.realize()
+                if i < 2:
+                    if lazy:
+                        opt.schedule_step()
+                    else:
+                        opt.step()
+                        losses[-1].realize()
+        results.append(([loss.item() for loss in losses], w.numpy()))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)
+    np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-6)

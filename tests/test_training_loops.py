@@ -507,3 +507,46 @@ def test_pytorch_keywords_of_backward_and_zero_grad() -> None:
     opt.zero_grad()
     assert x.grad is None
     assert Tensor.empty(2, 3, 4).dim() == 3
+
+
+# ---------------------------------------------------------------------- the forward computed once per step
+def _mlp_step_kernels(read: str) -> tuple[int, list[float]]:
+    """Kernels of the third step of a small MLP's eager training loop, where the loop reads what `read` names
+    between `loss.backward()` and `opt.step()`; and the losses of the three steps."""
+    from glassgrad import GlobalCounters
+    rng = np.random.default_rng(0)
+    Tensor.manual_seed(0)
+    layers = [nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)]
+    opt = optim.Adam(get_parameters(layers), lr=0.01)
+    x, y = Tensor(rng.standard_normal((8, 16)).astype(np.float32)), Tensor(rng.integers(0, 4, 8))
+    losses, kernels = [], 0
+    with Tensor.train():
+        for _ in range(3):
+            GlobalCounters.reset()
+            opt.zero_grad()
+            loss = layers[2](layers[1](layers[0](x).relu()).relu()).sparse_categorical_crossentropy(y)
+            loss.backward()
+            if read == "loss":
+                losses.append(loss.item())
+            elif read == "each grad":
+                [np.linalg.norm(p.grad.numpy()) for p in opt.params if p.grad is not None]
+            elif read == "one grad":
+                assert opt.params[0].grad is not None
+                opt.params[0].grad.square().sum().item()
+            opt.step()
+            if read != "loss":
+                losses.append(loss.item())
+            kernels = GlobalCounters.kernel_count
+    return kernels, losses
+
+
+@pytest.mark.parametrize("read", ["loss", "each grad", "one grad"])
+def test_reading_the_loss_or_a_gradient_before_the_step_computes_the_forward_once(read: str) -> None:
+    """`loss.item()` (or a gradient) read between backward() and the step realizes every gradient of that backward
+    along with it: the step then runs only the optimizer's kernels, and the forward is not computed again. Reading
+    each `p.grad` in turn ran the forward and backward once per parameter."""
+    plain, plain_losses = _mlp_step_kernels("nothing")
+    kernels, losses = _mlp_step_kernels(read)
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-6)
+    extra = 1 if read == "one grad" else 0  # (the square-sum's own kernel)
+    assert kernels == plain + extra, (kernels, plain)

@@ -1055,7 +1055,13 @@ def order_writes(items: list[ScheduleItem],
 
 def _topological(items: list[ScheduleItem]) -> tuple[list[ScheduleItem], list[int]]:
     """Kahn's algorithm over read/write dependencies, preferring the given order. Returns (order, stuck items)."""
-    writer = {written: i for i, item in enumerate(items) for written in item.writes}
+    writer: dict[BufferVersion, int] = {}
+    for i, item in enumerate(items):
+        for written in item.writes:
+            if written[1] > 0 and writer.get(written, i) != i:  # (a fill and a scatter both make version 0)
+                raise RuntimeError(f"internal error: two kernels of one schedule write version {written[1]} of "
+                                   f"{written[0]} (two copies of one pending assign); please report this")
+            writer[written] = i
     after: list[set[int]] = [set() for _ in items]  # after[i]: items that must run before item i
     for i, item in enumerate(items):
         after[i] |= {writer[r] for r in item.reads if r in writer and writer[r] != i}
