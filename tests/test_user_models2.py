@@ -783,3 +783,40 @@ def test_torch_saved_state_dict_loads_into_the_model(tmp_path: Path) -> None:
     tmodel.eval()
     with torch.no_grad(), Tensor.test():
         np.testing.assert_allclose(model(Tensor(x)).numpy(), tmodel(torch.tensor(x)).numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("padding_mode", ["reflect", "replicate", "circular"])
+@pytest.mark.parametrize("layer, shape, padding, stride", [(nn.Conv2d, (2, 4, 9, 7), (1, 2), 2),
+                                                           (nn.Conv1d, (1, 4, 11), 3, 1)])
+def test_conv_padding_mode(padding_mode: str, layer: Any, shape: tuple[int, ...], padding: Any, stride: int) -> None:
+    """`nn.Conv2d(..., padding_mode="reflect")` (PyTorch's; style-transfer and pix2pix generators) was a TypeError.
+    The padding is filled by `Tensor.pad`'s mode of that name, then the convolution runs unpadded."""
+    x = _rand(*shape)
+    conv = layer(4, 6, 3, stride=stride, padding=padding, padding_mode=padding_mode, groups=2)
+    xt = Tensor(x, requires_grad=True)
+    out = conv(xt)
+    mode = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}[padding_mode]
+    pads = [(p, p) for p in ((padding,) if isinstance(padding, int) else padding)]
+    padded = np.pad(x, [(0, 0), (0, 0), *pads], mode=mode)
+    expected = (Tensor(padded).conv2d(conv.weight, conv.bias, groups=2, stride=stride)).numpy()
+    np.testing.assert_allclose(out.numpy(), expected, atol=1e-5)
+    if torch is None:
+        return
+    tconv = getattr(torch.nn, layer.__name__)(4, 6, 3, stride=stride, padding=padding, padding_mode=padding_mode,
+                                              groups=2)
+    _load_torch_weights(conv, tconv)
+    tx = torch.tensor(x, requires_grad=True)
+    tout = tconv(tx)
+    (conv(xt) ** 2).sum().backward()
+    (tout ** 2).sum().backward()
+    np.testing.assert_allclose(conv(xt).numpy(), tout.detach().numpy(), atol=1e-5)
+    assert xt.grad is not None and conv.weight.grad is not None
+    np.testing.assert_allclose(xt.grad.numpy(), tx.grad.numpy(), atol=1e-4)
+    np.testing.assert_allclose(conv.weight.grad.numpy(), tconv.weight.grad.numpy(), atol=1e-4)
+
+
+def test_conv_padding_mode_errors() -> None:
+    with pytest.raises(ValueError, match="padding_mode"):
+        nn.Conv2d(2, 2, 3, padding=1, padding_mode="mirror")
+    with pytest.raises(Exception, match="reflect|pad"):
+        nn.Conv1d(2, 2, 3, padding=4, padding_mode="reflect")(Tensor.zeros(1, 2, 3))  # reflect needs pad < size
