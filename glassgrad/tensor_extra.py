@@ -43,8 +43,11 @@ class ExtraOps:
 
     # ------------------------------------------------------------------ activations
     def hardtanh(self, min_val: float = -1, max_val: float = 1) -> Tensor:
-        """clip(x, min_val, max_val)."""
-        return self._x.clip(min_val, max_val)
+        """clip(x, min_val, max_val), with PyTorch's gradient: 0 at both ends, as for relu6 (clip passes it there)."""
+        x = self._x
+        if not x.dtype.is_float:
+            return x.clip(min_val, max_val)
+        return (x <= min_val).where(min_val, (x >= max_val).where(max_val, x))
 
     def hardsigmoid(self, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
         """min(max(alpha*x + beta, 0), 1) (PyTorch's with the defaults)."""

@@ -396,49 +396,84 @@ class NNOps:
         return hit.where(weight, 0).sum(-2, dtype=weight.dtype)
 
     # ------------------------------------------------------------------ resampling
-    def interpolate(self, size: int | Sequence[int], mode: str = "linear", align_corners: bool = False) -> Tensor:
+    def interpolate(self, size: int | Sequence[int] | None = None, mode: str = "linear", align_corners: bool = False,
+                    *, scale_factor: float | Sequence[float] | None = None,
+                    recompute_scale_factor: bool | None = None) -> Tensor:
         """Resize the last len(size) dims to `size` (an int resizes every dim after the first two, as for
         (N, C, *spatial) images), with PyTorch's `F.interpolate` index rules:
-        - "nearest": out[o] = x[floor(o * in/out)]; "nearest-exact": x[floor((o + 0.5) * in/out)];
+        - "nearest": out[o] = x[floor(o * r)]; "nearest-exact": x[floor((o + 0.5) * r)];
         - "linear" (also "bilinear"/"trilinear": each resized dim in turn): a blend of the two neighbours of
-          src = (o + 0.5) * in/out - 0.5 (clamped at 0), or src = o * (in-1)/(out-1) with align_corners=True.
+          src = (o + 0.5) * r - 0.5 (clamped at 0), or src = o * (in-1)/(out-1) with align_corners=True;
+        where r = in/out. PyTorch's `scale_factor=` (keyword; a float or one per resized dim) instead of `size`
+        gives out = floor(in * scale) and, as in PyTorch, r = 1/scale (not in/out, which can pick other sources
+        when in * scale is not an integer), unless `recompute_scale_factor=True`.
         Each resized dim is one reduce over a (out, in) weight matrix built from arange (no host data); a nearest
         resize by an exact integer factor is a pure view (expand + reshape)."""
         t = self._t
-        sizes = (size,) * max(t.ndim - 2, 1) if isinstance(size, int) else tuple(size)
         if mode not in INTERPOLATE_MODES:
             raise ValueError(f"interpolate: mode must be one of {INTERPOLATE_MODES}, got {mode!r}")
-        if not 0 < len(sizes) <= t.ndim or any(not isinstance(s, int) or s < 1 for s in sizes):
-            raise ValueError(f"interpolate: size {size!r} must be positive ints for at most the {t.ndim} dims of "
-                             f"input {t.shape}")
+        sizes, ratios = _interpolate_sizes(t.shape, size, scale_factor, bool(recompute_scale_factor))
         if align_corners and mode.startswith("nearest"):
             raise ValueError("interpolate: align_corners only applies to the linear modes")
         x = t
         for axis in reversed(range(t.ndim - len(sizes), t.ndim)):  # the last dim first, as PyTorch's uint8 path
-            out = sizes[axis - (t.ndim - len(sizes))]
-            if out != x.shape[axis]:
-                x = x.transpose(axis, -1)._resize_last(out, mode, align_corners).transpose(axis, -1)
+            out, ratio = sizes[axis - (t.ndim - len(sizes))], ratios[axis - (t.ndim - len(sizes))]
+            if mode == "nearest" and t.ndim == 4 and out in (x.shape[axis], 2 * x.shape[axis]):
+                ratio = None  # PyTorch's 2-d nearest kernel copies (out = in) or halves (out = 2 in) the index
+            # an unchanged size is a copy, but for the nearest modes a scale != 1 moves the sources (as PyTorch)
+            if out != x.shape[axis] or (ratio is not None and ratio != 1.0 and mode.startswith("nearest")):
+                x = x.transpose(axis, -1)._resize_last(out, mode, align_corners, ratio).transpose(axis, -1)
         return x
 
-    def _resize_last(self, out: int, mode: str, align_corners: bool) -> Tensor:
-        """(..., in) -> (..., out) along the last dim, by `interpolate`'s rules. Values are picked with `where`,
-        never multiplied by a 0 weight, so an inf or NaN only reaches the outputs that read it."""
+    def _resize_last(self, out: int, mode: str, align_corners: bool, ratio: float | None = None) -> Tensor:
+        """(..., in) -> (..., out) along the last dim, by `interpolate`'s rules (`ratio`: 1/scale_factor, or None
+        for in/out). Values are picked with `where`, never multiplied by a 0 weight, so an inf or NaN only reaches
+        the outputs that read it."""
         t = self._t
         size = t.shape[-1]
+        r = size / out if ratio is None else ratio
         row = t.unsqueeze(-2)  # (..., 1, in) against (out, in) masks
         if mode.startswith("nearest"):
             k = out // size
-            if out % size == 0 and np.array_equal(_nearest_sources(size, out, mode), np.arange(out) // k):
+            if out % size == 0 and np.array_equal(_nearest_sources(size, out, mode, r), np.arange(out) // k):
                 return t.unsqueeze(-1).expand(*t.shape, k).reshape(*t.shape[:-1], out)
-            return _nearest_mask(size, out, mode, t.device).where(row, 0).sum(-1, dtype=t.dtype)
+            return _nearest_mask(size, out, mode, t.device, r).where(row, 0).sum(-1, dtype=t.dtype)
         if t.dtype == dtypes.uint8:
-            weights, precision = _uint8_linear_weights(size, out, align_corners)
+            weights, precision = _uint8_linear_weights(size, out, align_corners, r)
             acc = (row.cast(dtypes.int32) * _tensor_class()(weights, device=t.device)).sum(-1)
             return ((acc + (1 << (precision - 1))) >> precision).clip(0, 255).cast(dtypes.uint8)
         if not t.dtype.is_float:
             row = row.cast(dtypes.default_float)
-        (hit0, lam0), (hit1, lam1) = _linear_taps(size, out, align_corners, t.device)
+        (hit0, lam0), (hit1, lam1) = _linear_taps(size, out, align_corners, t.device, r)
         return (hit0.where(row * lam0.cast(row.dtype), 0) + hit1.where(row * lam1.cast(row.dtype), 0)).sum(-1)
+
+
+def _interpolate_sizes(shape: tuple[int, ...], size: int | Sequence[int] | None,
+                       scale_factor: float | Sequence[float] | None,
+                       recompute: bool) -> tuple[tuple[int, ...], tuple[float | None, ...]]:
+    """interpolate's output sizes for the resized (last) dims of `shape`, and for each the source ratio to use
+    (1/scale for a scale_factor that is not recomputed, None for in/out). Exactly one of size and scale_factor."""
+    n = max(len(shape) - 2, 1)
+    if (size is None) == (scale_factor is None):
+        raise ValueError("interpolate: give exactly one of size and scale_factor")
+    if size is not None:
+        sizes = (size,) * n if isinstance(size, int) else tuple(size)
+        if not 0 < len(sizes) <= len(shape) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+                                                   for s in sizes):
+            raise ValueError(f"interpolate: size {size!r} must be positive ints for at most the {len(shape)} dims "
+                             f"of input {shape}")
+        return sizes, (None,) * len(sizes)
+    assert scale_factor is not None
+    scales = (scale_factor,) * n if isinstance(scale_factor, (int, float)) else tuple(scale_factor)
+    if not 0 < len(scales) <= len(shape) or any(isinstance(s, bool) or not isinstance(s, (int, float))
+                                                or not s > 0 or math.isinf(s) for s in scales):
+        raise ValueError(f"interpolate: scale_factor {scale_factor!r} must be positive numbers for at most the "
+                         f"{len(shape)} dims of input {shape}")
+    dims = shape[len(shape) - len(scales):]
+    sizes = tuple(math.floor(d * float(s)) for d, s in zip(dims, scales))
+    if any(o < 1 for o in sizes):
+        raise ValueError(f"interpolate: scale_factor {scale_factor!r} makes an empty output from input {shape}")
+    return sizes, tuple(None if recompute else 1.0 / float(s) for s in scales)
 
 
 def _repeat_heads(kv: Tensor, q: Tensor, name: str) -> Tensor:
@@ -451,11 +486,11 @@ def _repeat_heads(kv: Tensor, q: Tensor, name: str) -> Tensor:
     return kv.reshape(*lead, heads, 1, s, e).expand(*lead, heads, times, s, e).reshape(*lead, heads * times, s, e)
 
 
-def _uint8_linear_weights(size: int, out: int, align_corners: bool) -> tuple[np.ndarray, int]:
+def _uint8_linear_weights(size: int, out: int, align_corners: bool, ratio: float) -> tuple[np.ndarray, int]:
     """PyTorch's uint8 linear resizing, which a uint8 result must match exactly: (out, size) int32 weights in fixed
     point with `precision` fraction bits, the most that keep the largest weight below 2^15, each rounded half up
     (so a row's weights need not add up to exactly 1). Computed on the host in float64, as PyTorch does."""
-    scale = ((size - 1) / (out - 1) if out > 1 else 0.0) if align_corners else size / out
+    scale = ((size - 1) / (out - 1) if out > 1 else 0.0) if align_corners else ratio
     delta = 0.5 if align_corners else 0.0
     weights = np.zeros((out, size))
     for i in range(out):
@@ -469,25 +504,27 @@ def _uint8_linear_weights(size: int, out: int, align_corners: bool) -> tuple[np.
     return np.floor(weights * (1 << precision) + 0.5).astype(np.int32), max(precision, 1)
 
 
-def _nearest_sources(size: int, out: int, mode: str) -> np.ndarray:
-    """The source index of each output position for nearest resizing, computed in float32 as PyTorch does."""
-    scale = np.float32(size / out)
+def _nearest_sources(size: int, out: int, mode: str, ratio: float) -> np.ndarray:
+    """The source index of each output position for nearest resizing (`ratio`: in/out or 1/scale_factor), computed
+    in float32 as PyTorch does."""
+    scale = np.float32(ratio)
     pos = np.arange(out, dtype=np.float32) + (np.float32(0.5) if mode == "nearest-exact" else np.float32(0))
     return np.minimum(np.floor(pos * scale), size - 1).astype(np.int64)
 
 
-def _nearest_mask(size: int, out: int, mode: str, device: str) -> Tensor:
+def _nearest_mask(size: int, out: int, mode: str, device: str, ratio: float) -> Tensor:
     """(out, size) bool: row o is true at the source of output o (`_nearest_sources`' float32 arithmetic, done on
     the device from arange)."""
     tensor = _tensor_class()
     pos = tensor.arange(out, device=device).cast(dtypes.float32)
     if mode == "nearest-exact":
         pos = pos + 0.5
-    src = (pos * float(np.float32(size / out))).floor().minimum(size - 1)
+    src = (pos * float(np.float32(ratio))).floor().minimum(size - 1)
     return src.reshape(out, 1) == tensor.arange(size, device=device).cast(dtypes.float32).reshape(1, size)
 
 
-def _linear_taps(size: int, out: int, align_corners: bool, device: str) -> list[tuple[Tensor, Tensor]]:
+def _linear_taps(size: int, out: int, align_corners: bool, device: str,
+                 ratio: float) -> list[tuple[Tensor, Tensor]]:
     """The two taps of linear interpolation, each as ((out, size) bool mask, (out, 1) float32 weight): output o
     takes 1-lam of x[i0] and lam of x[i1], i0 and i1 the neighbours of its source position (PyTorch's
     `area_pixel_compute_source_index` with its index and weight guards)."""
@@ -496,7 +533,7 @@ def _linear_taps(size: int, out: int, align_corners: bool, device: str) -> list[
     if align_corners:
         src = pos * ((size - 1) / (out - 1)) if out > 1 else pos * 0.0
     else:
-        src = ((pos + 0.5) * (size / out) - 0.5).maximum(0.0)
+        src = ((pos + 0.5) * ratio - 0.5).maximum(0.0)
     i0 = src.floor().minimum(size - 1)
     lam = (src - i0).clip(0.0, 1.0).reshape(out, 1)
     i1 = (i0 + 1).minimum(size - 1)

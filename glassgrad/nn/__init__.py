@@ -30,7 +30,7 @@ import numpy as np
 from glassgrad import amp
 from glassgrad.dtype import dtypes
 from glassgrad.tensor import Tensor, mark_trainable, no_grad
-from glassgrad.tensor_nn import _string_padding, _tuple
+from glassgrad.tensor_nn import _conv_padding, _string_padding, _tuple
 
 __all__ = ["Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm", "BatchNorm1d",
            "BatchNorm2d", "BatchNorm3d", "LayerNorm", "LayerNorm2d", "GroupNorm", "InstanceNorm", "RMSNorm",
@@ -85,22 +85,33 @@ def _conv_geometry(in_channels: int, out_channels: int, groups: int, kernel_size
             _tuple(dilation, dims, "dilation"))
 
 
+CONV_PADDING_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "replicate", "circular": "circular"}
+
+
 class _ConvNd:
-    """A convolution over the last `dims` dims: weight (out, in/groups, *kernel), bias (out,)."""
+    """A convolution over the last `dims` dims: weight (out, in/groups, *kernel), bias (out,). PyTorch's
+    `padding_mode` ("zeros", "reflect", "replicate", "circular") says what the padding is filled with."""
     dims = 2
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOrInts, stride: IntOrInts = 1,
-                 padding: IntOrInts | str = 0, dilation: IntOrInts = 1, groups: int = 1, bias: bool = True) -> None:
+                 padding: IntOrInts | str = 0, dilation: IntOrInts = 1, groups: int = 1, bias: bool = True,
+                 padding_mode: str = "zeros") -> None:
         self.kernel_size, self.stride, self.dilation = _conv_geometry(in_channels, out_channels, groups, kernel_size,
                                                                       stride, dilation, self.dims)
         self.padding = _conv_padding_arg(padding, self.kernel_size, self.dilation, self.stride)
-        self.groups = groups
+        if padding_mode not in CONV_PADDING_MODES:
+            raise ValueError(f"padding_mode must be one of {tuple(CONV_PADDING_MODES)}, got {padding_mode!r}")
+        self.groups, self.padding_mode = groups, padding_mode
         fan_in = in_channels // groups * math.prod(self.kernel_size)
         self.weight = _uniform((out_channels, in_channels // groups, *self.kernel_size), fan_in)
         self.bias = _uniform((out_channels,), fan_in) if bias else None
 
     def __call__(self, x: Tensor) -> Tensor:
-        return x.conv2d(self.weight, self.bias, self.groups, self.stride, self.dilation, self.padding)
+        if self.padding_mode == "zeros":
+            return x.conv2d(self.weight, self.bias, self.groups, self.stride, self.dilation, self.padding)
+        pads = _conv_padding(self.padding, self.dims)  # (before, after) per spatial dim, the first one first
+        x = x.pad(((0, 0),) * (x.ndim - self.dims) + tuple(pads), mode=CONV_PADDING_MODES[self.padding_mode])
+        return x.conv2d(self.weight, self.bias, self.groups, self.stride, self.dilation, 0)
 
 
 class Conv2d(_ConvNd):
