@@ -28,6 +28,7 @@ from glassgrad import Device, Tensor, dtypes
 
 DEVICE = Device.DEFAULT
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "0"))
+GRAD_ALWAYS = bool(os.environ.get("FUZZ_GRAD"))  # hunting: check every float32 reduction's gradient too
 SIZES = (1, 2, 3, 5, 7, 17, 19, 23, 24, 29, 31, 77, 100, 257, 1000, 1021)
 Shape = tuple[int, ...]
 
@@ -391,7 +392,7 @@ def run_reduce(op: str, dtype: Any, inp: Input, axis: Any, keepdim: bool, correc
     if op in ("std", "var", "layernorm") and dtype == np.float32:
         atol, rtol = atol * 10, 1e-3
     assert_close(got, want, atol, rtol, f"{op}{x.shape} axis={axis} keepdim={keepdim} views={inp.views}")
-    if grad and dtype == np.float32 and op not in ("argmax", "argmin") and x.size and n > 0:
+    if (grad or GRAD_ALWAYS) and dtype == np.float32 and op not in ("argmax", "argmin") and x.size and n > 0:
         out_shape = np.asarray(want).shape
         check_grad(lambda v: gg_reduce(op, v, axis, keepdim, correction),
                    lambda v: gg_reduce(op, v, axis, keepdim, correction), [inp], out_shape,
@@ -782,3 +783,16 @@ def test_max_reduction_names_its_value_once() -> None:
         for renderer in renderers:
             source = get_program(ast, renderer, opts=[]).source
             assert "* 3" in source and source.count("* 3") == 1, (type(renderer).__name__, source)
+
+
+def test_max_pool_indices_of_libm_expression() -> None:
+    """max_pool2d(return_indices=True) compares each window with its max: an input holding a libm call (sigmoid's
+    exp2f) is stored once, so every window finds its maximum (an index of -1 or past the end otherwise)."""
+    a = np.random.default_rng(4).uniform(-3, 3, (2, 3, 17, 29)).astype(np.float32)
+    out, idx = Tensor(a, device=DEVICE).sigmoid().max_pool2d(3, 2, padding=1, return_indices=True)
+    s = 1 / (1 + np.exp(-a.astype(np.float64)))
+    want = np_pool2d(s, "max", (3, 3), (2, 2), (1, 1), (1, 1), False, True)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+    flat = s.reshape(2, 3, -1)
+    picked = np.take_along_axis(flat, idx.numpy().reshape(2, 3, -1).astype(np.int64), -1).reshape(want.shape)
+    np.testing.assert_allclose(picked, want, rtol=1e-6)
