@@ -1834,7 +1834,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
         if op is Ops.MAX and any(self.shape[a] == 0 for a in axes):
             raise ValueError(f"max/min over an empty dimension (shape {self.shape}, axis {axis}) has no identity")
-        out = self._wrap(self.uop.reduce_axis(op, axes)) if axes else self
+        src = self
+        if op is Ops.MAX and axes and self.dtype.is_float and _calls_libm(self.uop) and self.requires_grad:
+            src = self.contiguous()  # the gradient compares its input with the max: they must be the same values
+        out = src._wrap(src.uop.reduce_axis(op, axes)) if axes else self
         out = out if out.shape == kept else out.reshape(kept)
         return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
@@ -1944,9 +1947,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         n = self.shape[a]
         if n == 0:
             raise ValueError(f"argmax over an empty dimension (shape {self.shape}, axis {axis})")
-        is_max = self == self.max(a, keepdim=True)
+        x = self.contiguous() if self.dtype.is_float and _calls_libm(self.uop) else self  # compared with its max
+        is_max = x == x.max(a, keepdim=True)
         if self.dtype.is_float:  # a NaN is the maximum (max propagates it), as in numpy and PyTorch
-            is_max = is_max | (self != self)
+            is_max = is_max | (x != x)
         countdown = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - a - 1))
         return (n - (is_max * countdown).max(a, keepdim)).cast(dtypes.int32)
 
@@ -2541,6 +2545,24 @@ def _graph_nodes_of(targets: Sequence[Tensor], nodes: set[UOp]) -> list[UOp | No
         u = _with_lineage(t.uop)
         out.append(u if u in nodes else written.get(t.uop))
     return out
+
+
+# operations the CPU renders as libm calls (exp2f, log2f, sinf, powf): inside a vectorised loop glibc's SIMD versions
+# (libmvec) may give a result 1 ulp away from the scalar call's, so the same expression computed in two kernels can
+# differ in its last bit
+_LIBM_OPS = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW})
+_FUSED_OPS = GroupOp.Elementwise | GroupOp.Movement
+
+
+def _calls_libm(u: UOp) -> bool:
+    """In: a lazy graph. Out: whether the elementwise expression a kernel would compute for it (the walk stops at
+    buffers, reductions and other kernel boundaries) holds a libm call.
+
+    A max reduction's gradient and argmax compare an input with its maximum for exact equality; computed twice, once
+    in the max's kernel and once in the comparison's, an input with a libm call need not be bit-identical (the max of
+    tanh(x) over a padded column got no gradient where one kernel's SIMD exp2f and the other's scalar one differed):
+    such an input is stored once and both read it."""
+    return any(n.op in _LIBM_OPS for n in u.toposort(stop=lambda n: n.op not in _FUSED_OPS))
 
 
 def _reaches_a_grad_leaf(t: Tensor) -> bool:

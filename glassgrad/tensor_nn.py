@@ -250,6 +250,10 @@ class NNOps:
         starts inside the input or its left padding). return_indices also gives, as int32, each maximum's index
         into the flattened pooled dims of the input (the first maximum of the window in row-major order)."""
         t = self._t
+        if return_indices and t.dtype.is_float:
+            from glassgrad.tensor import _calls_libm
+            if _calls_libm(t.uop):  # compared with the window's max below: stored once (see _calls_libm)
+                t = t.contiguous()
         windows, geo = t._pool(kernel_size, stride, dilation, padding, ceil_mode, _lowest(t.dtype))
         axes = tuple(range(-geo.n, 0))
         out = windows.max(axes)

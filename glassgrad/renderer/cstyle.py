@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ from glassgrad.uop.symbolic import simplify
 
 _LOW_PRECISION = (dtypes.float16, dtypes.bfloat16)
 _NARROW_INTS = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)  # C promotes these to int in arithmetic
+# an operand that may be repeated in the text as it is: a variable, an element of an array or a number
+_PLAIN_OPERAND = re.compile(r"[A-Za-z_]\w*(\[\w+\])?|-?[0-9.]+[fF]?")
 
 
 def _negated(y: UOp, x: UOp) -> bool:
@@ -477,7 +480,13 @@ class CStyleLanguage:
             elif u.op is Ops.ACCUMULATE and (fma := self._fused_product(u, uses, nesting)) is not None:
                 line(f"{a[0]} = {self.render_fma(ref(fma.src[0]), ref(fma.src[1]), a[0], u.dtype)};")
             elif u.op is Ops.ACCUMULATE:
-                line(self.render_accumulate(a[0], a[1], u.arg, u.dtype))
+                value = a[1]
+                if u.arg is Ops.MAX and not _PLAIN_OPERAND.fullmatch(value):
+                    # a max's select reads its value three times (`(v > acc || v != v) ? v : acc`): an expression is
+                    # named once, as in the SIMD max above, so it is neither written out (nor computed) three times
+                    value = new_name("max")
+                    line(f"{self.render_dtype(u.src[1].dtype)} {value} = {a[1]};")
+                line(self.render_accumulate(a[0], value, u.arg, u.dtype))
             elif u.op in (Ops.LOAD, Ops.STORE) and u in run_arrays:  # a lane of a vector run
                 lane = f"{run_arrays[u]}[{names[runs[u].loop]}]"
                 if u.op is Ops.LOAD:
