@@ -689,20 +689,32 @@ def test_steps_scheduled_without_realizing_match_eager_steps(make: Callable[[lis
     state (Adam's step count `t`, the moments) is written again while its last write is pending. Same losses and
     weights as realizing every step. (Adam once failed inside the scheduler here: the count's last write had
     recorded lineage, which the next backward substituted into the pending write's target.)"""
+    _check_lazy_steps_match_eager_steps(make, steps=3)
+
+
+def _check_lazy_steps_match_eager_steps(make: Callable[[list[Tensor]], Optimizer], steps: int,
+                                        read_at: int | None = None) -> None:
+    """Three losses of a 3-element param, with `steps` optimizer steps between them, eager (`opt.step()`, the loss
+    realized) and lazy (`opt.schedule_step()`, nothing realized; the gradient of loss `read_at` realized before its
+    step): the same losses and final weights."""
     results = []
     for lazy in (False, True):
         w = Tensor([1.0, -2.0, 0.5], requires_grad=True)
         opt = make([w])
         losses = []
         with Tensor.train():
-            for _ in range(3):
+            for i in range(3):
                 opt.zero_grad()
                 losses.append(((w * w).sum() + w.sum()).backward())
-                if lazy:
-                    opt.schedule_step()
-                else:
-                    opt.step()
-                    losses[-1].realize()
+                if lazy and i == read_at:
+                    assert w.grad is not None
+                    w.grad.realize()
+                if i < steps:
+                    if lazy:
+                        opt.schedule_step()
+                    else:
+                        opt.step()
+                        losses[-1].realize()
         results.append(([loss.item() for loss in losses], w.numpy()))
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)
     np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-6)
@@ -802,24 +814,4 @@ def test_lazy_steps_with_a_gradient_read_in_between(make: Callable[[list[Tensor]
     graph (lineage put back for a backward through realized values) once held a second copy of the pending write
     that the loss reads, and a schedule holding both wrote it twice: the next loss and the weights came out as if
     updated twice, silently. Same losses and weights as eager steps."""
-    results = []
-    for lazy in (False, True):
-        w = Tensor([1.0, -2.0, 0.5], requires_grad=True)
-        opt = make([w])
-        losses = []
-        with Tensor.train():
-            for i in range(3):
-                opt.zero_grad()
-                losses.append(((w * w).sum() + w.sum()).backward())
-                if lazy and i == read_at:
-                    assert w.grad is not None
-                    w.grad.realize()
-                if i < 2:
-                    if lazy:
-                        opt.schedule_step()
-                    else:
-                        opt.step()
-                        losses[-1].realize()
-        results.append(([loss.item() for loss in losses], w.numpy()))
-    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)
-    np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-6)
+    _check_lazy_steps_match_eager_steps(make, steps=2, read_at=read_at)
