@@ -120,7 +120,8 @@ class _LazyGradients:
     they come from (the forward graph's unrealized nodes and the gradients' own): a realize that reads any of these
     computes them all, so that the forward's intermediates are computed once (see `_gradients_realized_with`)."""
     targets: list[weakref.ref[Tensor]]  # the tensors whose `.grad` it set
-    grads: list[weakref.ref[Tensor]]    # those gradients, in order, then the tensor backward() was called on
+    grads: list[weakref.ref[Tensor]]    # those gradients, in order
+    root: weakref.ref[Tensor]           # the tensor backward() was called on
     nodes: set[UOp]
 
     def unrealized(self) -> list[Tensor]:
@@ -128,7 +129,7 @@ class _LazyGradients:
         backward's own tensor, where alive and not realized yet."""
         out = [g for target, ref in zip(self.targets, self.grads) if (t := target()) is not None and
                (g := ref()) is not None and t.grad is g and not is_realized(g.uop)]
-        root = self.grads[-1]()
+        root = self.root()
         return out + [root] if root is not None and not is_realized(root.uop) else out
 
 
@@ -141,8 +142,8 @@ def _note_lazy_gradients(root: Tensor, targets: Sequence[Tensor], forward: list[
     held = [(t, t.grad) for t in targets if t.grad is not None and not is_realized(t.grad.uop)]
     if held:
         nodes = {u for u in forward if u.op is not Ops.CONST and not is_realized(u)} | {g.uop for _, g in held}
-        _LAZY_GRADIENTS.append(_LazyGradients([weakref.ref(t) for t, _ in held],
-                                              [weakref.ref(g) for _, g in held] + [weakref.ref(root)], nodes))
+        _LAZY_GRADIENTS.append(_LazyGradients([weakref.ref(t) for t, _ in held], [weakref.ref(g) for _, g in held],
+                                              weakref.ref(root), nodes))
 
 
 def _gradients_realized_with(pending: list[Tensor]) -> list[Tensor]:

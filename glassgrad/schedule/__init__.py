@@ -630,14 +630,14 @@ def _items(nodes: list[UOp], roots: dict[UOp, None], merged: dict[UOp, UOp], cre
                 collectives[node.src] = _allreduce_item(node, view_of, created, schedule)
             views[node] = buffer_view(collectives[node.src][node.arg[1]], node.shape)
             continue
-        also = tuple(stored_by.get(node, ()))
-        # the kernel computes the outputs it also stores: it must not load them from their own (unwritten) buffers
-        own_view = view_of if not also else _hiding({n for n, _, _ in also}, view_of)
         if node in merged and node.op is Ops.ASSIGN:  # written in place by the kernel of the root it maps to
             buf, version = without_reshapes(node.src[0]).arg
             stored_by[merged[node]].append((node, buf, version + 1))
             views[node] = buffer_view(buf, node.shape, version + 1)
             continue
+        also = tuple(stored_by.get(node, ()))
+        # the kernel computes the outputs it also stores: it must not load them from their own (unwritten) buffers
+        own_view = view_of if not also else _hiding({n for n, _, _ in also}, view_of)
         if node.op is Ops.ASSIGN:
             items = _assign_items(node, own_view, created, also=also)
             if len(items) == 1:
@@ -682,6 +682,7 @@ def _merged_outputs(roots: dict[UOp, None], nodes: list[UOp]) -> dict[UOp, UOp]:
     a GPT step on the H100 from 65 to 213 ms. Not where a root the merged kernel reads depends on X (X would be
     needed before the kernel that writes it runs), nor for copies or symbolic shapes."""
     merged: dict[UOp, UOp] = {}
+    owned: dict[UOp, set[UOp]] = {}  # a root -> the roots its kernel stores as well (merged's inverse)
     reads: dict[UOp, set[UOp]] = {}  # a candidate kernel's root -> the roots that kernel reads
     depends = _RootDependencies(roots, nodes)
     for node in nodes:
@@ -700,13 +701,14 @@ def _merged_outputs(roots: dict[UOp, None], nodes: list[UOp]) -> dict[UOp, UOp]:
         for extra in reached:
             if extra not in reads or extra in merged or extra.size != node.size or extra.device != node.device:
                 continue  # (`reads` holds exactly the roots that could be kernels of this kind themselves)
-            stored = {extra, *(x for x, owner in merged.items() if owner is extra)}
+            stored = {extra, *owned.pop(extra, ())}
             kernel_reads = (reads[node] | reads[extra]) - stored
-            if depends.any_on(kernel_reads, stored) or \
-                    not _distinct_targets([node, *stored, *(x for x, owner in merged.items() if owner is node)]):
+            if depends.any_on(kernel_reads, stored) or not _distinct_targets([node, *stored, *owned.get(node, ())]):
+                owned[extra] = stored - {extra}  # (kept by its own kernel)
                 continue
             for x in stored:
                 merged[x] = node
+            owned.setdefault(node, set()).update(stored)
             reads[node] = kernel_reads
     return merged
 
@@ -723,7 +725,7 @@ class _RootDependencies:
     in one walk over `nodes` (topologically ordered), each node's set of roots below it as a bit mask."""
 
     def __init__(self, roots: dict[UOp, None], nodes: list[UOp]) -> None:
-        self.roots, self.nodes = roots, nodes
+        self.nodes = nodes
         self._masks: dict[UOp, int] | None = None
         self._bit = {r: 1 << i for i, r in enumerate(roots)}
 
