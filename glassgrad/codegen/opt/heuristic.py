@@ -43,7 +43,9 @@ GPU kernels (`gpu_launch_opts`): the *flat* and *grouped* launch shapes of `code
 their sizes divide exactly: `LOCAL`s of the innermost output axes making 256 threads (and an `UPCAST` of 4 for large
 elementwise kernels: 4 elements per thread, a block apart), or a `GROUP` of 256 threads on the innermost reduce axis;
 a short contiguous row that one thread per output would read with a stride gets a `GROUP` of up to 32 neighbouring
-threads per output and `LOCAL`s filling the work-group (`_lane_group_opts`).
+threads per output and `LOCAL`s filling the work-group (`_lane_group_opts`); a large elementwise kernel whose
+accesses all run along its innermost axis takes 16 contiguous bytes per thread, moved as vectors where the renderer
+can (`_vector_opts`).
 Other GPU kernels (tiled matmuls, one-group-per-row kernels, and sizes no split divides) get no opts: gpudims
 chooses their shape.
 """
@@ -566,7 +568,7 @@ def _vector_opts(k: Kernel) -> list[Opt]:
     """A large elementwise kernel whose store and loads all run contiguously (or stay put) along the innermost output
     axis: each thread takes VECTOR_BYTES of its narrowest contiguous buffer there (`UPCAST`, innermost), the threads
     of a work-group neighbouring runs (`LOCAL`), so that the renderer loads and stores each run as one vector
-    (`render_vector_runs`). A warp's 2-byte accesses moved 64 bytes an instruction; its 16-byte ones move 512."""
+    (`renderer.cstyle.vector_runs`). A warp's 2-byte accesses moved 64 bytes an instruction, 16-byte ones 512."""
     if not k.renderer.vector_runs or k.has_reduce or k.axes_of("local", "group", "upcast", "unroll"):
         return []
     outputs = [a for a in k.axes_of("global") if (k.size(a) or 1) > 1]
