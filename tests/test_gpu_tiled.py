@@ -97,10 +97,10 @@ def test_every_access_is_in_bounds(name: str) -> None:
     spec = kernels(t, device="CUDA")[-1]
     checked = 0
     for u in spec.uops:
-        if u.op is Ops.ASYNC_COPY:  # 16 bytes from global to shared memory: both ends of both
-            gate = u.src[4:]
-            accesses = [UOp(Ops.LOAD, u.src[2].dtype, (u.src[2], u.src[3] + end, *gate)) for end in (0, 7)] + \
-                [UOp(Ops.LOAD, u.src[2].dtype, (shared_buffer(u), u.src[1] + end, *gate)) for end in (0, 7)]
+        if u.op is Ops.ASYNC_COPY:  # 16 bytes (or one 4-byte element) from global to shared memory: both ends of both
+            gate, last = u.src[4:], 0 if u.arg == 4 else 16 // shared_buffer(u).dtype.itemsize - 1
+            accesses = [UOp(Ops.LOAD, u.src[2].dtype, (u.src[2], u.src[3] + end, *gate)) for end in (0, last)] + \
+                [UOp(Ops.LOAD, u.src[2].dtype, (shared_buffer(u), u.src[1] + end, *gate)) for end in (0, last)]
             for access in accesses:
                 buf = access.src[0]
                 check_access(access, buf.arg[1] if buf.op is Ops.DEFINE_LOCAL else item.bufs[buf.arg].size, "copy")
@@ -124,8 +124,11 @@ def test_every_access_is_in_bounds(name: str) -> None:
 
 
 def test_one_loop_per_level_and_the_barrier_between_copy_and_use() -> None:
-    """64 accumulators share one k loop; the tile copy and its barrier sit in the outer k loop, before the inner."""
-    spec = cuda_kernels(matmul(256, 64, 256))[-1]
+    """64 accumulators share one k loop. Copied through registers (sm_75: no cp.async), the tile copy and its
+    barrier sit in the outer k loop, before the inner."""
+    from glassgrad.codegen import get_program
+    from glassgrad.renderer.cuda import CUDARenderer
+    spec = get_program(create_schedule([matmul(256, 64, 256)().uop])[0][-1].ast, CUDARenderer("sm_75"))
     ops = [u.op for u in spec.uops]
     assert ops.count(Ops.RANGE) == 2 and ops.count(Ops.DEFINE_ACC) == 64 and ops.count(Ops.ACCUMULATE) == 64
     outer, inner = (i for i, op in enumerate(ops) if op is Ops.RANGE)
@@ -133,6 +136,28 @@ def test_one_loop_per_level_and_the_barrier_between_copy_and_use() -> None:
     local_stores = [i for i, u in enumerate(spec.uops) if u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_LOCAL]
     assert outer < min(local_stores) and max(local_stores) < barrier < inner
     assert all(u.op is not Ops.LOAD or u.src[0].op is not Ops.DEFINE_LOCAL for u in spec.uops)  # reads follow it
+    assert Ops.ASYNC_COPY not in ops
+
+
+def test_float32_tiles_are_copied_by_cp_async_a_tile_ahead() -> None:
+    """sm_80+: the float32 tiles are copied by cp.async, 16 k a tile, a tile ahead: tile 0 before the k loop; in
+    step k, after the wait for tile k and the barrier, tile k + 1, then the products of tile k. A factor read along
+    its tile axis (b of a @ b) goes in 16-byte runs, one read along k (a) an element at a time (it is transposed into
+    the [k][position] tile). A factor computed in the copy (a float16 one widened, remainders off the tensor cores)
+    is copied through registers, 8 k a tile."""
+    spec = cuda_kernels(matmul(256, 64, 256))[-1]
+    ops = [u.op for u in spec.uops]
+    assert ops.count(Ops.RANGE) == 2 and ops.count(Ops.DEFINE_ACC) == 64
+    outer, inner = (i for i, op in enumerate(ops) if op is Ops.RANGE)
+    assert spec.uops[outer].src[0].arg == 64 // 16 and spec.uops[inner].src[0].arg == 16
+    copies = [i for i, op in enumerate(ops) if op is Ops.ASYNC_COPY]
+    wait, barrier = ops.index(Ops.ASYNC_WAIT), ops.index(Ops.BARRIER)
+    assert sum(i < outer for i in copies) == 8 + 2 and outer < wait < barrier < min(i for i in copies if i > outer)
+    assert max(copies) < inner and "cp.async.wait_group 0;" in spec.source
+    assert spec.source.count("gg_cp_async4(&") == 2 * 8 and spec.source.count("gg_cp_async(&") == 2 * 2
+    assert not any(u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_LOCAL for u in spec.uops)
+    widened = cuda_kernels(matmul(130, 24, 40, F16))[-1]
+    assert is_tiled(widened) and Ops.ASYNC_COPY not in [u.op for u in widened.uops]
 
 
 def test_half_matmuls_with_whole_tiles_use_tensor_cores() -> None:

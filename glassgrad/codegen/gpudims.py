@@ -29,10 +29,11 @@ the renderer checks (`if (gidx >= count) return;`); a grouped reduction's stride
 gates every load with `l + step*L < n`.
 * **tiled**: for matmul-shaped reductions (`matmul_plan`: the one REDUCE sums `x * y`, `x` independent of some output
   loops, `y` of the others). A block computes a 128 x 128 tile of outputs from tiles of both factors copied into
-  shared memory (`DEFINE_LOCAL`, `BARRIER`): in float32 each of 256 threads an 8 x 8 register tile; for
-  float16/bfloat16 with whole tiles (128 wide, or 64 along an axis 64 divides) on a target with tensor cores,
-  4 warps each a quarter of the tile with ldmatrix + mma.sync m16n8k16 (`FRAGMENT`, `WMMA`, `GEP`) fed by cp.async
-  (`ASYNC_COPY`, `ASYNC_COMMIT`, `ASYNC_WAIT`), each side's shared tile laid out as its factor is read. With
+  shared memory (`DEFINE_LOCAL`, `BARRIER`): in float32 each of 256 threads an 8 x 8 register tile (on sm_80+,
+  plain float32 factors' tiles copied by cp.async a tile ahead); for float16/bfloat16 with whole tiles (128 wide,
+  or 64 along an axis 64 divides) on a target with tensor cores, 4 warps each a quarter of the tile with ldmatrix +
+  mma.sync m16n8k16 (`FRAGMENT`, `WMMA`, `GEP`) fed by cp.async (`ASYNC_COPY`, `ASYNC_COMMIT`, `ASYNC_WAIT`), each
+  side's shared tile laid out as its factor is read. With
   `tf32=True` (ALLOW_TF32=1, opt-in: it rounds the factors to 10 mantissa bits) float32 products take the same
   4 warps on mma.sync m16n8k8 .tf32 (fragments read with plain shared loads and cvt.rna.tf32), remainders included.
 
@@ -340,6 +341,8 @@ TILE_K = 8            # reduction elements per shared-memory tile
 PAD = 4               # floats added to each shared-memory row: the transposing stores hit distinct banks
 MIN_SIDE = 64         # one tile axis at least this long, the other at least NARROW_TILE, the reduction TILE_K
 PER_THREAD = 8        # outputs per thread along each axis: two groups of 4, half a tile apart
+ASYNC_TILE_K = 16     # ... with cp.async: a tile of 16 in flight while one is multiplied (two stages, 33 KB)
+SIMT_STAGES = 2
 
 
 @dataclass(frozen=True)
@@ -489,34 +492,75 @@ def _output_unchanged(plan: MatmulPlan, b: _Block, results: list[UOp]) -> Unchan
         unchanged_by(roots, {*b.batch_map, *plan.rows.ranges, *plan.cols.ranges})
 
 
+@dataclass(frozen=True)
+class _SimtTiles:
+    """Where the float32 tiles of `_tiled` lie in shared memory: per stage, the rows factor's tile then the columns
+    factor's, each k-major ([k][position], rows padded by PAD so the transposing stores hit distinct banks)."""
+    plan: MatmulPlan
+    tile_k: int
+    stages: int
+
+    @property
+    def strides(self) -> tuple[int, int]:
+        return self.plan.rows.tile + PAD, self.plan.cols.tile + PAD
+
+    @property
+    def size(self) -> int:
+        return self.stages * self.tile_k * sum(self.strides)
+
+    def at(self, side: int, k_tile: UOp, pos: UOp, kk: UOp) -> UOp:
+        """The shared index of position `pos`, k `kk` of factor `side`'s tile in k tile `k_tile`'s stage."""
+        dt, strides = pos.dtype, self.strides
+        stage = k_tile % UOp.const(dt, self.stages)
+        start = stage * UOp.const(dt, self.tile_k * sum(strides)) + UOp.const(dt, side * self.tile_k * strides[0])
+        return start + kk * UOp.const(dt, strides[side]) + pos
+
+    def copies(self, b: _Block, k_tile: UOp) -> list[list[tuple[UOp, UOp]]]:
+        """Per factor: (shared index, value) of this thread's share of k tile `k_tile`."""
+        plan = self.plan
+        sides = zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), (plan.rows.value, plan.cols.value))
+        return [[(self.at(side, k_tile, *position), element)
+                 for position, element in _tile_copy(operand, value, tile, b, plan.k_ranges, self.tile_k, k_tile)]
+                for side, (operand, tile, value) in enumerate(sides)]
+
+
 def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool, tf32: bool = False) -> tuple[UOp, Dims, Dims]:
     """Each block computes a TILE x TILE tile of outputs (NARROW_TILE along an axis shorter than MIN_SIDE: 64
     threads), each thread an 8 x 8 register tile of it (one REDUCE per output: the linearizer gives them one loop).
-    Per TILE_K step of the reduction the block copies both factors' tiles into shared memory (double-buffered: one
-    barrier per step), then every thread reads its 8 + 8 factors per k from there. Tiles past the end of an axis
-    read zeros and store nothing."""
+    Per k step the block copies both factors' tiles into shared memory, then every thread reads its 8 + 8 factors
+    per k from there. Where both factors are plain float32 loads and the target has cp.async (`tensor_cores`: sm_80
+    and later), the copies are asynchronous, tiles of ASYNC_TILE_K in SIMT_STAGES stages (16-byte runs where a
+    factor is read along its tile axis, else an element each): the next tile's loads are in flight while this one
+    is multiplied, which a block that waits for each tile's loads cannot do. Otherwise they go through registers,
+    TILE_K at a time, double-buffered (one barrier per step). Tiles past the end of an axis read zeros and store
+    nothing."""
     if tensor_cores and (kind := _tensor_core_kind(plan, tf32)) is not None:
         return _tensor_core_tiled(ast, plan, kind)
     row_tile, col_tile = plan.rows.tile, plan.cols.tile
-    col_threads = col_tile // PER_THREAD
-    b = _block(plan, TILE_K, TILE_K, row_tile // PER_THREAD * col_threads)
+    col_threads, threads = col_tile // PER_THREAD, row_tile // PER_THREAD * col_tile // PER_THREAD
+    b = _block(plan, TILE_K, TILE_K, threads)
+    asynchronous = tensor_cores and all(_copy_runs(group, 4) is not None or
+                                        all(_gathered(value) is not None for _, value in group)
+                                        for group in _SimtTiles(plan, TILE_K, 2).copies(b, b.k_outer))
+    tiles = _SimtTiles(plan, ASYNC_TILE_K, SIMT_STAGES) if asynchronous and b.k_size >= ASYNC_TILE_K else \
+        _SimtTiles(plan, TILE_K, 2)
+    b = _block(plan, tiles.tile_k, tiles.tile_k, threads) if tiles.tile_k != TILE_K else b
     dt = b.dt
-    strides = (row_tile + PAD, col_tile + PAD)
-    halves = (TILE_K * strides[0], TILE_K * strides[1])   # each factor's tile
-    smem = UOp(Ops.DEFINE_LOCAL, plan.reduce.dtype, (), (0, 2 * sum(halves)))
-    buffer = (b.k_outer % UOp.const(dt, 2)) * UOp.const(dt, sum(halves))  # double buffering: even/odd k steps
-
-    def layout(side: int) -> Callable[[UOp, UOp], UOp]:  # both stored k-major: [k][position]
-        return lambda pos, kk: buffer + UOp.const(dt, side * halves[0]) + kk * UOp.const(dt, strides[side]) + pos
-    barrier = _copy_tiles(plan, b, smem, TILE_K, (plan.rows.value, plan.cols.value), (layout(0), layout(1)))
+    smem = UOp(Ops.DEFINE_LOCAL, plan.reduce.dtype, (), (0, tiles.size))
+    if asynchronous:
+        reader = _async_pipeline(smem, b, lambda k_tile: tiles.copies(b, k_tile), tiles.stages, tiles.tile_k)
+    else:
+        stores = [UOp(Ops.STORE, dtypes.void, (smem, index, element))
+                  for group in tiles.copies(b, b.k_outer) for index, element in group]
+        reader = UOp(Ops.BARRIER, smem.dtype, (smem, *stores))
     ty, tx = b.lidx // UOp.const(dt, col_threads), b.lidx % UOp.const(dt, col_threads)
 
     def own(thread: UOp, i: int, tile: int) -> UOp:  # the i-th of a thread's 8 positions along a tile axis
         return UOp.const(dt, (i // 4) * (tile // 2) + i % 4) + thread * UOp.const(dt, 4)
 
-    row_factors = [UOp(Ops.LOAD, smem.dtype, (barrier, layout(0)(own(ty, i, row_tile), b.k_inner)))
+    row_factors = [UOp(Ops.LOAD, smem.dtype, (reader, tiles.at(0, b.k_outer, own(ty, i, row_tile), b.k_inner)))
                    for i in range(PER_THREAD)]
-    col_factors = [UOp(Ops.LOAD, smem.dtype, (barrier, layout(1)(own(tx, j, col_tile), b.k_inner)))
+    col_factors = [UOp(Ops.LOAD, smem.dtype, (reader, tiles.at(1, b.k_outer, own(tx, j, col_tile), b.k_inner)))
                    for j in range(PER_THREAD)]
     reds = {(i, j): UOp(Ops.REDUCE, plan.reduce.dtype, (row_factors[i] * col_factors[j], b.k_outer, b.k_inner),
                         Ops.ADD) for i in range(PER_THREAD) for j in range(PER_THREAD)}
@@ -526,6 +570,27 @@ def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool, tf32: bool = False) -
                for (i, j), red in reds.items()]
     sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
     return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
+
+
+def _async_pipeline(smem: UOp, b: _Block, copies: Callable[[UOp], list[list[tuple[UOp, UOp]]]], stages: int,
+                    tile_k: int) -> UOp:
+    """The shared buffer as step `b.k_outer` reads it, filled by cp.async `stages` tiles deep: tiles 0..S-2 before
+    the loop; in step k, wait for tile k, a barrier (tile k landed for every thread, and every thread is done with
+    tile k-1, whose stage tile k+S-1 takes), then start tile k+S-1. `copies(k_tile)`: the (shared index, value)
+    pairs of tile `k_tile` in its stage, in groups each copied in 16-byte runs or element by element
+    (`_async_copies`)."""
+    dt = b.dt
+    tiles = math.ceil(b.k_size / tile_k)
+    committed = smem
+    for t in range(stages - 1):  # S-1 groups (empty past the last tile): the wait below counts on them
+        first = [c for group in copies(UOp.const(dt, t)) for c in _async_copies(committed, group, None)] \
+            if t < tiles else []
+        committed = UOp(Ops.ASYNC_COMMIT, smem.dtype, (committed, *first))
+    wait = UOp(Ops.ASYNC_WAIT, smem.dtype, (committed, b.k_outer), stages - 2)
+    barrier = UOp(Ops.BARRIER, smem.dtype, (wait,))
+    ahead = b.k_outer + UOp.const(dt, stages - 1)
+    later = [c for group in copies(ahead) for c in _async_copies(barrier, group, ahead < UOp.const(dt, tiles))]
+    return UOp(Ops.ASYNC_COMMIT, smem.dtype, (barrier, *later))
 
 
 # tensor cores: mma.sync m16n8k16 (float16/bfloat16 in) or m16n8k8 (tf32 in), float32 accumulators
@@ -626,21 +691,12 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp
     stages = ASYNC_STAGES if asynchronous else 2
     layout = replace(layout, stages=stages)
     smem = UOp(Ops.DEFINE_LOCAL, x.dtype, (), (0, stages * sum(widths) * kind.tile_k))
-    tiles = math.ceil(b.k_size / kind.tile_k)
     if not asynchronous:
         stores = [UOp(Ops.STORE, dtypes.void, (smem, i, v)) for i, v in _tc_copies(plan, b, layout, (x, y), b.k_outer)]
         reader = UOp(Ops.BARRIER, smem.dtype, (smem, *stores))
-    else:  # tiles 0..S-2 before the loop; in step k: wait for tile k, barrier, start tile k+S-1, multiply tile k
-        committed = smem
-        for t in range(stages - 1):  # S-1 groups (empty past the last tile): the wait below counts on them
-            first = _async_copies(committed, _tc_copies(plan, b, layout, (x, y), UOp.const(dt, t)), None) \
-                if t < tiles else []
-            committed = UOp(Ops.ASYNC_COMMIT, smem.dtype, (committed, *first))
-        wait = UOp(Ops.ASYNC_WAIT, smem.dtype, (committed, b.k_outer), stages - 2)
-        barrier = UOp(Ops.BARRIER, smem.dtype, (wait,))  # tile k landed for all; all are done with tile k-1
-        ahead = b.k_outer + UOp.const(dt, stages - 1)
-        later = _async_copies(barrier, _tc_copies(plan, b, layout, (x, y), ahead), ahead < UOp.const(dt, tiles))
-        reader = UOp(Ops.ASYNC_COMMIT, smem.dtype, (barrier, *later))
+    else:
+        reader = _async_pipeline(smem, b, lambda k_tile: [_tc_copies(plan, b, layout, (x, y), k_tile)], stages,
+                                 kind.tile_k)
     warp, lane = b.lidx // UOp.const(dt, 32), b.lidx % UOp.const(dt, 32)
     warp_row = (warp // UOp.const(dt, WARPS[1])) * UOp.const(dt, widths[0] // WARPS[0])
     warp_col = (warp % UOp.const(dt, WARPS[1])) * UOp.const(dt, widths[1] // WARPS[1])
