@@ -47,6 +47,9 @@ TILED: dict[str, Callable[[], Tensor]] = {
     Tensor.empty(2, 3, 128, 64, dtype=dtypes.bfloat16),
     "half x @ W^T on tensor cores": lambda: Tensor.empty(128, 64, dtype=F16) @ Tensor.empty(192, 64, dtype=F16).T,
     "half dy^T @ x on tensor cores": lambda: Tensor.empty(64, 256, dtype=F16).T @ Tensor.empty(64, 64, dtype=F16),
+    "float32 64 columns (a head's p @ v)": lambda: Tensor.empty(2, 3, 200, 128) @ Tensor.empty(2, 3, 128, 64),
+    "float32 64 output channels": lambda: Tensor.empty(2, 5, 12, 12).conv2d(Tensor.empty(64, 5, 3, 3), padding=1),
+    "float32 64 by 32": matmul(64, 24, 32),
 }
 NOT_TILED: dict[str, Callable[[], Tensor]] = {
     "small matmul": matmul(32, 64, 32),
@@ -69,7 +72,7 @@ def shared_buffer(u: UOp) -> UOp:
 
 
 def is_tiled(spec: ProgramSpec) -> bool:
-    return any(u.op is Ops.BARRIER for u in spec.uops) and spec.local_size in ((256, 1, 1), (128, 1, 1), (64, 1, 1))
+    return any(u.op is Ops.BARRIER for u in spec.uops) and spec.local_size[0] in (256, 128, 64, 32)
 
 
 @pytest.mark.parametrize("name", TILED)
@@ -88,7 +91,9 @@ def test_other_kernels_are_not_tiled(name: str) -> None:
                                   "half matmul on tensor cores", "narrow rows (32 output channels)",
                                   "narrow columns with remainders", "half matmul 64 columns on tensor cores",
                                   "half matmul 64 rows on tensor cores", "attention's p @ v on tensor cores",
-                                  "half x @ W^T on tensor cores", "half dy^T @ x on tensor cores"])
+                                  "half x @ W^T on tensor cores", "half dy^T @ x on tensor cores",
+                                  "float32 64 columns (a head's p @ v)", "float32 64 output channels",
+                                  "float32 64 by 32"])
 def test_every_access_is_in_bounds(name: str) -> None:
     """Every block, thread and iteration: global loads/stores inside their buffers, shared ones inside the tile."""
     t = TILED[name]()
@@ -311,7 +316,8 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("m,k,n", [(130, 70, 129), (64, 8, 64), (128, 128, 128), (257, 33, 1000), (1024, 1, 64),
-                                   (300, 4096, 200), (32, 300, 1000), (1000, 77, 40), (40, 9, 130)])
+                                   (300, 4096, 200), (32, 300, 1000), (1000, 77, 40), (40, 9, 130), (256, 96, 64),
+                                   (64, 40, 300), (64, 24, 32), (200, 1000, 64)])
 def test_matmul_on_gpu(cuda: str, m: int, k: int, n: int) -> None:
     rng = np.random.default_rng(m * k + n)
     a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)

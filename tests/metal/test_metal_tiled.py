@@ -16,7 +16,7 @@ from glassgrad.uop.ops import Ops
 pytestmark = metal_emulator.needs_cxx
 
 
-@pytest.mark.parametrize("m,k,n", [(130, 70, 129), (64, 8, 64), (200, 33, 65)])
+@pytest.mark.parametrize("m,k,n", [(130, 70, 129), (64, 8, 64), (200, 33, 65), (130, 24, 64), (64, 24, 32)])
 def test_tiled_matmul(emulated: Compiled, m: int, k: int, n: int) -> None:
     rng = np.random.default_rng(m + k + n)
     a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
