@@ -120,8 +120,9 @@ class CStyleLanguage:
     # contiguous runs of an innermost upcast loop's loads and stores move as 16-byte vectors (see `VectorRun`)
     vector_runs = False
 
-    def render_vector_copy(self, dst: str, src: str, nbytes: int) -> str:
-        """Copy `nbytes` (4, 8 or 16, aligned to that) from the address `src` to the address `dst` as one access."""
+    def render_vector_copy(self, dst: str, src: str, nbytes: int, load: bool) -> str:
+        """Copy `nbytes` (4, 8 or 16, aligned to that) from the address `src` to the address `dst` as one access;
+        `load`: from a global buffer into a register array (else the other way)."""
         kind = {4: "unsigned int", 8: "uint2", 16: "uint4"}[nbytes]
         return f"*({kind}*)({dst}) = *(const {kind}*)({src});"
 
@@ -372,7 +373,7 @@ class CStyleLanguage:
                 for offset in range(0, run.lanes, run.chunk):
                     at, held = f"&{buf}[{first}{f' + {offset}' if offset else ''}]", f"&{array}[{offset}]"
                     copy = self.render_vector_copy(*((held, at) if access.op is Ops.LOAD else (at, held)),
-                                                   run.chunk * access.src[0].dtype.itemsize)
+                                                   run.chunk * access.src[0].dtype.itemsize, access.op is Ops.LOAD)
                     (line(copy) if access.op is Ops.LOAD else stores_after.setdefault(loop, []).append(copy))
 
         for position, u in enumerate(program):

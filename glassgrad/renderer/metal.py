@@ -69,6 +69,19 @@ class MetalRenderer(CStyleLanguage):
     def render_local_array(self, dtype: DType, name: str, size: int) -> str:
         return f"threadgroup {self.render_dtype(dtype)} {name}[{size}];"
 
+    # ---------- contiguous runs as 16-byte accesses (cstyle's `VectorRun`) ----------
+    vector_runs = True
+
+    def render_vector_copy(self, dst: str, src: str, nbytes: int, load: bool) -> str:
+        """As CUDA's, with MSL's address spaces on both pointers: a global buffer is `device`, the register array
+        `thread`."""
+        kind = {4: "uint", 8: "uint2", 16: "uint4"}[nbytes]
+        to, frm = ("thread", "device") if load else ("device", "thread")
+        return f"*({to} {kind}*)({dst}) = *(const {frm} {kind}*)({src});"
+
+    def render_aligned_array(self, dtype: DType, name: str, size: int) -> str:
+        return f"alignas(16) {self.render_dtype(dtype)} {name}[{size}];"
+
     # ---------- values ----------
     def render_const(self, value: int | float | bool, dtype: DType) -> str:
         if dtype.is_bool or dtype.is_float:

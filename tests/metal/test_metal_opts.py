@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from glassgrad import Tensor
+from glassgrad import Tensor, dtypes
 from glassgrad.codegen import get_program, optimize_ast
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
 from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
@@ -46,6 +46,9 @@ WORKLOADS: dict[str, Callable[[], Tensor]] = {
     "int max": lambda: Tensor(np.arange(8 * 256, dtype=np.int32).reshape(8, 256) % 97, device="METAL").max(axis=1),
     "softmax (two reductions, one reads the other)": lambda: rand(8, 64).softmax(-1),
     "short rows": lambda: (rand(64, 64) * rand(64, 64, seed=1)).sum(axis=1),
+    "vector runs": lambda: rand(32, 64) * rand(32, 64, seed=1) + 1,
+    "vector runs, half": lambda: (rand(16, 64).cast(dtypes.float16) * 2).cast(dtypes.float16),
+    "vector runs, a misaligned view": lambda: rand(8, 65)[:, 1:] * 3,
 }
 
 
@@ -94,6 +97,22 @@ def test_launch_opts_keep_results(metal: Compiled, name: str, opts: list[Opt]) -
     assert spec.opts == tuple(opts) and spec.local_size is not None
     threads = spec.local_size[0]
     assert threads == Kernel(ast, metal.renderer).apply_opts(opts).threads()  # the launch has the opts' threads
+    check(metal, ast, opts)
+
+
+@pytest.mark.parametrize("name, opts, vectors", [
+    ("vector runs", [Opt(U, 1, 4), Opt(L, 1, 0), Opt(L, 0, 16)], 3),  # two loads and the store, 16 bytes each
+    ("vector runs", [Opt(U, 1, 8), Opt(L, 1, 0)], 6),                 # 8 floats: two 16-byte accesses each
+    ("vector runs, half", [Opt(U, 1, 8), Opt(L, 1, 0)], 3),           # 8 float32 in (two accesses), 8 half out
+    ("vector runs, half", [Opt(U, 1, 2), Opt(L, 1, 0)], 2),           # 8 bytes in, 4 bytes out
+    ("vector runs, a misaligned view", [Opt(U, 1, 4), Opt(L, 1, 0)], 1),  # the store; the load is 4 bytes off
+])
+def test_vector_runs(metal: Compiled, name: str, opts: list[Opt], vectors: int) -> None:
+    """An innermost upcast loop's contiguous, aligned loads and stores move as one access of up to 16 bytes, with
+    MSL's address spaces on both sides, and compute what the CPU does."""
+    ast = last_ast(WORKLOADS[name]())
+    source = get_program(ast, metal.renderer, opts).source
+    assert source.count("device uint") == vectors and source.count("thread uint") == vectors, source
     check(metal, ast, opts)
 
 
