@@ -579,3 +579,28 @@ def test_a_packed_transposed_factor_is_made_once_per_column_block(lead: tuple[in
     swaps = [o for o in hand_coded_optimizations(kernel_of(out)) if o.op is OptOps.SWAP]
     assert swaps == ([] if swap is None else [swap])
     np.testing.assert_allclose(out.numpy(), x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("heads, dims", [(4, 32), (2, 8), (3, 64)])
+def test_attention_scores_of_a_fused_qkv_are_packed(heads: int, dims: int) -> None:
+    """q k^T with q and k slices of one fused qkv buffer (GPT-2's c_attn): k's rows are packed, the keys as 16
+    lanes and rows of queries, as for any `x @ W.T`. The packed loads were found by buffer, so q (same buffer, stays
+    put along the keys) counted as packed and no rows fitted: a dot product per score, 4x slower at a head of 32.
+    With a contiguous row of outputs to store as vectors, heads of 8 dims pack too. Values match numpy."""
+    rng = np.random.default_rng(heads * dims)
+    b, t = 2, 32
+    qkv = rng.standard_normal((b, t, 3 * heads * dims), dtype=np.float32)
+    q, k, _ = Tensor(qkv).reshape(b, t, 3, heads, dims).permute(2, 0, 3, 1, 4)
+    scores = q @ k.transpose(-1, -2)
+    opts = hand_coded_optimizations(kernel_of(scores))
+    assert Opt(OptOps.UPCAST, 3, 16) in opts and any(o.op is OptOps.UPCAST and o.axis == 2 for o in opts), opts
+    ref_q, ref_k = (qkv.reshape(b, t, 3, heads, dims).transpose(2, 0, 3, 1, 4)[i] for i in (0, 1))
+    np.testing.assert_allclose(scores.numpy(), ref_q @ ref_k.transpose(0, 1, 3, 2), rtol=1e-4, atol=1e-4)
+
+
+def test_a_gram_matrix_packs_its_transposed_factor() -> None:
+    """x @ x.T reads one buffer twice, along the rows and along the columns: the column side is packed."""
+    x = np.random.default_rng(5).standard_normal((64, 48), dtype=np.float32)
+    out = Tensor(x) @ Tensor(x).T
+    assert any(o.op is OptOps.UPCAST and o.amount == 16 for o in hand_coded_optimizations(kernel_of(out)))
+    np.testing.assert_allclose(out.numpy(), x @ x.T, rtol=1e-4, atol=1e-4)

@@ -82,6 +82,7 @@ PACKED_ROWS = 25             # rows of a packed channel tile whose pack is remad
 SHIFT_ROWS = 8               # rows of a packed tile along which the packed values shift (a kernel width)
 PAD_WASTE = 8                # an axis no split divides is padded to a multiple of one (PADTO) adding <= 1/8 of it
 MIN_PACKED_REDUCE = 64       # packed channel lanes pay for reductions this long (their stores are 16 scalars a row)
+MIN_PACKED_REDUCE_STORED = 8  # ... or this long where the lanes' outputs are contiguous (one vector store a row)
 MIN_THREAD_BLOCKS = 8        # iterations the threads' (outermost) loop keeps when the blocking axis moves inside
 
 
@@ -166,14 +167,18 @@ def _packed_channel_tile(k: Kernel, vector: tuple[int, int] | None) -> list[Opt]
     7.5 -> 4.7 ms and 7.8 -> 5.2 ms."""
     if vector is not None and (vector[1] or k.size(vector[0]) or VECTOR_WIDTH) % VECTOR_WIDTH == 0:
         return []
-    if prod(k.size(a) or MIN_PACKED_REDUCE for a in k.axes_of("reduce")) < MIN_PACKED_REDUCE:
-        return []
+    reduce_size = prod(k.size(a) or MIN_PACKED_REDUCE for a in k.axes_of("reduce"))
+    stores = [u for u in k.ast.src if u.op is Ops.STORE]
+
+    def long_enough(axis: int) -> bool:  # (attention's scores q k^T over a head of 32: the keys as lanes, 4x faster)
+        stored = all(index_stride(u.src[1], k.axes[axis]) == 1 for u in stores)
+        return reduce_size >= (MIN_PACKED_REDUCE_STORED if stored else MIN_PACKED_REDUCE)
     global_axes = k.axes_of("global")
     for axis in reversed(global_axes[1:]):  # packs made once for the whole reduction (a convolution's weight)
-        if (lanes := _channel_lanes(k, axis, "whole")) is not None:
+        if long_enough(axis) and (lanes := _channel_lanes(k, axis, "whole")) is not None:
             return lanes
     for axis in global_axes:  # packs remade at each step of the outer reduce loop, the outermost axis first
-        if (lanes := _channel_lanes(k, axis, "per step")):
+        if long_enough(axis) and (lanes := _channel_lanes(k, axis, "per step")):
             return lanes
     return []
 
@@ -186,7 +191,8 @@ def _channel_lanes(k: Kernel, axis: int, fit: str) -> list[Opt] | None:
     MNIST's 3x3 weight gradients at batch 128, 2 threads: 10.2 -> 3.4 ms (64 -> 64 channels) and 10.0 -> 4.6-7.1 ms
     (32 -> 64); the 5x5 one of its first conv (25 rows: PACKED_ROWS): 3.1 -> 1.5 ms."""
     size, strides = k.size(axis), k.strides(axis)
-    packed = {load.src[0].arg for load, s in zip(k.loads, strides) if s != 0 and s != 1}
+    # the strided loads, by position (not by buffer: attention's q and k are one fused qkv buffer, q stays put)
+    packed = {i for i, s in enumerate(strides) if s != 0 and s != 1}
     if size is None or size % VECTOR_WIDTH or not packed or _pack_fit(k, packed) != fit:
         return None
     if axis == k.axes_of("global")[0] and size // VECTOR_WIDTH < 2:  # (the outermost loop is kept for the threads)
@@ -201,7 +207,7 @@ def _channel_lanes(k: Kernel, axis: int, fit: str) -> list[Opt] | None:
         tile.apply_opt(opts[-1])
     for row_axis in reversed(tile.axes_of("global")):
         row_strides, row_size = tile.strides(row_axis), tile.size(row_axis) or 1
-        if any(s != 0 for load, s in zip(tile.loads, row_strides) if load.src[0].arg in packed) or \
+        if any(row_strides[i] != 0 for i in packed) or \
                 all(s == 0 for s in row_strides):
             continue
         limit = min(budget, row_size // 2 if row_axis == tile.axes_of("global")[0] else row_size)
@@ -243,24 +249,24 @@ def _shift_axis(k: Kernel, packed: set[int]) -> int | None:
     candidates = []
     for axis in k.axes_of("global")[1:]:
         size, strides = k.size(axis), k.strides(axis)
-        moves = [s for load, s in zip(k.loads, strides) if load.src[0].arg in packed]
+        moves = [strides[i] for i in packed]
         if size is None or not 2 <= size <= SHIFT_ROWS or any(s in (0, None) for s in moves):
             continue
         if all(any(k.strides(r)[i] == strides[i] for r in reduce_axes)
-               for i, load in enumerate(k.loads) if load.src[0].arg in packed):
+               for i in packed):
             candidates.append((max(abs(s or 0) for s in moves), axis))
     return min(candidates)[1] if candidates else None
 
 
-def _pack_fit(k: Kernel, buffers: set[int]) -> str | None:
-    """How the loads of these buffers (ungated) can be packed by `codegen/stage.py`: "whole" when each one's values
-    over the reduce axes it moves along, times 16 lanes, fit a staging buffer (`stage.STAGE_MAX`: a convolution's
+def _pack_fit(k: Kernel, packed: set[int]) -> str | None:
+    """How these loads (positions in `k.loads`, ungated) can be packed by `codegen/stage.py`: "whole" when each one's
+    values over the reduce axes it moves along, times 16 lanes, fit a staging buffer (`stage.STAGE_MAX`: a convolution's
     weight), "per step" when they fit without the outermost of those axes (the pack is remade at each of its steps:
     a weight gradient's incoming gradient, one image at a time), else None."""
     reduce_axes = k.axes_of("reduce")
     fit = "whole"
     for i, load in enumerate(k.loads):
-        if load.src[0].arg not in buffers:
+        if i not in packed:
             continue
         moving = [k.size(a) for a in reduce_axes if k.strides(a)[i] != 0]
         if len(load.src) == 3 or any(m is None for m in moving):
