@@ -604,3 +604,20 @@ def test_a_gram_matrix_packs_its_transposed_factor() -> None:
     out = Tensor(x) @ Tensor(x).T
     assert any(o.op is OptOps.UPCAST and o.amount == 16 for o in hand_coded_optimizations(kernel_of(out)))
     np.testing.assert_allclose(out.numpy(), x @ x.T, rtol=1e-4, atol=1e-4)
+
+
+def test_rows_over_a_load_with_no_constant_stride() -> None:
+    """A fused projection's weight gradient `dY^T @ X`, dY the stacked q/k/v gradient (3, B, H, T, D) read as
+    (B*T, 3C): along the 384 output rows dY's index is `(o // 128) * ... + ((o // 32) % 4) * ... + o % 32`, with no
+    constant stride. Rows of the register tile still pay (X's vector stays put along them, each row reads its own dY
+    value): the tile is 8 rows x 16 lanes, not 1 x 16 (20x slower). Values match numpy."""
+    rng = np.random.default_rng(11)
+    b, t, h, d = 2, 16, 4, 32
+    g = rng.standard_normal((3, b, h, t, d), dtype=np.float32)
+    x = rng.standard_normal((b, t, h * d), dtype=np.float32)
+    dy = Tensor(g).permute(1, 3, 0, 2, 4).reshape(b * t, 3 * h * d)
+    out = dy.T @ Tensor(x).reshape(b * t, h * d)
+    opts = hand_coded_optimizations(kernel_of(out))
+    assert opts[:2] == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 8)], opts
+    ref = g.transpose(1, 3, 0, 2, 4).reshape(b * t, 3 * h * d).T @ x.reshape(b * t, h * d)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)

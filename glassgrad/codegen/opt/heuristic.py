@@ -478,7 +478,7 @@ def _blocking_axis(k: Kernel, vector: int) -> int | None:
         shared = sum(1 for i in vector_loads if strides[i] == 0)
         size = k.size(axis) or TILE_MAX  # (symbolic: room for any rows)
         key = (shared, min(size // 2 if axis == outermost else size, TILE_MAX))
-        if shared and key > best_key and any(s not in (0, None) for s in strides):
+        if shared and key > best_key and any(s != 0 for s in strides):
             best, best_key = axis, key
     return best
 
