@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch_optional import F, torch
+from torch_pool_net import pool_outputs, windows_touch_input
 
 from glassgrad import Device, Tensor, dtypes
 
@@ -534,18 +535,7 @@ def np_conv_transpose2d(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], p
                padding[1]:full_w - padding[1] if padding[1] else full_w]
 
 
-def _pool_geometry(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
-    span = size + 2 * p - d * (k - 1) - 1
-    out = (-(-span // s) if ceil_mode else span // s) + 1
-    if ceil_mode and (out - 1) * s >= size + p:
-        out -= 1
-    return out
-
-
-def windows_touch_input(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> bool:
-    """Whether every pooling window along one dim has a tap inside the input (PyTorch's CPU pools assume so)."""
-    return all(any(0 <= o * s - p + i * d < size for i in range(k))
-               for o in range(_pool_geometry(size, k, s, p, d, ceil_mode)))
+_pool_geometry = pool_outputs
 
 
 def np_pool2d(x: np.ndarray, kind: str, k: tuple[int, int], s: tuple[int, int], p: tuple[int, int],
@@ -877,3 +867,29 @@ def test_pool_fuzz_case_with_empty_window_leaves_the_heap_whole() -> None:
            "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "whole" in proc.stdout, (proc.returncode, proc.stderr[-2000:])
+
+
+def test_torch_max_pools_refuse_windows_without_input_taps() -> None:
+    """The suite's safety net (tests/torch_pool_net.py, installed by conftest): F.max_pool1d/2d/3d and
+    nn.MaxPool2d raise for a window wholly in the padding, and run, with PyTorch's output size, otherwise."""
+    if torch is None:
+        pytest.skip("a net around PyTorch")
+    x = torch.zeros(1, 1, 1, 2, requires_grad=True)
+    with pytest.raises(ValueError, match="no tap inside its input"):
+        F.max_pool2d(x, (2, 1), (2, 2), (1, 0), (2, 2))
+    with pytest.raises(ValueError, match="no tap inside its input"):
+        torch.nn.MaxPool2d((2, 1), (2, 2), (1, 0), (2, 2))(x)
+    with pytest.raises(ValueError, match="no tap inside its input"):
+        F.max_pool1d(torch.zeros(1, 1, 1), 2, padding=1, dilation=2)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        size, k, s, d = (int(v) for v in rng.integers((1, 1, 1, 1), (12, 5, 4, 3)))
+        p, ceil_mode = int(rng.integers(0, k // 2 + 1)), bool(rng.integers(0, 2))
+        if size + 2 * p < d * (k - 1) + 1:
+            continue
+        t = torch.zeros(1, 1, size)
+        if windows_touch_input(size, k, s, p, d, ceil_mode):
+            assert F.max_pool1d(t, k, s, p, d, ceil_mode).shape[-1] == pool_outputs(size, k, s, p, d, ceil_mode)
+        else:
+            with pytest.raises(ValueError):
+                F.max_pool1d(t, k, s, p, d, ceil_mode)
