@@ -10,6 +10,13 @@ plain allocator leaves (`ops_cpu.CPUAllocator`), and only sometimes in malloc's 
 much later (`free(): invalid next size`), far from the kernel that did it. Here the guards start at the first byte
 past the data, so every such write is seen, and at once. The runtime uses this module only when the flag is set
 (`ops_cpu.create_device` then picks the guarded allocator and program classes), so it costs nothing otherwise.
+
+The guard sees writes within 64 bytes of a buffer, not reads or stack arrays. For those, the kernels can be built
+with AddressSanitizer: `CC` naming a script that runs `clang -fsanitize=address "$@"`, the process started with
+`LD_PRELOAD=<clang's libclang_rt.asan-x86_64.so> ASAN_OPTIONS=detect_leaks=0` (the alignment slack of the plain
+allocator is then not poisoned: a write into it goes unseen). For corruption outside glassgrad's buffers (a
+library's), glibc's checking allocator aborts at the first free of a damaged block:
+`LD_PRELOAD=libc_malloc_debug.so.0 MALLOC_CHECK_=3`.
 """
 from __future__ import annotations
 
