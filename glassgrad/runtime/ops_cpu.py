@@ -60,7 +60,7 @@ class CPUAllocator(Allocator):
 
 
 class GuardedCPUAllocator(CPUAllocator):
-    """`CPU_BUFFER_GUARD=1`: each buffer between guard bytes, checked after every host copy (`runtime/cpu_guard.py`)."""
+    """`CPU_BUFFER_GUARD=1`: each buffer between guard bytes, checked around each host copy (`runtime/cpu_guard.py`)."""
 
     def _alloc(self, nbytes: int) -> np.ndarray:
         handle = guarded_alloc(nbytes)
@@ -264,7 +264,8 @@ class GuardedCPUProgram(CPUProgram):
     def __call__(self, *bufs: np.ndarray, global_size: tuple[int, ...] = (1,), local_size: Any = None,
                  vals: tuple[int, ...] = (), work: int = 0, wait: bool = False) -> float:
         check_guards(bufs, f"something before CPU kernel {self.name} (found at its launch)")
-        seconds = super().__call__(*bufs, global_size=global_size, local_size=local_size, vals=vals, work=work)
+        seconds = super().__call__(*bufs, global_size=global_size, local_size=local_size, vals=vals, work=work,
+                                   wait=wait)
         check_guards(bufs, f"CPU kernel {self.name}")
         return seconds
 
