@@ -1,11 +1,13 @@
 """Test-session hooks. `CHECK_CUDA_COMPILE=1`: also compile every kernel the tests run as CUDA
-(tests/cuda_compile_check.py; run it without xdist so the final count covers the whole run)."""
+(tests/cuda_compile_check.py; run it without xdist so the final count covers the whole run). Every test: PyTorch's
+max pools refuse windows wholly in the padding, whose backward writes past its buffer (tests/torch_pool_net.py)."""
 from __future__ import annotations
 
 import os
 from typing import Any
 
 import pytest
+import torch_pool_net
 
 if os.environ.get("CHECK_CUDA_COMPILE"):
     import cuda_compile_check
@@ -51,3 +53,10 @@ def nvrtc() -> Any:
         return CUDACompiler("sm_90")
     except RuntimeError as e:
         pytest.skip(f"NVRTC is not available: {e}")
+
+
+@pytest.fixture(autouse=True)
+def _torch_max_pools_checked() -> None:
+    """PyTorch's max pools refuse windows wholly in the padding, whose backward corrupts the heap
+    (tests/torch_pool_net.py); installed once PyTorch is imported."""
+    torch_pool_net.install()

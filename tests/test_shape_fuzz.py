@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch_optional import F, torch
+from torch_pool_net import pool_outputs, windows_touch_input
 
 from glassgrad import Device, Tensor, dtypes
 
@@ -534,12 +535,7 @@ def np_conv_transpose2d(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], p
                padding[1]:full_w - padding[1] if padding[1] else full_w]
 
 
-def _pool_geometry(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
-    span = size + 2 * p - d * (k - 1) - 1
-    out = (-(-span // s) if ceil_mode else span // s) + 1
-    if ceil_mode and (out - 1) * s >= size + p:
-        out -= 1
-    return out
+_pool_geometry = pool_outputs
 
 
 def np_pool2d(x: np.ndarray, kind: str, k: tuple[int, int], s: tuple[int, int], p: tuple[int, int],
@@ -663,7 +659,27 @@ def test_fuzz_pool2d(c: dict[str, Any], grad: bool) -> None:
     got = fn(x.gg()[1]).numpy()
     assert_close(got, want, 1e-5, 1e-5, f"pool {c}")
     if grad:
-        check_grad(fn, fn, [x], want.shape)
+        check_grad(fn, fn if pool_windows_touch_input(c) else _padded_torch_max_pool(c, want.shape), [x], want.shape)
+
+
+def pool_windows_touch_input(c: dict[str, Any]) -> bool:
+    """Whether every window of pool case `c` has a tap inside its input. Not so (height 1, dilation 2, padding 1:
+    taps at -1 and 1) PyTorch's CPU max_pool2d gives -inf and, as that window's index, a position outside the
+    input; its backward writes the gradient there, past the end of the gradient's buffer: heap corruption (glibc
+    aborted a fuzz hunt with `free(): invalid next size (fast)`). Only dilated max pools have such windows."""
+    return all(windows_touch_input(size, k, s, p, d, c["ceil_mode"]) for size, k, s, p, d in
+               zip(c["x"].value.shape[-2:], c["k"], c["s"], c["p"], c["d"], strict=True))
+
+
+def _padded_torch_max_pool(c: dict[str, Any], out_shape: Shape) -> Callable[[Any], Any]:
+    """PyTorch's max pool of case `c` for inputs with windows wholly in the padding, memory-safe: the padding is
+    made explicit (-inf, which never wins a max over an input value), so every window's index is inside the padded
+    tensor and an empty window's gradient lands in the padding, which the pad's backward drops. (Explicit padding
+    can add a last ceil_mode window: the output is cut to `out_shape`.)"""
+    assert c["kind"] == "max", "average pools (no dilation) always have an input tap in each window"
+    (ph, pw), (oh, ow) = c["p"], out_shape[-2:]
+    return lambda t: F.max_pool2d(F.pad(t, (pw, pw, ph, ph), value=-math.inf), c["k"], c["s"], dilation=c["d"],
+                                  ceil_mode=c["ceil_mode"])[..., :oh, :ow]
 
 
 # ---------------------------------------------------------------------- elementwise chains over views
@@ -796,3 +812,84 @@ def test_max_pool_indices_of_libm_expression() -> None:
     flat = s.reshape(2, 3, -1)
     picked = np.take_along_axis(flat, idx.numpy().reshape(2, 3, -1).astype(np.int64), -1).reshape(want.shape)
     np.testing.assert_allclose(picked, want, rtol=1e-6)
+
+
+# height 1, dilation 2, padding 1: the window's taps are at -1 and 1, neither inside the input
+EMPTY_WINDOW_POOL = {"kind": "max", "k": (2, 1), "s": (2, 2), "p": (1, 0), "d": (2, 2), "ceil_mode": False,
+                     "count_include_pad": True}
+
+
+def test_pool_window_without_input_tap_is_not_handed_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A max pool whose window lies wholly in the padding keeps its checks (forward -inf, no gradient through that
+    window) but never reaches PyTorch's max_pool2d as such: torch's backward writes its gradient past the end of
+    the buffer (`pool_windows_touch_input`), which aborted a fuzz hunt with heap corruption."""
+    if torch is None:
+        pytest.skip("the gradient reference is PyTorch's")
+    real = F.max_pool2d
+    seen: list[tuple[int, ...]] = []
+
+    def checked(t: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                ceil_mode: bool = False, **kw: Any) -> Any:
+        two = [(v, v) if isinstance(v, int) else tuple(v) for v in (kernel_size, stride or kernel_size, padding,
+                                                                   dilation)]
+        for axis in range(2):
+            assert windows_touch_input(t.shape[axis - 2], *(v[axis] for v in two), ceil_mode), \
+                f"torch's max_pool2d was handed a window outside its input: {tuple(t.shape)} {two}"
+        seen.append(tuple(t.shape))
+        return real(t, kernel_size, stride, padding, dilation, ceil_mode, **kw)
+
+    monkeypatch.setattr(F, "max_pool2d", checked)
+    case = {"x": Input(np.array([[[[1.5, -2.0]]]], np.float32), []), **EMPTY_WINDOW_POOL}
+    assert not pool_windows_touch_input(case)
+    test_fuzz_pool2d.hypothesis.inner_test(case, True)  # type: ignore[attr-defined]
+    assert seen, "the gradient was checked against torch"
+
+
+def test_pool_fuzz_case_with_empty_window_leaves_the_heap_whole() -> None:
+    """The same case end to end in a subprocess, with glibc's checking allocator (which aborts on a write past a
+    block's end at its free): before the fix, torch's max_pool2d backward aborted it (`free(): invalid pointer`)."""
+    import ctypes.util
+    import subprocess
+    import sys
+    import textwrap
+    debug = ctypes.util.find_library("c_malloc_debug")
+    if torch is None or debug is None:
+        pytest.skip("needs PyTorch and glibc's libc_malloc_debug")
+    code = textwrap.dedent("""
+        import numpy as np
+        import test_shape_fuzz as f
+        case = {"x": f.Input(np.array([[[[1.5, -2.0]]]], np.float32), []), **f.EMPTY_WINDOW_POOL}
+        for _ in range(3):
+            f.test_fuzz_pool2d.hypothesis.inner_test(case, True)
+        print("whole")
+    """)
+    env = {**os.environ, "LD_PRELOAD": debug, "MALLOC_CHECK_": "3",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "whole" in proc.stdout, (proc.returncode, proc.stderr[-2000:])
+
+
+def test_torch_max_pools_refuse_windows_without_input_taps() -> None:
+    """The suite's safety net (tests/torch_pool_net.py, installed by conftest): F.max_pool1d/2d/3d and
+    nn.MaxPool2d raise for a window wholly in the padding, and run, with PyTorch's output size, otherwise."""
+    if torch is None:
+        pytest.skip("a net around PyTorch")
+    x = torch.zeros(1, 1, 1, 2, requires_grad=True)
+    with pytest.raises(ValueError, match="no tap inside its input"):
+        F.max_pool2d(x, (2, 1), (2, 2), (1, 0), (2, 2))
+    with pytest.raises(ValueError, match="no tap inside its input"):
+        torch.nn.MaxPool2d((2, 1), (2, 2), (1, 0), (2, 2))(x)
+    with pytest.raises(ValueError, match="no tap inside its input"):
+        F.max_pool1d(torch.zeros(1, 1, 1), 2, padding=1, dilation=2)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        size, k, s, d = (int(v) for v in rng.integers((1, 1, 1, 1), (12, 5, 4, 3)))
+        p, ceil_mode = int(rng.integers(0, k // 2 + 1)), bool(rng.integers(0, 2))
+        if size + 2 * p < d * (k - 1) + 1:
+            continue
+        t = torch.zeros(1, 1, size)
+        if windows_touch_input(size, k, s, p, d, ceil_mode):
+            assert F.max_pool1d(t, k, s, p, d, ceil_mode).shape[-1] == pool_outputs(size, k, s, p, d, ceil_mode)
+        else:
+            with pytest.raises(ValueError):
+                F.max_pool1d(t, k, s, p, d, ceil_mode)

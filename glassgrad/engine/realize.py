@@ -18,6 +18,7 @@ from glassgrad.codegen.opt.search import beam_search
 from glassgrad.device import Buffer, Device
 from glassgrad.engine.collectives import allreduce
 from glassgrad.helpers import BEAM, DEBUG, NOOPT, TIMING, getenv, kernel_flags
+from glassgrad.runtime.cpu_guard import BufferGuardError
 from glassgrad.schedule import ScheduleItem
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import sint_eval
@@ -269,8 +270,13 @@ def run_item(item: ScheduleItem) -> None:
         vals = tuple(item.var_vals[name] for name in spec.vars)
         flops, work = sint_eval(spec.flops), sint_eval(spec.work)
     debug = DEBUG.value
-    seconds = kernel.program(*handles, global_size=spec.global_size, local_size=spec.local_size, vals=vals,
-                             work=work, wait=debug >= 2 or bool(TIMING.value))
+    try:
+        seconds = kernel.program(*handles, global_size=spec.global_size, local_size=spec.local_size, vals=vals,
+                                 work=work, wait=debug >= 2 or bool(TIMING.value))
+    except BufferGuardError as e:  # (CPU_BUFFER_GUARD=1: a write outside a buffer; say which kernel and buffer)
+        buf = bufs[e.argument]
+        e.attach(spec.source, repr(buf) + (f" in the memory of {buf.block!r}" if buf.block else ""))
+        raise
     nbytes = 0
     for b in bufs:
         nbytes += b.size * b.dtype.itemsize

@@ -4,6 +4,13 @@ In: C source from `ClangRenderer` (one function per kernel whose last two argume
 of its outermost loop). Out: a callable program. `CC` picks the compiler (default: the first of gcc, clang and cc
 that builds a kernel); `runtime/ccompiler.py` probes what it can do, and the renderer is made to match.
 Buffers are 64-byte-aligned numpy byte arrays, so host copies are plain memcpy.
+
+`CPU_BUFFER_GUARD=1` (a debugging aid, read when the CPU device is created) allocates every buffer with 64 bytes of
+a known pattern directly before and after its data (`runtime/cpu_guard.py`) and checks the guards of the buffers a
+kernel was given after each launch, and of the buffer copied after each copyin/copyout: a kernel that wrote outside
+a buffer raises `BufferGuardError` at that launch, naming the kernel (with its source when launched by
+`engine/realize.py`), the argument and the byte offset, where otherwise glibc might abort much later (`free():
+invalid next size`) or nothing at all be seen. Off, the plain allocator and program classes run: no cost.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from glassgrad.device import Allocator, Compiled, Compiler
 from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir, getenv
 from glassgrad.renderer.cstyle import ClangRenderer
 from glassgrad.runtime.ccompiler import CCompilerError, CCompilerInfo, find_c_compiler
+from glassgrad.runtime.cpu_guard import check_guards, guarded_alloc, release
 from glassgrad.runtime.cpu_pool import LazyPool
 
 # id(handle) -> (the handle, its address), for every handle an allocator made and has not released: a launch looks
@@ -49,6 +57,28 @@ class CPUAllocator(Allocator):
 
     def copyout(self, dest: memoryview, handle: np.ndarray) -> None:
         np.frombuffer(dest, dtype=np.uint8)[:] = handle[:dest.nbytes]
+
+
+class GuardedCPUAllocator(CPUAllocator):
+    """`CPU_BUFFER_GUARD=1`: each buffer between guard bytes, checked around each host copy (`runtime/cpu_guard.py`)."""
+
+    def _alloc(self, nbytes: int) -> np.ndarray:
+        handle = guarded_alloc(nbytes)
+        _ADDRESSES[id(handle)] = (handle, _address(handle))
+        return handle
+
+    def _release(self, handle: np.ndarray, nbytes: int) -> None:
+        _ADDRESSES.pop(id(handle), None)
+        release(handle)
+
+    def copyin(self, handle: np.ndarray, src: memoryview) -> None:
+        check_guards((handle,), "a copy into the buffer (damaged before it)")
+        super().copyin(handle, src)
+        check_guards((handle,), "a copy into the buffer")
+
+    def copyout(self, dest: memoryview, handle: np.ndarray) -> None:
+        check_guards((handle,), "a copy out of the buffer (damaged before it)")
+        super().copyout(dest, handle)
 
 
 class ClangCompiler(Compiler):
@@ -227,6 +257,19 @@ class CPUProgram:
             f.result()
 
 
+class GuardedCPUProgram(CPUProgram):
+    """`CPU_BUFFER_GUARD=1`: after each launch the guards of every buffer it was given are checked, so a kernel that
+    wrote outside one raises `BufferGuardError` naming it (`runtime/cpu_guard.py`)."""
+
+    def __call__(self, *bufs: np.ndarray, global_size: tuple[int, ...] = (1,), local_size: Any = None,
+                 vals: tuple[int, ...] = (), work: int = 0, wait: bool = False) -> float:
+        check_guards(bufs, f"something before CPU kernel {self.name} (found at its launch)")
+        seconds = super().__call__(*bufs, global_size=global_size, local_size=local_size, vals=vals, work=work,
+                                   wait=wait)
+        check_guards(bufs, f"CPU kernel {self.name}")
+        return seconds
+
+
 def _build_pool(compiler: ClangCompiler, src: str) -> bytes:
     """The thread pool's library, built by the kernels' compiler (kept in the cache directory, so once per machine;
     not through the kernel cache, whose compiles tests count)."""
@@ -257,6 +300,9 @@ def create_device(name: str) -> Compiled:
         pool = LazyPool(functools.partial(_build_pool, compiler), _load_library) if compiler.info is not None else None
         _COMPILER.append((compiler, pool))
     compiler, pool = _COMPILER[0]
+    if getenv("CPU_BUFFER_GUARD", 0):
+        return Compiled(name, GuardedCPUAllocator(), compiler.renderer(), compiler,
+                        functools.partial(GuardedCPUProgram, pool=pool))
     return Compiled(name, CPUAllocator(), compiler.renderer(), compiler, functools.partial(CPUProgram, pool=pool))
 
 
