@@ -2495,6 +2495,15 @@ def _overwritten_by(outs: list[UOp]) -> set[tuple[Buffer, int]]:
     return overwritten_versions(outs, REALIZED.get)
 
 
+def realize_pending_assigns() -> None:
+    """Apply every in-place write queued so far (`t.assign(v)` not realized yet). A TinyJit calls this before it
+    captures a function: a write made before the call (a new learning rate) is the state's value at the call, not
+    a kernel of the function to be replayed with that value on every later call."""
+    if pending := _pending_assigns():
+        with no_grad():
+            Tensor.realize_all(*pending)
+
+
 def any_lazy_tensors() -> bool:
     """Whether some tensor may still be lazy (a TinyJit replay skips the readers' check when none is)."""
     return bool(_LAZY.tensors())

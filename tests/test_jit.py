@@ -131,6 +131,25 @@ def test_pending_assign_to_state_is_applied_before_replay() -> None:
     np.testing.assert_allclose(w.numpy(), expected[-1])
 
 
+def test_a_write_pending_at_the_capture_call_is_not_captured() -> None:
+    """A hand-written warmup, `opt.lr.assign(Tensor([lr]))` left lazy before each call of a jitted step: the write
+    queued before call 2 was realized inside the capture, so every replay wrote that call's lr again over the new
+    one (lr stuck at its second value). Writes queued before a call are the state's value at that call."""
+    scale = Tensor(np.array([1.0], np.float32)).realize()
+    scale.assign(scale).realize()  # owns its buffer, as an optimizer's lr
+
+    @TinyJit
+    def f(x: Tensor) -> Tensor:
+        return (x * scale).realize()
+
+    outs = []
+    for value in (1.0, 2.0, 3.0, 4.0, 5.0):
+        scale.assign(Tensor(np.array([value], np.float32)))  # lazy
+        outs.append(f(Tensor(np.ones(2, np.float32))).numpy()[0])
+    assert f.captures == 1
+    np.testing.assert_array_equal(outs, [1.0, 2.0, 3.0, 4.0, 5.0])
+
+
 # ---------------------------------------------------------------------- calls, signatures, flags
 def _counting(fn: Callable[..., Tensor]) -> tuple[TinyJit[Tensor], list[int]]:
     calls = [0]

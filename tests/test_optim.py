@@ -464,6 +464,39 @@ def test_changing_lr_changes_no_kernel() -> None:
     assert len(engine_realize._kernel_cache) == compiled
 
 
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("value", ["float", "tensor"])
+def test_setting_lr_writes_into_its_buffer(value: str, jit: bool) -> None:
+    """`opt.lr = 0.1` (a hand-written warmup) raised AttributeError at step() ('float' object has no attribute
+    'reshape'), and `opt.lr = Tensor([0.1])` left a TinyJit replaying the old buffer's lr. Both write the value into
+    the lr tensor, which keeps its identity and shape, and no new kernel is compiled."""
+    from glassgrad import TinyJit
+    w = Tensor(np.ones(4, np.float32))
+    opt = SGD([w], lr=1.0)
+    lr_tensor = opt.lr
+
+    def step() -> Tensor:
+        opt.zero_grad()
+        w.sum().backward()
+        opt.step()
+        return w
+    run = TinyJit(step) if jit else step
+    lrs = [0.5, 0.25, 0.125, 0.0625]
+    with Tensor.train():
+        for i, lr in enumerate(lrs):
+            opt.lr = lr if value == "float" else Tensor([lr])
+            if i == 2:
+                compiled = len(engine_realize._kernel_cache)
+            run()
+    assert opt.lr is lr_tensor and opt.lr.shape == (1,)
+    assert len(engine_realize._kernel_cache) == compiled
+    np.testing.assert_allclose(w.numpy(), 1 - sum(lrs))
+    with pytest.raises(ValueError, match="lr must be"):
+        opt.lr = "0.1"  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="one element"):
+        opt.lr = Tensor([0.1, 0.2])
+
+
 def test_lr_tensor_is_shared() -> None:
     lr = Tensor(np.array([0.5], np.float32))
     w = Tensor(np.ones(3, np.float32))

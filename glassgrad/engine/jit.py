@@ -57,7 +57,15 @@ from glassgrad.engine.realize import compile_kernel, count_launch, run_allreduce
 from glassgrad.helpers import CUDAGRAPH, DEBUG, JIT, TIMING, kernel_flags
 from glassgrad.multi import at_current_versions, is_realized, view_parts
 from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
-from glassgrad.tensor import ASSIGN_TARGETS, LINEAGE, Tensor, any_lazy_tensors, no_grad, realize_readers_of
+from glassgrad.tensor import (
+    ASSIGN_TARGETS,
+    LINEAGE,
+    Tensor,
+    any_lazy_tensors,
+    no_grad,
+    realize_pending_assigns,
+    realize_readers_of,
+)
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import rebind, sint_eval, unbind
 
@@ -567,6 +575,7 @@ class TinyJit(Generic[ReturnType]):
 
     def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: list[Buffer],
                  input_tensors: list[Tensor]) -> _Capture:
+        realize_pending_assigns()  # writes queued before the call are not the function's kernels
         items: list[ScheduleItem] = []
         hook = items.append
         realize.capture_hooks.append(hook)

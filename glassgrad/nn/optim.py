@@ -24,6 +24,8 @@ Behaviour (tinygrad's, where tinygrad has one):
   skipping it would hide a param the loss does not use, or a `zero_grad()` called between `backward()` and `step()`;
 - the learning rate is a one-element tensor (`opt.lr`), a buffer read by the kernels: schedules (`glassgrad.nn.lr`)
   write new values into it with `assign`, and no kernel is recompiled. A tensor may be passed as `lr` to share it.
+  Setting `opt.lr = 0.01` (or a one-element tensor) writes that value into the same buffer, so a hand-written
+  warmup works eagerly and under TinyJit alike (rebinding it would leave a capture reading the old buffer);
 - the step count of Adam/AdamW/LAMB is an int32 tensor updated with `assign`, so bias correction does not bake the
   step number into kernels either.
 - `schedule_step(skip=t)` with a bool scalar tensor `t`: where `t` is true the step writes every param and every piece
@@ -42,6 +44,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
 
 from glassgrad.device import canonical_devices
 from glassgrad.dtype import DType, dtypes, least_upper_dtype
@@ -120,6 +125,13 @@ class Optimizer:
         self.initial_lr: float | None = None if isinstance(lr, Tensor) else float(lr)
         self._skip: Tensor | None = None  # set during schedule_step(skip=...)
         self._hypers: dict[str, Tensor] = {}  # hyper-parameters a schedule rewrites (`set_hyper`)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """`opt.lr = value` once the lr tensor exists writes `value` into it (see the module docstring)."""
+        if name == "lr" and isinstance(self.__dict__.get("lr"), Tensor):
+            write_lr(self.__dict__["lr"], value)
+        else:
+            super().__setattr__(name, value)
 
     def set_hyper(self, name: str, value: float) -> None:
         """Set hyper-parameter `name` (SGD's `momentum`, Adam's `b1`) to `value` between steps, as a schedule does
@@ -242,6 +254,23 @@ def _lr_tensor(lr: float | Tensor, device: str) -> Tensor:
     return new_state((1,), least_upper_dtype(dtypes.default_float, dtypes.float32), device, float(lr))  # tinygrad's
 
 
+def write_lr(lr: Tensor, value: float | Tensor) -> None:
+    """Write a new learning rate (a number or a one-element float tensor) into the lr tensor's buffer. Any number
+    is taken, as PyTorch's `param_groups` take it (a schedule's linear phase may dip just below 0)."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1 or not value.dtype.is_float:
+            raise ValueError(f"lr tensor must be a float tensor with one element, got shape {value.shape} "
+                             f"{value.dtype}")
+        new = value.detach().reshape(lr.shape).cast(lr.dtype).to(lr.device)
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"lr must be a number or a one-element Tensor, got {value!r}")
+    else:
+        host = np.full(lr.shape, float(value), dtype=np.float64 if lr.dtype == dtypes.float64 else np.float32)
+        new = Tensor(host, device=lr.device).cast(lr.dtype)  # uploaded as data: a new value is no new kernel
+    with no_grad():
+        lr.assign(new).realize()
+
+
 def _check_hyper(name: str, value: float, low: float = 0.0, high: float | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low or \
             (high is not None and not value < high):
@@ -273,6 +302,13 @@ class SGD(Optimizer):
 
     def state(self) -> list[Tensor]:
         return list(self.b)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """`opt.lr = value` once the lr tensor exists writes `value` into it (see the module docstring)."""
+        if name == "lr" and isinstance(self.__dict__.get("lr"), Tensor):
+            write_lr(self.__dict__["lr"], value)
+        else:
+            super().__setattr__(name, value)
 
     def set_hyper(self, name: str, value: float) -> None:
         """As Optimizer's; a momentum made nonzero (PyTorch's OneCycleLR does that to SGD(momentum=0)) gets its
@@ -329,6 +365,13 @@ class LARS(Optimizer):
 
     def state(self) -> list[Tensor]:
         return list(self.b)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """`opt.lr = value` once the lr tensor exists writes `value` into it (see the module docstring)."""
+        if name == "lr" and isinstance(self.__dict__.get("lr"), Tensor):
+            write_lr(self.__dict__["lr"], value)
+        else:
+            super().__setattr__(name, value)
 
     def set_hyper(self, name: str, value: float) -> None:
         """As Optimizer's; a momentum made nonzero (PyTorch's OneCycleLR does that to SGD(momentum=0)) gets its
