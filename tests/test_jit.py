@@ -150,6 +150,48 @@ def test_a_write_pending_at_the_capture_call_is_not_captured() -> None:
     np.testing.assert_array_equal(outs, [1.0, 2.0, 3.0, 4.0, 5.0])
 
 
+@pytest.mark.parametrize("pattern", ["batch_as_global", "step_only", "step_only_realized_grads"])
+def test_a_tensor_replaced_outside_the_function_raises_instead_of_replaying_stale_values(pattern: str) -> None:
+    """Tensors that change between calls but are not arguments: a batch made each step and read as a global, or
+    `TinyJit(opt.step)` with `backward()` outside. The replays read the capture call's buffers again (an old batch,
+    old gradients) and trained with wrong numbers silently; now the first replay after the tensor is gone raises."""
+    w = Tensor([1.0, 2.0], requires_grad=True)
+    opt = nn.optim.SGD([w], lr=0.1)
+    batch = {"x": Tensor([1.0, 1.0])}
+
+    @TinyJit
+    def step() -> Tensor:
+        if pattern == "batch_as_global":
+            opt.zero_grad()
+            (w * w * batch["x"]).sum().backward()
+        opt.step()
+        return w.sum()
+
+    with Tensor.train(), pytest.raises(JitError, match="made before the capture"):
+        for i in range(4):
+            batch["x"] = Tensor([float(i + 1), 1.0])
+            if pattern != "batch_as_global":
+                opt.zero_grad()
+                (w * w * batch["x"]).sum().backward()
+                if pattern == "step_only_realized_grads":
+                    assert w.grad is not None
+                    w.grad.realize()
+            step()
+
+
+def test_a_read_tensor_rebound_to_a_view_of_its_own_buffer_still_replays() -> None:
+    """The check above looks for any tensor holding the buffer, not only the object seen at the capture."""
+    table = {"w": Tensor(np.arange(6, dtype=np.float32)).realize()}
+
+    @TinyJit
+    def f(x: Tensor) -> Tensor:
+        return (table["w"].reshape(2, 3) * x).sum(1).realize()
+
+    for i in range(4):
+        table["w"] = table["w"].reshape(3, 2).reshape(6)  # new tensor objects, one buffer
+        np.testing.assert_allclose(f(Tensor(np.full(3, float(i), np.float32))).numpy(), [3.0 * i, 12.0 * i])
+
+
 # ---------------------------------------------------------------------- calls, signatures, flags
 def _counting(fn: Callable[..., Tensor]) -> tuple[TinyJit[Tensor], list[int]]:
     calls = [0]
