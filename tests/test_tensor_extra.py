@@ -231,3 +231,31 @@ def test_pytorch_only_methods_match_torch_or_numpy() -> None:
     w.log1p().sum().backward()
     assert w.grad is not None
     np.testing.assert_allclose(w.grad.numpy(), 1 / (1 + small.astype(np.float64)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("p", [2.0, 3.0, 0.5, 1.0, math.inf, -math.inf])
+@pytest.mark.parametrize("dim", [None, 1])
+def test_norm_of_a_zero_vector_has_a_zero_gradient(p: float, dim: int | None) -> None:
+    """`x.norm()` of a zero row (a penalty on a zero-initialised bias) had gradient 0 * inf = NaN, and p = 0 raised
+    ZeroDivisionError. PyTorch's gradient is 0 there; other rows get |x|^(p-1) sign(x) / ||x||^(p-1)."""
+    x = np.array([[0, 0, 0, 0], [1, -2, 0, 3], [0, 0.5, 0, 0]], np.float32)
+    t = Tensor(x, requires_grad=True)
+    out = t.norm(p) if dim is None else t.norm(p, dim)
+    out.sum().backward()
+    assert t.grad is not None
+    a = np.abs(x).astype(np.float64)
+    if math.isinf(p):
+        ref = a.max(dim) if p > 0 else a.min(dim)
+    else:
+        ref = (a ** p).sum(dim) ** (1 / p)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-6)
+    grad = t.grad.numpy()
+    assert np.isfinite(grad).all()
+    if dim == 1 and not math.isinf(p):
+        np.testing.assert_array_equal(grad[0], 0)  # the zero row
+        np.testing.assert_array_equal(grad[x == 0], 0)  # PyTorch's subgradient at a zero entry
+        rows = ref[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):  # 0 ** (p - 1) for p < 1, masked out
+            expected = np.where(x != 0, np.sign(x) * a ** (p - 1) / np.where(rows > 0, rows, 1) ** (p - 1), 0)
+        np.testing.assert_allclose(grad[1:], expected[1:], rtol=1e-5)
+    np.testing.assert_array_equal(Tensor(x).norm(0, 1).numpy(), [0, 3, 1])
