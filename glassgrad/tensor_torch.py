@@ -86,11 +86,13 @@ class TorchNames:
         return inf.where(math.inf, big * ((a / scale).square() + (b / scale).square()).sqrt())
 
     def xlogy(self, other: Tensor | Scalar) -> Tensor:
-        """self * log(other), 0 where self is 0 (NaN where other is NaN), as PyTorch's."""
+        """self * log(other), 0 where self is 0 (NaN where other is NaN), as PyTorch's. The gradient in self is
+        log(other) at self = 0 too (PyTorch's; 0 where other <= 0): picking 0 with `where` there had made it 0, so
+        an entropy or KL term taught nothing to a probability that was exactly 0."""
         x, y = self._s._broadcasted(other)
         x, y = _floated(x), _floated(y)
-        zero = (x == 0) & (y == y)
-        return zero.where(0.0, x * zero.where(1.0, y).log())
+        unsafe = (x == 0) & ((y <= 0) | (y == math.inf))  # log(y) infinite or NaN where the value must be 0
+        return x * unsafe.where(1.0, y).log()
 
     def frac(self) -> Tensor: return self._s - self._s.trunc()  # noqa: E704
     def deg2rad(self) -> Tensor: return _floated(self._s) * (math.pi / 180)  # noqa: E704

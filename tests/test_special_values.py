@@ -176,6 +176,23 @@ def test_sinc_gradient_near_zero_in_float32() -> None:
     np.testing.assert_allclose(t.grad.numpy(), exact, rtol=2e-5, atol=1e-30)
 
 
+def test_xlogy_gradient_where_self_is_zero() -> None:
+    """d xlogy(x, y) / dx = log(y), at x = 0 too (PyTorch's; 0 where y <= 0): the entropy term p.xlogy(p) of a
+    probability that is exactly 0 had gradient 0 instead of -inf, and xlogy(0, 2) had 0 instead of log 2."""
+    x = np.array([0.0, 0.0, 0.0, -0.0, 0.5, 2.0], np.float32)
+    y = np.array([2.0, 0.5, 0.0, 3.0, 0.25, 1.0], np.float32)
+    tx = Tensor(x, device=DEVICE, requires_grad=True)
+    ty = Tensor(y, device=DEVICE, requires_grad=True)
+    out = tx.xlogy(ty)
+    out.sum().backward()
+    assert tx.grad is not None and ty.grad is not None
+    np.testing.assert_allclose(out.numpy(), np.where(x == 0, 0, x * np.log(np.where(y > 0, y, 1))), rtol=1e-6)
+    np.testing.assert_allclose(tx.grad.numpy(), np.where(y > 0, np.log(np.where(y > 0, y, 1)), 0), rtol=1e-6)
+    np.testing.assert_allclose(ty.grad.numpy()[[0, 1, 3, 4, 5]], (x / np.where(y > 0, y, 1))[[0, 1, 3, 4, 5]])
+    np.testing.assert_array_equal(Tensor([0.0, 0.0, 1.0]).xlogy(Tensor([math.inf, math.nan, -1.0])).numpy(),
+                                  [0.0, np.nan, np.nan])
+
+
 def test_atan2_gradient_on_the_axes_and_at_the_origin() -> None:
     """d atan2(y, x) = (x dy - y dx) / (x^2 + y^2): on an axis the ratio inside is 0, where atan's gradient was
     NaN; at the origin PyTorch's gradient 0."""
