@@ -1872,8 +1872,19 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """The largest values along `axis` (tinygrad). With PyTorch's `dim=`, PyTorch's result: the values and their
         indices, `values, indices = x.max(dim=1)` (a tensor there would unpack along its first axis instead)."""
         if dim is not None:
-            return ValuesIndices(self._reduce(Ops.MAX, dim, keepdim), self.argmax(dim, keepdim))
+            if not self.dtype.is_float:
+                return ValuesIndices(self._reduce(Ops.MAX, dim, keepdim), self.argmax(dim, keepdim))
+            return self._values_at(self.argmax(dim, keepdim=True), dim, keepdim)
         return self._reduce(Ops.MAX, axis, keepdim)
+
+    def _values_at(self, indices: Tensor, dim: int, keepdim: bool) -> ValuesIndices:
+        """`max`/`min` of floats with `dim=`: the entries at `indices` (dim kept) and the indices. The values are
+        gathered, so the gradient goes to that one entry, as PyTorch's (a MAX reduce splits it among tied entries,
+        `amax`'s rule and tinygrad's)."""
+        values = self.gather(dim, indices) if self.ndim else self
+        if keepdim or not self.ndim:
+            return ValuesIndices(values, indices)
+        return ValuesIndices(values.squeeze(dim), indices.squeeze(dim))
 
     @overload
     def min(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor: ...
@@ -1884,7 +1895,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """Floats: -max(-x). Ints and bools: ~max(~x): ~ reverses the order without overflowing (-INT_MIN does).
         With `dim=`, as `max`: the values and their indices."""
         if dim is not None:
-            return ValuesIndices(self.min(dim, keepdim), self.argmin(dim, keepdim))
+            if not self.dtype.is_float:
+                return ValuesIndices(self.min(dim, keepdim), self.argmin(dim, keepdim))
+            return self._values_at(self.argmin(dim, keepdim=True), dim, keepdim)
         if not self.dtype.is_float:
             return self.bitwise_not().max(axis, keepdim).bitwise_not()
         return -((-self).max(axis, keepdim))
@@ -1945,6 +1958,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             flat = self.flatten().argmax(0)
             return flat.reshape((1,) * self.ndim) if keepdim else flat
         a = normalize_axis(axis, self.ndim)
+        if self.ndim == 0:  # axis 0 or -1 of a scalar (as PyTorch): its one index
+            return Tensor.zeros((), dtype=dtypes.int32, device=self.device)
         n = self.shape[a]
         if n == 0:
             raise ValueError(f"argmax over an empty dimension (shape {self.shape}, axis {axis})")

@@ -196,6 +196,34 @@ def test_max_and_min_with_dim_return_values_and_indices() -> None:
     assert x.type_as(Tensor([1])).dtype == dtypes.int32
 
 
+@pytest.mark.parametrize("name", ["max", "min"])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_max_with_dim_sends_a_tied_gradient_to_the_returned_index(name: str, keepdim: bool) -> None:
+    """`x.max(dim=1).values` split the gradient among tied entries (amax's rule); PyTorch's goes to the entry at
+    the returned index only, so a loss on `max(dim=...)` trained other weights than PyTorch's."""
+    data = np.array([[3.0, 3.0, 0.0], [1.0, 1.0, 1.0], [-2.0, 5.0, 5.0]], np.float32)
+    sign = 1 if name == "max" else -1
+    x = Tensor(sign * data, requires_grad=True)
+    values, indices = getattr(x, name)(dim=1, keepdim=keepdim)
+    (values.reshape(3) * Tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert x.grad is not None
+    np.testing.assert_array_equal(indices.reshape(3).numpy(), [0, 0, 1])
+    np.testing.assert_array_equal(values.reshape(3).numpy(), sign * np.array([3.0, 1.0, 5.0]))
+    np.testing.assert_array_equal(x.grad.numpy(), [[1, 0, 0], [2, 0, 0], [0, 3, 0]])
+    assert values.shape == ((3, 1) if keepdim else (3,))
+
+
+def test_argmax_and_max_with_dim_of_a_scalar() -> None:
+    """A 0-d tensor takes dim 0 or -1 (PyTorch): argmax raised IndexError, so did `max(dim=0)`."""
+    s = Tensor(3.0, requires_grad=True)
+    assert s.argmax(0).item() == 0 and s.argmin(-1, keepdim=True).shape == ()
+    values, indices = s.max(dim=0)
+    assert values.shape == () and indices.item() == 0 and values.item() == 3.0
+    values.backward()
+    assert s.grad is not None and s.grad.item() == 1.0
+    assert Tensor(7).min(dim=-1).values.item() == 7
+
+
 def test_pytorch_only_methods_match_torch_or_numpy() -> None:
     """amax, amin, log1p, norm, unbind, index_select, nan_to_num, outer, mm, bmm, view_as, expand_as, swapaxes,
     narrow, movedim and count_nonzero: PyTorch's names tinygrad lacks (AttributeError before)."""
