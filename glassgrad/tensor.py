@@ -202,6 +202,18 @@ def _settled(t: Tensor) -> bool:
     return not buf.owned or (version == buf.version and ASSIGN_TARGETS.get(id(t)) is t)
 
 
+def _method_hint(x: object) -> str:
+    """For an operand that is a tensor's bound method (`w.data - lr * g`, `w.T` misspelled `w.t`): say so, and for
+    `data` (tinygrad's method, PyTorch's attribute) what to write instead."""
+    owner, name = getattr(x, "__self__", None), getattr(x, "__name__", "")
+    if not isinstance(owner, Tensor):
+        return ""
+    if name == "data":
+        return ("; t.data is tinygrad's data() method (the values as a memoryview), not PyTorch's .data attribute: "
+                "read the values with t.detach(), write them with t.assign(v) inside no_grad()")
+    return f"; t.{name} is a method: call it, t.{name}()"
+
+
 def _tinygrad_targets(root_nodes: set[UOp], root: Tensor) -> list[Tensor]:
     """backward()'s targets when no tensor of the graph requires grad: tinygrad 0.14's rule, every live float tensor
     whose node is in the graph (leaves and held intermediates alike; not the root itself), found by a scan of the
@@ -1048,7 +1060,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             node = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, dtypes.void, (), self.device),), as_sint(x))
             return node.reshape((1,) * self.ndim).expand(self.shape)
         else:
-            raise TypeError(f"cannot combine a tensor with {type(x).__name__} {x!r}")
+            raise TypeError(f"cannot combine a tensor with {type(x).__name__} {x!r}{_method_hint(x)}")
         return _scalar_node(dt, uop.device, uop.shape, x, _arg_key(x))
 
     def _broadcasted(self, other: Tensor | Scalar, reverse: bool = False,
