@@ -178,6 +178,21 @@ def _reaches(root: UOp, nodes: set[UOp]) -> bool:
     return False
 
 
+_FLAG_CHANGES = [0]  # how often a decided requires_grad flag changed (a TinyJit signature holds the count)
+
+
+def _note_flag_change(old: bool | None, new: bool | None) -> None:
+    """Count a tensor's requires_grad flag changing once decided (freezing or unfreezing a param), not a fresh
+    tensor's first setting: a step captured before a layer was frozen would replay its updates."""
+    if old is not None and old != new:
+        _FLAG_CHANGES[0] += 1
+
+
+def requires_grad_changes() -> int:
+    """How many times a decided requires_grad flag has changed in this process."""
+    return _FLAG_CHANGES[0]
+
+
 def _pending_assigns() -> list[Tensor]:
     """The assign targets whose node is an ASSIGN (a write not realized yet). Those whose write was realized (or
     that died) leave the table."""
@@ -477,6 +492,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def requires_grad(self, value: bool | None) -> None:
         """`t.requires_grad = True` is `t.requires_grad_(True)`, as in PyTorch."""
         if value is None:
+            _note_flag_change(self._requires_grad, None)
             self._requires_grad = None
         else:
             self.requires_grad_(bool(value))
@@ -511,6 +527,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def requires_grad_(self, value: bool = True) -> Tensor:
         if value and not self.dtype.is_float:
             raise RuntimeError(f"only floating point tensors can require gradients, this one is {self.dtype}")
+        _note_flag_change(self._requires_grad, bool(value))
         self._requires_grad = bool(value)
         if value:
             _REQUIRES_GRAD[id(self)] = self

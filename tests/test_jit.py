@@ -192,6 +192,35 @@ def test_a_read_tensor_rebound_to_a_view_of_its_own_buffer_still_replays() -> No
         np.testing.assert_allclose(f(Tensor(np.full(3, float(i), np.float32))).numpy(), [3.0 * i, 12.0 * i])
 
 
+def test_freezing_a_param_after_the_capture_is_a_new_signature() -> None:
+    """`w1.requires_grad = False` between calls of a jitted training step: the replays kept updating w1 with the
+    captured kernels (eagerly the optimizer skips a frozen param). The flag change now starts a new signature."""
+    w1, w2 = Tensor([1.0, 2.0]), Tensor([3.0])
+    opt = nn.optim.SGD([w1, w2], lr=0.1)
+
+    @TinyJit
+    def step() -> Tensor:
+        opt.zero_grad()
+        loss = (w1.sum() * w2).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    with Tensor.train():
+        for i in range(5):
+            if i == 3:
+                w1.requires_grad = False
+                frozen = w1.numpy().copy()
+            step()
+    a, b = np.array([1.0, 2.0]), 3.0
+    for i in range(5):
+        a, b = (a, b - 0.1 * a.sum()) if i >= 3 else (a - 0.1 * b, b - 0.1 * a.sum())
+    np.testing.assert_array_equal(w1.numpy(), frozen)
+    np.testing.assert_allclose(w1.numpy(), a, rtol=1e-5)
+    np.testing.assert_allclose(w2.numpy(), [b], rtol=1e-5)
+    assert step.captures == 2  # (the frozen one captured at its second call)
+
+
 # ---------------------------------------------------------------------- calls, signatures, flags
 def _counting(fn: Callable[..., Tensor]) -> tuple[TinyJit[Tensor], list[int]]:
     calls = [0]

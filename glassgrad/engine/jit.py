@@ -10,9 +10,9 @@ value of every other argument):
     run is recorded with its compiled program, launch size and buffers;
   * calls 3+ replay the recorded kernels with the new call's input buffers: no graph, no schedule, no codegen.
 
-A new signature (another batch size, a changed Python scalar, `Tensor.training` or `no_grad` switched) starts at
-call 1 for that signature, so a replay never computes with stale shapes or constants; each signature keeps its own
-capture.
+A new signature (another batch size, a changed Python scalar, `Tensor.training` or `no_grad` switched, a param
+frozen or unfrozen by its `requires_grad`) starts at call 1 for that signature, so a replay never computes with
+stale shapes or constants; each signature keeps its own capture.
 
 Symbolic shapes: a bound Variable is keyed on its unbound form (in a tensor argument's shape, or passed itself), so
 one capture serves every value. Each call's values (`var_vals`, from the arguments' BINDs) are passed to the kernels,
@@ -67,6 +67,7 @@ from glassgrad.tensor import (
     no_grad,
     realize_pending_assigns,
     realize_readers_of,
+    requires_grad_changes,
 )
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import rebind, sint_eval, unbind
@@ -124,8 +125,9 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Hashable,
     found = _Arguments()
     key = tuple((name, _describe(value, f"{name!r}" if isinstance(name, str) else f"#{name}", found))
                 for name, value in [*enumerate(args), *sorted(kwargs.items())])
-    # the modes change what the function builds; the codegen flags (ALLOW_TF32) the kernels it captures
-    return (key, Tensor.training, Tensor.no_grad, kernel_flags()), found
+    # the modes change what the function builds; the codegen flags (ALLOW_TF32) the kernels it captures; a frozen
+    # (or unfrozen) param changes which params backward() and the optimizer touch
+    return (key, Tensor.training, Tensor.no_grad, kernel_flags(), requires_grad_changes()), found
 
 
 def _forget_lineage(tensors: list[Tensor]) -> None:
