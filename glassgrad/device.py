@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import itertools
 import os
 from collections import defaultdict
 from collections.abc import Callable
@@ -220,7 +221,10 @@ class Buffer:
     A buffer can instead live in the memory of another (`share`): a memory plan's block, which buffers whose
     lifetimes do not overlap use one after another (engine/memory.py)."""
 
+    serials = itertools.count()  # creation order (a TinyJit tells the buffers made before its capture from those after)
+
     def __init__(self, device: str, size: int, dtype: DType, owned: bool = False) -> None:
+        self.serial = next(Buffer.serials)
         self.device = Device.canonicalize(device)
         self.size = size
         self.dtype = dtype

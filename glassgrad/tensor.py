@@ -178,6 +178,21 @@ def _reaches(root: UOp, nodes: set[UOp]) -> bool:
     return False
 
 
+_FLAG_CHANGES = [0]  # how often a decided requires_grad flag changed (a TinyJit signature holds the count)
+
+
+def _note_flag_change(old: bool | None, new: bool | None) -> None:
+    """Count a tensor's requires_grad flag changing once decided (freezing or unfreezing a param), not a fresh
+    tensor's first setting: a step captured before a layer was frozen would replay its updates."""
+    if old is not None and old != new:
+        _FLAG_CHANGES[0] += 1
+
+
+def requires_grad_changes() -> int:
+    """How many times a decided requires_grad flag has changed in this process."""
+    return _FLAG_CHANGES[0]
+
+
 def _pending_assigns() -> list[Tensor]:
     """The assign targets whose node is an ASSIGN (a write not realized yet). Those whose write was realized (or
     that died) leave the table."""
@@ -200,6 +215,18 @@ def _settled(t: Tensor) -> bool:
         return False
     buf, version = t.uop.base.arg
     return not buf.owned or (version == buf.version and ASSIGN_TARGETS.get(id(t)) is t)
+
+
+def _method_hint(x: object) -> str:
+    """For an operand that is a tensor's bound method (`w.data - lr * g`, `w.T` misspelled `w.t`): say so, and for
+    `data` (tinygrad's method, PyTorch's attribute) what to write instead."""
+    owner, name = getattr(x, "__self__", None), getattr(x, "__name__", "")
+    if not isinstance(owner, Tensor):
+        return ""
+    if name == "data":
+        return ("; t.data is tinygrad's data() method (the values as a memoryview), not PyTorch's .data attribute: "
+                "read the values with t.detach(), write them with t.assign(v) inside no_grad()")
+    return f"; t.{name} is a method: call it, t.{name}()"
 
 
 def _tinygrad_targets(root_nodes: set[UOp], root: Tensor) -> list[Tensor]:
@@ -465,6 +492,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def requires_grad(self, value: bool | None) -> None:
         """`t.requires_grad = True` is `t.requires_grad_(True)`, as in PyTorch."""
         if value is None:
+            _note_flag_change(self._requires_grad, None)
             self._requires_grad = None
         else:
             self.requires_grad_(bool(value))
@@ -499,6 +527,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def requires_grad_(self, value: bool = True) -> Tensor:
         if value and not self.dtype.is_float:
             raise RuntimeError(f"only floating point tensors can require gradients, this one is {self.dtype}")
+        _note_flag_change(self._requires_grad, bool(value))
         self._requires_grad = bool(value)
         if value:
             _REQUIRES_GRAD[id(self)] = self
@@ -1048,7 +1077,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             node = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, dtypes.void, (), self.device),), as_sint(x))
             return node.reshape((1,) * self.ndim).expand(self.shape)
         else:
-            raise TypeError(f"cannot combine a tensor with {type(x).__name__} {x!r}")
+            raise TypeError(f"cannot combine a tensor with {type(x).__name__} {x!r}{_method_hint(x)}")
         return _scalar_node(dt, uop.device, uop.shape, x, _arg_key(x))
 
     def _broadcasted(self, other: Tensor | Scalar, reverse: bool = False,
@@ -1872,8 +1901,19 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """The largest values along `axis` (tinygrad). With PyTorch's `dim=`, PyTorch's result: the values and their
         indices, `values, indices = x.max(dim=1)` (a tensor there would unpack along its first axis instead)."""
         if dim is not None:
-            return ValuesIndices(self._reduce(Ops.MAX, dim, keepdim), self.argmax(dim, keepdim))
+            if not self.dtype.is_float:
+                return ValuesIndices(self._reduce(Ops.MAX, dim, keepdim), self.argmax(dim, keepdim))
+            return self._values_at(self.argmax(dim, keepdim=True), dim, keepdim)
         return self._reduce(Ops.MAX, axis, keepdim)
+
+    def _values_at(self, indices: Tensor, dim: int, keepdim: bool) -> ValuesIndices:
+        """`max`/`min` of floats with `dim=`: the entries at `indices` (dim kept) and the indices. The values are
+        gathered, so the gradient goes to that one entry, as PyTorch's (a MAX reduce splits it among tied entries,
+        `amax`'s rule and tinygrad's)."""
+        values = self.gather(dim, indices) if self.ndim else self
+        if keepdim or not self.ndim:
+            return ValuesIndices(values, indices)
+        return ValuesIndices(values.squeeze(dim), indices.squeeze(dim))
 
     @overload
     def min(self, axis: AxisArg = None, keepdim: bool = False) -> Tensor: ...
@@ -1884,7 +1924,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """Floats: -max(-x). Ints and bools: ~max(~x): ~ reverses the order without overflowing (-INT_MIN does).
         With `dim=`, as `max`: the values and their indices."""
         if dim is not None:
-            return ValuesIndices(self.min(dim, keepdim), self.argmin(dim, keepdim))
+            if not self.dtype.is_float:
+                return ValuesIndices(self.min(dim, keepdim), self.argmin(dim, keepdim))
+            return self._values_at(self.argmin(dim, keepdim=True), dim, keepdim)
         if not self.dtype.is_float:
             return self.bitwise_not().max(axis, keepdim).bitwise_not()
         return -((-self).max(axis, keepdim))
@@ -1945,6 +1987,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             flat = self.flatten().argmax(0)
             return flat.reshape((1,) * self.ndim) if keepdim else flat
         a = normalize_axis(axis, self.ndim)
+        if self.ndim == 0:  # axis 0 or -1 of a scalar (as PyTorch): its one index
+            return Tensor.zeros((), dtype=dtypes.int32, device=self.device)
         n = self.shape[a]
         if n == 0:
             raise ValueError(f"argmax over an empty dimension (shape {self.shape}, axis {axis})")
@@ -2493,6 +2537,15 @@ def _overwritten_by(outs: list[UOp]) -> set[tuple[Buffer, int]]:
     if all(id(t.uop) in realizing for t in _pending_assigns()):
         return {v for u in outs if u.op is Ops.ASSIGN for v in written_versions(u)}
     return overwritten_versions(outs, REALIZED.get)
+
+
+def realize_pending_assigns() -> None:
+    """Apply every in-place write queued so far (`t.assign(v)` not realized yet). A TinyJit calls this before it
+    captures a function: a write made before the call (a new learning rate) is the state's value at the call, not
+    a kernel of the function to be replayed with that value on every later call."""
+    if pending := _pending_assigns():
+        with no_grad():
+            Tensor.realize_all(*pending)
 
 
 def any_lazy_tensors() -> bool:

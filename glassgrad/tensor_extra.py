@@ -251,15 +251,28 @@ class TorchOps:
         return exact.where(x, u.log() * (x / exact.where(1.0, u - 1)))
 
     def norm(self, p: float = 2.0, dim: Any = None, keepdim: bool = False) -> Tensor:
-        """The p-norm over `dim` (all elements by default): (sum |x|^p)^(1/p); p = inf: the largest |x|."""
+        """The p-norm over `dim` (all elements by default): (sum |x|^p)^(1/p); p = inf / -inf: the largest / smallest
+        |x|; p = 0: the count of nonzeros. As PyTorch's, the gradient at a zero vector is 0 (the root's derivative
+        there is infinite: taken as is, 0 * inf made it NaN, which a norm penalty on a zero-initialised weight spread
+        to every parameter). A negative p gives PyTorch's values, but a NaN gradient where an entry is 0."""
         a = self._s.float().abs() if not self._s.dtype.is_float else self._s.abs()
-        if p == math.inf:
-            return a.max(dim, keepdim)
-        if p == 2:
-            return a.square().sum(dim, keepdim).sqrt()
+        if p in (math.inf, -math.inf):
+            return a.max(dim, keepdim) if p > 0 else a.min(dim, keepdim)
+        if p == 0:
+            return (a != 0).sum(dim, keepdim).cast(a.dtype)
         if p == 1:
             return a.sum(dim, keepdim)
-        return a.pow(p).sum(dim, keepdim).pow(1.0 / p)
+        if p == 2:
+            powered = a * a
+        elif 0 < p < 1:  # |x|^p has an infinite derivative at 0 too: PyTorch's is 0 there
+            nonzero = a > 0
+            powered = nonzero.where(nonzero.where(a, 1.0).pow(p), 0.0)
+        else:
+            powered = a.pow(p)
+        total = powered.sum(dim, keepdim)
+        positive = total > 0
+        safe = positive.where(total, 1.0)
+        return positive.where(safe.sqrt() if p == 2 else safe.pow(1.0 / p), 0.0)
 
     def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
         """The slices along `dim`, that dim removed."""

@@ -235,10 +235,11 @@ class MathOps:
         return math.pi / 2 - self._m.asin()
 
     def atan(self) -> Tensor:
-        """asin(x / sqrt(1 + x^2)) for |x| <= 1; beyond, pi/2 sign(x) - atan(1/x) (x^2 would overflow)."""
+        """asin(x / sqrt(1 + x^2)) for |x| <= 1; beyond, pi/2 sign(x) - atan(1/x) (x^2 would overflow). The
+        reciprocal is taken of 1 where it is not used: 1/0's infinite derivative made the gradient at 0 NaN."""
         x = self._m._float()
         inside = x.abs() <= 1
-        y = inside.where(x, x.reciprocal())  # |y| <= 1
+        y = inside.where(x, inside.where(1.0, x).reciprocal())  # |y| <= 1
         base = (y / (1 + y * y).sqrt()).asin()
         return inside.where(base, x.sign() * (math.pi / 2) - base)
 

@@ -356,13 +356,7 @@ class ShapeOps:
         """self / max(||self||_p along dim, eps) (torch.nn.functional.normalize). A zero vector stays zero, with
         gradient 1/eps (as PyTorch), not NaN."""
         t = self._m._float()
-        if p == 0:
-            norm = (t != 0).sum(dim, keepdim=True).cast(t.dtype)
-        else:
-            powered = t.abs() ** p if p != 2 else t * t
-            total = powered.sum(dim, keepdim=True)
-            positive = total > 0
-            norm = positive.where(positive.where(total, 1.0) ** (1 / p), 0.0)
+        norm = t.norm(p, dim, keepdim=True)
         return t / (norm < eps).where(eps, norm)
 
     # ------------------------------------------------------------------ scatter, unpooling, losses

@@ -168,6 +168,8 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("dropout p", lambda: ones(2, 3).dropout(1.5), ValueError, "1.5"),
     ("div rounding", lambda: T([1]).div(T([2]), rounding_mode="round"), ValueError, "'round'"),
     ("clip without bounds", lambda: ones(2).clip(), ValueError, "min_ or max_"),
+    ("a method as operand", lambda: ones(2) * ones(2).exp, TypeError, esc("t.exp is a method: call it, t.exp()")),
+    ("PyTorch's .data", lambda: ones(2) * 0.1 + ones(2).data, TypeError, "not PyTorch's .data attribute"),
 ]
 
 

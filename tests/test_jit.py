@@ -131,6 +131,96 @@ def test_pending_assign_to_state_is_applied_before_replay() -> None:
     np.testing.assert_allclose(w.numpy(), expected[-1])
 
 
+def test_a_write_pending_at_the_capture_call_is_not_captured() -> None:
+    """A hand-written warmup, `opt.lr.assign(Tensor([lr]))` left lazy before each call of a jitted step: the write
+    queued before call 2 was realized inside the capture, so every replay wrote that call's lr again over the new
+    one (lr stuck at its second value). Writes queued before a call are the state's value at that call."""
+    scale = Tensor(np.array([1.0], np.float32)).realize()
+    scale.assign(scale).realize()  # owns its buffer, as an optimizer's lr
+
+    @TinyJit
+    def f(x: Tensor) -> Tensor:
+        return (x * scale).realize()
+
+    outs = []
+    for value in (1.0, 2.0, 3.0, 4.0, 5.0):
+        scale.assign(Tensor(np.array([value], np.float32)))  # lazy
+        outs.append(f(Tensor(np.ones(2, np.float32))).numpy()[0])
+    assert f.captures == 1
+    np.testing.assert_array_equal(outs, [1.0, 2.0, 3.0, 4.0, 5.0])
+
+
+@pytest.mark.parametrize("pattern", ["batch_as_global", "step_only", "step_only_realized_grads"])
+def test_a_tensor_replaced_outside_the_function_raises_instead_of_replaying_stale_values(pattern: str) -> None:
+    """Tensors that change between calls but are not arguments: a batch made each step and read as a global, or
+    `TinyJit(opt.step)` with `backward()` outside. The replays read the capture call's buffers again (an old batch,
+    old gradients) and trained with wrong numbers silently; now the first replay after the tensor is gone raises."""
+    w = Tensor([1.0, 2.0], requires_grad=True)
+    opt = nn.optim.SGD([w], lr=0.1)
+    batch = {"x": Tensor([1.0, 1.0])}
+
+    @TinyJit
+    def step() -> Tensor:
+        if pattern == "batch_as_global":
+            opt.zero_grad()
+            (w * w * batch["x"]).sum().backward()
+        opt.step()
+        return w.sum()
+
+    with Tensor.train(), pytest.raises(JitError, match="made before the capture"):
+        for i in range(4):
+            batch["x"] = Tensor([float(i + 1), 1.0])
+            if pattern != "batch_as_global":
+                opt.zero_grad()
+                (w * w * batch["x"]).sum().backward()
+                if pattern == "step_only_realized_grads":
+                    assert w.grad is not None
+                    w.grad.realize()
+            step()
+
+
+def test_a_read_tensor_rebound_to_a_view_of_its_own_buffer_still_replays() -> None:
+    """The check above looks for any tensor holding the buffer, not only the object seen at the capture."""
+    table = {"w": Tensor(np.arange(6, dtype=np.float32)).realize()}
+
+    @TinyJit
+    def f(x: Tensor) -> Tensor:
+        return (table["w"].reshape(2, 3) * x).sum(1).realize()
+
+    for i in range(4):
+        table["w"] = table["w"].reshape(3, 2).reshape(6)  # new tensor objects, one buffer
+        np.testing.assert_allclose(f(Tensor(np.full(3, float(i), np.float32))).numpy(), [3.0 * i, 12.0 * i])
+
+
+def test_freezing_a_param_after_the_capture_is_a_new_signature() -> None:
+    """`w1.requires_grad = False` between calls of a jitted training step: the replays kept updating w1 with the
+    captured kernels (eagerly the optimizer skips a frozen param). The flag change now starts a new signature."""
+    w1, w2 = Tensor([1.0, 2.0]), Tensor([3.0])
+    opt = nn.optim.SGD([w1, w2], lr=0.1)
+
+    @TinyJit
+    def step() -> Tensor:
+        opt.zero_grad()
+        loss = (w1.sum() * w2).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    with Tensor.train():
+        for i in range(5):
+            if i == 3:
+                w1.requires_grad = False
+                frozen = w1.numpy().copy()
+            step()
+    a, b = np.array([1.0, 2.0]), 3.0
+    for i in range(5):
+        a, b = (a, b - 0.1 * a.sum()) if i >= 3 else (a - 0.1 * b, b - 0.1 * a.sum())
+    np.testing.assert_array_equal(w1.numpy(), frozen)
+    np.testing.assert_allclose(w1.numpy(), a, rtol=1e-5)
+    np.testing.assert_allclose(w2.numpy(), [b], rtol=1e-5)
+    assert step.captures == 2  # (the frozen one captured at its second call)
+
+
 # ---------------------------------------------------------------------- calls, signatures, flags
 def _counting(fn: Callable[..., Tensor]) -> tuple[TinyJit[Tensor], list[int]]:
     calls = [0]

@@ -14,6 +14,7 @@ from test_schedule import PROPERTY, Recorder, assert_matches, random_program
 from glassgrad import Context, Device, GlobalCounters, Tensor
 from glassgrad.device import Buffer
 from glassgrad.dtype import dtypes
+from glassgrad.engine.memory import lifetimes, plan_memory
 from glassgrad.schedule import SCHEDULE_CACHE, create_schedule
 
 MIB = 1 << 20
@@ -127,3 +128,34 @@ def test_random_graphs_planned_equal_unplanned(data: st.DataObject, np_dtype: ty
     for a, b in zip(planned, unplanned):
         np.testing.assert_array_equal(a.t.numpy(), b.t.numpy())
         assert_matches(a)
+
+
+def _plan_by_scanning(steps: list[list[int]], shareable: dict[int, tuple[str, int]]) -> dict[int, int]:
+    """The planner's rule written as a scan of every block and every lifetime in it (what it was before it kept
+    each block's lifetimes sorted, which made it quadratic in the buffers of a long unrolled backward)."""
+    spans = {k: v for k, v in lifetimes(steps).items() if k in shareable}
+    blocks: list[tuple[str, int]] = []
+    users: list[list[tuple[int, int]]] = []
+    placed: dict[int, int] = {}
+    for key in sorted(spans, key=lambda k: (-shareable[k][1], spans[k][0])):
+        device, nbytes = shareable[key]
+        first, last = spans[key]
+        free = [b for b, (dev, size) in enumerate(blocks) if dev == device and size >= nbytes and
+                all(last < start or end < first for start, end in users[b])]
+        placed[key] = min(free, key=lambda b: blocks[b][1]) if free else len(blocks)
+        if not free:
+            blocks.append((device, nbytes))
+            users.append([])
+        users[placed[key]].append((first, last))
+    return placed
+
+
+@given(st.data())
+def test_plan_memory_places_as_the_scan_of_every_block(data: st.DataObject) -> None:
+    n_keys = data.draw(st.integers(1, 40))
+    steps = data.draw(st.lists(st.lists(st.integers(0, n_keys - 1), max_size=4), min_size=1, max_size=30))
+    sizes = data.draw(st.lists(st.sampled_from([4, 8, 16, 64]), min_size=n_keys, max_size=n_keys))
+    cuda = data.draw(st.sets(st.integers(0, n_keys - 1)))
+    shareable = {k: ("CUDA" if k in cuda else "CPU", sizes[k]) for k in range(n_keys)}
+    placed, _ = plan_memory(steps, shareable)
+    assert placed == _plan_by_scanning(steps, shareable)

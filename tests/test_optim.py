@@ -464,6 +464,39 @@ def test_changing_lr_changes_no_kernel() -> None:
     assert len(engine_realize._kernel_cache) == compiled
 
 
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("value", ["float", "tensor"])
+def test_setting_lr_writes_into_its_buffer(value: str, jit: bool) -> None:
+    """`opt.lr = 0.1` (a hand-written warmup) raised AttributeError at step() ('float' object has no attribute
+    'reshape'), and `opt.lr = Tensor([0.1])` left a TinyJit replaying the old buffer's lr. Both write the value into
+    the lr tensor, which keeps its identity and shape, and no new kernel is compiled."""
+    from glassgrad import TinyJit
+    w = Tensor(np.ones(4, np.float32))
+    opt = SGD([w], lr=1.0)
+    lr_tensor = opt.lr
+
+    def step() -> Tensor:
+        opt.zero_grad()
+        w.sum().backward()
+        opt.step()
+        return w
+    run = TinyJit(step) if jit else step
+    lrs = [0.5, 0.25, 0.125, 0.0625]
+    with Tensor.train():
+        for i, lr in enumerate(lrs):
+            opt.lr = lr if value == "float" else Tensor([lr])
+            if i == 2:
+                compiled = len(engine_realize._kernel_cache)
+            run()
+    assert opt.lr is lr_tensor and opt.lr.shape == (1,)
+    assert len(engine_realize._kernel_cache) == compiled
+    np.testing.assert_allclose(w.numpy(), 1 - sum(lrs))
+    with pytest.raises(ValueError, match="lr must be"):
+        opt.lr = "0.1"  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="one element"):
+        opt.lr = Tensor([0.1, 0.2])
+
+
 def test_lr_tensor_is_shared() -> None:
     lr = Tensor(np.array([0.5], np.float32))
     w = Tensor(np.ones(3, np.float32))
@@ -516,6 +549,45 @@ def test_param_without_grad_raises_naming_it() -> None:
         used.sum().backward()
         with pytest.raises(RuntimeError, match=r"param 1 \(shape \(2, 5\).*no gradient"):
             opt.step()
+
+
+@pytest.mark.parametrize("make", [lambda ps: SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
+                                  lambda ps: AdamW(ps, lr=0.05, weight_decay=0.1),
+                                  lambda ps: LAMB(ps, lr=0.05)], ids=["sgd", "adamw", "lamb"])
+def test_a_param_frozen_after_the_optimizer_was_made_is_skipped(make: Callable[[list[Tensor]], Optimizer]) -> None:
+    """Fine-tuning as PyTorch users write it: `p.requires_grad = False` for the first layer after two steps, the
+    optimizer unchanged. step() raised 'has no gradient ... set requires_grad=False' though it was set. Now the
+    frozen param and its own state keep their values, and the others train as if it were a constant."""
+    init, x, y = _init()
+    ps = [Tensor(p.copy()) for p in init]
+    opt = make(ps)
+    with Tensor.train():
+        for step in range(4):
+            if step == 2:
+                ps[0].requires_grad = False
+                frozen = ps[0].numpy().copy()
+                state = [t.numpy().copy() for t in opt._param_state(0)]
+            opt.zero_grad()
+            _gg_loss(ps, Tensor(x), Tensor(y)).backward()
+            opt.step()
+    np.testing.assert_array_equal(ps[0].numpy(), frozen)
+    for before, t in zip(state, opt._param_state(0)):
+        np.testing.assert_array_equal(t.numpy(), before)
+    assert len(state) == (1 if isinstance(opt, SGD) else 2)
+    torch = pytest.importorskip("torch")
+    if isinstance(opt, LAMB):
+        return  # torch has no LAMB
+    tp = [torch.tensor(p.copy(), requires_grad=True) for p in init]
+    topt = torch.optim.SGD(tp, lr=0.1, momentum=0.9, weight_decay=0.01) if isinstance(opt, SGD) else \
+        torch.optim.AdamW(tp, lr=0.05, weight_decay=0.1)
+    for step in range(4):
+        if step == 2:
+            tp[0].requires_grad_(False)
+        topt.zero_grad()
+        ((torch.tensor(x) @ tp[0] + tp[1]).relu() @ tp[2] - torch.tensor(y)).square().mean().backward()
+        topt.step()
+    for ours, theirs in zip(ps, tp):
+        np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_non_float_param_is_rejected() -> None:

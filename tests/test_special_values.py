@@ -143,6 +143,71 @@ def test_sin_gradient_at_large_x() -> None:
     assert_special_close(c.grad.numpy(), -np.sin(x.astype(np.float64)), 1e-5, 1e-6, x)
 
 
+SMOOTH_UNARY = ["atan", "asinh", "sinh", "cosh", "tanh", "erf", "sinc", "sigmoid", "softplus", "silu", "gelu", "mish",
+                "expm1", "sin", "cos", "tan", "softsign", "logsigmoid", "atanh", "asin", "log1p"]
+
+
+@pytest.mark.parametrize("name", SMOOTH_UNARY)
+def test_gradients_of_smooth_ops_at_and_near_zero(name: str) -> None:
+    """Ops built from two branches picked with `where` computed the unused branch at every point: atan's 1/x at 0
+    (gradient 0 * inf = NaN at 0 and at 1e-30, so atan2 on an axis had a NaN gradient too), sinc's quotient rule
+    near 0 (-7e13 at 1e-20). The gradient must match a central difference in float64 wherever the op is smooth."""
+    x = np.array([0.0, -0.0, 1e-30, 1e-20, 1e-8, 1e-4, 0.2, -0.45, 0.9, 1.7, -2.5, 4.0], np.float64)
+    if name in ("atanh", "asin", "log1p"):
+        x = x[np.abs(x) < 0.95]
+    t = Tensor(x, device=DEVICE, dtype=dtypes.float64, requires_grad=True)
+    getattr(t, name)().sum().backward()
+    assert t.grad is not None
+    h = 1e-6
+    numeric = (getattr(Tensor(x + h, dtype=dtypes.float64), name)().numpy() -
+               getattr(Tensor(x - h, dtype=dtypes.float64), name)().numpy()) / (2 * h)
+    np.testing.assert_allclose(t.grad.numpy(), numeric, rtol=1e-5, atol=1e-7)
+
+
+def test_sinc_gradient_near_zero_in_float32() -> None:
+    """sinc's quotient-rule gradient cancels in float32 near 0: -7e13 at 1e-20, 2x off at 1e-4."""
+    x = np.array([0.0, 1e-30, 1e-20, 1e-6, 1e-4, 1e-2, 0.3, 0.35, 2.5], np.float32)
+    t = Tensor(x, device=DEVICE, requires_grad=True)
+    t.sinc().sum().backward()
+    assert t.grad is not None
+    px = np.pi * x.astype(np.float64)
+    safe = np.where(px == 0, 1, px)
+    exact = np.where(px < 1e-3, -np.pi * px / 3, np.pi * (np.cos(safe) * safe - np.sin(safe)) / safe ** 2)
+    np.testing.assert_allclose(t.grad.numpy(), exact, rtol=2e-5, atol=1e-30)
+
+
+def test_xlogy_gradient_where_self_is_zero() -> None:
+    """d xlogy(x, y) / dx = log(y), at x = 0 too (PyTorch's; 0 where y <= 0): the entropy term p.xlogy(p) of a
+    probability that is exactly 0 had gradient 0 instead of -inf, and xlogy(0, 2) had 0 instead of log 2."""
+    x = np.array([0.0, 0.0, 0.0, -0.0, 0.5, 2.0], np.float32)
+    y = np.array([2.0, 0.5, 0.0, 3.0, 0.25, 1.0], np.float32)
+    tx = Tensor(x, device=DEVICE, requires_grad=True)
+    ty = Tensor(y, device=DEVICE, requires_grad=True)
+    out = tx.xlogy(ty)
+    out.sum().backward()
+    assert tx.grad is not None and ty.grad is not None
+    np.testing.assert_allclose(out.numpy(), np.where(x == 0, 0, x * np.log(np.where(y > 0, y, 1))), rtol=1e-6)
+    np.testing.assert_allclose(tx.grad.numpy(), np.where(y > 0, np.log(np.where(y > 0, y, 1)), 0), rtol=1e-6)
+    np.testing.assert_allclose(ty.grad.numpy()[[0, 1, 3, 4, 5]], (x / np.where(y > 0, y, 1))[[0, 1, 3, 4, 5]])
+    np.testing.assert_array_equal(Tensor([0.0, 0.0, 1.0]).xlogy(Tensor([math.inf, math.nan, -1.0])).numpy(),
+                                  [0.0, np.nan, np.nan])
+
+
+def test_atan2_gradient_on_the_axes_and_at_the_origin() -> None:
+    """d atan2(y, x) = (x dy - y dx) / (x^2 + y^2): on an axis the ratio inside is 0, where atan's gradient was
+    NaN; at the origin PyTorch's gradient 0."""
+    y = np.array([0.0, 1.0, -2.0, 0.0, 0.0, 3.0, 1e-30], np.float32)
+    x = np.array([2.0, 0.0, 0.0, -1.5, 0.0, 4.0, 1.0], np.float32)
+    ty = Tensor(y, device=DEVICE, requires_grad=True)
+    tx = Tensor(x, device=DEVICE, requires_grad=True)
+    ty.atan2(tx).sum().backward()
+    assert ty.grad is not None and tx.grad is not None
+    r2 = x.astype(np.float64) ** 2 + y.astype(np.float64) ** 2
+    safe = np.where(r2 == 0, 1, r2)
+    np.testing.assert_allclose(ty.grad.numpy(), np.where(r2 == 0, 0, x / safe), rtol=1e-6)
+    np.testing.assert_allclose(tx.grad.numpy(), np.where(r2 == 0, 0, -y / safe), rtol=1e-6)
+
+
 # ---------------------------------------------------------------------- binary
 PAIR_VALUES = [0.0, -0.0, INF, -INF, NAN, 1e-40, -1e-40, 1e38, -1e38, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0, -3.0,
                2.5, -2.5, 7.0, 1e-20]

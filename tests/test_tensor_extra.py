@@ -196,6 +196,34 @@ def test_max_and_min_with_dim_return_values_and_indices() -> None:
     assert x.type_as(Tensor([1])).dtype == dtypes.int32
 
 
+@pytest.mark.parametrize("name", ["max", "min"])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_max_with_dim_sends_a_tied_gradient_to_the_returned_index(name: str, keepdim: bool) -> None:
+    """`x.max(dim=1).values` split the gradient among tied entries (amax's rule); PyTorch's goes to the entry at
+    the returned index only, so a loss on `max(dim=...)` trained other weights than PyTorch's."""
+    data = np.array([[3.0, 3.0, 0.0], [1.0, 1.0, 1.0], [-2.0, 5.0, 5.0]], np.float32)
+    sign = 1 if name == "max" else -1
+    x = Tensor(sign * data, requires_grad=True)
+    values, indices = getattr(x, name)(dim=1, keepdim=keepdim)
+    (values.reshape(3) * Tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert x.grad is not None
+    np.testing.assert_array_equal(indices.reshape(3).numpy(), [0, 0, 1])
+    np.testing.assert_array_equal(values.reshape(3).numpy(), sign * np.array([3.0, 1.0, 5.0]))
+    np.testing.assert_array_equal(x.grad.numpy(), [[1, 0, 0], [2, 0, 0], [0, 3, 0]])
+    assert values.shape == ((3, 1) if keepdim else (3,))
+
+
+def test_argmax_and_max_with_dim_of_a_scalar() -> None:
+    """A 0-d tensor takes dim 0 or -1 (PyTorch): argmax raised IndexError, so did `max(dim=0)`."""
+    s = Tensor(3.0, requires_grad=True)
+    assert s.argmax(0).item() == 0 and s.argmin(-1, keepdim=True).shape == ()
+    values, indices = s.max(dim=0)
+    assert values.shape == () and indices.item() == 0 and values.item() == 3.0
+    values.backward()
+    assert s.grad is not None and s.grad.item() == 1.0
+    assert Tensor(7).min(dim=-1).values.item() == 7
+
+
 def test_pytorch_only_methods_match_torch_or_numpy() -> None:
     """amax, amin, log1p, norm, unbind, index_select, nan_to_num, outer, mm, bmm, view_as, expand_as, swapaxes,
     narrow, movedim and count_nonzero: PyTorch's names tinygrad lacks (AttributeError before)."""
@@ -231,3 +259,31 @@ def test_pytorch_only_methods_match_torch_or_numpy() -> None:
     w.log1p().sum().backward()
     assert w.grad is not None
     np.testing.assert_allclose(w.grad.numpy(), 1 / (1 + small.astype(np.float64)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("p", [2.0, 3.0, 0.5, 1.0, math.inf, -math.inf])
+@pytest.mark.parametrize("dim", [None, 1])
+def test_norm_of_a_zero_vector_has_a_zero_gradient(p: float, dim: int | None) -> None:
+    """`x.norm()` of a zero row (a penalty on a zero-initialised bias) had gradient 0 * inf = NaN, and p = 0 raised
+    ZeroDivisionError. PyTorch's gradient is 0 there; other rows get |x|^(p-1) sign(x) / ||x||^(p-1)."""
+    x = np.array([[0, 0, 0, 0], [1, -2, 0, 3], [0, 0.5, 0, 0]], np.float32)
+    t = Tensor(x, requires_grad=True)
+    out = t.norm(p) if dim is None else t.norm(p, dim)
+    out.sum().backward()
+    assert t.grad is not None
+    a = np.abs(x).astype(np.float64)
+    if math.isinf(p):
+        ref = a.max(dim) if p > 0 else a.min(dim)
+    else:
+        ref = (a ** p).sum(dim) ** (1 / p)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-6)
+    grad = t.grad.numpy()
+    assert np.isfinite(grad).all()
+    if dim == 1 and not math.isinf(p):
+        np.testing.assert_array_equal(grad[0], 0)  # the zero row
+        np.testing.assert_array_equal(grad[x == 0], 0)  # PyTorch's subgradient at a zero entry
+        rows = ref[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):  # 0 ** (p - 1) for p < 1, masked out
+            expected = np.where(x != 0, np.sign(x) * a ** (p - 1) / np.where(rows > 0, rows, 1) ** (p - 1), 0)
+        np.testing.assert_allclose(grad[1:], expected[1:], rtol=1e-5)
+    np.testing.assert_array_equal(Tensor(x).norm(0, 1).numpy(), [0, 3, 1])

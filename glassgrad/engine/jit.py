@@ -10,9 +10,9 @@ value of every other argument):
     run is recorded with its compiled program, launch size and buffers;
   * calls 3+ replay the recorded kernels with the new call's input buffers: no graph, no schedule, no codegen.
 
-A new signature (another batch size, a changed Python scalar, `Tensor.training` or `no_grad` switched) starts at
-call 1 for that signature, so a replay never computes with stale shapes or constants; each signature keeps its own
-capture.
+A new signature (another batch size, a changed Python scalar, `Tensor.training` or `no_grad` switched, a param
+frozen or unfrozen by its `requires_grad`) starts at call 1 for that signature, so a replay never computes with
+stale shapes or constants; each signature keeps its own capture.
 
 Symbolic shapes: a bound Variable is keyed on its unbound form (in a tensor argument's shape, or passed itself), so
 one capture serves every value. Each call's values (`var_vals`, from the arguments' BINDs) are passed to the kernels,
@@ -33,10 +33,12 @@ at the first replay, then only the launches whose inputs or Variable values chan
 outside the graphs. `CUDAGRAPH=0`, `TIMING=1` and `DEBUG>=2` launch kernel by kernel.
 
 Limits: Python values and host data inside the function (`Tensor(np_array)` made there, closure scalars) are
-constants of the capture (the capture keeps their buffers alive). Reading a tensor's values inside the function
-(`.item()`, `.numpy()`, `float(t)`) raises `JitError` at capture, as in tinygrad: a replay would reuse the value read
-then (`UNSAFE_ALLOW_JIT_BUFFER=1` allows it). Random numbers are drawn on the device, so each replay draws new ones.
-`JIT=0` runs the function eagerly on every call.
+constants of the capture (the capture keeps their buffers alive). A tensor made before the capture and read but not
+written by it must stay alive: once no tensor holds its buffer (a batch rebound as a global, gradients of a
+`backward()` run outside a jitted `opt.step()`), the next replay raises `JitError` instead of reading its old values.
+Reading a tensor's values inside the function (`.item()`, `.numpy()`, `float(t)`) raises `JitError` at capture, as
+in tinygrad: a replay would reuse the value read then (`UNSAFE_ALLOW_JIT_BUFFER=1` allows it).
+Random numbers are drawn on the device, so each replay draws new ones. `JIT=0` runs the function eagerly on every call.
 """
 from __future__ import annotations
 
@@ -57,7 +59,16 @@ from glassgrad.engine.realize import compile_kernel, count_launch, run_allreduce
 from glassgrad.helpers import CUDAGRAPH, DEBUG, JIT, TIMING, kernel_flags
 from glassgrad.multi import at_current_versions, is_realized, view_parts
 from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
-from glassgrad.tensor import ASSIGN_TARGETS, LINEAGE, Tensor, any_lazy_tensors, no_grad, realize_readers_of
+from glassgrad.tensor import (
+    ASSIGN_TARGETS,
+    LINEAGE,
+    Tensor,
+    any_lazy_tensors,
+    no_grad,
+    realize_pending_assigns,
+    realize_readers_of,
+    requires_grad_changes,
+)
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import rebind, sint_eval, unbind
 
@@ -114,8 +125,9 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Hashable,
     found = _Arguments()
     key = tuple((name, _describe(value, f"{name!r}" if isinstance(name, str) else f"#{name}", found))
                 for name, value in [*enumerate(args), *sorted(kwargs.items())])
-    # the modes change what the function builds; the codegen flags (ALLOW_TF32) the kernels it captures
-    return (key, Tensor.training, Tensor.no_grad, kernel_flags()), found
+    # the modes change what the function builds; the codegen flags (ALLOW_TF32) the kernels it captures; a frozen
+    # (or unfrozen) param changes which params backward() and the optimizer touch
+    return (key, Tensor.training, Tensor.no_grad, kernel_flags(), requires_grad_changes()), found
 
 
 def _forget_lineage(tensors: list[Tensor]) -> None:
@@ -152,6 +164,20 @@ def _input_buffers(tensors: list[Tensor], names: list[str]) -> tuple[list[Buffer
             buffers.append(buf)
             owners.append(t)
     return buffers, owners
+
+
+def _tensors_viewing(buffers: list[Buffer]) -> dict[int, list[weakref.ref[Tensor]]]:
+    """id(buffer) -> weak references to the live realized tensors whose node views it (one scan of the live
+    objects; only at a capture, and at a replay where every tensor known to hold a buffer died)."""
+    wanted = {id(b) for b in buffers}
+    found: dict[int, list[weakref.ref[Tensor]]] = {}
+    if wanted:
+        for o in gc.get_objects():
+            if type(o) is Tensor and is_realized(o.uop):
+                for part in view_parts(o.uop):
+                    if id(part.base.arg[0]) in wanted:
+                        found.setdefault(id(part.base.arg[0]), []).append(weakref.ref(o))
+    return found
 
 
 def _returned_tensors(ret: Any) -> list[Tensor]:
@@ -365,7 +391,7 @@ class _Capture:
     """The kernels of one signature, ready to replay."""
 
     def __init__(self, items: list[ScheduleItem], inputs: list[Buffer], ret: Any, plan: bool,
-                 input_tensors: list[Tensor]) -> None:
+                 input_tensors: list[Tensor], first_serial: int = -1) -> None:
         steps, inplace = _steps_of(items, inputs)
         gc.collect()  # intermediates only the recorded items held are gone now
         self.ret = ret
@@ -390,6 +416,10 @@ class _Capture:
         held = {id(r) for s in steps for r in s.refs if isinstance(r, Buffer)}
         self.owners = [(weakref.ref(t), part.base.arg[0]) for t in list(ASSIGN_TARGETS.values())
                        if is_realized(t.uop) for part in view_parts(t.uop) if id(part.base.arg[0]) in held]
+        # buffers made before the capture that the kernels only read (weights, a dataset, a closure's tensor), with
+        # the tensors holding them: when all of those are gone, the value is elsewhere now (see _check_outside_reads)
+        outside = [b for b in self.state_buffers if b.serial < first_serial and b not in inplace]
+        self.outside_reads = [(b, refs) for b in outside if (refs := _tensors_viewing([b]).get(id(b)))]
         if DEBUG >= 1:
             copies = sum(isinstance(s, _Copy) for s in self.steps)
             print(f"TinyJit: captured {self.kernel_count} kernels ({len(self.graphs)} graphs), {copies} copies, "
@@ -436,6 +466,7 @@ class _Capture:
                        kernel.spec if kernel.spec.vars else None, step.var_vals)
 
     def replay(self, tensors: list[Tensor], inputs: list[Buffer], var_vals: dict[str, int]) -> Any:
+        self._check_outside_reads()
         self._apply_pending_state()
         # lazy tensors built on what the replay overwrites keep their values: they are computed first
         if any_lazy_tensors():
@@ -455,6 +486,24 @@ class _Capture:
         if self.returned_inputs:
             return _with_tensors_swapped(self.ret, {k: tensors[i] for k, i in self.returned_inputs.items()})
         return self.ret
+
+    def _check_outside_reads(self) -> None:
+        """A buffer made before the capture, which the kernels read, and which no tensor holds any more: the program
+        replaced the tensor (a batch made outside the function each step and read as a global, gradients from a
+        `backward()` run outside a jitted `opt.step()`), so the function run eagerly would read the new one, and a
+        replay would silently read the old values. Raise instead."""
+        lost = [(buf, refs) for buf, refs in self.outside_reads if all(r() is None for r in refs)]
+        if not lost:
+            return
+        again = _tensors_viewing([buf for buf, _ in lost])  # a new tensor object may hold the same buffer
+        for buf, refs in lost:
+            if id(buf) not in again:
+                raise JitError(f"the captured kernels read a tensor made before the capture ({buf.size} x "
+                               f"{buf.dtype.name} on {buf.device}) that no longer exists: a replay would read its old "
+                               "values. A tensor that changes between calls (a batch, gradients from a backward() "
+                               "outside the function) must be an argument of the jitted function or computed inside "
+                               "it; call reset() to capture again")
+            refs[:] = again[id(buf)]
 
     def _bind_returned(self, var_vals: dict[str, int]) -> None:
         """Returned tensors of symbolic shape read their buffers at this call's sizes."""
@@ -567,6 +616,8 @@ class TinyJit(Generic[ReturnType]):
 
     def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: list[Buffer],
                  input_tensors: list[Tensor]) -> _Capture:
+        realize_pending_assigns()  # writes queued before the call are not the function's kernels
+        first_serial = next(Buffer.serials)  # buffers numbered below existed before the capture
         items: list[ScheduleItem] = []
         hook = items.append
         realize.capture_hooks.append(hook)
@@ -583,4 +634,4 @@ class TinyJit(Generic[ReturnType]):
                                "(x.contiguous()), since a replay does not recompute it")
         if not items:
             raise JitError(f"{self.fn.__name__} ran no kernels while being captured: nothing to replay")
-        return _Capture(items, inputs, ret, self.plan_memory, input_tensors)
+        return _Capture(items, inputs, ret, self.plan_memory, input_tensors, first_serial)

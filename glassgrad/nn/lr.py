@@ -19,20 +19,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from glassgrad.dtype import dtypes
-from glassgrad.nn.optim import Optimizer
-from glassgrad.tensor import Tensor, no_grad
+from glassgrad.nn.optim import Optimizer, write_lr
 
 __all__ = ["LRScheduler", "StepLR", "CosineAnnealingLR", "OneCycleLR"]
-
-
-def write_lr(lr: Tensor, value: float) -> None:
-    """Write `value` into the lr tensor's buffer in place (uploaded as data, so kernels never change)."""
-    host = np.full(lr.shape, value, dtype=np.float64 if lr.dtype == dtypes.float64 else np.float32)
-    with no_grad():
-        lr.assign(Tensor(host, device=lr.device).cast(lr.dtype)).realize()
 
 
 class LRScheduler:

@@ -21,9 +21,13 @@ Behaviour (tinygrad's, where tinygrad has one):
 - `step()` needs `Tensor.training` on (`with Tensor.train():`), as in tinygrad, so a forgotten train mode
   (dropout off) does not go unnoticed;
 - a trained param without a gradient at `step()` raises `RuntimeError` naming it (tinygrad asserts too): silently
-  skipping it would hide a param the loss does not use, or a `zero_grad()` called between `backward()` and `step()`;
+  skipping it would hide a param the loss does not use, or a `zero_grad()` called between `backward()` and `step()`.
+  One frozen since (`p.requires_grad = False`, PyTorch's fine-tuning habit) and without a gradient is skipped, as
+  PyTorch skips it: it and its own state (momentum, moments) keep their values; Adam's step count is shared;
 - the learning rate is a one-element tensor (`opt.lr`), a buffer read by the kernels: schedules (`glassgrad.nn.lr`)
   write new values into it with `assign`, and no kernel is recompiled. A tensor may be passed as `lr` to share it.
+  Setting `opt.lr = 0.01` (or a one-element tensor) writes that value into the same buffer, so a hand-written
+  warmup works eagerly and under TinyJit alike (rebinding it would leave a capture reading the old buffer);
 - the step count of Adam/AdamW/LAMB is an int32 tensor updated with `assign`, so bias correction does not bake the
   step number into kernels either.
 - `schedule_step(skip=t)` with a bool scalar tensor `t`: where `t` is true the step writes every param and every piece
@@ -42,6 +46,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
 
 from glassgrad.device import canonical_devices
 from glassgrad.dtype import DType, dtypes, least_upper_dtype
@@ -119,7 +126,15 @@ class Optimizer:
         # the lr as given, when a number (schedules start from it exactly, not from its float32 rounding)
         self.initial_lr: float | None = None if isinstance(lr, Tensor) else float(lr)
         self._skip: Tensor | None = None  # set during schedule_step(skip=...)
+        self._frozen: set[int] = set()  # during schedule_step: ids of the frozen params and their own state
         self._hypers: dict[str, Tensor] = {}  # hyper-parameters a schedule rewrites (`set_hyper`)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """`opt.lr = value` once the lr tensor exists writes `value` into it (see the module docstring)."""
+        if name == "lr" and isinstance(self.__dict__.get("lr"), Tensor):
+            write_lr(self.__dict__["lr"], value)
+        else:
+            super().__setattr__(name, value)
 
     def set_hyper(self, name: str, value: float) -> None:
         """Set hyper-parameter `name` (SGD's `momentum`, Adam's `b1`) to `value` between steps, as a schedule does
@@ -164,18 +179,27 @@ class Optimizer:
                                "inside `with Tensor.train():` or `with Context(TRAINING=1):`, or set "
                                "Tensor.training = True")
         self._skip = _check_skip(skip, self.device)
+        frozen = [i for i, p in enumerate(self.params) if p.grad is None and p.requires_grad is False]
+        self._frozen = {id(t) for i in frozen for t in (self.params[i], *self._param_state(i))}
         try:
-            grads = self._grads()
+            grads = self._grads(set(frozen))
             new_values = self._new_values(grads)
             for p, value in zip(self.params, new_values):
                 self._update(p, value)
         finally:
-            self._skip = None
+            self._skip, self._frozen = None, set()
         return [*self.params, *self.buffers, *self.state(), self.lr, *self._hypers.values()]
 
     def _update(self, target: Tensor, value: Tensor) -> Tensor:
-        """target.assign(value), or of `where(skip, target, value)` inside a skippable step; returns target."""
+        """target.assign(value), or of `where(skip, target, value)` inside a skippable step; returns target. A frozen
+        param and its own state are left as they are."""
+        if id(target) in self._frozen:
+            return target
         return target.assign(value if self._skip is None else self._skip.where(target, value))
+
+    def _param_state(self, i: int) -> list[Tensor]:
+        """The state tensors that belong to param i alone (its momentum buffer, its moments)."""
+        return []
 
     def state(self) -> list[Tensor]:
         """The optimiser's own tensors that a step updates (momentum buffers, moments, step count)."""
@@ -184,13 +208,17 @@ class Optimizer:
     def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
         raise NotImplementedError
 
-    def _grads(self) -> list[Tensor]:
+    def _grads(self, frozen: set[int]) -> list[Tensor]:
+        """Each param's gradient; a frozen one (index in `frozen`) gets zeros, which no update writes anywhere."""
         grads = []
         for i, p in enumerate(self.params):
+            if i in frozen:
+                grads.append(p.zeros_like())
+                continue
             if p.grad is None:
                 raise RuntimeError(f"optimizer param {i} (shape {p.shape}, {p.dtype}) has no gradient: call "
                                    "loss.backward() before step(); if the loss does not use this param, leave it out "
-                                   "of the optimizer or set requires_grad=False")
+                                   "of the optimizer or set its requires_grad=False (a frozen param is skipped)")
             if p.grad.shape != p.shape:
                 raise RuntimeError(f"optimizer param {i} has shape {p.shape} but its gradient has shape "
                                    f"{p.grad.shape}")
@@ -242,6 +270,23 @@ def _lr_tensor(lr: float | Tensor, device: str) -> Tensor:
     return new_state((1,), least_upper_dtype(dtypes.default_float, dtypes.float32), device, float(lr))  # tinygrad's
 
 
+def write_lr(lr: Tensor, value: float | Tensor) -> None:
+    """Write a new learning rate (a number or a one-element float tensor) into the lr tensor's buffer. Any number
+    is taken, as PyTorch's `param_groups` take it (a schedule's linear phase may dip just below 0)."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1 or not value.dtype.is_float:
+            raise ValueError(f"lr tensor must be a float tensor with one element, got shape {value.shape} "
+                             f"{value.dtype}")
+        new = value.detach().reshape(lr.shape).cast(lr.dtype).to(lr.device)
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"lr must be a number or a one-element Tensor, got {value!r}")
+    else:
+        host = np.full(lr.shape, float(value), dtype=np.float64 if lr.dtype == dtypes.float64 else np.float32)
+        new = Tensor(host, device=lr.device).cast(lr.dtype)  # uploaded as data: a new value is no new kernel
+    with no_grad():
+        lr.assign(new).realize()
+
+
 def _check_hyper(name: str, value: float, low: float = 0.0, high: float | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low or \
             (high is not None and not value < high):
@@ -273,6 +318,9 @@ class SGD(Optimizer):
 
     def state(self) -> list[Tensor]:
         return list(self.b)
+
+    def _param_state(self, i: int) -> list[Tensor]:
+        return [self.b[i]] if self.b else []
 
     def set_hyper(self, name: str, value: float) -> None:
         """As Optimizer's; a momentum made nonzero (PyTorch's OneCycleLR does that to SGD(momentum=0)) gets its
@@ -329,6 +377,9 @@ class LARS(Optimizer):
 
     def state(self) -> list[Tensor]:
         return list(self.b)
+
+    def _param_state(self, i: int) -> list[Tensor]:
+        return [self.b[i]] if self.b else []
 
     def set_hyper(self, name: str, value: float) -> None:
         """As Optimizer's; a momentum made nonzero (PyTorch's OneCycleLR does that to SGD(momentum=0)) gets its
@@ -409,6 +460,9 @@ class _Moments(Optimizer):
 
     def state(self) -> list[Tensor]:
         return [self.t, *self.m, *self.v]
+
+    def _param_state(self, i: int) -> list[Tensor]:
+        return [self.m[i], self.v[i]]
 
     def _count_step(self) -> tuple[Tensor, Tensor]:
         """Advance `t` and return the bias corrections (1 - b1**t, 1 - b2**t) as float tensors."""
