@@ -461,16 +461,6 @@ def _block(plan: MatmulPlan, tile_k: int, k_inner_size: int, threads: int) -> _B
                   k_size)
 
 
-def _copy_tiles(plan: MatmulPlan, b: _Block, smem: UOp, tile_k: int, values: tuple[UOp, UOp],
-                layouts: tuple[Callable[[UOp, UOp], UOp], Callable[[UOp, UOp], UOp]]) -> UOp:
-    """Both factors' tiles of this k step into shared memory; the BARRIER after the copies (reads go through it)."""
-    stores = []
-    for operand, tile, value, layout in zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), values, layouts):
-        for position, element in _tile_copy(operand, value, tile, b, plan.k_ranges, tile_k, b.k_outer):
-            stores.append(UOp(Ops.STORE, dtypes.void, (smem, layout(*position), element)))
-    return UOp(Ops.BARRIER, smem.dtype, (smem, *stores))
-
-
 Unchanged = tuple[dict[UOp, UOp], dict[UOp, UOp]]
 
 
@@ -538,13 +528,14 @@ def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool, tf32: bool = False) -
         return _tensor_core_tiled(ast, plan, kind)
     row_tile, col_tile = plan.rows.tile, plan.cols.tile
     col_threads, threads = col_tile // PER_THREAD, row_tile // PER_THREAD * col_tile // PER_THREAD
-    b = _block(plan, TILE_K, TILE_K, threads)
+    tiles = _SimtTiles(plan, ASYNC_TILE_K if _reduce_size(plan.reduce) >= ASYNC_TILE_K else TILE_K, SIMT_STAGES)
+    b = _block(plan, tiles.tile_k, tiles.tile_k, threads)
     asynchronous = tensor_cores and all(_copy_runs(group, 4) is not None or
                                         all(_gathered(value) is not None for _, value in group)
-                                        for group in _SimtTiles(plan, TILE_K, 2).copies(b, b.k_outer))
-    tiles = _SimtTiles(plan, ASYNC_TILE_K, SIMT_STAGES) if asynchronous and b.k_size >= ASYNC_TILE_K else \
-        _SimtTiles(plan, TILE_K, 2)
-    b = _block(plan, tiles.tile_k, tiles.tile_k, threads) if tiles.tile_k != TILE_K else b
+                                        for group in tiles.copies(b, b.k_outer))
+    if not asynchronous:  # through registers: TILE_K a step, double-buffered
+        b = _block(plan, TILE_K, TILE_K, threads) if tiles.tile_k != TILE_K else b
+        tiles = _SimtTiles(plan, TILE_K, 2)
     dt = b.dt
     smem = UOp(Ops.DEFINE_LOCAL, plan.reduce.dtype, (), (0, tiles.size))
     if asynchronous:

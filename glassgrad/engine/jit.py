@@ -419,7 +419,8 @@ class _Capture:
         # buffers made before the capture that the kernels only read (weights, a dataset, a closure's tensor), with
         # the tensors holding them: when all of those are gone, the value is elsewhere now (see _check_outside_reads)
         outside = [b for b in self.state_buffers if b.serial < first_serial and b not in inplace]
-        self.outside_reads = [(b, refs) for b in outside if (refs := _tensors_viewing([b]).get(id(b)))]
+        viewing = _tensors_viewing(outside)  # (one scan of the live objects for all of them)
+        self.outside_reads = [(b, viewing[id(b)]) for b in outside if id(b) in viewing]
         if DEBUG >= 1:
             copies = sum(isinstance(s, _Copy) for s in self.steps)
             print(f"TinyJit: captured {self.kernel_count} kernels ({len(self.graphs)} graphs), {copies} copies, "
