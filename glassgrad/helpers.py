@@ -72,13 +72,16 @@ TRAINING = ContextVar("TRAINING", 0)
 # the scheduler recomputes inside the kernels that reduce over them (`schedule._chained`). 1: everywhere, 0: never,
 # -1 (default): where a GPU renders those kernels on its tensor cores (codegen/gpudims.py, "chained")
 FLASH_ATTENTION = ContextVar("FLASH_ATTENTION", -1)
+# half/bfloat16 tensor-core tiles on Hopper (sm_90) as warpgroup MMAs (wgmma, compiled for sm_90a) instead of mma.sync;
+# WGMMA=0 keeps mma.sync (to compare them)
+WGMMA = ContextVar("WGMMA", 1)
 
 
 def kernel_flags() -> tuple[int, ...]:
     """The flags that change the kernel codegen builds for an AST (read when the kernel is built): part of the key
     of every cache of built kernels (engine/realize.py's, BEAM's, the JIT's captures), so that switching one never
     reuses a kernel built under the other setting. The compile cache is keyed by the source, which they change."""
-    return (int(ALLOW_TF32),)
+    return (int(ALLOW_TF32), int(WGMMA))
 
 # tinygrad's flags that glassgrad has under another name: tinygrad's name -> (glassgrad's, value conversion)
 FLAG_ALIASES: dict[str, tuple[str, Callable[[int], int]]] = {

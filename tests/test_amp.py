@@ -433,7 +433,7 @@ def test_bf16_train_step_cuda_kernels(nvrtc: Any) -> None:
     for spec in specs:
         binary = nvrtc.compile_cached(spec.source)
         assert binary.startswith(b"\x7fELF"), spec.name
-    mma = {s.name for s in specs if "mma.sync" in s.source}
+    mma = {s.name for s in specs if "mma.sync" in s.source or "wgmma.mma_async" in s.source}
     d, v, rows = cfg.n_embd, cfg.vocab_size, b * t
     linears = [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d), (v, d)]  # (out, in): c_attn, c_proj, c_fc, proj, head
     expected = {f"r_{rows}_{n}_{k}" for n, k in linears[1:]} | {f"r_{rows}_{k}_{n}" for n, k in linears} | \

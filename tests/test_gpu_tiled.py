@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from test_schedule import _loop_size, check_access, eval_index
 
-from glassgrad import Tensor, dtypes
+from glassgrad import Context, Tensor, dtypes
 from glassgrad.codegen import ProgramSpec
 from glassgrad.codegen.gpudims import narrow_indices
 from glassgrad.kernels import kernels
@@ -60,8 +60,10 @@ NOT_TILED: dict[str, Callable[[], Tensor]] = {
 }
 
 
-def cuda_kernels(make: Callable[[], Tensor]) -> list[ProgramSpec]:
-    return kernels(make(), device="CUDA")
+def cuda_kernels(make: Callable[[], Tensor], arch: str = "sm_80") -> list[ProgramSpec]:
+    """The kernels rendered for an sm_80 GPU (mma.sync tensor cores, cp.async) unless `arch` says otherwise: sm_90
+    multiplies half tiles with warpgroup MMAs instead (the wgmma tests below)."""
+    return kernels(make(), device="CUDA", arch=arch)
 
 
 def shared_buffer(u: UOp) -> UOp:
@@ -79,7 +81,7 @@ def is_tiled(spec: ProgramSpec) -> bool:
 def test_matmul_shaped_kernels_are_tiled(name: str) -> None:
     specs = cuda_kernels(TILED[name])
     assert is_tiled(specs[-1]), specs[-1].source
-    assert "__syncthreads();" in specs[-1].source and "__shared__ __align__(16)" in specs[-1].source
+    assert "__syncthreads();" in specs[-1].source and "__shared__ __align__(" in specs[-1].source
 
 
 @pytest.mark.parametrize("name", NOT_TILED)
@@ -170,7 +172,7 @@ def test_half_matmuls_with_whole_tiles_use_tensor_cores() -> None:
     from glassgrad.codegen import get_program
     from glassgrad.renderer.cuda import CUDARenderer
     ast = create_schedule([matmul(256, 64, 384, F16)().uop])[0][-1].ast
-    spec = get_program(ast, CUDARenderer("sm_90"))
+    spec = get_program(ast, CUDARenderer("sm_80"))
     ops = [u.op for u in spec.uops]
     assert ops.count(Ops.WMMA) == 32 and ops.count(Ops.FRAGMENT) == 8 and ops.count(Ops.GEP) == 128
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in spec.source and "ldmatrix" in spec.source
@@ -285,6 +287,72 @@ def test_tensor_core_outputs_stored_directly_otherwise(make: Callable[[], Tensor
     keep direct stores."""
     spec = cuda_kernels(make)[-1]
     assert "mma.sync" in spec.source and not any(u.op is Ops.COPY_OUT for u in spec.uops)
+
+
+@pytest.mark.parametrize("a_t,b_t", list(TRANSPOSED.values()), ids=list(TRANSPOSED))
+@pytest.mark.parametrize("m,n", [(256, 384), (64, 128), (128, 64), (64, 64)])
+def test_half_tiles_on_hopper_are_warpgroup_mmas(m: int, n: int, a_t: bool, b_t: bool) -> None:
+    """On sm_90 a half tile copied by cp.async is multiplied by warpgroup MMAs: per 64 rows of the tile one
+    m64nN wgmma over its whole width N, each side read by descriptor K-major ([position][k]) or M/N-major
+    ([k][position]) as its loads run; the copies' wait fences them for the async proxy, and each k step waits for
+    its MMAs before the next refills the tiles. WGMMA=0, or sm_80, keeps mma.sync."""
+    make = transposed_matmul(m, 64, n, a_t, b_t)
+    spec = cuda_kernels(make, arch="sm_90")[-1]
+    rows, cols = min(m, 128), min(n, 128)
+    mmas = [u for u in spec.uops if u.op is Ops.WMMA]
+    assert len(mmas) == rows // 64 and all(u.arg[:4] == ("wgmma", cols, a_t, not b_t) for u in mmas)
+    assert sum(u.op is Ops.GEP for u in spec.uops) == rows // 64 * cols // 2
+    assert f"wgmma.mma_async.sync.aligned.m64n{cols}k16.f32.f16.f16" in spec.source
+    assert "fence.proxy.async.shared::cta" in spec.source and "mma.sync" not in spec.source
+    waits, loop_ends = spec.source.index("wgmma.wait_group.sync.aligned 0"), spec.source.rindex("__syncthreads")
+    assert waits < loop_ends  # the MMAs are waited for before the outputs' barrier
+    with Context(WGMMA=0):
+        assert "mma.sync" in cuda_kernels(make, arch="sm_90")[-1].source
+    assert "wgmma" not in cuda_kernels(make, arch="sm_80")[-1].source
+
+
+def _hardware_address(start: int, pos: np.ndarray, k: np.ndarray, mode: int, leading: int, stride: int) -> np.ndarray:
+    """The shared-memory byte a warpgroup MMA reads for element (pos, k) of an operand whose descriptor starts at
+    byte `start` (PTX ISA, "matrix descriptor"; the layouts checked on an H200 by scratch probes): 8 x 16-byte core
+    matrices, then the swizzle's XOR of the 16-byte chunk bits with the row bits above them."""
+    if mode == 2:  # K-major, 64-byte swizzle: rows of 64 bytes, 8-row groups `stride` apart
+        x = start + (pos // 8) * stride + (pos % 8) * 64 + (k // 8) * 16 + (k % 8) * 2
+        return x ^ (((x >> 7) & 3) << 4)
+    assert mode == 1  # M/N-major, 128-byte swizzle: 64 positions a row, 8-k groups `stride` apart, blocks `leading`
+    x = start + (pos // 64) * leading + (k // 8) * stride + (k % 8) * 128 + (pos % 64) * 2
+    return x ^ (((x >> 7) & 7) << 4)
+
+
+@pytest.mark.parametrize("k_major", [False, True])
+@pytest.mark.parametrize("width", [64, 128])
+def test_warpgroup_descriptors_read_what_the_copies_wrote(width: int, k_major: bool) -> None:
+    """For every element of both k16 halves of a tile, in every 64-row part (the rows side) or the whole width
+    (the columns side), the byte the hardware reads through the descriptor is the byte `_TileAt` put it at."""
+    from glassgrad.codegen.gpudims import WGMMA_ATOM, TensorCoreKind, _TileAt
+    i32 = dtypes.int32
+    kind = TensorCoreKind(F16, 32, 32)
+    at = _TileAt(kind, 3, UOp.const(i32, 2), (width, width), (k_major, k_major), atom=WGMMA_ATOM)
+    for side in (0, 1):
+        (_, mode, leading, stride), step = at.descriptor(side)
+        parts = range(0, width, 64) if side == 0 else [0]
+        extent = 64 if side == 0 else width
+        pos = UOp(Ops.RANGE, i32, (UOp.const(i32, extent),), (0, "global"))
+        k = UOp(Ops.RANGE, i32, (UOp.const(i32, 16),), (1, "global"))
+        for first in parts:
+            start = 2 * int(eval_index(at(side, UOp.const(i32, first), UOp.const(i32, 0)), {}, 0, {}))
+            for half in (0, 1):
+                index = at(side, pos + UOp.const(i32, first), k + UOp.const(i32, 16 * half))
+                ours = 2 * np.broadcast_to(eval_index(index, {pos: 0, k: 1}, 2, {}), (extent, 16))
+                theirs = _hardware_address(start + half * step, np.arange(extent)[:, None], np.arange(16)[None, :],
+                                           mode, leading, stride)
+                assert np.array_equal(ours, theirs), (side, first, half)
+
+
+def test_warpgroup_kernels_compile_for_sm_90a(nvrtc: Any) -> None:
+    """NVRTC builds a kernel with warpgroup MMAs for sm_90a (the CUDA compiler picks it from the source)."""
+    for a_t, b_t in TRANSPOSED.values():
+        source = cuda_kernels(transposed_matmul(128, 64, 192, a_t, b_t, dtypes.bfloat16), arch="sm_90")[-1].source
+        assert "wgmma.mma_async" in source and nvrtc.compile(source)[:4] == b"\x7fELF"
 
 
 @pytest.mark.parametrize("name", TILED)

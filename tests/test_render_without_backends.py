@@ -45,9 +45,11 @@ a, b = Tensor.rand(256, 256).cast(dtypes.half), Tensor.rand(256, 256).cast(dtype
 out = ((a @ b).float().relu() + 1).sum(axis=1)
 cuda = kernels(out, device="CUDA")
 assert cuda and all('extern "C" __global__' in k.source for k in cuda), [k.source for k in cuda]
-assert any("mma.sync" in k.source for k in cuda)  # sm_90 by default: tensor cores for the half matmul
+assert any("wgmma.mma_async" in k.source for k in cuda)  # sm_90 by default: warpgroup MMAs for the half matmul
+ampere = kernels(out, device="CUDA", arch="sm_80")
+assert any("mma.sync" in k.source for k in ampere) and not any("wgmma" in k.source for k in ampere)
 old = kernels(out, device="CUDA", arch="sm_75")
-assert old and not any("mma.sync" in k.source for k in old)
+assert old and not any("mma" in k.source for k in old)
 metal = kernels(out, device="METAL")
 assert metal and all("kernel void" in k.source and "metal_stdlib" in k.source for k in metal)
 blocked = [m for m in sys.modules if m.split(".")[0] in ("cuda", "Metal", "objc", "nvidia")

@@ -26,7 +26,7 @@ import glassgrad.codegen as codegen
 from glassgrad import Tensor, TinyJit, dtypes
 from glassgrad.codegen import get_program
 from glassgrad.engine import realize
-from glassgrad.helpers import ALLOW_TF32, Context, kernel_flags
+from glassgrad.helpers import ALLOW_TF32, WGMMA, Context, kernel_flags
 from glassgrad.kernels import kernels
 from glassgrad.renderer.cuda import CUDARenderer
 from glassgrad.schedule import ScheduleItem, create_schedule
@@ -56,8 +56,11 @@ def test_the_flag_is_glassgrads_and_off_by_default() -> None:
     if int(ALLOW_TF32):
         pytest.skip("ALLOW_TF32 is set in this environment")
     with Context(ALLOW_TF32=1):
-        assert kernel_flags() == (1,)
-    assert kernel_flags() == (0,)
+        assert kernel_flags()[0] == 1
+    assert kernel_flags()[0] == 0
+    default = kernel_flags()
+    with Context(WGMMA=1 - int(WGMMA)):  # the other flag that changes the kernels built: part of every cache's key
+        assert kernel_flags() != default
 
 
 @pytest.mark.parametrize("make", [matmul(256, 64, 256), matmul(1000, 77, 1023), conv(2, 16, 64, 12),

@@ -16,7 +16,7 @@ from glassgrad.codegen.opt.heuristic import hand_coded_optimizations
 from glassgrad.codegen.opt.kernel import Kernel
 from glassgrad.codegen.polyphase import polyphase
 from glassgrad.codegen.stage import stage_gated_loads, stage_row_values
-from glassgrad.helpers import ALLOW_TF32, NOOPT
+from glassgrad.helpers import ALLOW_TF32, NOOPT, WGMMA
 from glassgrad.renderer.cstyle import CStyleLanguage
 from glassgrad.schedule.indexing import kernel_name
 from glassgrad.uop.ops import Ops, UOp
@@ -136,7 +136,8 @@ def _get_program(ast: UOp, renderer: CStyleLanguage, opts: list[Opt] | None) -> 
     global_size: tuple[sint, ...]
     if renderer.has_local:  # GPUs: loops become threads and work-groups
         ast, global_size, local_size = gpu_dims(ast, kernel.local_order, tensor_cores=renderer.tensor_cores,
-                                                tf32=bool(ALLOW_TF32))
+                                                tf32=bool(ALLOW_TF32),
+                                                warpgroup=getattr(renderer, "warpgroup_mma", False) and bool(WGMMA))
     else:  # CPUs: the outermost loop is split across threads by the runtime
         ast = stage_row_values(stage_gated_loads(ast, upcast))
         global_ranges = sorted((r for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "global"),

@@ -72,14 +72,16 @@ _INDEX_OPS = frozenset({Ops.RANGE, Ops.CONST, Ops.SPECIAL, Ops.ADD, Ops.MUL, Ops
 
 
 def gpu_dims(ast: UOp, local_order: tuple[UOp, ...] = (), local_size: int = LOCAL_SIZE,
-             tensor_cores: bool = False, tf32: bool = False) -> tuple[UOp, Grid, Dims]:
+             tensor_cores: bool = False, tf32: bool = False, warpgroup: bool = False) -> tuple[UOp, Grid, Dims]:
     """`local_order`: the kernel's local ranges (from `Opt(LOCAL)`), outermost first. `tensor_cores`: the target
     has mma.sync (half/bfloat16 matmuls with whole tiles use them). `tf32`: float32 matmuls may use them too, on
-    factors rounded to TensorFloat-32 (ALLOW_TF32=1; ignored without tensor cores)."""
+    factors rounded to TensorFloat-32 (ALLOW_TF32=1; ignored without tensor cores). `warpgroup`: the target has
+    Hopper's warpgroup MMAs (wgmma), which tiled half/bfloat16 matmuls then use instead of mma.sync."""
     if any(u.op is Ops.RANGE and u.arg[1] in ("local", "group") for u in ast.toposort()):
         ast, global_size, local = _from_opts(ast, local_order)
     else:
-        ast, global_size, local = _launch_shape(ast, local_size, tensor_cores, tensor_cores and tf32)
+        ast, global_size, local = _launch_shape(ast, local_size, tensor_cores, tensor_cores and tf32,
+                                                tensor_cores and warpgroup)
     return narrow_indices(ast), global_size, local
 
 
@@ -104,7 +106,8 @@ def automatic_shape(ast: UOp, chained: bool = True) -> str:
     return "flat"
 
 
-def _launch_shape(ast: UOp, local_size: int, tensor_cores: bool, tf32: bool) -> tuple[UOp, Grid, Dims]:
+def _launch_shape(ast: UOp, local_size: int, tensor_cores: bool, tf32: bool,
+                  warpgroup: bool = False) -> tuple[UOp, Grid, Dims]:
     nodes = ast.toposort()
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
     reduces = [u for u in nodes if u.op is Ops.REDUCE]
@@ -115,7 +118,8 @@ def _launch_shape(ast: UOp, local_size: int, tensor_cores: bool, tf32: bool) -> 
             return chained_tiles(ast, cast("ChainPlan", chain_plan(ast, nodes, global_ranges, reduces)))
         shape = automatic_shape(ast, chained=False)
     if shape == "tiled":
-        return _tiled(ast, cast(MatmulPlan, matmul_plan(ast, nodes, global_ranges, reduces)), tensor_cores, tf32)
+        return _tiled(ast, cast(MatmulPlan, matmul_plan(ast, nodes, global_ranges, reduces)), tensor_cores, tf32,
+                      warpgroup)
     if shape == "rows":
         return _rows(ast, nodes, cast(tuple[list[UOp], list[UOp]], _row_split(global_ranges, reduces)), reduces,
                      local_size)
@@ -514,7 +518,8 @@ class _SimtTiles:
                 for side, (operand, tile, value) in enumerate(sides)]
 
 
-def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool, tf32: bool = False) -> tuple[UOp, Dims, Dims]:
+def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool, tf32: bool = False,
+           warpgroup: bool = False) -> tuple[UOp, Dims, Dims]:
     """Each block computes a TILE x TILE tile of outputs (NARROW_TILE along an axis shorter than MIN_SIDE: 64
     threads), each thread an 8 x 8 register tile of it (one REDUCE per output: the linearizer gives them one loop).
     Per k step the block copies both factors' tiles into shared memory, then every thread reads its 8 + 8 factors
@@ -525,7 +530,7 @@ def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool, tf32: bool = False) -
     TILE_K at a time, double-buffered (one barrier per step). Tiles past the end of an axis read zeros and store
     nothing."""
     if tensor_cores and (kind := _tensor_core_kind(plan, tf32)) is not None:
-        return _tensor_core_tiled(ast, plan, kind)
+        return _tensor_core_tiled(ast, plan, kind, warpgroup)
     row_tile, col_tile = plan.rows.tile, plan.cols.tile
     col_threads, threads = col_tile // PER_THREAD, row_tile // PER_THREAD * col_tile // PER_THREAD
     tiles = _SimtTiles(plan, ASYNC_TILE_K if _reduce_size(plan.reduce) >= ASYNC_TILE_K else TILE_K, SIMT_STAGES)
@@ -564,12 +569,13 @@ def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool, tf32: bool = False) -
 
 
 def _async_pipeline(smem: UOp, b: _Block, copies: Callable[[UOp], list[list[tuple[UOp, UOp]]]], stages: int,
-                    tile_k: int) -> UOp:
+                    tile_k: int, proxy_fence: bool = False) -> UOp:
     """The shared buffer as step `b.k_outer` reads it, filled by cp.async `stages` tiles deep: tiles 0..S-2 before
     the loop; in step k, wait for tile k, a barrier (tile k landed for every thread, and every thread is done with
     tile k-1, whose stage tile k+S-1 takes), then start tile k+S-1. `copies(k_tile)`: the (shared index, value)
     pairs of tile `k_tile` in its stage, in groups each copied in 16-byte runs or element by element
-    (`_async_copies`)."""
+    (`_async_copies`). `proxy_fence`: the tiles are read by warpgroup MMAs (the async proxy), so each thread's
+    wait also fences its copies for them."""
     dt = b.dt
     tiles = math.ceil(b.k_size / tile_k)
     committed = smem
@@ -577,7 +583,7 @@ def _async_pipeline(smem: UOp, b: _Block, copies: Callable[[UOp], list[list[tupl
         first = [c for group in copies(UOp.const(dt, t)) for c in _async_copies(committed, group, None)] \
             if t < tiles else []
         committed = UOp(Ops.ASYNC_COMMIT, smem.dtype, (committed, *first))
-    wait = UOp(Ops.ASYNC_WAIT, smem.dtype, (committed, b.k_outer), stages - 2)
+    wait = UOp(Ops.ASYNC_WAIT, smem.dtype, (committed, b.k_outer), (stages - 2, True) if proxy_fence else stages - 2)
     barrier = UOp(Ops.BARRIER, smem.dtype, (wait,))
     ahead = b.k_outer + UOp.const(dt, stages - 1)
     later = [c for group in copies(ahead) for c in _async_copies(barrier, group, ahead < UOp.const(dt, tiles))]
@@ -659,42 +665,60 @@ def _widened(value: UOp) -> bool:
     return value.op is Ops.CAST and value.src[0].dtype in (dtypes.float16, dtypes.bfloat16)
 
 
-def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp, UOp]) -> tuple[UOp, Dims, Dims]:
+def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp, UOp],
+                       warpgroup: bool = False) -> tuple[UOp, Dims, Dims]:
     """Like `_tiled`, but the 4 warps of a block each multiply a quarter of the tile on the tensor cores (64 x 64 of
     128 x 128; 64 x 32 of a tile 64 wide along the columns, as an attention head's): per mma k-step a warp loads its
     row and column fragments from shared memory (ldmatrix for halves, plain loads for tf32) and issues one mma.sync
     per 16 x 8 part of its quarter (4 x 8 of them for 64 x 64), each adding a 16 x 8 product into 4 float32
     accumulators per thread (one REDUCE per mma tile, whose value is a WMMA; GEP picks an accumulator for the output
     it holds). Plain contiguous factors are copied with cp.async, ASYNC_STAGES tiles deep; others through registers,
-    double-buffered."""
+    double-buffered. With `warpgroup` (Hopper) halves copied by cp.async are multiplied by warpgroup MMAs instead
+    (`_warpgroup_products`)."""
     kind, x, y = tc
     if not kind.tf32:  # whole tiles of 128 or 64 (tf32 tiles are TILE wide, with remainders)
         plan = replace(plan, rows=replace(plan.rows, fixed_tile=_tc_tile(plan.rows.size)),
                        cols=replace(plan.cols, fixed_tile=_tc_tile(plan.cols.size)))
     widths = (plan.rows.tile, plan.cols.tile)
     b = _block(plan, kind.tile_k, kind.tile_k // kind.mma_k, 32 * WARPS[0] * WARPS[1])
-    dt = b.dt
     layout = _TileAt(kind, 2, b.k_outer, widths, _tc_k_major(plan, kind, (x, y)))  # (stages and stage: set below)
     sample = _tc_copies(plan, b, layout, (x, y), b.k_outer)
     # cp.async: 16-byte runs, or (float32) one gathered element each, zero-filled where its gate is off
     asynchronous = _copy_runs(sample, kind.chunk) is not None or \
         (kind.tf32 and all(_gathered(value) is not None for _, value in sample))
+    warpgroup = warpgroup and asynchronous and not kind.tf32
+    if warpgroup:  # one warpgroup MMA step is the whole k tile (two k16 halves)
+        kind = replace(kind, mma_k=kind.tile_k)
+        b = _block(plan, kind.tile_k, 1, 32 * WARPS[0] * WARPS[1])
     stages = ASYNC_STAGES if asynchronous else 2
-    layout = replace(layout, stages=stages)
+    layout = replace(layout, kind=kind, stages=stages, atom=WGMMA_ATOM if warpgroup else 0)
     smem = UOp(Ops.DEFINE_LOCAL, x.dtype, (), (0, stages * sum(widths) * kind.tile_k))
     if not asynchronous:
         stores = [UOp(Ops.STORE, dtypes.void, (smem, i, v)) for i, v in _tc_copies(plan, b, layout, (x, y), b.k_outer)]
         reader = UOp(Ops.BARRIER, smem.dtype, (smem, *stores))
     else:
         reader = _async_pipeline(smem, b, lambda k_tile: [_tc_copies(plan, b, layout, (x, y), k_tile)], stages,
-                                 kind.tile_k)
+                                 kind.tile_k, proxy_fence=warpgroup)
+    at = replace(layout, stage=b.k_outer % UOp.const(b.dt, stages))
+    results = _warpgroup_products(reader, at, b) if warpgroup else _warp_products(reader, at, b)
+    unchanged = _output_unchanged(plan, b, [acc for acc, _, _ in results])
+    outputs = _staged_outputs(plan, b, smem, widths, results, unchanged) or \
+        [_output(plan, b, acc, b.row_tile * UOp.const(b.dt, widths[0]) + row,
+                 b.col_tile * UOp.const(b.dt, widths[1]) + col, unchanged) for acc, row, col in results]
+    sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
+    return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
+
+
+def _warp_products(reader: UOp, at: _TileAt, b: _Block) -> list[tuple[UOp, UOp, UOp]]:
+    """(accumulator, row, column in the tile) of every output of this thread: each warp's quarter of the tile as
+    mma.sync tiles of 16 x 8, fed by fragments read from the shared tiles."""
+    dt, kind = b.dt, at.kind
     warp, lane = b.lidx // UOp.const(dt, 32), b.lidx % UOp.const(dt, 32)
-    warp_row = (warp // UOp.const(dt, WARPS[1])) * UOp.const(dt, widths[0] // WARPS[0])
-    warp_col = (warp % UOp.const(dt, WARPS[1])) * UOp.const(dt, widths[1] // WARPS[1])
-    at = replace(layout, stage=b.k_outer % UOp.const(dt, stages))
+    warp_row = (warp // UOp.const(dt, WARPS[1])) * UOp.const(dt, at.widths[0] // WARPS[0])
+    warp_col = (warp % UOp.const(dt, WARPS[1])) * UOp.const(dt, at.widths[1] // WARPS[1])
     k0 = b.k_inner * UOp.const(dt, kind.mma_k)
     row_frags, col_frags = (_tf32_fragments if kind.tf32 else _half_fragments)(reader, at, warp_row, warp_col, lane, k0)
-    results: list[tuple[UOp, UOp, UOp]] = []  # (accumulator, row, column in the tile)
+    results: list[tuple[UOp, UOp, UOp]] = []
     for i in range(len(row_frags)):
         for j in range(at.n_tiles):
             # a half col fragment holds two 16 x 8 column tiles (WMMA's arg: which), a tf32 one a single tile
@@ -705,12 +729,36 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp
                 row = warp_row + UOp.const(dt, i * MMA_M + 8 * (e // 2)) + lane // UOp.const(dt, 4)
                 col = warp_col + UOp.const(dt, j * MMA_N + e % 2) + (lane % UOp.const(dt, 4)) * UOp.const(dt, 2)
                 results.append((UOp(Ops.GEP, dtypes.float32, (red,), e), row, col))
-    unchanged = _output_unchanged(plan, b, [acc for acc, _, _ in results])
-    outputs = _staged_outputs(plan, b, smem, widths, results, unchanged) or \
-        [_output(plan, b, acc, b.row_tile * UOp.const(dt, widths[0]) + row, b.col_tile * UOp.const(dt, widths[1]) + col,
-                 unchanged) for acc, row, col in results]
-    sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
-    return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
+    return results
+
+
+WGMMA_M = 64     # rows of one warpgroup MMA
+WGMMA_ATOM = 64  # positions per block of a [k][position] side read by warpgroup MMAs: 128 bytes, the swizzle's width
+
+
+def _warpgroup_products(reader: UOp, at: _TileAt, b: _Block) -> list[tuple[UOp, UOp, UOp]]:
+    """(accumulator, row, column in the tile) of every output of this thread when the block's 4 warps (one
+    warpgroup) multiply the shared tiles with wgmma: per 64 rows of the tile one m64nN MMA over the tile's whole
+    width N (128 or 64), k 32 a step (two k16 MMAs), reading both sides from shared memory by descriptor
+    (`_TileAt.descriptor`). Thread t of warp w holds N/2 accumulators; accumulator r is row 16w + t/4 (+8 for
+    r%4 >= 2), column 8(r/4) + 2(t%4) + r%2: per 8 columns, mma.sync's m16n8 layout."""
+    dt = b.dt
+    warp, lane = b.lidx // UOp.const(dt, 32), b.lidx % UOp.const(dt, 32)
+    zero = UOp.const(dt, 0)
+    (row_arg, row_step), (col_arg, col_step) = at.descriptor(0), at.descriptor(1)
+    col_desc = UOp(Ops.FRAGMENT, at.kind.dtype, (reader, at(1, zero, zero)), col_arg)
+    results: list[tuple[UOp, UOp, UOp]] = []
+    for half in range(at.widths[0] // WGMMA_M):
+        row_desc = UOp(Ops.FRAGMENT, at.kind.dtype, (reader, at(0, UOp.const(dt, half * WGMMA_M), zero)), row_arg)
+        mma = UOp(Ops.WMMA, dtypes.float32, (row_desc, col_desc),
+                  ("wgmma", at.widths[1], at.k_major[0], at.k_major[1], row_step, col_step))
+        red = UOp(Ops.REDUCE, dtypes.float32, (mma, b.k_outer, b.k_inner), Ops.ADD)
+        for r in range(at.widths[1] // 2):
+            row = UOp.const(dt, half * WGMMA_M + 8 * ((r % 4) // 2)) + warp * UOp.const(dt, 16) + \
+                lane // UOp.const(dt, 4)
+            col = UOp.const(dt, 8 * (r // 4) + r % 2) + (lane % UOp.const(dt, 4)) * UOp.const(dt, 2)
+            results.append((UOp(Ops.GEP, dtypes.float32, (red,), r), row, col))
+    return results
 
 
 Fragments = tuple[list[UOp], list[UOp]]
@@ -826,6 +874,7 @@ class _TileAt:
     stage: UOp
     widths: tuple[int, int]  # the tile's extent along rows and along columns
     k_major: tuple[bool, bool]  # each side stored [k][position] (else [position][k])
+    atom: int = 0  # a [k][position] side in blocks of this many positions, each [k][atom] (0: one block)
 
     @property
     def m_tiles(self) -> int:
@@ -837,9 +886,26 @@ class _TileAt:
         """8-column mma tiles in a warp's part of the tile."""
         return self.widths[1] // WARPS[1] // MMA_N
 
+    def descriptor(self, side: int) -> tuple[tuple[str, int, int, int], int]:
+        """A warpgroup MMA's view of one side (halves, k tiles of 32 = 64-byte rows): (FRAGMENT's "desc" arg, the
+        descriptor's step in bytes to k + 16). A [pos][k] side is K-major with the 64-byte swizzle (chunk ^
+        (pos/2)%4 is the hardware's XOR of address bits 4-5 with 7-8): 8 rows (512 bytes) between core matrices
+        along the positions, k + 16 32 bytes on. A [k][pos] side in blocks of 64 positions (`atom`) is M/N-major with
+        the 128-byte swizzle (chunk ^ k%8: bits 4-6 with 7-9): blocks tile_k x 128 bytes apart, 8 k rows (1024
+        bytes) between core matrices along k, k + 16 2048 bytes on."""
+        size = self.kind.dtype.itemsize
+        if self.k_major[side]:
+            return ("desc", 1, self.kind.tile_k * self.atom * size, 8 * self.atom * size), 16 * self.atom * size
+        return ("desc", 2, CHUNK_BYTES, 8 * self.kind.tile_k * size), 16 * size
+
     def __call__(self, side: int, pos: UOp, k: UOp) -> UOp:
         dt, chunk_size = pos.dtype, self.kind.chunk
-        row, col, width = (k, pos, self.widths[side]) if self.k_major[side] else (pos, k, self.kind.tile_k)
+        block = UOp.const(dt, 0)
+        if self.atom and self.k_major[side]:  # a block of `atom` positions: [k][atom], tile_k x atom apart
+            block = (pos // UOp.const(dt, self.atom)) * UOp.const(dt, self.kind.tile_k * self.atom)
+            pos = pos % UOp.const(dt, self.atom)
+        row, col, width = (k, pos, self.atom or self.widths[side]) if self.k_major[side] else \
+            (pos, k, self.kind.tile_k)
         if not self.k_major[side]:
             swizzle = (row // UOp.const(dt, 2)) % UOp.const(dt, 4)
         else:
@@ -847,7 +913,8 @@ class _TileAt:
         chunk = (col // UOp.const(dt, chunk_size)).alu(Ops.XOR, swizzle)
         tile = self.widths[side] * self.kind.tile_k
         base = UOp.const(dt, side * self.stages * self.widths[0] * self.kind.tile_k) + self.stage * UOp.const(dt, tile)
-        return base + row * UOp.const(dt, width) + chunk * UOp.const(dt, chunk_size) + col % UOp.const(dt, chunk_size)
+        return base + block + row * UOp.const(dt, width) + chunk * UOp.const(dt, chunk_size) + \
+            col % UOp.const(dt, chunk_size)
 
 
 def _tc_copies(plan: MatmulPlan, b: _Block, layout: _TileAt, values: tuple[UOp, UOp],

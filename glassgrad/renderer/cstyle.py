@@ -285,8 +285,18 @@ class CStyleLanguage:
             return lines + ([f"if ({name} >= {size}) return;"] if size % local else [])
         return [f"{dt} {name} = {self.group_id() if kind == 'bidx' else self.local_id()};"]
 
-    def render_fragment_acc(self, name: str) -> str:
+    def render_fragment_acc(self, name: str, size: int) -> str:
+        """`size` float32 accumulators of one thread's share of a tensor-core tile, zeroed."""
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
+
+    def render_descriptor(self, name: str, buf: str, index: str, arg: tuple) -> str:
+        """A warpgroup MMA's matrix descriptor `name` of the tile starting at element `index` of shared buffer `buf`
+        (FRAGMENT arg ("desc", swizzle mode, leading byte offset, stride byte offset))."""
+        raise NotImplementedError(f"{type(self).__name__} has no warpgroup MMAs")
+
+    def render_warpgroup_wait(self) -> str:
+        """Wait until this thread's warpgroup MMAs are done: their accumulators readable, their shared tiles free."""
+        raise NotImplementedError(f"{type(self).__name__} has no warpgroup MMAs")
 
     def render_fragment(self, name: str, buf: str, indices: list[str], kind: tuple[str, bool], dtype: DType) -> str:
         """A warp's fragment `name` from shared buffer `buf`: one index per lane (ldmatrix), or one per register."""
@@ -295,7 +305,10 @@ class CStyleLanguage:
     def render_packed_fragment(self, name: str, values: list[str], dtype: DType) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no tensor-core fragments")
 
-    def render_mma(self, acc: str, row_frag: str, col_frag: str, col_half: int, dtype: DType) -> str:
+    def render_mma(self, acc: str, row_frag: str, col_frag: str, arg: int | tuple, dtype: DType) -> str:
+        """`acc` += row fragment x column fragment: WMMA's arg is which half of a column fragment (mma.sync), or
+        ("wgmma", n, row side M-major, column side N-major, row step, column step) for a warpgroup MMA of
+        descriptors."""
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores")
 
     def render_async_copy(self, smem: str, index: str, buf: str, buf_index: str) -> str:
@@ -307,7 +320,7 @@ class CStyleLanguage:
     def render_async_commit(self) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
 
-    def render_async_wait(self, pending: int) -> str:
+    def render_async_wait(self, pending: int | tuple[int, bool]) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies")
 
     def render_group_reduce(self, u: UOp, args: list[str], smem: str, result: str) -> list[str]:
@@ -338,6 +351,7 @@ class CStyleLanguage:
         widened: set[UOp] = set()  # int32 index values held in 64-bit variables
         split_loops: dict[UOp, int] = {}  # SIMD lane loops written as several loops: where their lines start
         nan_flags: dict[UOp, tuple[UOp, str]] = {}  # a SIMD max's loop -> (its accumulator, its NaN flag's name)
+        warpgroup_pending = False  # warpgroup MMAs issued since the last wait
         nesting: dict[UOp, int] = {}  # inlined expressions: how many operations deep they are
 
         def new_name(prefix: str) -> str:
@@ -421,6 +435,9 @@ class CStyleLanguage:
                     line(f"for ({self.loop_var_type(u.dtype)} {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
                 depth += 1
             elif u.op is Ops.ENDRANGE:
+                if warpgroup_pending:  # a loop step's warpgroup MMAs end inside it: the next step refills their tiles
+                    line(self.render_warpgroup_wait())
+                    warpgroup_pending = False
                 depth -= 1
                 line("}")
                 for copy in stores_after.pop(u.src[0], []):
@@ -434,15 +451,20 @@ class CStyleLanguage:
                     body[start:] = _chunked_loop(body[start:], self.lane_chunks(u.src[0].src[0].arg))
             elif u.op is Ops.DEFINE_ACC and u.arg.src[0].op is Ops.WMMA:  # a warp's fragment of accumulators
                 names[u] = names[u.arg] = new_name("acc")
-                line(self.render_fragment_acc(names[u]))
+                mma_arg = u.arg.src[0].arg
+                line(self.render_fragment_acc(names[u], mma_arg[1] // 2 if isinstance(mma_arg, tuple) else 4))
             elif u.op is Ops.ACCUMULATE and u.src[1].op is Ops.WMMA:  # a chain of them: each adds into the fragment
                 chain = [u.src[1]]
                 while len(chain[-1].src) == 3:
                     chain.append(chain[-1].src[2])
                 for mma in reversed(chain):
                     line(self.render_mma(a[0], names[mma.src[0]], names[mma.src[1]], mma.arg, mma.src[0].dtype))
+                    warpgroup_pending = warpgroup_pending or isinstance(mma.arg, tuple)
             elif u.op is Ops.WMMA:
                 names[u] = ""  # rendered by its ACCUMULATE
+            elif u.op is Ops.FRAGMENT and u.arg[0] == "desc":  # a warpgroup MMA's shared tile, by address
+                names[u] = new_name("desc")
+                line(self.render_descriptor(names[u], a[0], a[1], u.arg))
             elif u.op is Ops.FRAGMENT and u.arg[0] == "pack":  # a row fragment from float values (its registers)
                 names[u] = new_name("frag")
                 line(self.render_packed_fragment(names[u], a, u.dtype))

@@ -58,6 +58,40 @@ __device__ __forceinline__ unsigned gg_pack_f16(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi); return *(unsigned*)&v;
 }"""
 _MMA_TYPES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
+
+# Hopper's warpgroup MMA (sm_90a): the 4 warps of a warpgroup multiply a 64 x k16 tile by a k16 x n tile, both read from
+# shared memory through 64-bit descriptors (the start address, the byte offsets between 8 x 16-byte core matrices
+# along the two axes, the swizzle mode), into n/2 float32 accumulators per thread (warp w holds rows 16w..16w+15,
+# laid out per 8 columns as mma.sync's m16n8 accumulators)
+_WGMMA_DESC = """\
+__device__ __forceinline__ unsigned long long gg_wgmma_desc(const void* p, unsigned leading, unsigned stride,
+                                                           unsigned mode) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  return (unsigned long long)((a & 0x3FFFF) >> 4) | ((unsigned long long)((leading & 0x3FFFF) >> 4) << 16) |
+         ((unsigned long long)((stride & 0x3FFFF) >> 4) << 32) | ((unsigned long long)mode << 62);
+}"""
+
+
+def _wgmma_name(n: int, t: str, trans_a: bool, trans_b: bool) -> str:
+    return f"gg_wgmma_n{n}_{t}_{int(trans_a)}{int(trans_b)}"
+
+
+def _wgmma_helper(n: str, t: str, trans_a: str, trans_b: str) -> str:
+    """`gg_wgmma_n{n}_{t}_{a}{b}(acc, a, b, step_a, step_b)`: acc += two m64n{n}k16 products (k 0-15 at the
+    descriptors, k 16-31 at the descriptors plus the steps, in 16-byte units), issued and committed, not waited for
+    (`render_warpgroup_wait`). a, b: whether the row side is M-major and the column side N-major (else K-major)."""
+    regs = int(n) // 2
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    acc = ",".join(f"%{i}" for i in range(regs))
+    mma = (f'"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{acc}}}, %{regs}, %{regs + 1}, 1, 1, 1, '
+           f'{trans_a}, {trans_b};"')
+    return f"""\
+__device__ __forceinline__ void {_wgmma_name(int(n), t, trans_a == "1", trans_b == "1")}(float* d, unsigned long long a,
+    unsigned long long b, unsigned step_a, unsigned step_b) {{
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  asm volatile({mma} : {outs} : "l"(a), "l"(b));
+  asm volatile({mma} : {outs} : "l"(a + step_a), "l"(b + step_b));
+}}"""
 # an atomic add of an 8- or 16-bit int: a compare-and-swap loop on the aligned 32-bit word holding it (the other
 # bytes written back as they were; CUDA allocations are 256-byte aligned, so the word is inside the allocation)
 _NARROW_ATOMIC_ADD = """\
@@ -105,6 +139,9 @@ class CUDARenderer(CStyleLanguage):
         self.arch = arch
         # mma.sync m16n8k16 (halves) and m16n8k8 (tf32, ALLOW_TF32=1), ldmatrix
         self.tensor_cores = int(arch.removeprefix("sm_").rstrip("a")) >= 80
+        # Hopper's warpgroup MMAs (wgmma: sm_90a, which only sm_90 GPUs run; codegen/gpudims.py uses them unless
+        # WGMMA=0)
+        self.warpgroup_mma = arch.removeprefix("sm_").rstrip("a") == "90"
 
     type_names = {**CStyleLanguage.type_names, dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
     abs_functions = {dtypes.float32: "fabsf", dtypes.float64: "fabs"}
@@ -122,8 +159,10 @@ class CUDARenderer(CStyleLanguage):
         return f"__align__(16) {self.render_dtype(dtype)} {name}[{size}];"
 
     def render_local_array(self, dtype: DType, name: str, size: int) -> str:
-        # 16-byte aligned: four neighbouring floats at a multiple of 4 then load as one 128-bit access
-        return f"__shared__ __align__(16) {self.render_dtype(dtype)} {name}[{size}];"
+        # 16-byte aligned: four neighbouring floats at a multiple of 4 then load as one 128-bit access; a tile buffer
+        # (4 KB or more) 1024-byte aligned: a warpgroup MMA's swizzle follows the address bits of its rows
+        align = 1024 if size * dtype.itemsize >= 4096 else 16
+        return f"__shared__ __align__({align}) {self.render_dtype(dtype)} {name}[{size}];"
 
     def render_param(self, u: UOp, writes: bool) -> str:
         return f"{'' if writes else 'const '}{self.render_dtype(u.dtype)}* __restrict__ data{u.arg}"
@@ -164,8 +203,18 @@ class CUDARenderer(CStyleLanguage):
             return f"atomicAdd((unsigned long long*)&{buf}[{index}], (unsigned long long)({value}));"
         return f"atomicAdd(&{buf}[{index}], {value});"
 
-    def render_fragment_acc(self, name: str) -> str:
-        return f"float {name}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};"
+    def render_fragment_acc(self, name: str, size: int) -> str:
+        if size == 4:
+            return f"float {name}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};"
+        return f"float {name}[{size}]; for (int i = 0; i < {size}; i++) {name}[i] = 0.0f;"
+
+    def render_descriptor(self, name: str, buf: str, index: str, arg: tuple) -> str:
+        _, mode, leading, stride = arg
+        return f"unsigned long long {name} = gg_wgmma_desc(&{buf}[{index}], {leading}, {stride}, {mode});"
+
+    def render_warpgroup_wait(self) -> str:
+        return 'asm volatile("wgmma.commit_group.sync.aligned;\\n wgmma.wait_group.sync.aligned 0;" ::: "memory");'
+
 
     def render_fragment(self, name: str, buf: str, indices: list[str], kind: tuple[str, bool], dtype: DType) -> str:
         if dtype == dtypes.float32:  # tf32: every register from its own shared element
@@ -180,10 +229,14 @@ class CUDARenderer(CStyleLanguage):
         regs = ", ".join(f"{pack}({values[2 * i]}, {values[2 * i + 1]})" for i in range(len(values) // 2))
         return f"unsigned {name}[{len(values) // 2}] = {{{regs}}};"
 
-    def render_mma(self, acc: str, row_frag: str, col_frag: str, col_half: int, dtype: DType) -> str:
+    def render_mma(self, acc: str, row_frag: str, col_frag: str, arg: int | tuple, dtype: DType) -> str:
+        if isinstance(arg, tuple):  # a warpgroup MMA: k 32 as two m64nNk16, the second at the descriptors' steps
+            _, n, trans_a, trans_b, step_a, step_b = arg
+            return (f"{_wgmma_name(n, _MMA_TYPES[dtype], trans_a, trans_b)}({acc}, {row_frag}, {col_frag}, "
+                    f"{step_a >> 4}, {step_b >> 4});")
         if dtype == dtypes.float32:
             return f"gg_mma_tf32({acc}, {row_frag}, {col_frag});"
-        return f"gg_mma_{_MMA_TYPES[dtype]}({acc}, {row_frag}, {col_frag} + {2 * col_half});"
+        return f"gg_mma_{_MMA_TYPES[dtype]}({acc}, {row_frag}, {col_frag} + {2 * arg});"
 
     def render_async_copy(self, smem: str, index: str, buf: str, buf_index: str) -> str:
         return f"gg_cp_async(&{smem}[{index}], &{buf}[{buf_index}]);"
@@ -214,8 +267,12 @@ class CUDARenderer(CStyleLanguage):
     def render_async_commit(self) -> str:
         return 'asm volatile("cp.async.commit_group;" ::: "memory");'
 
-    def render_async_wait(self, pending: int) -> str:
-        return f'asm volatile("cp.async.wait_group {pending};" ::: "memory");'
+    def render_async_wait(self, pending: int | tuple[int, bool]) -> str:
+        count, proxy_fence = pending if isinstance(pending, tuple) else (pending, False)
+        if proxy_fence:  # what cp.async wrote (the generic proxy) is next read by warpgroup MMAs (the async proxy)
+            return (f'asm volatile("cp.async.wait_group {count};\\n fence.proxy.async.shared::cta;" ::: '
+                    '"memory");')
+        return f'asm volatile("cp.async.wait_group {count};" ::: "memory");'
 
     def render_kernel(self, name: str, params: list[str], body: list[str], local_size: int = 1) -> str:
         text = "\n".join(body)
@@ -241,5 +298,9 @@ class CUDARenderer(CStyleLanguage):
         if "gg_tf32" in text:
             headers.append(_TF32_HELPERS)
         headers += [_MMA.format(name=t, t=t) for t in _MMA_TYPES.values() if f"gg_mma_{t}(" in text]
+        if "gg_wgmma_desc(" in text:
+            headers.append(_WGMMA_DESC)
+        headers += [_wgmma_helper(*key) for key in sorted(set(re.findall(r"gg_wgmma_n(\d+)_(\w+?)_(\d)(\d)\(",
+                                                                             text)))]
         return "\n".join([*headers, f'extern "C" __global__ void __launch_bounds__({local_size}) {name}('
                           f'{", ".join(params)}) {{', *body, "}", ""])

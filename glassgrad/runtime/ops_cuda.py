@@ -200,7 +200,7 @@ class CUDACompiler(Compiler):
     def compile(self, src: str) -> bytes:
         prog = check(nvrtc.nvrtcCreateProgram, src.encode(), b"kernel.cu", 0, [], [])
         try:
-            options = [o.encode() for o in self.options]
+            options = [o.encode() for o in self.options_for(src)]
             status, = nvrtc.nvrtcCompileProgram(prog, len(options), options)
             if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
                 raise CUDAError(f"NVRTC compile for {self.arch} failed:\n{self._log(prog)}\n--- source ---\n{src}",
@@ -210,6 +210,13 @@ class CUDACompiler(Compiler):
             return binary
         finally:
             check(nvrtc.nvrtcDestroyProgram, prog)
+
+    def options_for(self, src: str) -> list[str]:
+        """NVRTC's options for `src`: a kernel with warpgroup MMAs (wgmma) is built for sm_90a, the target that has
+        them (its CUBIN runs on sm_90 GPUs only, which is what rendered it)."""
+        if self.arch == "sm_90" and "wgmma." in src:
+            return [o.replace("sm_90", "sm_90a") if o.startswith("--gpu-architecture") else o for o in self.options]
+        return self.options
 
     @staticmethod
     def _log(prog: Any) -> str:
