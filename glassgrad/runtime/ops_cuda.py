@@ -401,5 +401,8 @@ def create_device(name: str) -> Compiled:
         raise ValueError(f"the CUDA backend's devices are 'CUDA', 'CUDA:1', ...; got {name!r}")
     ctx = open_context(int(index or 0))
     program = functools.partial(CUDAProgram, ctx=ctx)
-    return Compiled(name, CUDAAllocator(ctx), create_renderer(ctx.arch), CUDACompiler(ctx.arch), program,
-                    ctx.synchronize, graph=functools.partial(CUDAGraph, ctx))
+    renderer, compiler = create_renderer(ctx.arch), CUDACompiler(ctx.arch)
+    if nvrtc_version() < (12, 0):  # sm_90a (warpgroup MMAs) came with CUDA 12; an older NVRTC keeps mma.sync
+        renderer.warpgroup_mma = False
+    return Compiled(name, CUDAAllocator(ctx), renderer, compiler, program, ctx.synchronize,
+                    graph=functools.partial(CUDAGraph, ctx))
