@@ -2664,6 +2664,32 @@ def _with_lineage(u: UOp) -> UOp:
     return _lineage_and_order(u, False)[0]
 
 
+class LineageWatch:
+    """While a TinyJit captures a step: which buffer versions the lineage of views realized before the capture
+    reads (`_lineage_and_order` records them). A gradient through such a view (`h = (w * 2).realize()` made before
+    the step, then `(h * w).sum().backward()` in it) reaches w only while w is still at the version h was made
+    from; once w is assigned, an eager call no longer differentiates through h, and a replay of kernels captured
+    while it did would give other gradients. The JIT checks these versions before each replay."""
+
+    def __init__(self) -> None:
+        self.outside = set(LINEAGE.keys())  # the views realized before the capture (held only while it runs)
+        self.reads: set[tuple[Any, int]] = set()  # (Buffer, version)
+
+    def record(self, nodes: list[UOp]) -> None:
+        stack = [n for n in nodes if n.op in _LINEAGE_OPS and n in self.outside and n in LINEAGE]
+        seen: set[UOp] = set()
+        while stack:
+            for n in LINEAGE[stack.pop()].toposort():
+                if n.op is Ops.BUFFER:
+                    self.reads.add(n.arg)
+                elif n.op in _LINEAGE_OPS and n in LINEAGE and n not in seen:
+                    seen.add(n)
+                    stack.append(n)
+
+
+LINEAGE_WATCHES: list[LineageWatch] = []  # the TinyJit captures in progress (at most one)
+
+
 def _lineage_and_order(u: UOp, want_order: bool = True) -> tuple[UOp, list[UOp]]:
     """`_with_lineage(u)` and, with `want_order`, its toposort (the walk that found no lineage to substitute, when
     there was one: `backward` needs the graph's nodes too). Without `want_order` the list may be empty."""
@@ -2672,6 +2698,8 @@ def _lineage_and_order(u: UOp, want_order: bool = True) -> tuple[UOp, list[UOp]]
     nodes = u.toposort()
     if not any(n.op in _LINEAGE_OPS and n in LINEAGE for n in nodes):
         return u, nodes
+    for watch in LINEAGE_WATCHES:
+        watch.record(nodes)
     # an ASSIGN's target is where it writes, not a value: it stays the buffer, also where the graph reads it (the
     # same node). A state tensor written each step, `c.assign(c + 1)`, has lineage from its last write, which reads
     # the version this pending write will overwrite: substituting it would recompute the old value from contents

@@ -618,3 +618,48 @@ def test_state_updated_in_place_with_an_operator_inside_a_jit() -> None:
     expected = [sum(0.5 ** k for k in range(1, n + 1)) for n in range(1, 6)]
     np.testing.assert_allclose(run(False), expected, rtol=1e-6)
     np.testing.assert_allclose(run(True), expected, rtol=1e-6)
+
+
+def _step_through_outside_lineage() -> tuple[Tensor, Tensor, Callable[[], tuple[Tensor, Tensor]]]:
+    """A step that differentiates through h, made (and realized) before the step from w: the gradient reaches w
+    through h only while w is at the version h was computed from."""
+    w = Tensor([1.0, 2.0, 3.0], requires_grad=True).realize()
+    h = (w * 2).realize()
+
+    def step() -> tuple[Tensor, Tensor]:
+        w.grad = None
+        out = (w * 2).sum() + (h * w).sum()
+        out.backward()
+        assert w.grad is not None
+        return out.realize(), w.grad.realize()
+    return w, h, step
+
+
+def test_replay_through_an_outside_tensors_lineage_matches_eager_while_its_source_is_unchanged() -> None:
+    w, h, step = _step_through_outside_lineage()
+    jitted = TinyJit(step)
+    for _ in range(4):  # eager, capture, replays
+        loss, grad = jitted()
+        assert loss.item() == pytest.approx(float((2 * w.numpy()).sum() + (h.numpy() * w.numpy()).sum()))
+        np.testing.assert_allclose(grad.numpy(), 2 + h.numpy() + 2 * w.numpy())  # d/dw through h = 2w too
+        eager_loss, eager_grad = step()
+        np.testing.assert_allclose(grad.numpy(), eager_grad.numpy())
+
+
+def test_replay_through_an_outside_tensors_lineage_refuses_once_its_source_is_assigned() -> None:
+    """After w.assign an eager call no longer reaches w through h (its lineage reads w's old version): the captured
+    gradient kernels, which did, would give other numbers (2 + 4w instead of 2 + h). The replay raises instead."""
+    w, h, step = _step_through_outside_lineage()
+    jitted = TinyJit(step)
+    jitted()
+    jitted()  # captured
+    w.assign(w.detach() + 1).realize()
+    _, eager_grad = step()
+    np.testing.assert_allclose(eager_grad.numpy(), 2 + h.numpy())
+    with pytest.raises(JitError, match="assigned since"):
+        jitted()
+    detached = TinyJit(lambda: ((w * 2).sum() + (h.detach() * w).sum()).realize())
+    for _ in range(3):  # a detached h is a constant: nothing to check
+        out = detached()
+        w.assign(w.detach() + 1).realize()
+    assert np.isfinite(out.item())

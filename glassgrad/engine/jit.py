@@ -62,6 +62,8 @@ from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_vi
 from glassgrad.tensor import (
     ASSIGN_TARGETS,
     LINEAGE,
+    LINEAGE_WATCHES,
+    LineageWatch,
     Tensor,
     any_lazy_tensors,
     no_grad,
@@ -421,6 +423,7 @@ class _Capture:
         outside = [b for b in self.state_buffers if b.serial < first_serial and b not in inplace]
         viewing = _tensors_viewing(outside)  # (one scan of the live objects for all of them)
         self.outside_reads = [(b, viewing[id(b)]) for b in outside if id(b) in viewing]
+        self.lineage_reads: list[tuple[Buffer, int]] = []  # set by the capture (see `_check_lineage_reads`)
         if DEBUG >= 1:
             copies = sum(isinstance(s, _Copy) for s in self.steps)
             print(f"TinyJit: captured {self.kernel_count} kernels ({len(self.graphs)} graphs), {copies} copies, "
@@ -468,6 +471,7 @@ class _Capture:
 
     def replay(self, tensors: list[Tensor], inputs: list[Buffer], var_vals: dict[str, int]) -> Any:
         self._check_outside_reads()
+        self._check_lineage_reads()
         self._apply_pending_state()
         # lazy tensors built on what the replay overwrites keep their values: they are computed first
         if any_lazy_tensors():
@@ -487,6 +491,17 @@ class _Capture:
         if self.returned_inputs:
             return _with_tensors_swapped(self.ret, {k: tensors[i] for k, i in self.returned_inputs.items()})
         return self.ret
+
+    def _check_lineage_reads(self) -> None:
+        """The step differentiated through a tensor made before the capture, back to a buffer it was computed
+        from (`LineageWatch`). If that buffer was written since, an eager call would no longer reach it through
+        that tensor, so the captured gradient kernels are not the step any more: refuse rather than replay them."""
+        for buf, version in self.lineage_reads:
+            if buf.version != version:
+                raise JitError(f"the TinyJit step differentiates through a tensor made before its capture from a "
+                               f"buffer ({buf.size} x {buf.dtype.name}) that has been assigned since (version "
+                               f"{version} -> {buf.version}): a replay would not compute what the function now "
+                               "computes. Compute that tensor inside the jitted function, or .detach() it")
 
     def _check_outside_reads(self) -> None:
         """A buffer made before the capture, which the kernels read, and which no tensor holds any more: the program
@@ -622,11 +637,15 @@ class TinyJit(Generic[ReturnType]):
         items: list[ScheduleItem] = []
         hook = items.append
         realize.capture_hooks.append(hook)
+        watch = LineageWatch()
+        LINEAGE_WATCHES.append(watch)
         try:
             with REALIZED.isolated():
                 ret = self._run_eagerly(args, kwargs)
         finally:
             realize.capture_hooks.remove(hook)
+            LINEAGE_WATCHES.remove(watch)
+            watch.outside.clear()
         input_ids = {id(b) for b in inputs}
         for t in _returned_tensors(ret):
             if all(t is not i for i in input_tensors) and \
@@ -635,4 +654,6 @@ class TinyJit(Generic[ReturnType]):
                                "(x.contiguous()), since a replay does not recompute it")
         if not items:
             raise JitError(f"{self.fn.__name__} ran no kernels while being captured: nothing to replay")
-        return _Capture(items, inputs, ret, self.plan_memory, input_tensors, first_serial)
+        captured = _Capture(items, inputs, ret, self.plan_memory, input_tensors, first_serial)
+        captured.lineage_reads = [(buf, version) for buf, version in watch.reads if buf.version == version]
+        return captured
