@@ -72,6 +72,11 @@ TRAINING = ContextVar("TRAINING", 0)
 # the scheduler recomputes inside the kernels that reduce over them (`schedule._chained`). 1: everywhere, 0: never,
 # -1 (default): where a GPU renders those kernels on its tensor cores (codegen/gpudims.py, "chained")
 FLASH_ATTENTION = ContextVar("FLASH_ATTENTION", -1)
+# tinygrad's flags that only choose how tinygrad computes a result, not the result: FUSE_OPTIM (an optimiser's state in
+# one buffer; glassgrad's step is one schedule anyway, as its optimisers' `fused=`) and WINO (Winograd convolutions).
+# tinygrad's example programs set them for speed (beautiful_cifar.py, hlb_cifar10.py): accepted, with no effect here
+FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0)
+WINO = ContextVar("WINO", 0)
 
 
 def kernel_flags() -> tuple[int, ...]:
@@ -86,9 +91,9 @@ FLAG_ALIASES: dict[str, tuple[str, Callable[[int], int]]] = {
 }
 # tinygrad's flags (tinygrad/helpers.py) that mean nothing here: other backends, features glassgrad does not have
 TINYGRAD_ONLY_FLAGS = frozenset({
-    "IMAGE", "FLOAT16", "OPENPILOT_HACKS", "JIT_BATCH_SIZE", "WINO", "CAPTURING", "TRACEMETA", "NO_COLOR",
+    "IMAGE", "FLOAT16", "OPENPILOT_HACKS", "JIT_BATCH_SIZE", "CAPTURING", "TRACEMETA", "NO_COLOR",
     "TC", "TC_SELECT", "TC_OPT", "TRANSCENDENTAL", "NOLOCALS", "SPLIT_REDUCEOP", "LRU", "RING", "ALL2ALL",
-    "ALLREDUCE_CAST", "VALIDATE_WITH_CPU", "DISABLE_FAST_IDIV", "FUSE_OPTIM", "ALLOW_DEVICE_USAGE", "MAX_BUFFER_SIZE",
+    "ALLREDUCE_CAST", "VALIDATE_WITH_CPU", "DISABLE_FAST_IDIV", "ALLOW_DEVICE_USAGE", "MAX_BUFFER_SIZE",
     "MAX_KERNEL_BUFFERS", "EMULATED_DTYPES", "CAPTURE_PROCESS_REPLAY",
     "NUM_CPU_THREADS", "NULL_ALLOW_COPYOUT", "VIZ", "PARALLEL", "PROFILE", "SPEC", "CHECK_OOB", "PCONTIG",
     "DEBUG_RANGEIFY", "TUPLE_ORDER", "CCACHE", "USE_ATOMICS", "DISALLOW_BROADCAST",
