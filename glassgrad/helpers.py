@@ -274,3 +274,52 @@ class Timing(contextlib.ContextDecorator):
         elapsed = time.perf_counter_ns() - self.start
         if self.enabled:
             print(f"{self.prefix}{elapsed * 1e-6:6.2f} ms" + (self.on_exit(elapsed) if self.on_exit else ""))
+
+
+def _open_url(url: str, headers: dict[str, str]) -> Any:
+    """A readable response for `url` (tests replace this to serve bytes without a network)."""
+    import urllib.request
+    return urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "glassgrad", **headers}),
+                                  timeout=60)
+
+
+def fetch(url: str, name: str | os.PathLike[str] | None = None, subdir: str | None = None, gunzip: bool = False,
+          allow_caching: bool = True, headers: dict[str, str] | None = None,
+          sha256: str | None = None) -> pathlib.Path:
+    """tinygrad's download helper: the local path of `url`'s contents, downloaded once.
+
+    A `url` starting with "/" or "." is a local path and is returned as it is. Otherwise the file is kept in
+    `cache_dir()/downloads[/subdir]` under `name` (default: the MD5 of the URL; ".gunzip" appended when `gunzip`
+    decompresses it on the way), or at `name` itself when it is a path. A cached copy is reused unless
+    `allow_caching` is False or its SHA-256 is not `sha256`. The download goes to a temporary file renamed into
+    place only when it is complete (and matches `sha256`, else ValueError), so a failed one leaves nothing behind."""
+    import gzip
+    import hashlib
+    import tempfile
+    if url.startswith(("/", ".")):
+        return pathlib.Path(url)
+    if name is not None and (isinstance(name, os.PathLike) or "/" in name):
+        path = pathlib.Path(name)
+    else:
+        leaf = str(name) if name is not None else hashlib.md5(url.encode()).hexdigest()
+        path = cache_dir() / "downloads" / (subdir or "") / (leaf + (".gunzip" if gunzip else ""))
+    if path.is_file() and allow_caching and \
+            (sha256 is None or hashlib.sha256(path.read_bytes()).hexdigest() == sha256):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+        try:
+            with _open_url(url, headers or {}) as response:
+                source = gzip.GzipFile(fileobj=response) if gunzip else response
+                while chunk := source.read(1 << 16):
+                    digest.update(chunk)
+                    tmp.write(chunk)
+            tmp.close()
+            if sha256 is not None and digest.hexdigest() != sha256:
+                raise ValueError(f"fetch({url!r}): SHA-256 {digest.hexdigest()} is not the expected {sha256}")
+            os.replace(tmp.name, path)
+        finally:
+            if os.path.exists(tmp.name):
+                os.unlink(tmp.name)
+    return path

@@ -2,6 +2,9 @@
 a few lines and checked against numpy: the ones that failed or differed here, so they stay fixed."""
 from __future__ import annotations
 
+import pathlib
+from typing import Any
+
 import numpy as np
 import pytest
 from test_ops import DEVICE, rand
@@ -66,3 +69,34 @@ def test_speed_only_flags_are_accepted() -> None:
     with pytest.raises(KeyError, match="IMAGE"):
         with Context(IMAGE=2):
             pass
+
+
+def test_fetch_downloads_once_into_the_cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tinygrad's examples import `fetch` from helpers at the top (mamba.py, gpt2.py, llama.py): without it they
+    could not even run a model built with random weights. It downloads a URL once, gunzips on request, checks an
+    optional SHA-256 and leaves no partial file behind."""
+    import gzip
+    import hashlib
+    import io
+
+    from glassgrad import helpers
+    served: list[str] = []
+    payload = b"weights" * 1000
+
+    def serve(url: str, headers: dict[str, str]) -> io.BytesIO:
+        served.append(url)
+        return io.BytesIO(gzip.compress(payload) if url.endswith(".gz") else payload)
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    monkeypatch.setattr(helpers, "_open_url", serve)
+    path = helpers.fetch("https://example.invalid/model.bin")
+    assert path.read_bytes() == payload and path.parent == tmp_path / "downloads"
+    assert helpers.fetch("https://example.invalid/model.bin") == path and len(served) == 1  # cached
+    unzipped = helpers.fetch("https://example.invalid/data.gz", gunzip=True, subdir="sets")
+    assert unzipped.read_bytes() == payload and unzipped.name.endswith(".gunzip") and unzipped.parent.name == "sets"
+    good = hashlib.sha256(payload).hexdigest()
+    assert helpers.fetch("https://example.invalid/w", name="w.bin", sha256=good).read_bytes() == payload
+    with pytest.raises(ValueError, match="SHA-256"):
+        helpers.fetch("https://example.invalid/v", name="v.bin", sha256="0" * 64)
+    assert not (tmp_path / "downloads" / "v.bin").exists()
+    assert sorted(p.name for p in (tmp_path / "downloads").iterdir()) == sorted([path.name, "sets", "w.bin"])
+    assert helpers.fetch("./local/file.bin") == pathlib.Path("./local/file.bin")
