@@ -100,3 +100,12 @@ def test_fetch_downloads_once_into_the_cache(tmp_path: Any, monkeypatch: pytest.
     assert not (tmp_path / "downloads" / "v.bin").exists()
     assert sorted(p.name for p in (tmp_path / "downloads").iterdir()) == sorted([path.name, "sets", "w.bin"])
     assert helpers.fetch("./local/file.bin") == pathlib.Path("./local/file.bin")
+
+
+def test_global_counters_from_helpers() -> None:
+    """tinygrad keeps GlobalCounters in helpers (hlb_cifar10.py's extra/bench_log.py imports it from there)."""
+    from glassgrad import GlobalCounters as top
+    from glassgrad.helpers import GlobalCounters
+    assert GlobalCounters is top
+    with pytest.raises(ImportError):
+        from glassgrad.helpers import NotAHelper  # type: ignore[attr-defined]  # noqa: F401
