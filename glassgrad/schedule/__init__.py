@@ -11,6 +11,7 @@ What gets materialised (a kernel writes it to memory):
     softmax's max and sum live in the softmax kernel;
   * costly elementwise work (divisions, square roots, long chains) reached through an EXPAND: a convolution's
     backward reads its incoming gradient once per weight, which must not recompute BatchNorm's backward each time;
+    and a `cat` of computed values reached that way (each piece would be computed under index gates per repeat);
   * an elementwise value of many inputs that several kernels would each recompute (`_shared_values_to_store`: a
     residual stream, which every block reads).
 Everything else fuses into the kernel that consumes it: elementwise chains, movement ops (as index math on
