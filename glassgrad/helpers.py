@@ -75,6 +75,11 @@ FLASH_ATTENTION = ContextVar("FLASH_ATTENTION", -1)
 # half/bfloat16 tensor-core tiles on Hopper (sm_90) as warpgroup MMAs (wgmma, compiled for sm_90a) instead of mma.sync;
 # WGMMA=0 keeps mma.sync (to compare them)
 WGMMA = ContextVar("WGMMA", 1)
+# tinygrad's flags that only choose how tinygrad computes a result, not the result: FUSE_OPTIM (an optimiser's state in
+# one buffer; glassgrad's step is one schedule anyway, as its optimisers' `fused=`) and WINO (Winograd convolutions).
+# tinygrad's example programs set them for speed (beautiful_cifar.py, hlb_cifar10.py): accepted, with no effect here
+FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0)
+WINO = ContextVar("WINO", 0)
 
 
 def kernel_flags() -> tuple[int, ...]:
@@ -89,9 +94,9 @@ FLAG_ALIASES: dict[str, tuple[str, Callable[[int], int]]] = {
 }
 # tinygrad's flags (tinygrad/helpers.py) that mean nothing here: other backends, features glassgrad does not have
 TINYGRAD_ONLY_FLAGS = frozenset({
-    "IMAGE", "FLOAT16", "OPENPILOT_HACKS", "JIT_BATCH_SIZE", "WINO", "CAPTURING", "TRACEMETA", "NO_COLOR",
+    "IMAGE", "FLOAT16", "OPENPILOT_HACKS", "JIT_BATCH_SIZE", "CAPTURING", "TRACEMETA", "NO_COLOR",
     "TC", "TC_SELECT", "TC_OPT", "TRANSCENDENTAL", "NOLOCALS", "SPLIT_REDUCEOP", "LRU", "RING", "ALL2ALL",
-    "ALLREDUCE_CAST", "VALIDATE_WITH_CPU", "DISABLE_FAST_IDIV", "FUSE_OPTIM", "ALLOW_DEVICE_USAGE", "MAX_BUFFER_SIZE",
+    "ALLREDUCE_CAST", "VALIDATE_WITH_CPU", "DISABLE_FAST_IDIV", "ALLOW_DEVICE_USAGE", "MAX_BUFFER_SIZE",
     "MAX_KERNEL_BUFFERS", "EMULATED_DTYPES", "CAPTURE_PROCESS_REPLAY",
     "NUM_CPU_THREADS", "NULL_ALLOW_COPYOUT", "VIZ", "PARALLEL", "PROFILE", "SPEC", "CHECK_OOB", "PCONTIG",
     "DEBUG_RANGEIFY", "TUPLE_ORDER", "CCACHE", "USE_ATOMICS", "DISALLOW_BROADCAST",
@@ -272,3 +277,61 @@ class Timing(contextlib.ContextDecorator):
         elapsed = time.perf_counter_ns() - self.start
         if self.enabled:
             print(f"{self.prefix}{elapsed * 1e-6:6.2f} ms" + (self.on_exit(elapsed) if self.on_exit else ""))
+
+
+def _open_url(url: str, headers: dict[str, str]) -> Any:
+    """A readable response for `url` (tests replace this to serve bytes without a network)."""
+    import urllib.request
+    return urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "glassgrad", **headers}),
+                                  timeout=60)
+
+
+def fetch(url: str, name: str | os.PathLike[str] | None = None, subdir: str | None = None, gunzip: bool = False,
+          allow_caching: bool = True, headers: dict[str, str] | None = None,
+          sha256: str | None = None) -> pathlib.Path:
+    """tinygrad's download helper: the local path of `url`'s contents, downloaded once.
+
+    A `url` starting with "/" or "." is a local path and is returned as it is. Otherwise the file is kept in
+    `cache_dir()/downloads[/subdir]` under `name` (default: the MD5 of the URL; ".gunzip" appended when `gunzip`
+    decompresses it on the way), or at `name` itself when it is a path. A cached copy is reused unless
+    `allow_caching` is False or its SHA-256 is not `sha256`. The download goes to a temporary file renamed into
+    place only when it is complete (and matches `sha256`, else ValueError), so a failed one leaves nothing behind."""
+    import gzip
+    import hashlib
+    import tempfile
+    if url.startswith(("/", ".")):
+        return pathlib.Path(url)
+    if name is not None and (isinstance(name, os.PathLike) or "/" in name):
+        path = pathlib.Path(name)
+    else:
+        leaf = str(name) if name is not None else hashlib.md5(url.encode()).hexdigest()
+        path = cache_dir() / "downloads" / (subdir or "") / (leaf + (".gunzip" if gunzip else ""))
+    if path.is_file() and allow_caching and \
+            (sha256 is None or hashlib.sha256(path.read_bytes()).hexdigest() == sha256):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+        try:
+            with _open_url(url, headers or {}) as response:
+                source = gzip.GzipFile(fileobj=response) if gunzip else response
+                while chunk := source.read(1 << 16):
+                    digest.update(chunk)
+                    tmp.write(chunk)
+            tmp.close()
+            if sha256 is not None and digest.hexdigest() != sha256:
+                raise ValueError(f"fetch({url!r}): SHA-256 {digest.hexdigest()} is not the expected {sha256}")
+            os.replace(tmp.name, path)
+        finally:
+            if os.path.exists(tmp.name):
+                os.unlink(tmp.name)
+    return path
+
+
+def __getattr__(name: str) -> Any:
+    """`from glassgrad.helpers import GlobalCounters`, where tinygrad keeps it (its benchmarks and tests import it from
+    there); it lives in engine/realize.py, which imports this module, so it is looked up on first use."""
+    if name == "GlobalCounters":
+        from glassgrad.engine.realize import GlobalCounters
+        return GlobalCounters
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2716,8 +2716,22 @@ def _lineage_and_order(u: UOp, want_order: bool = True) -> tuple[UOp, list[UOp]]
 @functools.cache
 def _lineage_matcher() -> PatternMatcher:
     """The rewrite rules of `_with_lineage` (made once); ctx: the nodes not to replace (assign targets)."""
-    return PatternMatcher([(UPat(op, name="x"), lambda ctx, x: None if x in ctx else LINEAGE.get(x))
+    return PatternMatcher([(UPat(op, name="x"), lambda ctx, x: None if x in ctx else _lineage_of_view(x))
                            for op in _LINEAGE_OPS])
+
+
+def _lineage_of_view(view: UOp) -> UOp | None:
+    """The graph that computed a realized `view` (None if none is recorded), known to be realized at `view`.
+
+    Realizing recorded that in REALIZED already; but inside a TinyJit capture (`REALIZED.isolated()`) the entries
+    made before it are hidden, and the substituted graph would be recomputed from its sources, which may be gone
+    (a data set drawn with `Tensor.randn` read the generator's state, overwritten since). A substituted node stands
+    for the view, so it is loaded from there; the capture then reads that buffer as state, as it would have read
+    the view itself."""
+    node = LINEAGE.get(view)
+    if node is not None and REALIZED.get(node) is None:
+        REALIZED[node] = view
+    return node
 
 
 def _scalar_dtype(x: Scalar) -> DType:

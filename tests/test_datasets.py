@@ -29,6 +29,7 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     cache = tmp_path / "cache"
     monkeypatch.setenv("CACHEDIR", str(cache))
     monkeypatch.delenv("MNIST_DIR", raising=False)
+    monkeypatch.delenv("CIFAR_DIR", raising=False)
 
     def no_network(url: str) -> io.BytesIO:
         raise AssertionError(f"test tried to reach the network: {url}")
@@ -314,3 +315,74 @@ def test_mnist_takes_tinygrads_arguments(tmp_path: Path) -> None:
         mnist(str(tmp_path / "x"))
     with pytest.raises(NotImplementedError, match="Fashion-MNIST"):
         mnist(fashion=True)
+
+
+# ---------------------------------------------------------------------------------------------- CIFAR-10
+def fake_cifar(n: int, seed: int) -> bytes:
+    """`n` records of CIFAR-10's binary format: a label byte, then 3 x 32 x 32 image bytes."""
+    rng = np.random.default_rng(seed)
+    records = rng.integers(0, 256, size=(n, 3073), dtype=np.uint8)
+    records[:, 0] = np.arange(n) % 10
+    return records.tobytes()
+
+
+def fake_cifar_files() -> dict[str, bytes]:
+    return {**{f"data_batch_{i}.bin": fake_cifar(3, i) for i in range(1, 6)}, "test_batch.bin": fake_cifar(4, 9)}
+
+
+def write_cifar_archive(path: Path, files: dict[str, bytes]) -> bytes:
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"cifar-10-batches-bin/{name}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buf.getvalue())
+    return buf.getvalue()
+
+
+def check_cifar(got: tuple, files: dict[str, bytes]) -> None:  # type: ignore[type-arg]
+    x_train, y_train, x_test, y_test = (t.numpy() for t in got)
+    train = np.frombuffer(b"".join(files[f"data_batch_{i}.bin"] for i in range(1, 6)), np.uint8).reshape(-1, 3073)
+    test = np.frombuffer(files["test_batch.bin"], np.uint8).reshape(-1, 3073)
+    assert x_train.shape == (15, 3, 32, 32) and x_test.shape == (4, 3, 32, 32) and x_train.dtype == np.uint8
+    np.testing.assert_array_equal(x_train.reshape(15, -1), train[:, 1:])
+    np.testing.assert_array_equal(y_train, train[:, 0])
+    np.testing.assert_array_equal(x_test[2, 1], test[2, 1 + 1024:1 + 2048].reshape(32, 32))  # the green plane
+    np.testing.assert_array_equal(y_test, test[:, 0])
+
+
+def test_cifar_from_an_archive_or_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tinygrad's `nn.datasets.cifar()` (beautiful_cifar.py, hlb_cifar10.py): the binary version's batches, read
+    from the archive without unpacking it, or from the unpacked folder, here or in $CIFAR_DIR."""
+    files = fake_cifar_files()
+    write_cifar_archive(tmp_path / "a" / "cifar-10-binary.tar.gz", files)
+    check_cifar(datasets.cifar(directory=tmp_path / "a"), files)
+    folder = tmp_path / "b" / "cifar-10-batches-bin"
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    monkeypatch.setenv("CIFAR_DIR", str(tmp_path / "b"))
+    check_cifar(datasets.cifar(), files)
+
+
+def test_cifar_download_and_bad_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path) -> None:
+    files = fake_cifar_files()
+    archive = write_cifar_archive(tmp_path / "served.tar.gz", files)
+    monkeypatch.setattr(datasets, "CIFAR_ARCHIVE", RemoteFile("cifar-10-binary.tar.gz", len(archive),
+                                                              hashlib.sha256(archive).hexdigest()))
+    with pytest.raises(RuntimeError, match="CIFAR-10 not found"):
+        datasets.cifar(download=False)
+    monkeypatch.setattr(datasets, "_urlopen", lambda url: io.BytesIO(archive))
+    check_cifar(datasets.cifar(), files)
+    assert (isolated_cache.parent / "cifar" / "cifar-10-binary.tar.gz").read_bytes() == archive
+    bad = dict(files, **{"test_batch.bin": files["test_batch.bin"][:-5]})
+    write_cifar_archive(tmp_path / "bad" / "cifar-10-binary.tar.gz", bad)
+    with pytest.raises(ValueError, match="whole number"):
+        datasets.cifar(directory=tmp_path / "bad")
+    (tmp_path / "cut" / "cifar-10-binary.tar.gz").parent.mkdir()
+    (tmp_path / "cut" / "cifar-10-binary.tar.gz").write_bytes(archive[:len(archive) // 2])
+    with pytest.raises(ValueError, match="not a complete CIFAR-10"):
+        datasets.cifar(directory=tmp_path / "cut")

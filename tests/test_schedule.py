@@ -1062,6 +1062,26 @@ def test_costly_elementwise_under_an_expand_is_materialised() -> None:
     assert count_kernels(cheap) == 1
 
 
+def test_a_cat_of_computed_halves_under_an_expand_is_stored() -> None:
+    """A rotary embedding (llama's, minrf's): each pair (a, b) rotated as (a*c - b*s, a*s + b*c), the two results
+    joined by `cat` and flattened, then read by q @ k^T through an EXPAND. Fused, every score recomputed both halves
+    under index gates and the kernel did not vectorise (0.3 GFLOP/s); the joined value gets its own kernel. A `cat`
+    of plain buffers, and cheap work without a `cat`, still fuse."""
+    rng = np.random.default_rng(0)
+    x, ang = rng.standard_normal((2, 32, 8, 2), np.float32), rng.standard_normal((32, 8, 1), np.float32)
+    tx, tc, ts = Tensor(x, device="CPU"), Tensor(np.cos(ang), device="CPU"), Tensor(np.sin(ang), device="CPU")
+    a, b = tx[..., 0:1], tx[..., 1:2]
+    q = (a * tc - b * ts).cat(a * ts + b * tc, dim=-1).reshape(2, 32, 16)
+    scores = q @ q.transpose(1, 2)
+    assert count_kernels(scores) == 2
+    xa, xb = x[..., 0:1], x[..., 1:2]
+    c, sn = np.cos(ang), np.sin(ang)
+    qn = np.concatenate([xa * c - xb * sn, xa * sn + xb * c], -1).reshape(2, 32, 16)
+    np.testing.assert_allclose(scores.numpy(), qn @ qn.transpose(0, 2, 1), rtol=1e-4, atol=1e-4)
+    plain = tx[..., 0:1].cat(tx[..., 1:2], dim=-1).reshape(2, 32, 16)
+    assert count_kernels(plain @ plain.transpose(1, 2)) == 1
+
+
 
 def test_a_residual_stream_read_by_every_block_is_stored() -> None:
     """A residual stream `x = x + f_l(x)` built lazily, where each block reduces x in a kernel of its own: block l's

