@@ -183,7 +183,9 @@ def _packed_channel_tile(k: Kernel, vector: tuple[int, int] | None) -> list[Opt]
         return reduce_size >= (MIN_PACKED_REDUCE_STORED if stored else MIN_PACKED_REDUCE)
     global_axes = k.axes_of("global")
     for width in CHANNEL_LANES:  # 8 lanes only where no axis takes 16 (24 channels: a 5x5 conv's, its weight gradient)
-        for axis in reversed(global_axes[1:]):  # packs made once for the whole reduction (a convolution's weight)
+        # packs made once for the whole reduction (a convolution's weight), the outermost axis last (still split in
+        # blocks for the threads: `x @ W` of 10 columns, its rows the lanes; MNIST's head 2.4 -> 0.07 ms)
+        for axis in reversed(global_axes):
             if long_enough(axis) and (lanes := _channel_lanes(k, axis, "whole", width)) is not None:
                 return lanes
         for axis in global_axes:  # packs remade at each step of the outer reduce loop, the outermost axis first
