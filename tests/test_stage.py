@@ -504,8 +504,8 @@ def test_channels_of_a_multiple_of_8_are_the_lanes_of_a_packed_tile(x_shape: tup
     """A conv whose output channels 16 does not divide but 8 does (24): its forward takes 8 channels as the lanes of
     a packed channel tile (the weight packed, output columns as rows) where it had the output columns, or the kernel
     width, as lanes (5x5 stride 2 3 -> 24 at 8x64x64, one thread: 2.5 -> 1.0 ms), and a strided one's weight
-    gradient 8 channels as lanes against the incoming gradient packed (5.1 -> 1.5 ms). Forward, input and weight gradients
-    match numpy's (and PyTorch's), batch 1 and odd sizes included."""
+    gradient 8 channels as lanes against the incoming gradient packed (5.1 -> 1.5 ms). Forward, input and weight
+    gradients match numpy's (and PyTorch's), batch 1 and odd sizes included."""
     from glassgrad.kernels import kernels
     rng = np.random.default_rng(33)
     x = rng.standard_normal(x_shape, dtype=np.float32)
