@@ -24,8 +24,9 @@ its loads were gated and staged for no reuse).
 Three other tile shapes come first where they fit (the first opt is always the tile's SIMD loop):
 
 * *packed channel lanes* (`_packed_channel_tile`): when the vector axis does not fill whole registers (a conv's
-  output row of 24, 20, 10, 8 or 6), 16 output channels are the lanes, their strided loads (the weight) are packed
-  by `codegen/stage.py`, and up to 24 rows of output columns go around them; failing a pack made once for the whole
+  output row of 24, 20, 10, 8 or 6), 16 output channels (8 where 16 divide no axis) are the lanes, their strided
+  loads (the weight) are packed by `codegen/stage.py`, and up to 24 rows of output columns go around them; failing a
+  pack made once for the whole
   reduction, one remade per image (a weight gradient's incoming gradient) with the window's taps and a few input
   channels as 8 or more rows;
 * *reduce lanes* (`_reduce_lane_tile`): when the vector axis has fewer than 8 lanes, or there is none, lanes along a
