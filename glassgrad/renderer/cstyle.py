@@ -238,7 +238,7 @@ class CStyleLanguage:
             return f"({a[0]} {'||' if op is Ops.ADD else '&&'} {a[1]})"
         return f"({a[0]} {symbols[op]} {a[1]})"
 
-    def render_copy_select(self, a: list[str], dtype: DType) -> str | None:
+    def render_copy_select(self, u: UOp, a: list[str]) -> str | None:
         """A select in a staging copy's loops, when the language writes it otherwise than `c ? x : y` (None: it
         does not)."""
         return None
@@ -541,7 +541,7 @@ class CStyleLanguage:
                     expr = self.render_cast(a[0], u.src[0].dtype, u.dtype)
                 elif u.op is Ops.BITCAST:
                     expr = self.render_bitcast(a[0], u.src[0].dtype, u.dtype)
-                elif u.op is Ops.WHERE and copying and (select := self.render_copy_select(a, u.dtype)) is not None:
+                elif u.op is Ops.WHERE and copying and (select := self.render_copy_select(u, a)) is not None:
                     expr = select
                 else:
                     expr = self.render_alu(u, a)
@@ -988,16 +988,19 @@ class ClangRenderer(CStyleLanguage):
     def render_fma(self, x: str, y: str, acc: str, dtype: DType) -> str:
         return f"GG_FMA{'F' if dtype == dtypes.float32 else ''}({x}, {y}, {acc})"
 
-    def render_copy_select(self, a: list[str], dtype: DType) -> str | None:
-        """A staging copy's float select is written as a select of bits by a mask (the same value, NaNs and signed
-        zeros included): gcc 12 does not vectorise `c ? 0 : g` with g invariant in the loop and c reading a masked
-        load (a ReLU's gradient times a pooled gradient, `x <= 0 ? 0 : g / 256`, over a padded input: "no vectype
-        for .MASK_LOAD"), and compiled the scalar loop it left with a branch, mispredicted on a ReLU's signs (a
-        stride-2 input gradient: 16 -> 6 ms). Bitwise, the copy is vectorised; and a copy left scalar (a gather) has
-        no branch."""
-        if dtype == dtypes.float32:
+    def render_copy_select(self, u: UOp, a: list[str]) -> str | None:
+        """A staging copy's float select of a value or zero (a ReLU's gradient, `x <= 0 ? 0 : g`) is written as a
+        select of bits by a mask (the same value, NaNs and signed zeros included): gcc 12 does not vectorise
+        `c ? 0 : g` with g invariant in the loop and c reading a masked load (a ReLU's gradient times a pooled
+        gradient, `x <= 0 ? 0 : g / 256`, over a padded input: "no vectype for .MASK_LOAD"), and compiled the scalar
+        loop it left with a branch, mispredicted on a ReLU's signs (a stride-2 input gradient: 16 -> 6 ms). Bitwise,
+        the copy is vectorised, and a copy left scalar (a gather) has no branch. Other selects stay `c ? x : y` (a
+        causal mask's `-inf` under an `exp2f` of a row's values: gcc vectorised the call only with the ternary)."""
+        if not any(s.op is Ops.CONST and s.arg == 0 for s in u.src[1:]):
+            return None
+        if u.dtype == dtypes.float32:
             return f"gg_selectf({a[0]}, {a[1]}, {a[2]})"
-        return f"gg_select({a[0]}, {a[1]}, {a[2]})" if dtype == dtypes.float64 else None
+        return f"gg_select({a[0]}, {a[1]}, {a[2]})" if u.dtype == dtypes.float64 else None
 
     def loop_var_type(self, dtype: DType) -> str:
         return "long long"  # index values fit the AST's dtype; 64-bit loop variables give gcc simpler addressing
