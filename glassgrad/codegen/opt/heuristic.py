@@ -11,7 +11,7 @@ In: a `Kernel`. Out: a list of `Opt`s (`NOOPT=1` skips this: no opts at all). Fo
    loads `codegen/stage.py` will copy for its whole reduction (a padded conv) and whose vector fills whole registers
    gets up to 16 rows (8 on AVX2: `RegisterBudget`), and the blocks of its blocking axis innermost: one copy then
    serves all of them (from the outermost position too, when the innermost axis keeps 8 blocks for the threads: a
-   matmul's padded columns).
+   matmul's padded columns; else past every axis when the next one does: a batch-1 conv's output rows).
 
 *Odd sizes*: where no vector width (16, 8, 4) divides the vector axis (1023, 77), or no row count divides the
 blocking axis (513), the axis is first padded (`PADTO`) to a multiple of the first width or row count whose padding
