@@ -142,9 +142,10 @@ def test_lane_chunks(size: int, chunks: list[int]) -> None:
 
 def test_lane_loop_of_20_is_written_as_16_and_4() -> None:
     """A 5x5 conv with 20 output columns (MNIST's second conv): the lane loop of the tile, and of the stores, is a
-    loop over lanes 0-15 then one over 16-19 (gcc made a scalar loop of the last 4, accumulators in memory)."""
+    loop over lanes 0-15 then one over 16-19 (gcc made a scalar loop of the last 4, accumulators in memory). Four
+    output channels: with 8 or a multiple of 8 they would be the lanes of a packed channel tile instead."""
     rng = np.random.default_rng(1)
-    x, w = rng.standard_normal((2, 3, 24, 24), dtype=np.float32), rng.standard_normal((8, 3, 5, 5), dtype=np.float32)
+    x, w = rng.standard_normal((2, 3, 24, 24), dtype=np.float32), rng.standard_normal((4, 3, 5, 5), dtype=np.float32)
     out = Tensor(x).conv2d(Tensor(w))
     source = get_program(create_schedule([out.uop])[0][-1].ast, CPU.renderer).source
     assert len(re.findall(r"for \(long long (ridx\d+) = 0; \1 < 16; \1\+\+\)", source)) == 2
@@ -175,17 +176,19 @@ def test_partly_filled_vector_gives_packed_channel_lanes() -> None:
 
 
 def conv_input_gradient_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, g: np.ndarray,
-                                  padding: int) -> np.ndarray:
-    """d/dx of sum(g * relu(conv2d(x, w, padding) + b)), by scattering each tap's products back to the input."""
-    pre = conv_reference(x, w, padding) + b[None, :, None, None]
+                                  padding: int, stride: int = 1) -> np.ndarray:
+    """d/dx of sum(g * relu(conv2d(x, w, padding, stride) + b)), by scattering each tap's products back to the
+    input (`g` selected where the ReLU passes, so an inf where it does not is not multiplied by 0)."""
+    pre = conv_reference(x, w, padding, stride) + b[None, :, None, None]
     upstream = np.where(pre > 0, g, 0).astype(np.float64)
     n, cin, h, wd = x.shape
     _, _, kh, kw = w.shape
     _, _, oh, ow = upstream.shape
-    grad = np.zeros((n, cin, h + 2 * padding, wd + 2 * padding))
+    grad = np.zeros((n, cin, h + 2 * padding + stride, wd + 2 * padding + stride))
     for i in range(kh):
         for j in range(kw):
-            grad[:, :, i:i + oh, j:j + ow] += np.einsum("nohw,oc->nchw", upstream, w[:, :, i, j])
+            grad[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride] += \
+                np.einsum("nohw,oc->nchw", upstream, w[:, :, i, j])
     return grad[:, :, padding:padding + h, padding:padding + wd].astype(np.float32)
 
 
@@ -351,12 +354,18 @@ def test_input_gradient_of_a_summed_relu_conv_has_no_gate_in_its_tile(x_shape: t
 def test_a_stride_2_convolution_gets_rows_of_output_channels() -> None:
     """A first layer (3 input channels, stride 2): no output axis is read contiguously, so the lanes are 16 output
     columns read with a stride of 2 (111 padded to 112), and 8 output channels are the rows that share each gathered
-    vector of the input (it had no opts at all: 12.4 -> 3.4 ms at 3x224x224 -> 32). Values as numpy's."""
+    vector of the input (it had no opts at all: 12.4 -> 3.4 ms at 3x224x224 -> 32). The 7 column blocks are too few
+    for the threads' loop, so the 4 channel blocks move innermost past both other axes (one copy of the input's
+    columns for all of them), the 111 output rows becoming the threads' loop. Values as numpy's."""
     rng = np.random.default_rng(8)
     x, w = rng.standard_normal((1, 3, 224, 224), dtype=np.float32), rng.standard_normal((32, 3, 3, 3), dtype=np.float32)
     ast = conv_ast(x.shape, w.shape, stride=2)
-    assert hand_coded_optimizations(Kernel(ast, CPU.renderer)) == \
-        [Opt(OptOps.PADTO, 2, 16), Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.UPCAST, 0, 8)]
+    opts = hand_coded_optimizations(Kernel(ast, CPU.renderer))
+    assert opts == [Opt(OptOps.PADTO, 2, 16), Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.UPCAST, 0, 8),
+                    Opt(OptOps.SWAP, 0, 1), Opt(OptOps.SWAP, 1, 2)]
+    source = get_program(ast, CPU.renderer, opts).source
+    assert re.search(r"for \(long long ridx\d+ = start; ridx\d+ < end; ridx\d+\+\+\) \{\n\s*long long alu\d+ = "
+                     r"\(ridx\d+ \* 448\)", source), source  # the threads' loop: the output rows (2 * 224 a row)
     _heuristic_agrees_with_unoptimised(ast)
     np.testing.assert_allclose(Tensor(x).conv2d(Tensor(w), stride=2).numpy(), conv_reference(x, w, 0, stride=2),
                                rtol=1e-4, atol=1e-4)
@@ -408,3 +417,147 @@ def test_packed_tile_pads_a_prime_row_count() -> None:
     assert Opt(OptOps.PADTO, 3, 9) in avx2 and Opt(OptOps.UPCAST, 3, 9) in avx2, avx2
     assert Opt(OptOps.UPCAST, 3, 0) in hand_coded_optimizations(Kernel(ast, AVX512))
     _heuristic_agrees_with_unoptimised(ast, AVX2)
+
+
+# ---------------------------------------------------------------------------- convolutions of untuned shapes (stop 31)
+
+def weight_gradient_reference(x: np.ndarray, g: np.ndarray, kernel: int, padding: int, stride: int) -> np.ndarray:
+    """d/dw of sum(g * conv2d(x, w, padding, stride)): each tap's window of x against g, summed over the batch."""
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    windows = np.lib.stride_tricks.sliding_window_view(xp, (kernel, kernel), axis=(2, 3))[:, :, ::stride, ::stride]
+    oh, ow = g.shape[2:]
+    return np.einsum("boyx,bcyxij->ocij", g.astype(np.float64), windows[:, :, :oh, :ow]).astype(np.float32)
+
+
+def copy_loops(source: str) -> list[tuple[str, str]]:
+    """(loop variable, body) of each staging copy's innermost loop: an `omp simd` loop that stores to a buffer."""
+    loops = re.finditer(r"#pragma omp simd\n\s*for \(long long (ridx\d+) = 0; \1 < \d+; \1\+\+\) \{\n(.*?)\n\s*\}",
+                        source, re.S)
+    return [(m.group(1), m.group(2)) for m in loops if re.search(r"smem\d+\[[^\]]*\] = ", m.group(2))]
+
+
+def test_a_transposing_pack_copies_along_the_rows_it_reads() -> None:
+    """The weight gradient of a stride-2 conv over 16x16 outputs (a small CNN's third conv) packs the incoming
+    gradient `g[b, co, y, x]` one image at a time with the output channels contiguous: a transpose. Its innermost
+    copy loop runs along x, which the loads read contiguously (the stores land 16 apart), not along the channels
+    (loads 256 apart: gcc 12 left that loop scalar, with a mispredicted branch for the ReLU's mask, 27 -> 7 ms on
+    one thread). Every staging copy of the step whose loads run contiguously along some copy loop of 8 or more reads
+    them so in its innermost loop; the gradients match numpy's (and PyTorch's)."""
+    from glassgrad.kernels import kernels
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((8, 16, 32, 32), dtype=np.float32)
+    w = (rng.standard_normal((32, 16, 3, 3), dtype=np.float32) * 0.1).astype(np.float32)
+    tw = Tensor(w, requires_grad=True)
+    Tensor(x).relu().conv2d(tw, stride=2, padding=1).relu().mean((2, 3)).sum().backward()
+    assert tw.grad is not None
+    spec = next(s for s in kernels(tw.grad, device="CPU") if s.name.startswith("r_32_16_3_3"))
+    pack = [(lane, body) for lane, body in copy_loops(spec.source) if re.search(rf"{lane} \* 256", body) or
+            re.search(rf"smem\d+\[[^\]]*\({lane} \* 16\)", body)]
+    assert pack, spec.source  # the gradient's pack: its channels 256 apart in g, 16 apart in the buffer
+    for lane, body in pack:
+        loads = re.findall(r"data\d+\[([^;]*)\];", body)
+        assert loads and all(f"{lane} *" not in index for index in loads), body  # read along the lane loop
+    y = conv_reference(np.maximum(x, 0), w, 1, 2)
+    g = (y > 0).astype(np.float32) / np.float32(16 * 16)
+    expected = weight_gradient_reference(np.maximum(x, 0), g, 3, 1, 2)
+    np.testing.assert_allclose(tw.grad.numpy(), expected, rtol=1e-4, atol=1e-5)
+    if torch is not None:
+        t = torch.from_numpy(w).requires_grad_()
+        torch.nn.functional.conv2d(torch.from_numpy(x).relu(), t, stride=2, padding=1).relu().mean((2, 3)).sum() \
+            .backward()
+        assert t.grad is not None
+        np.testing.assert_allclose(tw.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("x_shape, cout, stride", [((2, 8, 16, 16), 16, 2), ((3, 4, 10, 9), 24, 2),
+                                                   ((2, 6, 13, 11), 16, 1)])
+def test_a_staged_select_is_bitwise_and_keeps_its_zeros(x_shape: tuple[int, ...], cout: int, stride: int) -> None:
+    """The input gradient of `(conv(x).relu() * g).sum()` stages the ReLU's gradient `y <= 0 ? 0 : g` over the padded
+    input; in the copy the select is written on the float's bits (`gg_selectf`: gcc 12 vectorises it where it left
+    `c ? 0 : g` scalar, with a branch, whenever c read a masked load and g stayed put along the loop: 16 -> 6 ms for
+    a stride-2 input gradient). It is still a select: where the ReLU does not pass, an infinite g gives 0, not
+    0 * inf = NaN; the gradient is numpy's, odd sizes included."""
+    from glassgrad.kernels import kernels
+    rng = np.random.default_rng(32)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = (rng.standard_normal((cout, x_shape[1], 3, 3), dtype=np.float32) * 0.2).astype(np.float32)
+    pre = conv_reference(x, w, 1, stride)
+    g = np.where(pre > 0, rng.standard_normal(pre.shape, dtype=np.float32), np.float32(np.inf)).astype(np.float32)
+    tx = Tensor(x, requires_grad=True)
+    (tx.conv2d(Tensor(w), stride=stride, padding=1).relu() * Tensor(g)).sum().backward()
+    assert tx.grad is not None
+    assert any("gg_selectf(" in body for _, body in copy_loops(kernels(tx.grad, device="CPU")[-1].source))
+    out = tx.grad.numpy()
+    assert np.isfinite(out).all()
+    expected = conv_input_gradient_reference(x, w, np.zeros(cout, np.float32), g, 1, stride)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("x_shape, cout, kernel, stride, padding", [
+    ((8, 3, 20, 20), 24, 5, 2, 2),   # a first layer of 24 channels (5x5, stride 2)
+    ((1, 3, 13, 17), 24, 5, 2, 2),   # batch 1, odd sizes
+    ((2, 8, 11, 9), 8, 3, 1, 1),     # 8 channels
+    ((1, 8, 9, 15), 40, 3, 2, 0),    # 40 channels: 5 blocks of 8
+])
+def test_channels_of_a_multiple_of_8_are_the_lanes_of_a_packed_tile(x_shape: tuple[int, ...], cout: int,
+                                                                    kernel: int, stride: int, padding: int) -> None:
+    """A conv whose output channels 16 does not divide but 8 does (24): its forward takes 8 channels as the lanes of
+    a packed channel tile (the weight packed, output columns as rows) where it had the output columns, or the kernel
+    width, as lanes (5x5 stride 2 3 -> 24 at 8x64x64, one thread: 2.5 -> 1.0 ms), and a strided one's weight
+    gradient 8 channels as lanes against the incoming gradient packed (5.1 -> 1.5 ms). Forward, input and weight
+    gradients match numpy's (and PyTorch's), batch 1 and odd sizes included."""
+    from glassgrad.kernels import kernels
+    rng = np.random.default_rng(33)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = (rng.standard_normal((cout, x_shape[1], kernel, kernel), dtype=np.float32) * 0.2).astype(np.float32)
+    forward = hand_coded_optimizations(Kernel(conv_ast(x_shape, w.shape, stride=stride, padding=padding),
+                                              CPU.renderer))
+    lanes = 0 if cout == 8 else 8  # (8 channels: the axis whole)
+    assert forward[0] == Opt(OptOps.UPCAST, 0 if x_shape[0] == 1 else 1, lanes), forward  # (batch 1: no batch axis)
+    tx, tw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    out = tx.conv2d(tw, stride=stride, padding=padding)
+    g = rng.standard_normal(out.shape, dtype=np.float32)
+    (out * Tensor(g)).sum().backward()
+    assert tx.grad is not None and tw.grad is not None
+    if x_shape[0] > 1 and stride == 2:  # (a stride-1 one keeps lanes along its output rows: MNIST's tile)
+        weight_opts = kernels(tw.grad, device="CPU")[-1].opts
+        assert weight_opts[0] == Opt(OptOps.UPCAST, 0, lanes), weight_opts
+    np.testing.assert_allclose(out.numpy(), conv_reference(x, w, padding, stride), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(tw.grad.numpy(), weight_gradient_reference(x, g, kernel, padding, stride),
+                               rtol=1e-4, atol=1e-3)
+    if torch is not None:
+        tt, tv = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+        (torch.nn.functional.conv2d(tt, tv, stride=stride, padding=padding) * torch.from_numpy(g)).sum().backward()
+        assert tt.grad is not None and tv.grad is not None
+        np.testing.assert_allclose(tx.grad.numpy(), tt.grad.numpy(), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(tw.grad.numpy(), tv.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("x_shape, cout, stride", [((1, 3, 97, 61), 32, 2), ((1, 3, 225, 37), 16, 2),
+                                                   ((1, 1, 40, 131), 24, 3)])
+def test_batch_1_strided_convs_of_odd_sizes(x_shape: tuple[int, ...], cout: int, stride: int) -> None:
+    """Batch-1 strided first layers of odd sizes (the output rows the threads' loop when the column blocks are too
+    few, the channel blocks innermost): the heuristic's kernel computes what the unoptimised one does, and numpy's
+    convolution."""
+    rng = np.random.default_rng(34)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal((cout, x_shape[1], 3, 3), dtype=np.float32)
+    _heuristic_agrees_with_unoptimised(conv_ast(x.shape, w.shape, stride=stride))
+    np.testing.assert_allclose(Tensor(x).conv2d(Tensor(w), stride=stride).numpy(),
+                               conv_reference(x, w, 0, stride=stride), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows, inner, cols", [(128, 576, 10), (48, 300, 7), (32, 200, 3)])
+def test_a_narrow_matmul_packs_its_rows_along_the_outermost_axis(rows: int, inner: int, cols: int) -> None:
+    """`x @ W` with few columns (a classifier's 10 logits; 10 is no vector width): the rows of x become the 16 (or
+    8) lanes, x packed whole with them contiguous, the columns the tile's rows. The pack runs along the outermost
+    axis, which a pack made once was not allowed before (no opts at all: MNIST's head, 128 x 576 @ 576 x 10, one
+    thread 2.4 -> 0.07 ms). Values as numpy's."""
+    rng = np.random.default_rng(35)
+    x, w = rng.standard_normal((rows, inner), dtype=np.float32), rng.standard_normal((inner, cols), dtype=np.float32)
+    schedule, _ = create_schedule([(Tensor.empty(rows, inner) @ Tensor.empty(inner, cols)).uop])
+    ast = optimize_ast(schedule[-1].ast, CPU.renderer)
+    opts = hand_coded_optimizations(Kernel(ast, CPU.renderer))
+    assert opts[0] in (Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 0, 8)) and len(opts) > 1, opts
+    _heuristic_agrees_with_unoptimised(ast)
+    np.testing.assert_allclose((Tensor(x) @ Tensor(w)).numpy(), x @ w, rtol=1e-4, atol=1e-3)

@@ -11,7 +11,7 @@ In: a `Kernel`. Out: a list of `Opt`s (`NOOPT=1` skips this: no opts at all). Fo
    loads `codegen/stage.py` will copy for its whole reduction (a padded conv) and whose vector fills whole registers
    gets up to 16 rows (8 on AVX2: `RegisterBudget`), and the blocks of its blocking axis innermost: one copy then
    serves all of them (from the outermost position too, when the innermost axis keeps 8 blocks for the threads: a
-   matmul's padded columns).
+   matmul's padded columns; else past every axis when the next one does: a batch-1 conv's output rows).
 
 *Odd sizes*: where no vector width (16, 8, 4) divides the vector axis (1023, 77), or no row count divides the
 blocking axis (513), the axis is first padded (`PADTO`) to a multiple of the first width or row count whose padding
@@ -24,8 +24,9 @@ its loads were gated and staged for no reuse).
 Three other tile shapes come first where they fit (the first opt is always the tile's SIMD loop):
 
 * *packed channel lanes* (`_packed_channel_tile`): when the vector axis does not fill whole registers (a conv's
-  output row of 24, 20, 10, 8 or 6), 16 output channels are the lanes, their strided loads (the weight) are packed
-  by `codegen/stage.py`, and up to 24 rows of output columns go around them; failing a pack made once for the whole
+  output row of 24, 20, 10, 8 or 6), 16 output channels (8 where 16 divide no axis) are the lanes, their strided
+  loads (the weight) are packed by `codegen/stage.py`, and up to 24 rows of output columns go around them; failing a
+  pack made once for the whole
   reduction, one remade per image (a weight gradient's incoming gradient) with the window's taps and a few input
   channels as 8 or more rows;
 * *reduce lanes* (`_reduce_lane_tile`): when the vector axis has fewer than 8 lanes, or there is none, lanes along a
@@ -83,6 +84,7 @@ SHIFT_ROWS = 8               # rows of a packed tile along which the packed valu
 PAD_WASTE = 8                # an axis no split divides is padded to a multiple of one (PADTO) adding <= 1/8 of it
 MIN_PACKED_REDUCE = 64       # packed channel lanes pay for reductions this long (their stores are 16 scalars a row)
 MIN_PACKED_REDUCE_STORED = 8  # ... or this long where the lanes' outputs are contiguous (one vector store a row)
+CHANNEL_LANES = (16, 8)      # lanes of a packed channel tile: 16 where they divide the channels, else 8 (24 channels)
 MIN_THREAD_BLOCKS = 8        # iterations the threads' (outermost) loop keeps when the blocking axis moves inside
 
 
@@ -150,9 +152,16 @@ def _register_rows(k: Kernel) -> list[Opt]:
     # the blocks innermost: one copy serves them all. The threads share the outermost loop, so the blocking axis
     # leaves it only for an innermost axis of enough blocks (a matmul of padded columns, 1000x77 @ 77x1023: its
     # column blocks outermost copy each padded block of the right factor once, not once per 8 rows: 18.7 -> 8.3 ms)
-    if staged and rows < size and block != global_axes[-1] and \
-            (block != global_axes[0] or (k.size(global_axes[-1]) or 0) >= MIN_THREAD_BLOCKS):
-        opts.append(Opt(OptOps.SWAP, block, global_axes[-1]))
+    if staged and rows < size and block != global_axes[-1]:
+        if block != global_axes[0] or (k.size(global_axes[-1]) or 0) >= MIN_THREAD_BLOCKS:
+            opts.append(Opt(OptOps.SWAP, block, global_axes[-1]))
+        elif (k.size(global_axes[1]) or 0) >= MIN_THREAD_BLOCKS:
+            # too few blocks innermost for the threads (a batch-1 conv's 7 column blocks of 16 over 111 outputs): the
+            # blocks move innermost past each axis in turn, the next one (the output rows) becoming the threads' loop
+            # 3x224x224 -> 32, 3x3 stride 2, one thread: 2.1-3.3 -> 1.3-1.5 ms (one copy for the 4 blocks of 8 rows)
+            rotation = [Opt(OptOps.SWAP, a, b) for a, b in zip(global_axes, global_axes[1:])]
+            k.apply_opts(rotation)
+            opts += rotation
     return opts
 
 
@@ -174,17 +183,22 @@ def _packed_channel_tile(k: Kernel, vector: tuple[int, int] | None) -> list[Opt]
         stored = all(index_stride(u.src[1], k.axes[axis]) == 1 for u in stores)
         return reduce_size >= (MIN_PACKED_REDUCE_STORED if stored else MIN_PACKED_REDUCE)
     global_axes = k.axes_of("global")
-    for axis in reversed(global_axes[1:]):  # packs made once for the whole reduction (a convolution's weight)
-        if long_enough(axis) and (lanes := _channel_lanes(k, axis, "whole")) is not None:
-            return lanes
-    for axis in global_axes:  # packs remade at each step of the outer reduce loop, the outermost axis first
-        if long_enough(axis) and (lanes := _channel_lanes(k, axis, "per step")):
-            return lanes
+    for width in CHANNEL_LANES:  # 8 lanes only where no axis takes 16 (24 channels: a 5x5 conv's, its weight gradient)
+        # packs made once for the whole reduction (a convolution's weight), the outermost axis last (still split in
+        # blocks for the threads: `x @ W` of 10 columns, its rows the lanes; MNIST's head 2.4 -> 0.07 ms)
+        for axis in reversed(global_axes):
+            if long_enough(axis) and (lanes := _channel_lanes(k, axis, "whole", width)) is not None:
+                return lanes
+        for axis in global_axes:  # packs remade at each step of the outer reduce loop, the outermost axis first
+            if long_enough(axis) and (lanes := _channel_lanes(k, axis, "per step", width)):
+                return lanes
     return []
 
 
-def _channel_lanes(k: Kernel, axis: int, fit: str) -> list[Opt] | None:
-    """The packed channel tile with `axis` as its 16 lanes, if its strided loads pack as `fit` says (`_pack_fit`):
+def _channel_lanes(k: Kernel, axis: int, fit: str, lanes: int = VECTOR_WIDTH) -> list[Opt] | None:
+    """The packed channel tile with `axis` as its `lanes` (16, or 8 where 16 divide no axis: 24 channels; a 5x5
+    stride-2 conv 3 -> 24 at 8x64x64, one thread: 2.5 -> 1.0 ms, its weight gradient 5.1 -> 1.5 ms, where the kernel
+    width's 5 lanes and 8 channel rows were the tile), if its strided loads pack as `fit` says (`_pack_fit`):
     the opts, [] when it has no rows, or None when the axis does not qualify. With a pack remade at each step of the
     outer reduce loop (a weight gradient's incoming gradient, `g[b, co, y, x]` for one image, output channels as
     lanes) the rows must share each packed vector PACK_REUSE times: the window's taps times a few input channels.
@@ -193,11 +207,11 @@ def _channel_lanes(k: Kernel, axis: int, fit: str) -> list[Opt] | None:
     size, strides = k.size(axis), k.strides(axis)
     # the strided loads, by position (not by buffer: attention's q and k are one fused qkv buffer, q stays put)
     packed = {i for i, s in enumerate(strides) if s != 0 and s != 1}
-    if size is None or size % VECTOR_WIDTH or not packed or _pack_fit(k, packed) != fit:
+    if size is None or size % lanes or not packed or _pack_fit(k, packed) != fit:
         return None
-    if axis == k.axes_of("global")[0] and size // VECTOR_WIDTH < 2:  # (the outermost loop is kept for the threads)
+    if axis == k.axes_of("global")[0] and size // lanes < 2:  # (the outermost loop is kept for the threads)
         return None
-    opts = [Opt(OptOps.UPCAST, axis, VECTOR_WIDTH if size > VECTOR_WIDTH else 0)]
+    opts = [Opt(OptOps.UPCAST, axis, lanes if size > lanes else 0)]
     tile = k.copy().apply_opts(opts)
     budget = register_budget(k).packed_rows if fit == "whole" else PACKED_ROWS
     shift = _shift_axis(tile, packed)
@@ -230,7 +244,7 @@ def _channel_lanes(k: Kernel, axis: int, fit: str) -> list[Opt] | None:
             opts.append(Opt(OptOps.SWAP, row_axis, outputs[-1]))
         if budget < 2 or rows < row_size:
             break
-    if fit == "per step" and tile.register_tile() < PACK_REUSE * VECTOR_WIDTH:
+    if fit == "per step" and tile.register_tile() < PACK_REUSE * lanes:
         return None
     return opts if len(opts) > 1 else []
 
