@@ -231,9 +231,24 @@ class NNOps:
         out = (xs * ws).sum(axes, dtype=dtype).reshape(batch, cout, *out_sp)
         return out if bias is None else out + bias.reshape(1, cout, *([1] * n))
 
-    def _pool(self, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None,
-              dilation: int | Sequence[int], padding: int | Sequence[int], ceil_mode: bool,
-              pad_value: float | int | bool) -> tuple[Tensor, _PoolGeometry]:
+    def _pool(self, k_: Sequence[int], stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1) -> Tensor:
+        """tinygrad's private window helper, which its example programs call (hlb_cifar10's whitening patches):
+        (..., *spatial) -> (..., *out, *k_), every window over the last len(k_) dims, no padding, stride and
+        dilation an int or one per dim (default 1). A view."""
+        t = self._t
+        n = len(k_)
+        strides, dilations = _tuple(stride, n, "stride"), _tuple(dilation, n, "dilation")
+        if t.ndim < n:
+            raise ValueError(f"_pool: a {n}-D window needs at least {n} dims, got shape {t.shape}")
+        for k, d, size in zip(k_, dilations, t.shape[-n:]):
+            if d * (k - 1) + 1 > size:
+                raise ValueError(f"_pool: window {tuple(k_)} (dilation {dilations}) is larger than the input's last "
+                                 f"dims {t.shape[-n:]}")
+        return t._windows(tuple(k_), strides, dilations)
+
+    def _padded_windows(self, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None,
+                        dilation: int | Sequence[int], padding: int | Sequence[int], ceil_mode: bool,
+                        pad_value: float | int | bool) -> tuple[Tensor, _PoolGeometry]:
         """Windows over the last dims (2 for an int kernel_size, else one per kernel entry), after padding them
         with `pad_value`; with ceil_mode, the padding at the end grows so that a last partial window exists."""
         t = self._t
@@ -254,7 +269,7 @@ class NNOps:
             from glassgrad.tensor import _calls_libm
             if _calls_libm(t.uop):  # compared with the window's max below: stored once (see _calls_libm)
                 t = t.contiguous()
-        windows, geo = t._pool(kernel_size, stride, dilation, padding, ceil_mode, _lowest(t.dtype))
+        windows, geo = t._padded_windows(kernel_size, stride, dilation, padding, ceil_mode, _lowest(t.dtype))
         axes = tuple(range(-geo.n, 0))
         out = windows.max(axes)
         if not return_indices:
@@ -274,7 +289,7 @@ class NNOps:
         its positions lie in the input, plus, with count_include_pad, in the padding (never in the extra end
         padding of ceil_mode: PyTorch's divisor)."""
         t = self._t
-        windows, geo = t._pool(kernel_size, stride, dilation, padding, ceil_mode, 0)
+        windows, geo = t._padded_windows(kernel_size, stride, dilation, padding, ceil_mode, 0)
         axes = tuple(range(-geo.n, 0))
         total = windows.cast(dtypes.default_float) if not t.dtype.is_float else windows
         if not count_include_pad or ceil_mode:

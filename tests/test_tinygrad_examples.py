@@ -109,3 +109,37 @@ def test_global_counters_from_helpers() -> None:
     assert GlobalCounters is top
     with pytest.raises(ImportError):
         from glassgrad.helpers import NotAHelper  # type: ignore[attr-defined]  # noqa: F401
+
+
+def test_global_counters_mem_used_counts_live_buffers() -> None:
+    """hlb_cifar10 prints `GlobalCounters.mem_used / 1e9` every step: the bytes the devices' buffers hold now."""
+    from glassgrad import GlobalCounters
+    before = GlobalCounters.mem_used
+    t = Tensor.ones(1000, 250, device=DEVICE).contiguous().realize()
+    assert GlobalCounters.mem_used - before == 1000 * 250 * 4
+    del t
+    assert GlobalCounters.mem_used == before
+
+
+def test_private_pool_gives_every_window_as_tinygrad_does() -> None:
+    """hlb_cifar10's whitening takes its patches with tinygrad's private `Tensor._pool((h, w))`: every window over
+    the last dims, (..., *out, *kernel), no padding, stride and dilation 1 unless given. Values against numpy's
+    sliding windows, the patches' layout, a gradient (each input counted once per window holding it), bad sizes."""
+    x = np.random.default_rng(3).standard_normal((2, 3, 8, 7)).astype(np.float32)
+    windows = np.lib.stride_tricks.sliding_window_view(x, (3, 2), axis=(2, 3))
+    np.testing.assert_array_equal(Tensor(x)._pool((3, 2)).numpy(), windows)
+    strided = np.lib.stride_tricks.sliding_window_view(x, (3, 5), axis=(2, 3))[:, :, ::2, ::2, :, ::2]
+    np.testing.assert_array_equal(Tensor(x)._pool((3, 3), stride=2, dilation=(1, 2)).numpy(), strided)
+    patches = Tensor(x)._pool((3, 3)).permute(1, 4, 5, 0, 3, 2).reshape(3 * 3 * 3, -1)
+    expected = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3)).transpose(1, 4, 5, 0, 3, 2)
+    np.testing.assert_array_equal(patches.numpy(), expected.reshape(27, -1))
+    t = Tensor(x, requires_grad=True)
+    (grad,) = t._pool((3, 2)).sum().gradient(t)
+    count = np.lib.stride_tricks.sliding_window_view(np.zeros((8, 7)), (3, 2)).shape[:2]
+    ones = np.zeros((8, 7))
+    for i in range(count[0]):
+        for j in range(count[1]):
+            ones[i:i + 3, j:j + 2] += 1
+    np.testing.assert_array_equal(grad.numpy(), np.broadcast_to(ones, x.shape))
+    with pytest.raises(ValueError, match="larger than the input"):
+        Tensor(x)._pool((9, 2))

@@ -24,8 +24,17 @@ from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import sint_eval
 
 
-class GlobalCounters:
-    """Totals since the last `reset()`: kernels launched, FLOPs, bytes moved, seconds spent in kernels."""
+class _Counters(type):
+    @property
+    def mem_used(cls) -> int:
+        """Bytes the buffers of every opened device hold now (tinygrad's `GlobalCounters.mem_used`; hlb_cifar10
+        prints it): the allocators' `live_bytes`, blocks kept for reuse not counted."""
+        return sum(dev.allocator.live_bytes for dev in Device._devices.values())
+
+
+class GlobalCounters(metaclass=_Counters):
+    """Totals since the last `reset()`: kernels launched, FLOPs, bytes moved, seconds spent in kernels; and
+    `mem_used`, the bytes the devices' buffers hold now."""
     kernel_count: ClassVar[int] = 0
     global_ops: ClassVar[int] = 0
     global_mem: ClassVar[int] = 0
