@@ -113,12 +113,19 @@ def test_global_counters_from_helpers() -> None:
 
 def test_global_counters_mem_used_counts_live_buffers() -> None:
     """hlb_cifar10 prints `GlobalCounters.mem_used / 1e9` every step: the bytes the devices' buffers hold now."""
+    import gc
+
     from glassgrad import GlobalCounters
-    before = GlobalCounters.mem_used
-    t = Tensor.ones(1000, 250, device=DEVICE).contiguous().realize()
-    assert GlobalCounters.mem_used - before == 1000 * 250 * 4
-    del t
-    assert GlobalCounters.mem_used == before
+    gc.collect()  # (an earlier test's cyclic garbage, freed by a collection mid-test, would move the count)
+    gc.disable()
+    try:
+        before = GlobalCounters.mem_used
+        t = Tensor.ones(1000, 250, device=DEVICE).contiguous().realize()
+        assert GlobalCounters.mem_used - before == 1000 * 250 * 4
+        del t
+        assert GlobalCounters.mem_used == before
+    finally:
+        gc.enable()
 
 
 def test_private_pool_gives_every_window_as_tinygrad_does() -> None:

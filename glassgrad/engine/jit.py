@@ -393,7 +393,8 @@ class _Capture:
     """The kernels of one signature, ready to replay."""
 
     def __init__(self, items: list[ScheduleItem], inputs: list[Buffer], ret: Any, plan: bool,
-                 input_tensors: list[Tensor], first_serial: int = -1) -> None:
+                 input_tensors: list[Tensor], first_serial: int = -1,
+                 lineage_reads: set[tuple[Buffer, int]] | None = None) -> None:
         steps, inplace = _steps_of(items, inputs)
         gc.collect()  # intermediates only the recorded items held are gone now
         self.ret = ret
@@ -423,7 +424,8 @@ class _Capture:
         outside = [b for b in self.state_buffers if b.serial < first_serial and b not in inplace]
         viewing = _tensors_viewing(outside)  # (one scan of the live objects for all of them)
         self.outside_reads = [(b, viewing[id(b)]) for b in outside if id(b) in viewing]
-        self.lineage_reads: list[tuple[Buffer, int]] = []  # set by the capture (see `_check_lineage_reads`)
+        # buffer versions the lineage of tensors made before the capture read, current then (`_check_lineage_reads`)
+        self.lineage_reads = [(buf, version) for buf, version in lineage_reads or () if buf.version == version]
         if DEBUG >= 1:
             copies = sum(isinstance(s, _Copy) for s in self.steps)
             print(f"TinyJit: captured {self.kernel_count} kernels ({len(self.graphs)} graphs), {copies} copies, "
@@ -654,6 +656,4 @@ class TinyJit(Generic[ReturnType]):
                                "(x.contiguous()), since a replay does not recompute it")
         if not items:
             raise JitError(f"{self.fn.__name__} ran no kernels while being captured: nothing to replay")
-        captured = _Capture(items, inputs, ret, self.plan_memory, input_tensors, first_serial)
-        captured.lineage_reads = [(buf, version) for buf, version in watch.reads if buf.version == version]
-        return captured
+        return _Capture(items, inputs, ret, self.plan_memory, input_tensors, first_serial, watch.reads)
