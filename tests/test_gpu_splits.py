@@ -33,3 +33,36 @@ def test_split_weight_gradient_matches_numpy() -> None:
     out = (Tensor(g, device="CUDA").reshape(16, 256, 1536, 1) * Tensor(x, device="CUDA").reshape(16, 256, 1, 512))
     ref = np.einsum("bto,bti->oi", g.astype(np.float64), x.astype(np.float64))
     np.testing.assert_allclose(out.sum((0, 1)).numpy(), ref, rtol=1e-4, atol=2e-3)
+
+
+@pytest.mark.parametrize("m, k, n", [(768, 8192, 3072), (512, 4096, 2048), (768, 8192, 768)])
+def test_split_weight_gradient_parts_outermost(m: int, k: int, n: int) -> None:
+    """Rendered for CUDA (no GPU needed): a long-k product with too few tiles for the GPU is split into parts that
+    are the first stage's outermost (batch) axis, so each tile stores its partial sums contiguously; the second
+    stage sums the parts."""
+    import glassgrad
+    from glassgrad import dtypes
+    a, b = Tensor.empty(k, m, dtype=dtypes.bfloat16), Tensor.empty(k, n, dtype=dtypes.bfloat16)
+    names = [kernel.name for kernel in glassgrad.kernels(a.T @ b, device="CUDA")]
+    assert len(names) == 2, names
+    first, second = names
+    parts = int(first.split("_")[1])
+    assert parts > 1 and first.startswith(f"r_{parts}_{m}_{n}_"), names
+    assert second == f"r_{m}_{n}_{parts}", names
+
+
+def test_a_bf16_factor_read_by_two_matmuls_is_stored_once() -> None:
+    """Rendered for CUDA (no GPU needed): a LayerNorm's output cast to bfloat16 feeds a matmul forward and, through
+    other views, its weight gradient. The forward's walk stores it as the reshape its tile copies read, the weight
+    gradient's as the cast itself; a reshape of a stored buffer is a view of it, so only one kernel computes and
+    stores the normalised values (two did)."""
+    import glassgrad
+    from glassgrad import dtypes
+    x = Tensor.empty(8, 64, 96, requires_grad=True)
+    w, b = Tensor.empty(96, requires_grad=True), Tensor.empty(96, requires_grad=True)
+    weight = Tensor.empty(96, 256, requires_grad=True)
+    out = (x.layernorm() * w + b).cast(dtypes.bfloat16) @ weight.cast(dtypes.bfloat16)
+    loss = (out.float() * Tensor.empty(8, 64, 256)).sum()
+    programs = glassgrad.kernels(loss, *loss.gradient(x, w, b, weight), device="CUDA")
+    stores = [p.name for p in programs if p.name == "E_8_64_96" and "__nv_bfloat16* __restrict__ data0" in p.source]
+    assert len(stores) == 1, [p.name for p in programs]

@@ -1116,6 +1116,24 @@ def test_a_value_of_two_buffers_read_twice_still_fuses() -> None:
     np.testing.assert_allclose(s0.numpy(), (a + b * c).sum(0), rtol=1e-5)
     np.testing.assert_allclose(s1.numpy(), (a + b * c).max(1), rtol=1e-5)
 
+def test_a_value_of_one_buffer_and_per_row_values_is_recomputed() -> None:
+    """A LayerNorm's normalised input `(x - mean) * rstd * w + b` is read by several kernels, and its inputs are x
+    plus values broadcast along rows or columns (the mean, rstd, w, b): recomputed, each reader reads x once, exactly
+    what it would read from a stored copy, so it is not stored (`_broadcast_input`): no kernel of its own. The values
+    match numpy."""
+    rng = np.random.default_rng(2)
+    x, w, b = rng.standard_normal((64, 32), np.float32), rng.standard_normal(32, np.float32), rng.random(32, np.float32)
+    mean, rstd = x.mean(1, keepdims=True), 1 / np.sqrt(x.var(1, keepdims=True) + 1e-5)
+    xt = Tensor(x)
+    normed = (xt - xt.mean(1, keepdim=True)) * ((xt - xt.mean(1, keepdim=True)).square().mean(1, keepdim=True)
+                                                + 1e-5).rsqrt() * Tensor(w) + Tensor(b)
+    outs = normed.sum(0), normed.max(0), (normed * normed).sum(1)
+    want = (x - mean) * rstd * w + b
+    assert count_kernels(*outs) == 5  # the mean, the variance and the three readers
+    for out, ref in zip(outs, (want.sum(0), want.max(0), (want * want).sum(1))):
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
 # ------------------------------------------------------------------------------- nested reductions (rewrite.py)
 INJECTIVE_OPS: list[OpFn] = [op_permute, op_shrink, op_flip, op_reshape]
 

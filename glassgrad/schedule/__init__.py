@@ -379,10 +379,13 @@ def _flash_device(device: Any) -> bool:
 def _shared_values_to_store(readers: dict[UOp, set[UOp]], roots: dict[UOp, None]) -> list[UOp]:
     """Elementwise values that several kernels would each recompute from many inputs, which one kernel should store
     instead. Computed in each of C kernels from K inputs (buffers, reductions, stored values), a value costs C * K
-    reads per element; stored, K reads, a write and C reads. It is stored when (C - 1)(K - 1) > 2, and K >= 3 (a sum
-    of two buffers is left fused): a residual stream `x + f(x) + g(...) + ...` that every block's LayerNorm and the
-    backward read, built lazily from every earlier block's output (GPT-2's 24th sum read 24 buffers in each of its
-    readers: O(layers^2) traffic).
+    reads per element; stored, K reads, a write and C reads. Inputs that are broadcast to the value (a LayerNorm's
+    per-row mean and scale, its per-channel weight: `_broadcast_input`) are read from cache and do not count: a
+    LayerNorm's normalised input, `(x - mean) * rstd * w`, is one read of x wherever it is recomputed (stored, the
+    bf16 GPT-2 step wrote and read back 18 such float32 tensors per block). It is stored when (C - 1)(K - 1) > 2,
+    and K >= 3 (a sum of two buffers is left fused): a residual stream `x + f(x) + g(...) + ...` that every block's
+    LayerNorm and the backward read, built lazily from every earlier block's output (GPT-2's 24th sum read 24
+    buffers in each of its readers: O(layers^2) traffic).
 
     The values are weighed lowest first, in one pass: one chosen is an input of those above it (which are weighed
     with its buffer as one of their K). Choosing only the lowest and walking every kernel again for the rest took
@@ -400,7 +403,7 @@ def _shared_values_to_store(readers: dict[UOp, set[UOp]], roots: dict[UOp, None]
             if n not in inputs:
                 inputs[n] = frozenset((n,)) if is_input(n) and n is not value else \
                     frozenset().union(*(inputs[s] for s in n.src))
-        return len(inputs[value])
+        return sum(1 for i in inputs[value] if not _broadcast_input(i, value))
 
     kernels = {n: len(k) for n, k in readers.items() if n not in roots and len(k) >= 2}
     order: dict[UOp, None] = {}  # the candidates and what they compute, sources first
@@ -410,6 +413,15 @@ def _shared_values_to_store(readers: dict[UOp, set[UOp]], roots: dict[UOp, None]
         if n in kernels and (k := inputs_of(n)) >= 3 and (kernels[n] - 1) * (k - 1) > 2:
             chosen[n] = None
     return list(chosen)
+
+
+BROADCAST_INPUT = 16  # an input with at most 1/16 of a value's elements is read per row or per column, not per element
+
+
+def _broadcast_input(u: UOp, value: UOp) -> bool:
+    """Whether `u`, an input of the elementwise `value`, is broadcast to it (a row's mean, a per-channel weight):
+    recomputing `value` in another kernel reads it from cache, so it costs no memory traffic per element."""
+    return isinstance(u.size, int) and isinstance(value.size, int) and u.size * BROADCAST_INPUT <= value.size
 
 
 def _computed_tile_operands(u: UOp, roots: dict[UOp, None]) -> list[UOp]:
@@ -535,7 +547,25 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
         if not added:  # all of them are stored already, as the views above them: the walk would find them forever
             break
         roots.update(dict.fromkeys(added))
+        for redundant in _reshapes_of_roots(roots, set(outs)):
+            del roots[redundant]
     return roots
+
+
+def _reshapes_of_roots(roots: dict[UOp, None], outs: set[UOp]) -> list[UOp]:
+    """Roots the scheduler chose that are only reshapes of another root: a reshape of a stored buffer is a view of it,
+    free to read. Two walks can choose one value at two places: a LayerNorm's output cast to bfloat16 is stored as the
+    forward matmul's factor (the reshape its tile copies read) and then, the weight gradient's walk reaching the cast
+    through other views, as the cast itself; kept, both kernels computed the normalisation and stored it."""
+    redundant = []
+    for root in roots:
+        node = root
+        while node.op is Ops.RESHAPE and node not in outs:
+            node = node.src[0]
+            if node in roots or _materialised(node):
+                redundant.append(root)
+                break
+    return redundant
 
 
 def _shrunk_view(u: UOp, consumers: dict[UOp, list[UOp]]) -> UOp:
@@ -870,7 +900,7 @@ def _split_parts(u: UOp) -> tuple[int, bool] | None:
         return None if factor is None else (factor, False)
     if reduced < SPLIT_MIN_REDUCE_WIDE or u.size > SPLIT_MAX_OUTPUTS_WIDE:
         factor = _gpu_fill_parts(u, reduced) if gpu else None
-        return None if factor is None else (factor, False)
+        return None if factor is None else (factor, True)
     if gpu:
         return None if (factor := _split_factor(u)) is None else (factor, False)
     return None if (factor := _batch_parts(u)) is None else (factor, True)
@@ -945,7 +975,9 @@ def _gpu_fill_parts(u: UOp, reduced: int) -> int | None:
     parts stay SPLIT_LONG_PART long, up to GPU_BUSY_BLOCKS work-groups: a tile waits on its loads, and one or two
     work-groups per multiprocessor cannot hide that (GPT-2's 768 x 3072 weight gradients over 8192 tokens, 144 tiles:
     4 parts; the bf16 step on an H200 went from 164 to 153 ms). Shorter parts measured slower (B16 T256 1536 x 512
-    in 16 parts of 256: 0.58 -> 0.82 ms)."""
+    in 16 parts of 256: 0.58 -> 0.82 ms). The parts are the first stage's outermost axis: a batch of whole tiles, each
+    storing its rows of partial sums contiguously (with the parts innermost, each fp32 store of a tile's epilogue
+    landed 16 bytes from the next; GPT-2's bf16 768 x 3072 weight gradients over 8192 tokens, H200: 192 -> 141 us)."""
     tiles = -(-u.size // GPU_TILE_OUTPUTS)
     outermost = u.src[0].shape[u.arg[1][0]]
     parts = 1

@@ -39,8 +39,10 @@ a reduced axis) keeps its reduction.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from glassgrad.dtype import DType, dtypes
+from glassgrad.helpers import prod
 from glassgrad.uop.ops import GroupOp, Ops, UOp, dtype_bounds
 from glassgrad.uop.symbolic import simplify
 
@@ -60,10 +62,13 @@ class Selection:
 
 
 def gather_one_hot(u: UOp, uses: dict[UOp, int]) -> UOp | None:
-    """REDUCE_AXIS(op, where(AND(index == arange_k, ...), x, 0)) -> GATHER (see the module docstring), or None."""
+    """REDUCE_AXIS(op, where(AND(index == arange_k, ...), x, 0)) -> GATHER (see the module docstring), or None. A sum
+    of such a one-hot plus a term constant along the reduced axes, or its negation, is split first (`_one_hot_plus`)."""
     if not _reduces_with_zero(u):
         return None
     where = u.src[0]
+    if where.op is not Ops.WHERE:
+        return _one_hot_plus(u, uses)
     if where.op is not Ops.WHERE or not _is_zero(where.src[2]) or not all(isinstance(s, int) for s in where.shape):
         return None
     terms = _conjuncts(where.src[0])
@@ -73,6 +78,35 @@ def gather_one_hot(u: UOp, uses: dict[UOp, int]) -> UOp | None:
     if not chosen:
         return None
     return _rebuild(u, where, terms, chosen)
+
+
+def _one_hot_plus(u: UOp, uses: dict[UOp, int]) -> UOp | None:
+    """sum_k ±(c + where(index == k, x, 0)) with c constant along the reduced axes -> ±(n c + GATHER), n the number of
+    terms summed. A cross-entropy's backward sums its one-hot's gradient over the classes in this form (a mean's zero
+    term plus the picked class's): a GPU thread per row looped over all 50304 classes of GPT-2's vocabulary."""
+    if u.arg[0] is not Ops.ADD or not isinstance(u.device, str):
+        return None
+    value, negated = u.src[0], False
+    while value.op is Ops.NEG:
+        value, negated = value.src[0], not negated
+    if value.op is not Ops.ADD:
+        return None
+    constant, one_hot = value.src if _constant_along(value.src[0], u.arg[1]) else value.src[::-1]
+    if not _constant_along(constant, u.arg[1]) or one_hot.op is not Ops.WHERE:
+        return None
+    gathered = gather_one_hot(one_hot.reduce_axis(Ops.ADD, u.arg[1]), uses)
+    if gathered is None:
+        return None
+    count = prod(cast(int, u.src[0].shape[a]) for a in u.arg[1])
+    times = UOp.const(u.dtype, count, u.device).reshape((1,) * len(u.shape)).expand(u.shape)
+    total = constant.src[0].expand(u.shape) * times + gathered
+    return -total if negated else total
+
+
+def _constant_along(u: UOp, axes: tuple[int, ...]) -> bool:
+    """Whether `u` is an EXPAND of a value with size 1 along every axis of `axes` (and all sizes known)."""
+    return u.op is Ops.EXPAND and all(isinstance(d, int) for d in u.shape) and \
+        all(u.src[0].shape[a] == 1 for a in axes)
 
 
 def _reduces_with_zero(u: UOp) -> bool:
