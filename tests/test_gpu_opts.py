@@ -258,6 +258,9 @@ CASES: dict[str, tuple[Callable[[], Tensor], list[Opt]]] = {
     "vector runs, an aligned view": (lambda: E(32, 1032)[:, 8:] * 3, [Opt(U, 1, 4), Opt(L, 1, 0)]),
     "vector runs, a misaligned view": (lambda: E(32, 1025)[:, 1:] * 3, [Opt(U, 1, 4), Opt(L, 1, 0)]),
     "vector runs, short half runs": (lambda: E(64, 256, dtype=dtypes.float16) * 2, [Opt(U, 1, 2), Opt(L, 1, 128)]),
+    "vector runs, halved for a warp": (
+        lambda: ((E(32, 50304, dtype=dtypes.bfloat16).float() - E(32, 1)) * E(32, 1)).cast(dtypes.bfloat16),
+        [Opt(U, 1, 4), Opt(L, 1, 32), Opt(L, 0, 8)]),
 }
 
 
@@ -268,6 +271,9 @@ CASES: dict[str, tuple[Callable[[], Tensor], list[Opt]]] = {
     (lambda: E(32, 1025)[:, 1:] * 3, [Opt(U, 1, 4), Opt(L, 1, 0)], 0, 1),  # (row starts 1 element off 16 bytes)
     (lambda: E(64, 256, dtype=dtypes.float16) * 2, [Opt(U, 1, 2), Opt(L, 1, 128)], 1, 1),  # 4-byte runs
     (lambda: E(1024, 1024).T + 1, None, 0, 0),  # a transposed read keeps the flat shape (scalar accesses)
+    # a row of 50304 bfloat16 (GPT-2's logits): 8-element runs leave 6288 a row, 16 of them dividing it, so the
+    # heuristic takes runs of 4 (8 bytes), 32 threads along the row; it was the flat shape, one element a thread
+    (lambda: ((E(32, 50304, dtype=dtypes.bfloat16).float() - E(32, 1)) * E(32, 1)).cast(dtypes.bfloat16), None, 1, 1),
 ])
 def test_contiguous_runs_move_as_vectors(make: Callable[[], Tensor], opts: list[Opt] | None, vector_loads: int,
                                          vector_stores: int) -> None:

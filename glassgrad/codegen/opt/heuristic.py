@@ -588,7 +588,10 @@ def _vector_opts(k: Kernel) -> list[Opt]:
     """A large elementwise kernel whose store and loads all run contiguously (or stay put) along the innermost output
     axis: each thread takes VECTOR_BYTES of its narrowest contiguous buffer there (`UPCAST`, innermost), the threads
     of a work-group neighbouring runs (`LOCAL`), so that the renderer loads and stores each run as one vector
-    (`renderer.cstyle.vector_runs`). A warp's 2-byte accesses moved 64 bytes an instruction, 16-byte ones 512."""
+    (`renderer.cstyle.vector_runs`). A warp's 2-byte accesses moved 64 bytes an instruction, 16-byte ones 512.
+    Where a warp's threads cannot all take a 16-byte run of the innermost axis (GPT-2's 50304-wide logits: 6288 runs
+    of 8 bfloat16, only 16 of them dividing it), the runs are halved until they can (4 bfloat16, 32 threads): the
+    flat shape instead computed every element's row and column with a division and a remainder."""
     if not k.renderer.vector_runs or k.has_reduce or k.axes_of("local", "group", "upcast", "unroll"):
         return []
     outputs = [a for a in k.axes_of("global") if (k.size(a) or 1) > 1]
@@ -603,11 +606,13 @@ def _vector_opts(k: Kernel) -> list[Opt]:
             any(strides[u] != 1 for u in accesses if u.op is Ops.STORE):
         return []
     lanes = VECTOR_BYTES // min(u.src[0].dtype.itemsize for u in accesses if strides[u] == 1)
-    if (k.size(axis) or 1) % lanes:
-        return []
-    upcast = [Opt(OptOps.UPCAST, axis, lanes)]
-    local = _run_threads(k.copy().apply_opts(upcast))
-    return [*upcast, *local] if local else []
+    while lanes >= 2:  # narrower runs where the row left after the widest has too few factors of 2 for a warp
+        if (k.size(axis) or 1) % lanes == 0:
+            upcast = [Opt(OptOps.UPCAST, axis, lanes)]
+            if local := _run_threads(k.copy().apply_opts(upcast)):
+                return [*upcast, *local]
+        lanes //= 2
+    return []
 
 
 def _run_threads(k: Kernel) -> list[Opt]:
