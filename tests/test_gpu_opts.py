@@ -198,6 +198,8 @@ def test_every_action_stays_in_bounds(make: Callable[[], Tensor]) -> None:
     (lambda: E(32, 4, 2) + 1, [Opt(L, 2, 0), Opt(L, 1, 0), Opt(L, 0, 32)]),  # under 256 outputs: all threads
     (lambda: E(1000) + 1, []),                  # 256 does not divide 1000: gpudims' flat shape (ids past the end)
     (lambda: E(4096, 1000).sum(axis=1), []),    # ... nor the reduction: gpudims' grouped shape (gated last step)
+    (lambda: E(8192, 768).sum(axis=1), [Opt(L, 0, 8), Opt(G, 2, 32)]),  # many rows of 768: a warp per row
+    (lambda: E(512, 768).sum(axis=1), [Opt(G, 1, 256)]),  # few rows: a work-group per row
     (lambda: E(512, 512) @ E(512, 512), []),    # tiled
     (lambda: E(256, 256).softmax(-1), []),      # rows
 ])
@@ -205,7 +207,9 @@ def test_gpu_heuristic(make: Callable[[], Tensor], expected: list[Opt]) -> None:
     ast = cuda_ast(make())
     opts = hand_coded_optimizations(Kernel(ast, CUDA))
     assert opts == expected
-    if opts and opts[0].op is not U:  # the opts give the kernel the automatic shape gives (same launch, same loads)
+    warp_rows = bool(opts) and opts[-1] == Opt(G, opts[-1].axis, 32) and len(opts) == 2
+    if opts and opts[0].op is not U and not warp_rows:  # the opts give the kernel the automatic shape gives (same
+        # launch, same loads); a warp per row is the heuristic's own choice (gpudims' grouped shape: a group per row)
         with_opts, automatic = get_program(ast, CUDA, opts), get_program(ast, CUDA, [])
         assert (with_opts.global_size, with_opts.local_size) == (automatic.global_size, automatic.local_size)
 
@@ -258,6 +262,7 @@ CASES: dict[str, tuple[Callable[[], Tensor], list[Opt]]] = {
     "vector runs, an aligned view": (lambda: E(32, 1032)[:, 8:] * 3, [Opt(U, 1, 4), Opt(L, 1, 0)]),
     "vector runs, a misaligned view": (lambda: E(32, 1025)[:, 1:] * 3, [Opt(U, 1, 4), Opt(L, 1, 0)]),
     "vector runs, short half runs": (lambda: E(64, 256, dtype=dtypes.float16) * 2, [Opt(U, 1, 2), Opt(L, 1, 128)]),
+    "a warp per row": (lambda: (E(2048, 768) * E(2048, 768)).sum(axis=1), [Opt(L, 0, 8), Opt(G, 2, 32)]),
     "vector runs, halved for a warp": (
         lambda: ((E(32, 50304, dtype=dtypes.bfloat16).float() - E(32, 1)) * E(32, 1)).cast(dtypes.bfloat16),
         [Opt(U, 1, 4), Opt(L, 1, 32), Opt(L, 0, 8)]),

@@ -520,7 +520,7 @@ def gpu_launch_opts(k: Kernel) -> list[Opt]:
     if any(k.size(axis) is None for axis in range(len(k.axes))):
         return []  # symbolic sizes: gpudims' flat shape checks the real count in the kernel
     shape = automatic_shape(k.ast)
-    opts = _group_opts(k) if shape == "grouped" else \
+    opts = (_warp_rows(k) or _group_opts(k)) if shape == "grouped" else \
         (_lane_group_opts(k) or _vector_opts(k) or _local_opts(k)) if shape == "flat" else []
     try:
         k.copy().apply_opts(opts)
@@ -536,6 +536,22 @@ def _group_opts(k: Kernel) -> list[Opt]:
     if axis is None:
         return []
     return [Opt(OptOps.GROUP, axis, LOCAL_SIZE)] if (k.size(axis) or 1) % LOCAL_SIZE == 0 else []
+
+
+WARP_ROW_MAX = 4096  # a row this long or shorter is reduced by one warp (each lane at most 128 elements) ...
+WARP_ROWS_MIN = 1024  # ... when there are at least this many rows (about 8 warps per multiprocessor of an H100)
+
+
+def _warp_rows(k: Kernel) -> list[Opt]:
+    """Many rows of moderate length (a LayerNorm's statistics: 8192 rows of 768): a warp per row, eight rows a
+    work-group (`_lane_group_opts`), the lanes combining by shuffles. A work-group of 256 threads per row read 3
+    elements a thread and then combined them through shared memory in 8 steps with a barrier each."""
+    axis = _innermost_reduce_axis(k)
+    rows = prod(k.size(a) or 1 for a in k.axes_of("global"))
+    if axis is None or (k.size(axis) or WARP_ROW_MAX + 1) > WARP_ROW_MAX or rows < WARP_ROWS_MIN:
+        return []
+    opts = _lane_group_opts(k)
+    return opts if opts and opts[-1].amount == WARP else []  # (a whole warp per row: rows of a multiple of 32)
 
 
 def _innermost_reduce_axis(k: Kernel) -> int | None:
