@@ -2143,16 +2143,20 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         target = target.permute(0, -1, *range(1, target.ndim - 1)) if target.ndim > 2 else target
         if target.shape != self.shape:
             raise ShapeError(f"cross_entropy: logits {self.shape} do not match targets {Y.shape}")
-        picked, smooth = (log_probs * target).sum(axis), log_probs.mean(axis)
+        # the picked log-probability selected, not multiplied by the one-hot: a -inf logit of another class (a
+        # masked class) times 0 was NaN; the smoothing term only with smoothing (0 * a mean over -inf is NaN too)
+        picked = target.cast(dtypes.bool).where(log_probs, 0).sum(axis)
         if class_weight is None and ignore_index is None:  # tinygrad's loss
-            return _reduce_loss(-((1 - label_smoothing) * picked + label_smoothing * smooth), reduction)
+            return _reduce_loss(-_smoothed(picked, label_smoothing, lambda: log_probs.mean(axis)), reduction)
         sample_weight = Y.ones_like(dtype=self.dtype) if class_weight is None else (target * class_weight).sum(axis)
-        if class_weight is not None:
-            smooth = (log_probs * class_weight).mean(axis)
-        if ignore_index is not None:
-            sample_weight = (Y != ignore_index).where(sample_weight, 0)
-            smooth = (Y != ignore_index).where(smooth, 0)
-        loss = -((1 - label_smoothing) * picked * sample_weight + label_smoothing * smooth)
+        keep = None if ignore_index is None else Y != ignore_index
+        if keep is not None:
+            sample_weight = keep.where(sample_weight, 0)
+
+        def smooth() -> Tensor:
+            mean = log_probs.mean(axis) if class_weight is None else (log_probs * class_weight).mean(axis)
+            return mean if keep is None else keep.where(mean, 0)
+        loss = -_smoothed(picked * sample_weight, label_smoothing, smooth)
         return loss.sum() / sample_weight.sum() if reduction == "mean" else _reduce_loss(loss, reduction)
 
     def sparse_categorical_crossentropy(self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0,
@@ -2164,8 +2168,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         log_probs = self.log_softmax(-1)
         keep = Y != ignore_index
         picked = (Y.unsqueeze(-1) == Tensor.arange(self.shape[-1], device=self.device)).where(log_probs, 0).sum(-1)
-        smooth = log_probs.mean(-1)
-        loss = -((1 - label_smoothing) * picked + label_smoothing * smooth) * keep
+        loss = -_smoothed(picked, label_smoothing, lambda: log_probs.mean(-1)) * keep
         if reduction == "mean":
             return loss.sum() / keep.sum().maximum(1)
         return _reduce_loss(loss, reduction)
@@ -2318,6 +2321,13 @@ def _detach_lazy_results(made: list[weakref.ref[Tensor]]) -> None:
 
 
 # ---------------------------------------------------------------------- helpers
+def _smoothed(picked: Tensor, label_smoothing: float, smooth: Callable[[], Tensor]) -> Tensor:
+    """(1 - s) * picked + s * smooth() for label smoothing s; without smoothing just `picked`: the smoothing term (a
+    mean of the log-probabilities) is then not built at all. Times 0 it was NaN wherever a logit is -inf (a masked
+    class, where PyTorch's loss stays finite), and a pass over the logits for nothing."""
+    return picked if label_smoothing == 0 else (1 - label_smoothing) * picked + label_smoothing * smooth()
+
+
 def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
     if reduction == "mean":
         return loss.mean()

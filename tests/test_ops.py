@@ -1792,6 +1792,36 @@ def test_sparse_categorical_crossentropy(shape: Shape, ignore_index: int, smooth
           grad=True, torch_fn=t_fn)
 
 
+@pytest.mark.parametrize("loss", ["sparse", "indices", "indices, weight", "indices, ignore_index"])
+def test_cross_entropy_with_masked_classes_is_finite(loss: str) -> None:
+    """Logits of -inf for classes that are not the target (a vocabulary mask) give PyTorch's finite loss and
+    gradient. The one-hot was multiplied into the log-probabilities and the smoothing term was taken times 0:
+    0 * -inf made both NaN."""
+    logits = rand((4, 6), -3, 3, seed=11)
+    labels = np.array([0, 5, 2, 2], np.int32)
+    logits[0, 3] = logits[1, 0] = logits[3, [0, 1, 4]] = -np.inf
+    weight = np.array([1, 2, 0.5, 1, 3, 1], np.float32)
+    x = T(logits, requires_grad=True)
+    out = {"sparse": lambda: x.sparse_categorical_crossentropy(T(labels)),
+           "indices": lambda: x.cross_entropy(T(labels)),
+           "indices, weight": lambda: x.cross_entropy(T(labels), weight=T(weight)),
+           "indices, ignore_index": lambda: x.cross_entropy(T(labels), ignore_index=5)}[loss]()
+    out.backward()
+    w = weight[labels] if loss == "indices, weight" else (labels != 5).astype(np.float32) \
+        if loss == "indices, ignore_index" else np.ones(4, np.float32)
+    logp = _np_log_softmax(logits.astype(np.float64), -1)
+    want_loss = -(logp[np.arange(4), labels] * w).sum() / w.sum()
+    onehot = np.eye(6)[labels]
+    want_grad = (np.exp(logp) - onehot) * w[:, None] / w.sum()
+    np.testing.assert_allclose(out.numpy(), want_loss, rtol=1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), want_grad, atol=1e-6)
+    if torch is not None:
+        kw = {"weight": torch.tensor(weight)} if loss == "indices, weight" else \
+            {"ignore_index": 5} if loss == "indices, ignore_index" else {}
+        np.testing.assert_allclose(out.numpy(), F.cross_entropy(torch.tensor(logits), torch.tensor(labels).long(),
+                                                                **kw).item(), rtol=1e-5)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_binary_crossentropy(reduction: str) -> None:
     def np_bce(p: np.ndarray, y: np.ndarray) -> np.ndarray:
