@@ -2150,8 +2150,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             return _reduce_loss(-_smoothed(picked, label_smoothing, lambda: log_probs.mean(axis)), reduction)
         sample_weight = Y.ones_like(dtype=self.dtype) if class_weight is None else (target * class_weight).sum(axis)
         keep = None if ignore_index is None else Y != ignore_index
-        if keep is not None:
-            sample_weight = keep.where(sample_weight, 0)
+        if keep is not None:  # (selected, not multiplied: an ignored target's log-probability may be -inf)
+            sample_weight, picked = keep.where(sample_weight, 0), keep.where(picked, 0)
 
         def smooth() -> Tensor:
             mean = log_probs.mean(axis) if class_weight is None else (log_probs * class_weight).mean(axis)
@@ -2168,7 +2168,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         log_probs = self.log_softmax(-1)
         keep = Y != ignore_index
         picked = (Y.unsqueeze(-1) == Tensor.arange(self.shape[-1], device=self.device)).where(log_probs, 0).sum(-1)
-        loss = -_smoothed(picked, label_smoothing, lambda: log_probs.mean(-1)) * keep
+        loss = keep.where(-_smoothed(picked, label_smoothing, lambda: log_probs.mean(-1)), 0)  # (not * keep: inf * 0)
         if reduction == "mean":
             return loss.sum() / keep.sum().maximum(1)
         return _reduce_loss(loss, reduction)

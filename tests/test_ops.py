@@ -1822,6 +1822,20 @@ def test_cross_entropy_with_masked_classes_is_finite(loss: str) -> None:
                                                                 **kw).item(), rtol=1e-5)
 
 
+def test_an_ignored_target_with_a_minus_inf_logit_is_skipped() -> None:
+    """ignore_index names a class whose logit is -inf in an ignored row: the row is skipped (PyTorch), not 0 * inf."""
+    logits = np.array([[0.5, -np.inf, 1.0], [2.0, 0.1, -np.inf]], np.float32)
+    labels = np.array([0, 2], np.int32)
+    want = -_np_log_softmax(logits[:1].astype(np.float64), -1)[0, 0]
+    for loss in (lambda x: x.cross_entropy(T(labels), ignore_index=2),
+                 lambda x: x.sparse_categorical_crossentropy(T(labels), ignore_index=2)):
+        x = T(logits, requires_grad=True)
+        out = loss(x)
+        out.backward()
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+        assert np.isfinite(x.grad.numpy()).all() and not x.grad.numpy()[1].any()
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_binary_crossentropy(reduction: str) -> None:
     def np_bce(p: np.ndarray, y: np.ndarray) -> np.ndarray:
