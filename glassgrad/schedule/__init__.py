@@ -542,27 +542,31 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
     for n in nodes:
         for src in dict.fromkeys(n.src):
             consumers.setdefault(src, []).append(n)
+    chosen: set[UOp] = set()  # the roots chosen below (the others are required: outputs, copies' sources, ...)
     while extra := _reduces_to_materialise(roots):
         added = [v for u in extra if (v := _narrowed(_shrunk_view(u, consumers), consumers)) not in roots]
         if not added:  # all of them are stored already, as the views above them: the walk would find them forever
             break
         roots.update(dict.fromkeys(added))
-        for redundant in _reshapes_of_roots(roots, set(outs)):
+        chosen.update(added)
+        for redundant in _reshapes_of_roots(roots, chosen):
             del roots[redundant]
+            chosen.discard(redundant)
     return roots
 
 
-def _reshapes_of_roots(roots: dict[UOp, None], outs: set[UOp]) -> list[UOp]:
-    """Roots the scheduler chose that are only reshapes of another root: a reshape of a stored buffer is a view of it,
-    free to read. Two walks can choose one value at two places: a LayerNorm's output cast to bfloat16 is stored as the
+def _reshapes_of_roots(roots: dict[UOp, None], chosen: set[UOp]) -> list[UOp]:
+    """Chosen roots that are only reshapes of another root: a reshape of a stored buffer is a view of it, free to
+    read. Two walks can choose one value at two places: a LayerNorm's output cast to bfloat16 is stored as the
     forward matmul's factor (the reshape its tile copies read) and then, the weight gradient's walk reaching the cast
-    through other views, as the cast itself; kept, both kernels computed the normalisation and stored it."""
+    through other views, as the cast itself; kept, both kernels computed the normalisation and stored it. (Only
+    chosen roots: an all-reduce's or a copy's source must be a buffer of its own.)"""
     redundant = []
-    for root in roots:
+    for root in chosen:
         node = root
-        while node.op is Ops.RESHAPE and node not in outs:
+        while node.op is Ops.RESHAPE:
             node = node.src[0]
-            if node in roots or _materialised(node):
+            if node in roots:
                 redundant.append(root)
                 break
     return redundant

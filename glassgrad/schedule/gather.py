@@ -82,24 +82,28 @@ def gather_one_hot(u: UOp, uses: dict[UOp, int]) -> UOp | None:
 
 def _one_hot_plus(u: UOp, uses: dict[UOp, int]) -> UOp | None:
     """sum_k ±(c + where(index == k, x, 0)) with c constant along the reduced axes -> ±(n c + GATHER), n the number of
-    terms summed. A cross-entropy's backward sums its one-hot's gradient over the classes in this form (a mean's zero
-    term plus the picked class's): a GPU thread per row looped over all 50304 classes of GPT-2's vocabulary."""
+    terms summed (and sum_k -where(...) -> -GATHER). A cross-entropy's backward sums its one-hot's gradient over the
+    classes in this form (with label smoothing, the mean's term plus the picked class's): a GPU thread per row looped
+    over all 50304 classes of GPT-2's vocabulary."""
     if u.arg[0] is not Ops.ADD or not isinstance(u.device, str):
         return None
     value, negated = u.src[0], False
     while value.op is Ops.NEG:
         value, negated = value.src[0], not negated
-    if value.op is not Ops.ADD:
+    constant: UOp | None = None
+    if value.op is Ops.ADD:
+        constant, value = value.src if _constant_along(value.src[0], u.arg[1]) else value.src[::-1]
+        if not _constant_along(constant, u.arg[1]):
+            return None
+    if value.op is not Ops.WHERE:
         return None
-    constant, one_hot = value.src if _constant_along(value.src[0], u.arg[1]) else value.src[::-1]
-    if not _constant_along(constant, u.arg[1]) or one_hot.op is not Ops.WHERE:
+    total = gather_one_hot(value.reduce_axis(Ops.ADD, u.arg[1]), uses)
+    if total is None:
         return None
-    gathered = gather_one_hot(one_hot.reduce_axis(Ops.ADD, u.arg[1]), uses)
-    if gathered is None:
-        return None
-    count = prod(cast(int, u.src[0].shape[a]) for a in u.arg[1])
-    times = UOp.const(u.dtype, count, u.device).reshape((1,) * len(u.shape)).expand(u.shape)
-    total = constant.src[0].expand(u.shape) * times + gathered
+    if constant is not None:
+        count = prod(cast(int, u.src[0].shape[a]) for a in u.arg[1])
+        times = UOp.const(u.dtype, count, u.device).reshape((1,) * len(u.shape)).expand(u.shape)
+        total = constant.src[0].expand(u.shape) * times + total
     return -total if negated else total
 
 
