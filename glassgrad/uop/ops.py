@@ -252,6 +252,10 @@ class UOp:
         return self if self.shape == shape else UOp(Ops.EXPAND, self.dtype, (self,), tuple(shape))
 
     def permute(self, order: tuple[int, ...]) -> UOp:
+        """A permute of a permute is one permute (none when they cancel: a transpose's gradient transposed back), so
+        an output that is a reshape of a stored node stays a view of its buffer instead of a copy."""
+        if self.op is Ops.PERMUTE:
+            return self.src[0].permute(tuple(self.arg[i] for i in order))
         return self if order == tuple(range(len(order))) else UOp(Ops.PERMUTE, self.dtype, (self,), tuple(order))
 
     def pad(self, padding: tuple[tuple[sint, sint], ...]) -> UOp:
