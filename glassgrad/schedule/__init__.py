@@ -44,7 +44,7 @@ from glassgrad.helpers import FLASH_ATTENTION, SCACHE, prod
 from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, walk_graph
 from glassgrad.schedule.gather import gather_one_hot
 from glassgrad.schedule.indexing import KernelBuilder
-from glassgrad.schedule.rewrite import merge_nested_reduce, permute_into_reduce, rebuild
+from glassgrad.schedule.rewrite import merge_nested_reduce, rebuild
 from glassgrad.schedule.scatter import scatter_one_hot
 from glassgrad.uop.ops import GroupOp, Ops, UOp, sint
 from glassgrad.uop.sint import max_size, sint_prod
@@ -646,7 +646,7 @@ def _schedule_graph(outs: list[UOp], originals: list[UOp], sink: UOp, nodes: lis
 
     A reshape keeps row-major order, so an output that is a reshape of some node costs no kernel of its own: the
     node under the reshapes is materialised (unless it already is) and the output becomes a view of its buffer."""
-    for rule in (gather_one_hot, scatter_one_hot, permute_into_reduce, merge_nested_reduce, _split_rule):
+    for rule in (gather_one_hot, scatter_one_hot, merge_nested_reduce, _split_rule):  # graph rewrites
         if (rewritten := rebuild(nodes, rule, _materialised)) is not None:
             sink = rewritten
             nodes = sink.toposort(stop=_materialised)

@@ -108,22 +108,3 @@ def _carry(movement: UOp, src: UOp, extra: int) -> UOp:
     assert movement.op is Ops.FLIP, movement.op
     return src.flip(tuple(movement.arg) + (False,) * extra)
 
-
-def permute_into_reduce(u: UOp, uses: dict[UOp, int]) -> UOp | None:
-    """PERMUTE(RESHAPE(REDUCE_AXIS(x))), the reshape only dropping the reduced axes (of size 1) -> the reduction of x
-    with its kept axes in the permuted order, so the kernel stores the permuted layout itself. The reduction and
-    the reshape must have this one reader (another would need the unpermuted result). A transposed product as an
-    output (flash attention's dV, computed as (dO^T P)^T) was a reduction and then a copy that transposed it."""
-    if u.op is not Ops.PERMUTE or u.src[0].op is not Ops.RESHAPE or uses.get(u.src[0], 1) != 1:
-        return None
-    reduce = u.src[0].src[0]
-    if reduce.op is not Ops.REDUCE_AXIS or uses.get(reduce, 1) != 1:
-        return None
-    x, axes = reduce.src[0], reduce.arg[1]
-    kept = [i for i in range(len(x.shape)) if i not in axes]
-    if u.src[0].shape != tuple(x.shape[i] for i in kept):
-        return None  # (the reshape does more than drop the reduced axes)
-    order = tuple(kept[i] for i in u.arg) + tuple(axes)
-    moved = x.permute(order).reduce_axis(reduce.arg[0], tuple(range(len(kept), len(order))))
-    return moved.reshape(u.shape)
-
