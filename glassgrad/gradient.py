@@ -26,19 +26,6 @@ def _cos(x: UOp) -> UOp:
     return _c(x, 1.0).alu(Ops.ADD, _c(x, -2.0).alu(Ops.MUL, s.alu(Ops.MUL, s)))
 
 
-def _is_one(u: UOp) -> bool:
-    """Whether `u` is the constant 1 (through casts, reshapes and expands): the gradient `loss.sum()` seeds."""
-    while u.op in (Ops.CAST, Ops.RESHAPE, Ops.EXPAND):
-        u = u.src[0]
-    return u.op is Ops.CONST and u.arg == 1
-
-
-def _times(g: UOp, x: UOp) -> UOp:
-    """g * x, or x itself where g is 1 (exact): `(out * dout).sum()`'s gradient into out is dout, not a product that a
-    kernel of its own copies (flash attention stored dO that way, 6.3M bfloat16 copied for nothing)."""
-    return x if _is_one(g) and g.dtype == x.dtype and g.shape == x.shape else g.alu(Ops.MUL, x)
-
-
 def _true(like: UOp) -> UOp:
     return UOp.const(dtypes.bool, True, like.device).reshape((1,) * len(like.shape)).expand(like.shape)
 
@@ -130,7 +117,7 @@ def _multi_grad(g: UOp, node: UOp) -> Grads:
 
 RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.ADD: lambda g, n: (g, g),
-    Ops.MUL: lambda g, n: (_times(g, n.src[1]), _times(g, n.src[0])),
+    Ops.MUL: lambda g, n: (g.alu(Ops.MUL, n.src[1]), g.alu(Ops.MUL, n.src[0])),
     Ops.FDIV: lambda g, n: (g.alu(Ops.FDIV, n.src[1]),
                             g.alu(Ops.MUL, n.src[0]).alu(Ops.FDIV, n.src[1].alu(Ops.MUL, n.src[1])).alu(Ops.NEG)),
     Ops.NEG: lambda g, n: (g.alu(Ops.NEG),),
