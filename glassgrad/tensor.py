@@ -24,13 +24,13 @@ import numpy as np
 
 from glassgrad.device import Buffer, Device, canonical_devices
 from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper_dtype, to_dtype
-from glassgrad.engine.realize import capture_hooks, run_schedule
+from glassgrad.engine.realize import capture_hooks, schedule_and_run
 from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import TRAINING, normalize_axis, prod, shape_args
 from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
-from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
+from glassgrad.schedule import REALIZED, buffer_view, is_buffer_view
 from glassgrad.schedule.versions import StaleReaders, overwritten_versions, written_versions
 from glassgrad.tensor_extra import ExtraOps, InPlaceOps, TorchOps
 from glassgrad.tensor_linalg import LinalgOps
@@ -569,8 +569,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         pending += readers
         outs = [t.uop for t in pending]
         lowered = lower(outs, REALIZED.get) if multi_in_use() else outs
-        schedule, views = create_schedule([p for u in lowered for p in (u.src if u.op is Ops.MULTI else (u,))])
-        run_schedule(schedule)
+        views = schedule_and_run([p for u in lowered for p in (u.src if u.op is Ops.MULTI else (u,))])
         for out, low in zip(outs, lowered):  # a tensor on several devices: the MULTI of its parts' buffer views
             if (low is not out or low.op is Ops.MULTI) and out not in views:
                 views[out] = make_multi([views.get(p) or REALIZED.get(p) or p for p in low.src], low.arg) \
