@@ -236,6 +236,22 @@ def test_the_cache_is_bounded() -> None:
     assert len(cache) == 2 and cache.get((0,)) is None and cache.get((3,)) is empty
 
 
+def test_the_cache_evicts_the_least_recently_used() -> None:
+    """A hit makes its entry the most recently used: the next eviction takes the entry unused the longest."""
+    from glassgrad.engine.memory import SchedulePlan
+    from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate
+    cache = ScheduleCache(capacity=3)
+    templates = [ScheduleTemplate((), (), (), SchedulePlan((), ())) for _ in range(5)]
+    for key in range(3):
+        cache.put((key,), templates[key])
+    assert cache.get((0,)) is templates[0]  # 1 is now the oldest
+    cache.put((3,), templates[3])
+    assert cache.get((1,)) is None and cache.get((0,)) is templates[0]  # 2 is now the oldest
+    cache.put((4,), templates[4])
+    assert cache.get((2,)) is None
+    assert [cache.get((k,)) for k in (0, 3, 4)] == [templates[0], templates[3], templates[4]]
+
+
 def test_views_are_rebuilt_as_buffer_reshapes() -> None:
     x = Tensor(data(2, 3, seed=9))
     out = (x + 1).permute(1, 0)

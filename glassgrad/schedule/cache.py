@@ -19,7 +19,6 @@ buffers at a new version every step, therefore hits.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -250,26 +249,35 @@ class ScheduleTemplate:
 
 
 class ScheduleCache:
-    """Least-recently-used map from graph structure to `ScheduleTemplate`, holding at most `capacity` entries."""
+    """Least-recently-used map from graph structure to `ScheduleTemplate`, holding at most `capacity` entries.
+
+    A hit hashes its key once: each entry carries the stamp of its last use (an OrderedDict's `move_to_end` would
+    hash the key again, and a key is a tuple of a part per node, not cached). Eviction, only when a new entry makes
+    the cache too big, scans the stamps for the oldest."""
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
-        self._entries: OrderedDict[tuple[Any, ...], ScheduleTemplate] = OrderedDict()
+        self._entries: dict[tuple[Any, ...], list[Any]] = {}  # key -> [template, stamp of its last use]
+        self._clock = 0
         self.hits = self.misses = 0
 
     def get(self, graph: tuple[Any, ...]) -> ScheduleTemplate | None:
-        template = self._entries.get(graph)
-        if template is None:
+        entry = self._entries.get(graph)
+        if entry is None:
             self.misses += 1
             return None
         self.hits += 1
-        self._entries.move_to_end(graph)
+        self._clock += 1
+        entry[1] = self._clock
+        template: ScheduleTemplate = entry[0]
         return template
 
     def put(self, graph: tuple[Any, ...], template: ScheduleTemplate) -> None:
-        self._entries[graph] = template
+        self._clock += 1
+        self._entries[graph] = [template, self._clock]
         if len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+            oldest = min(self._entries.items(), key=lambda item: item[1][1])[0]
+            del self._entries[oldest]
 
     def clear(self) -> None:
         self._entries.clear()
