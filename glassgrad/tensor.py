@@ -136,12 +136,17 @@ class _LazyGradients:
 _LAZY_GRADIENTS: list[_LazyGradients] = []
 
 
+_VIEW_OPS = frozenset({Ops.BUFFER, Ops.RESHAPE, Ops.SHRINK, Ops.MULTI})  # the ops `is_realized` can be true of
+
+
 def _note_lazy_gradients(root: Tensor, targets: Sequence[Tensor], forward: list[UOp]) -> None:
     """After `root.backward()` set the `.grad` of `targets`: remember them (and `root`, whose value the forward
     computes on the way: the loss a training loop reads after the step) with the forward nodes they depend on."""
     held = [(t, t.grad) for t in targets if t.grad is not None and not is_realized(t.grad.uop)]
     if held:
-        nodes = {u for u in forward if u.op is not Ops.CONST and not is_realized(u)} | {g.uop for _, g in held}
+        # (is_realized only for the ops a realized view can have: this runs over the forward graph per backward)
+        nodes = {u for u in forward if u.op is not Ops.CONST and (u.op not in _VIEW_OPS or not is_realized(u))} | \
+            {g.uop for _, g in held}
         _LAZY_GRADIENTS.append(_LazyGradients([weakref.ref(t) for t, _ in held], [weakref.ref(g) for _, g in held],
                                               weakref.ref(root), nodes))
 
@@ -2644,7 +2649,13 @@ def _attached_nodes(root: UOp, order: list[UOp], nodes: set[UOp]) -> set[UOp]:
     reach."""
     if not any(n.op is Ops.DETACH for n in order):
         return nodes
-    return set(root.toposort(stop=lambda n: n.op is Ops.DETACH))
+    # `root.toposort(stop=DETACH)` as a set, from `order` (sources before their users, `root` last) without a second
+    # walk: going from `root` down, a node is attached when an attached node other than a DETACH reads it
+    attached, detach = {root}, Ops.DETACH
+    for n in reversed(order):
+        if n.op is not detach and n in attached:
+            attached.update(n.src)
+    return attached
 
 
 def _in_graph(tensors: Sequence[Tensor], nodes: set[UOp]) -> list[tuple[Tensor, UOp]]:
