@@ -569,8 +569,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             return
         if _LAZY_GRADIENTS:
             pending += _gradients_realized_with(pending)
-        pending += _RNG.advances()
-        readers = _readers_of_overwritten(pending)
+        if _RNG.pending:  # (the guards of the next two calls, inline: every realize)
+            pending += _RNG.advances()
+        readers = _readers_of_overwritten(pending) if _PENDING_ASSIGNS else []
         pending += readers
         outs = [t.uop for t in pending]
         lowered = lower(outs, REALIZED.get) if multi_in_use() else outs
