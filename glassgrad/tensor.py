@@ -24,13 +24,13 @@ import numpy as np
 
 from glassgrad.device import Buffer, Device, canonical_devices
 from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper_dtype, to_dtype
-from glassgrad.engine.realize import capture_hooks, run_schedule
+from glassgrad.engine.realize import capture_hooks, schedule_and_run
 from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import TRAINING, normalize_axis, prod, shape_args
 from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
-from glassgrad.schedule import REALIZED, buffer_view, create_schedule, is_buffer_view
+from glassgrad.schedule import REALIZED, buffer_view, is_buffer_view
 from glassgrad.schedule.versions import StaleReaders, overwritten_versions, written_versions
 from glassgrad.tensor_extra import ExtraOps, InPlaceOps, TorchOps
 from glassgrad.tensor_linalg import LinalgOps
@@ -136,12 +136,17 @@ class _LazyGradients:
 _LAZY_GRADIENTS: list[_LazyGradients] = []
 
 
+_VIEW_OPS = frozenset({Ops.BUFFER, Ops.RESHAPE, Ops.SHRINK, Ops.MULTI})  # the ops `is_realized` can be true of
+
+
 def _note_lazy_gradients(root: Tensor, targets: Sequence[Tensor], forward: list[UOp]) -> None:
     """After `root.backward()` set the `.grad` of `targets`: remember them (and `root`, whose value the forward
     computes on the way: the loss a training loop reads after the step) with the forward nodes they depend on."""
     held = [(t, t.grad) for t in targets if t.grad is not None and not is_realized(t.grad.uop)]
     if held:
-        nodes = {u for u in forward if u.op is not Ops.CONST and not is_realized(u)} | {g.uop for _, g in held}
+        # (is_realized only for the ops a realized view can have: this runs over the forward graph per backward)
+        nodes = {u for u in forward if u.op is not Ops.CONST and (u.op not in _VIEW_OPS or not is_realized(u))} | \
+            {g.uop for _, g in held}
         _LAZY_GRADIENTS.append(_LazyGradients([weakref.ref(t) for t, _ in held], [weakref.ref(g) for _, g in held],
                                               weakref.ref(root), nodes))
 
@@ -564,13 +569,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             return
         if _LAZY_GRADIENTS:
             pending += _gradients_realized_with(pending)
-        pending += _RNG.advances()
-        readers = _readers_of_overwritten(pending)
+        if _RNG.pending:  # (the guards of the next two calls, inline: every realize)
+            pending += _RNG.advances()
+        readers = _readers_of_overwritten(pending) if _PENDING_ASSIGNS else []
         pending += readers
         outs = [t.uop for t in pending]
         lowered = lower(outs, REALIZED.get) if multi_in_use() else outs
-        schedule, views = create_schedule([p for u in lowered for p in (u.src if u.op is Ops.MULTI else (u,))])
-        run_schedule(schedule)
+        views = schedule_and_run([p for u in lowered for p in (u.src if u.op is Ops.MULTI else (u,))])
         for out, low in zip(outs, lowered):  # a tensor on several devices: the MULTI of its parts' buffer views
             if (low is not out or low.op is Ops.MULTI) and out not in views:
                 views[out] = make_multi([views.get(p) or REALIZED.get(p) or p for p in low.src], low.arg) \
@@ -2655,7 +2660,13 @@ def _attached_nodes(root: UOp, order: list[UOp], nodes: set[UOp]) -> set[UOp]:
     reach."""
     if not any(n.op is Ops.DETACH for n in order):
         return nodes
-    return set(root.toposort(stop=lambda n: n.op is Ops.DETACH))
+    # `root.toposort(stop=DETACH)` as a set, from `order` (sources before their users, `root` last) without a second
+    # walk: going from `root` down, a node is attached when an attached node other than a DETACH reads it
+    attached, detach = {root}, Ops.DETACH
+    for n in reversed(order):
+        if n.op is not detach and n in attached:
+            attached.update(n.src)
+    return attached
 
 
 def _in_graph(tensors: Sequence[Tensor], nodes: set[UOp]) -> list[tuple[Tensor, UOp]]:

@@ -152,3 +152,25 @@ def test_arange_from_zero_is_the_index_with_numpy_values(dtype: str, n: int) -> 
     np.testing.assert_array_equal(Tensor.arange(0, n, 1, dtype=dtype).numpy(), np.arange(n).astype(dtype))
     general = (Tensor.arange(1, n + 1, dtype="int64") - 1).cast(dtype)  # the same values, built another way
     np.testing.assert_array_equal(general.numpy(), t.numpy())
+
+
+ATTACHED_GRAPHS = {
+    "detach_beside": lambda x, w: (x * w.detach() + w).sum(),
+    "shared_behind_and_beside": lambda x, w: ((x * w).exp().detach() * (x * w)).sum(),
+    "nested": lambda x, w: ((x + w.detach()).detach() * w + (x * 2).detach()).sum(),
+    "root_detached": lambda x, w: (x * w).sum().detach(),  # (only the root attached)
+    "softmax_ce": lambda x, w: (x @ w.reshape(4, 1) - (x @ w.reshape(4, 1)).max().detach()).exp().sum().log(),
+}
+
+
+@pytest.mark.parametrize("name", list(ATTACHED_GRAPHS))
+def test_attached_nodes_are_the_toposort_stopped_at_detach(name: str) -> None:
+    """`_attached_nodes` (the nodes a gradient may reach) sweeps backward's node list instead of walking the graph
+    again: the same set as the walk that stops at DETACH nodes."""
+    from glassgrad.tensor import _attached_nodes
+    x, w = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4) / 10), Tensor(np.ones(4, np.float32))
+    root = ATTACHED_GRAPHS[name](x, w).uop
+    order = root.toposort()
+    assert any(n.op is Ops.DETACH for n in order)
+    expected = set(root.toposort(stop=lambda n: n.op is Ops.DETACH))
+    assert _attached_nodes(root, order, set(order)) == expected

@@ -948,29 +948,33 @@ def test_random_graphs_reuse_cached_schedules(data: st.DataObject, np_dtype: typ
 @PROPERTY
 @given(st.data(), st.sampled_from([np.int32, np.float32]))
 def test_random_graphs_walk_and_key_in_one_pass(data: st.DataObject, np_dtype: type) -> None:
-    """`walk_graph` (the scheduler's walk with the cache key built along the way) lists the nodes `toposort` lists
-    when it stops at materialised nodes, in the same order, and its key is `structure_key`'s for that list."""
+    """`walk_graph` (the scheduler's walk with the cache key built along the way) lists the nodes a SINK's
+    `toposort` lists when it stops at materialised nodes (without the SINK), in the same order, and its key is
+    `structure_key`'s for that list."""
     from glassgrad.schedule.cache import structure_key, walk_graph
     program = random_program(data.draw, np_dtype)
     if data.draw(st.booleans()):  # some graphs with realized nodes inside
         count_kernels(program[-1].t)
     outs = [n.t.uop for n in program]
-    sink = UOp(Ops.SINK, dtypes.void, tuple(without_reshapes(o) for o in outs))
+    roots = tuple(without_reshapes(o) for o in outs)
+    sink = UOp(Ops.SINK, dtypes.void, roots)
 
     def view_of(u: UOp) -> UOp | None:
         return u if u.op is Ops.BUFFER else REALIZED.get(u)
     with stable_realized():
-        nodes, leaves, key = walk_graph(sink, outs, REALIZED.get, REALIZED.id_tables())
+        nodes, leaves, key = walk_graph(roots, outs, REALIZED.get, REALIZED.id_tables())
         expected = sink.toposort(stop=lambda u: view_of(u) is not None)
+        assert expected[-1] is sink
+        expected = expected[:-1]  # (the walk builds no SINK: it starts from the roots)
         assert nodes == expected
         assert leaves == {u: v for u in expected if (v := view_of(u)) is not None}
-        expected_key = structure_key(expected, outs, view_of)
+        expected_key = structure_key(expected, roots, outs, view_of)
         assert (key is None) == (expected_key is None)
         if key is not None and expected_key is not None:
             assert key.graph == expected_key.graph
             assert key.buffers == expected_key.buffers
             assert key.position == expected_key.position
-        assert walk_graph(sink, outs, REALIZED.get, REALIZED.id_tables(), keyed=False)[:2] == (nodes, leaves)
+        assert walk_graph(roots, outs, REALIZED.get, REALIZED.id_tables(), keyed=False)[:2] == (nodes, leaves)
 
 
 @PROPERTY

@@ -15,7 +15,7 @@ import pytest
 from glassgrad import Context, Tensor, no_grad
 from glassgrad.device import Buffer
 from glassgrad.schedule import SCHEDULE_CACHE, ScheduleItem, create_schedule
-from glassgrad.uop.ops import UOp
+from glassgrad.uop.ops import Ops, UOp
 
 
 def hits_while(fn: Callable[[], object]) -> int:
@@ -236,6 +236,22 @@ def test_the_cache_is_bounded() -> None:
     assert len(cache) == 2 and cache.get((0,)) is None and cache.get((3,)) is empty
 
 
+def test_the_cache_evicts_the_least_recently_used() -> None:
+    """A hit makes its entry the most recently used: the next eviction takes the entry unused the longest."""
+    from glassgrad.engine.memory import SchedulePlan
+    from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate
+    cache = ScheduleCache(capacity=3)
+    templates = [ScheduleTemplate((), (), (), SchedulePlan((), ())) for _ in range(5)]
+    for key in range(3):
+        cache.put((key,), templates[key])
+    assert cache.get((0,)) is templates[0]  # 1 is now the oldest
+    cache.put((3,), templates[3])
+    assert cache.get((1,)) is None and cache.get((0,)) is templates[0]  # 2 is now the oldest
+    cache.put((4,), templates[4])
+    assert cache.get((2,)) is None
+    assert [cache.get((k,)) for k in (0, 3, 4)] == [templates[0], templates[3], templates[4]]
+
+
 def test_views_are_rebuilt_as_buffer_reshapes() -> None:
     x = Tensor(data(2, 3, seed=9))
     out = (x + 1).permute(1, 0)
@@ -289,3 +305,139 @@ def test_a_cache_hit_reads_the_values_the_buffers_hold_now() -> None:
     second = (a * b + 1.0).realize()  # a hit: same structure, b at its new version
     np.testing.assert_array_equal(first.numpy(), np.arange(8) + 1)
     np.testing.assert_array_equal(second.numpy(), np.arange(8) * 3 + 1)
+
+
+# ---------------------------------------------------------------- replays (engine/realize.py: `replay`)
+@pytest.fixture
+def replays(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each realize's cache hit that `schedule_and_run` replayed: True when the replay ran, False when it gave back
+    to `run_schedule` (a kernel not compiled). The schedule cache starts empty: a test's first graph is a miss."""
+    from glassgrad.engine import realize
+    SCHEDULE_CACHE.clear()
+    seen: list[bool] = []
+    original = realize.replay
+
+    def spy(hit: object) -> dict[UOp, UOp] | None:
+        views = original(hit)  # type: ignore[arg-type]
+        seen.append(views is not None)
+        return views
+    monkeypatch.setattr(realize, "replay", spy)
+    return seen
+
+
+def test_a_replay_runs_on_this_graphs_buffers(replays: list[bool]) -> None:
+    """The same structure on new inputs (and new outputs) every time: each replay reads its own inputs and writes
+    a new output buffer, so no earlier result changes."""
+    outs, refs = [], []
+    for seed in range(4):
+        a, b = data(4, 6, seed=seed), data(4, 6, seed=seed + 20)
+        outs.append(graph(Tensor(a), Tensor(b)).realize())
+        refs.append(reference(a, b))
+    assert replays == [True, True, True]
+    assert len({id(o.uop.base.arg[0]) for o in outs}) == 4
+    for out, ref in zip(outs, refs):
+        np.testing.assert_array_equal(out.numpy(), ref)
+
+
+def test_a_replay_reads_an_input_after_an_assign(replays: list[bool]) -> None:
+    """x * 2 + 1 before and after x is overwritten in place: the replay reads x's current version."""
+    x_ref = data(8, seed=30)
+    x = Tensor(x_ref.copy())
+    first = (x * 2 + 1).realize()
+    x.assign(x * 3).realize()
+    second = (x * 2 + 1).realize()
+    assert replays and replays[-1]
+    np.testing.assert_array_equal(first.numpy(), x_ref * 2 + 1)
+    np.testing.assert_array_equal(second.numpy(), x_ref * 3 * 2 + 1)
+
+
+def test_a_replayed_assign_records_its_write(replays: list[bool]) -> None:
+    """An assign replayed: the buffer's version moves on (a tensor that read the old version keeps its value), the
+    target tensor holds the new version, and the graph read before the write is realized with it."""
+    w_ref, x_ref = data(16, seed=31), data(16, seed=32)
+    w, x = Tensor(w_ref.copy()), Tensor(x_ref)
+    for step in range(4):
+        before = w * 2  # reads the version the step overwrites: realized with the step, before the write
+        w.assign(w - x * 0.5).realize()
+        assert w.uop.op is not Ops.ASSIGN and w.uop.base.arg[1] == step + 1 == w.uop.base.arg[0].version
+        np.testing.assert_array_equal(before.numpy(), w_ref * 2)
+        w_ref = w_ref - x_ref * np.float32(0.5)
+        np.testing.assert_array_equal(w.numpy(), w_ref)
+    assert replays.count(True) >= 3
+
+
+def test_replays_with_other_variable_values(replays: list[bool]) -> None:
+    """A bound Variable's value is part of the structure: each value's kernels get that value when replayed, not
+    the value of the schedule replayed before."""
+    from glassgrad import Variable
+    x_ref = data(8, 4, seed=33)
+    x = Tensor(x_ref)
+    v = Variable("rows", 1, 8)
+    for rows in (3, 5, 3, 5, 2, 3):
+        out = (x[:v.bind(rows)] * 2).sum(axis=0)  # (a concrete shape: a symbolic shape's view is never cached)
+        np.testing.assert_array_equal(out.numpy(), (x_ref[:rows] * 2).sum(axis=0))
+    assert replays.count(True) >= 3
+
+
+def test_a_replay_hands_back_view_outputs(replays: list[bool]) -> None:
+    """Outputs that are reshapes of one buffer (and that buffer's own output) come back as views of one new buffer
+    per call, each of its own shape."""
+    for seed in range(3):
+        a = data(4, 6, seed=seed + 40)
+        s = Tensor(a) + 1
+        flat, cube = s.reshape(24), s.reshape(2, 2, 6)
+        Tensor.realize_all(flat, cube, s)
+        assert flat.uop.base.arg[0] is cube.uop.base.arg[0] is s.uop.base.arg[0]
+        np.testing.assert_array_equal(flat.numpy(), (a + 1).reshape(24))
+        np.testing.assert_array_equal(cube.numpy(), (a + 1).reshape(2, 2, 6))
+        np.testing.assert_array_equal(s.numpy(), a + 1)
+    assert replays == [True, True]
+
+
+def test_a_replayed_result_keeps_its_lineage(replays: list[bool]) -> None:
+    """A result realized by a replay is recorded (REALIZED, LINEAGE) as any other: a backward through it reaches
+    the parameter it was computed from."""
+    from glassgrad.schedule import REALIZED
+    x_ref, w_ref = data(6, seed=50), data(6, seed=51)
+    for _ in range(3):
+        w = Tensor(w_ref.copy(), requires_grad=True)
+        x = Tensor(x_ref)
+        y = w * x + 1
+        node = y.uop
+        y.realize()
+        assert REALIZED.get(node) is y.uop
+        (y * y).sum().backward()
+        assert w.grad is not None
+        np.testing.assert_allclose(w.grad.numpy(), 2 * (w_ref * x_ref + 1) * x_ref, rtol=1e-6)
+    assert replays and all(replays)
+
+
+def test_a_replay_without_its_kernel_gives_back_to_run_schedule(monkeypatch: pytest.MonkeyPatch,
+                                                                replays: list[bool]) -> None:
+    """The kernel cache emptied (or other codegen flags): the hit is not replayed, nothing runs twice, and
+    run_schedule compiles the kernel again."""
+    from glassgrad import GlobalCounters
+    from glassgrad.engine import realize
+    a = data(4, 6, seed=60)
+    graph(Tensor(a), Tensor(a + 1)).realize()
+    replays.clear()
+    monkeypatch.setattr(realize, "_kernel_cache", {})
+    GlobalCounters.reset()
+    out = graph(Tensor(a), Tensor(a + 1)).realize()
+    kernels = GlobalCounters.kernel_count
+    np.testing.assert_array_equal(out.numpy(), reference(a, a + 1))
+    assert replays == [False]
+    GlobalCounters.reset()
+    graph(Tensor(a), Tensor(a + 1)).realize()
+    assert replays == [False, True] and GlobalCounters.kernel_count == kernels
+
+
+def test_items_are_made_while_something_watches_them(replays: list[bool]) -> None:
+    """TIMING and DEBUG>=2 time or print each item (run_schedule does): a hit is instantiated then, not replayed."""
+    a = data(4, 6, seed=70)
+    graph(Tensor(a), Tensor(a)).realize()
+    replays.clear()
+    with Context(TIMING=1):
+        out = graph(Tensor(a + 1), Tensor(a)).realize()
+    np.testing.assert_array_equal(out.numpy(), reference(a + 1, a))
+    assert replays == []

@@ -19,7 +19,7 @@ from glassgrad.device import Buffer, Device
 from glassgrad.engine.collectives import allreduce
 from glassgrad.helpers import BEAM, DEBUG, NOOPT, TIMING, getenv, kernel_flags
 from glassgrad.runtime.cpu_guard import BufferGuardError
-from glassgrad.schedule import ScheduleItem
+from glassgrad.schedule import CachedSchedule, ScheduleItem, find_schedule
 from glassgrad.uop.ops import Ops, UOp
 from glassgrad.uop.sint import sint_eval
 
@@ -269,14 +269,19 @@ def run_item(item: ScheduleItem) -> None:
         return
     device = bufs[0].device
     kernel = _kernel_cache.get((device, ast, kernel_flags())) or compile_kernel(device, ast)  # (kernel_key's key)
+    launch(kernel, bufs, item.var_vals)
+
+
+def launch(kernel: CompiledKernel, bufs: Sequence[Buffer], var_vals: dict[str, int]) -> None:
+    """Run a compiled kernel on `bufs` (output first) with the Variables' values, and count it."""
     # (every launch: a buffer's handle is nearly always made already, read without the property's call)
     handles = [h if (h := b._handle) is not None else b.handle for b in bufs]
     vals: tuple[int, ...] = ()
     if kernel.fixed is not None:  # (nearly every kernel: no Variables, nothing to evaluate per launch)
         spec, (flops, work) = kernel.spec, kernel.fixed
     else:
-        spec = kernel.spec.at(item.var_vals)  # symbolic sizes: this launch's
-        vals = tuple(item.var_vals[name] for name in spec.vars)
+        spec = kernel.spec.at(var_vals)  # symbolic sizes: this launch's
+        vals = tuple(var_vals[name] for name in spec.vars)
         flops, work = sint_eval(spec.flops), sint_eval(spec.work)
     debug = DEBUG.value
     try:
@@ -296,3 +301,49 @@ def run_item(item: ScheduleItem) -> None:
         GlobalCounters.global_ops += flops
         GlobalCounters.global_mem += nbytes
         GlobalCounters.time_sum_s += seconds or 0.0
+
+
+def schedule_and_run(outs: list[UOp]) -> dict[UOp, UOp]:
+    """Schedule the graph of `outs` and run it; returns `create_schedule`'s views. A graph whose structure the
+    schedule cache holds is replayed (`replay`: its template's kernels launched on this graph's buffers, without
+    ScheduleItems), unless something watches the items: a TinyJit capture (`capture_hooks`), `DEBUG>=2` or `TIMING`
+    (which `run_schedule` serves)."""
+    found = find_schedule(outs)
+    if isinstance(found, CachedSchedule):
+        if not capture_hooks and DEBUG.value < 2 and not TIMING.value and \
+                (views := replay(found)) is not None:
+            return views
+        found = found.instantiate()
+    schedule, views = found
+    run_schedule(schedule)
+    return views
+
+
+def replay(hit: CachedSchedule) -> dict[UOp, UOp] | None:
+    """Run a cache hit as `run_schedule` runs its instantiated items, in the same order with the same buffers,
+    versions and counts, but from the template: each item's kernel launched on the buffers in its references, each
+    write's version recorded on its buffer. Returns the views `instantiate` would, or None (nothing run) when a
+    kernel is not in the kernel cache (cleared, or other codegen flags): `run_schedule` then compiles it."""
+    template, flags = hit.template, kernel_flags()
+    bufs, base_version = template.bind(hit.key)
+    kernels: list[CompiledKernel | None] = []
+    for ast, refs, _, _, _ in template.items:
+        if ast.op in NOT_KERNELS:
+            kernels.append(None)
+        elif (kernel := _kernel_cache.get((bufs[refs[0]].device, ast, flags))) is not None:
+            kernels.append(kernel)
+        else:
+            return None
+    for (ast, refs, _, writes, var_vals), kernel in zip(template.items, kernels):
+        item_bufs = [bufs[r] for r in refs]
+        if kernel is not None:
+            launch(kernel, item_bufs, var_vals)
+        elif ast.op is Ops.COPY:
+            run_copy(*item_bufs)
+        else:
+            run_allreduce(ast.arg[0], item_bufs)
+        for ref, offset in writes:
+            buf, version = bufs[ref], base_version[ref] + offset
+            if buf.version < version:
+                buf.version = version
+    return template.views_for(bufs, base_version, hit.nodes, hit.outs)

@@ -41,7 +41,7 @@ from glassgrad.device import Buffer
 from glassgrad.dtype import DType, dtypes
 from glassgrad.engine.memory import SchedulePlan
 from glassgrad.helpers import FLASH_ATTENTION, SCACHE, prod
-from glassgrad.schedule.cache import ScheduleCache, ScheduleTemplate, walk_graph
+from glassgrad.schedule.cache import GraphKey, ScheduleCache, ScheduleTemplate, walk_graph
 from glassgrad.schedule.gather import gather_one_hot
 from glassgrad.schedule.indexing import KernelBuilder
 from glassgrad.schedule.rewrite import merge_nested_reduce, rebuild
@@ -613,15 +613,38 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
 
     A graph with the structure of one scheduled before (same ops, shapes, dtypes, devices; other buffers) reuses
     that schedule through `SCHEDULE_CACHE` (see schedule/cache.py; `SCACHE=0` turns it off)."""
-    originals = [without_reshapes(o) for o in outs]
-    sink = UOp(Ops.SINK, dtypes.void, tuple(originals))
+    found = find_schedule(outs)
+    return found.instantiate() if isinstance(found, CachedSchedule) else found
+
+
+@dataclass
+class CachedSchedule:
+    """A graph whose structure the schedule cache holds: the template with what binds it to this graph (the walk's
+    key, with the buffers in the slots, and nodes). `instantiate()` makes the schedule's items; a realize that needs
+    no items replays the template instead (`engine/realize.py: replay`)."""
+    template: ScheduleTemplate
+    key: GraphKey
+    nodes: list[UOp]
+    outs: list[UOp]
+
+    def instantiate(self) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+        return self.template.instantiate(self.key, self.nodes, self.outs, ScheduleItem)
+
+
+def find_schedule(outs: list[UOp]) -> CachedSchedule | tuple[list[ScheduleItem], dict[UOp, UOp]]:
+    """`create_schedule`'s work up to a cache hit: the walk of the graph with its structure key, and either the
+    cached template for that structure (a `CachedSchedule`, not instantiated) or, on a miss, the new schedule
+    (which goes into the cache) as `create_schedule` returns it."""
+    originals = tuple([without_reshapes(o) for o in outs])
     # the walk (stopping at materialised nodes) and the structure key in one pass
-    nodes, _, key = walk_graph(sink, outs, REALIZED.get, REALIZED.id_tables(), bool(SCACHE))
+    nodes, _, key = walk_graph(originals, outs, REALIZED.get, REALIZED.id_tables(), bool(SCACHE))
     graph_key = (FLASH_ATTENTION.value, key.graph) if key is not None else ()  # (the flag changes the fusion)
     if key is not None and (template := SCHEDULE_CACHE.get(graph_key)) is not None:
-        return template.instantiate(key, nodes, outs, ScheduleItem)
+        return CachedSchedule(template, key, nodes, outs)
+    sink = UOp(Ops.SINK, dtypes.void, originals)
+    nodes.append(sink)  # (the scheduler's node list ends with the SINK, as `sink.toposort` lists it)
     created: list[Buffer] = []
-    schedule, views = _schedule_graph(outs, originals, sink, nodes, created)
+    schedule, views = _schedule_graph(outs, list(originals), sink, nodes, created)
     # only nodes of the graph as given are recorded (not those of a graph rewritten to split reductions): what the
     # caller puts in REALIZED then depends on the graph's structure alone, as the cache needs
     in_graph, out_ids = key.position if key is not None else set(nodes), {id(o) for o in outs}

@@ -19,7 +19,6 @@ buffers at a new version every step, therefore hits.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -52,17 +51,18 @@ class GraphKey:
     position: dict[UOp, int]
 
 
-def walk_graph(sink: UOp, outs: list[UOp], realized: Callable[[UOp], UOp | None],
+def walk_graph(roots: tuple[UOp, ...], outs: list[UOp], realized: Callable[[UOp], UOp | None],
                realized_ids: tuple[dict[int, Any], dict[int, Any]], keyed: bool = True
                ) -> tuple[list[UOp], dict[UOp, UOp], GraphKey | None]:
-    """The scheduler's walk of the graph under `sink` and, in the same pass, its cache key.
+    """The scheduler's walk of the graph under `roots` and, in the same pass, its cache key.
 
-    Returns the nodes (sources first, as `sink.toposort` lists them, stopping at materialised nodes: a BUFFER, or a
-    node `realized` gives a buffer view for), each materialised node's view (a BUFFER is its own), and the key of
-    `structure_key` (None when `keyed` is off, or the graph must not be cached: a leaf that reads an old version of
-    its buffer, or a view that is not reshapes of a buffer). `realized` is asked only about nodes whose id is in one
-    of `realized_ids` (REALIZED's tables: nearly every node is in none, and a dictionary test is cheaper than a call).
-    """
+    Returns the nodes (sources first, as the toposort of a SINK of `roots` lists them without the SINK, stopping at
+    materialised nodes: a BUFFER, or a node `realized` gives a buffer view for), each materialised node's view (a
+    BUFFER is its own), and the key of `structure_key` (None when `keyed` is off, or the graph must not be cached: a
+    leaf that reads an old version of its buffer, or a view that is not reshapes of a buffer). `realized` is asked
+    only about nodes whose id is in one of `realized_ids` (REALIZED's tables: nearly every node is in none, and a
+    dictionary test is cheaper than a call). No SINK node is built: a cache hit never needs one (the scheduler
+    builds it on a miss), so the roots are the walk's first frame and the key ends with their positions."""
     nodes: list[UOp] = []
     leaves: dict[UOp, UOp] = {}
     position: dict[UOp, int] = {}
@@ -70,8 +70,8 @@ def walk_graph(sink: UOp, outs: list[UOp], realized: Callable[[UOp], UOp | None]
     parts: list[tuple[Any, ...]] | None = [] if keyed else None
     # (locals: this loop runs for every node of every graph realized)
     ids_a, ids_b = realized_ids
-    get, listed, push, buffer_op = position.__getitem__, nodes.append, None, Ops.BUFFER
-    stack: list[tuple[UOp, Iterator[UOp]]] = [(sink, iter(sink.src))]
+    get, listed, buffer_op = position.__getitem__, nodes.append, Ops.BUFFER
+    stack: list[tuple[UOp | None, Iterator[UOp]]] = [(None, iter(roots))]  # (the roots' frame: no node of its own)
     push = stack.append
     while stack:
         node, sources = stack[-1]
@@ -100,6 +100,8 @@ def walk_graph(sink: UOp, outs: list[UOp], realized: Callable[[UOp], UOp | None]
                 parts = None
         else:
             stack.pop()
+            if node is None:  # the roots' frame: done
+                break
             position[node] = len(nodes)
             listed(node)
             if parts is not None:  # (op, dtype, argument, positions of the sources)
@@ -112,11 +114,19 @@ def walk_graph(sink: UOp, outs: list[UOp], realized: Callable[[UOp], UOp | None]
                     parts.append((node.op, node.dtype, node.arg_key, *map(get, src)))
     if parts is None:
         return nodes, leaves, None
+    return nodes, leaves, _graph_key(parts, roots, outs, slot_of, position)
+
+
+def _graph_key(parts: list[tuple[Any, ...]], roots: tuple[UOp, ...], outs: list[UOp], slot_of: dict[Buffer, int],
+               position: dict[UOp, int]) -> GraphKey:
+    """The key from the nodes' parts: they, the roots' positions (where a SINK of them would be), and each output's
+    node under its reshapes with the reshapes' shapes."""
+    parts.append(("roots", *[position[r] for r in roots]))
     outputs = []
     for out in outs:
         under, shapes = reshape_chain(out)
         outputs.append((position[under], shapes))
-    return nodes, leaves, GraphKey((tuple(parts), tuple(outputs)), list(slot_of), position)
+    return GraphKey((tuple(parts), tuple(outputs)), list(slot_of), position)
 
 
 def _add_leaf(parts: list[tuple[Any, ...]], node: UOp, view: UOp, slot_of: dict[Buffer, int]) -> bool:
@@ -138,11 +148,12 @@ def _add_leaf(parts: list[tuple[Any, ...]], node: UOp, view: UOp, slot_of: dict[
     return True
 
 
-def structure_key(nodes: list[UOp], outs: list[UOp], leaf_view: Callable[[UOp], UOp | None]) -> GraphKey | None:
-    """The cache key of a graph. `nodes` is its walk (sources first, ending with the SINK of the outputs' nodes
-    under their reshapes); `leaf_view(n)` is the buffer view of a materialised node, else None. Returns None when
-    the graph must not be cached: a leaf that reads an old version of its buffer, or a view that is not reshapes of
-    a buffer. (`walk_graph` computes the same key during its walk.)"""
+def structure_key(nodes: list[UOp], roots: tuple[UOp, ...], outs: list[UOp],
+                  leaf_view: Callable[[UOp], UOp | None]) -> GraphKey | None:
+    """The cache key of a graph. `nodes` is its walk (sources first, down from `roots`, the outputs' nodes under
+    their reshapes); `leaf_view(n)` is the buffer view of a materialised node, else None. Returns None when the graph
+    must not be cached: a leaf that reads an old version of its buffer, or a view that is not reshapes of a buffer.
+    (`walk_graph` computes the same key during its walk.)"""
     position: dict[UOp, int] = {}
     slot_of: dict[Buffer, int] = {}
     parts: list[tuple[Any, ...]] = []
@@ -153,11 +164,7 @@ def structure_key(nodes: list[UOp], outs: list[UOp], leaf_view: Callable[[UOp], 
         elif not _add_leaf(parts, node, view, slot_of):
             return None
         position[node] = i
-    outputs = []
-    for out in outs:
-        under, shapes = reshape_chain(out)
-        outputs.append((position[under], shapes))
-    return GraphKey((tuple(parts), tuple(outputs)), list(slot_of), position)
+    return _graph_key(parts, roots, outs, slot_of, position)
 
 
 @dataclass(frozen=True)
@@ -208,20 +215,29 @@ class ScheduleTemplate:
         return ScheduleTemplate(tuple((b.device, b.size, b.dtype) for b in created), item_templates, view_templates,
                                 plan)
 
-    def instantiate(self, key: GraphKey, nodes: list[UOp], outs: list[UOp],
-                    make_item: Callable[..., Any]) -> Schedule:
-        """The schedule for the graph of `key`: this template with the key's buffers in the slots and fresh buffers
-        for the ones the schedule creates, placed in memory by the template's plan. `make_item(ast, bufs, reads,
-        writes, var_vals)` builds a ScheduleItem."""
+    def bind(self, key: GraphKey) -> tuple[list[Buffer], list[int]]:
+        """The buffers this template's references stand for in the graph of `key`: the key's slots, then fresh
+        buffers for the ones the schedule creates, placed in memory by the template's plan; and each one's version
+        now (the versions the template's offsets count from)."""
         created = [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
         self.plan.place(created)
-        bufs = key.buffers + created
-        base_version = [b.version for b in key.buffers] + [0] * len(self.new_buffers)
+        return key.buffers + created, [b.version for b in key.buffers] + [0] * len(created)
+
+    def instantiate(self, key: GraphKey, nodes: list[UOp], outs: list[UOp],
+                    make_item: Callable[..., Any]) -> Schedule:
+        """The schedule for the graph of `key`: this template bound to the graph's buffers (`bind`).
+        `make_item(ast, bufs, reads, writes, var_vals)` builds a ScheduleItem."""
+        bufs, base_version = self.bind(key)
         # (list comprehensions, not generators: this runs for every item of every cache hit)
         items = [make_item(ast, tuple([bufs[r] for r in refs]),
                            frozenset([(bufs[b], base_version[b] + k) for b, k in reads]),
                            tuple([(bufs[b], base_version[b] + k) for b, k in writes]), dict(var_vals))
                  for ast, refs, reads, writes, var_vals in self.items]
+        return items, self.views_for(bufs, base_version, nodes, outs)
+
+    def views_for(self, bufs: list[Buffer], base_version: list[int], nodes: list[UOp],
+                  outs: list[UOp]) -> dict[UOp, UOp]:
+        """{node: buffer view} for the graph whose walk is `nodes`, on the buffers (and versions) of `bind`."""
         views: dict[UOp, UOp] = {}
         for is_out, index, (buf_ref, offset, shapes) in self.views:
             buf = bufs[buf_ref]
@@ -229,30 +245,39 @@ class ScheduleTemplate:
             for shape in shapes:
                 view = UOp(Ops.RESHAPE, buf.dtype, (view,), shape)
             views[outs[index] if is_out else nodes[index]] = view
-        return items, views
+        return views
 
 
 class ScheduleCache:
-    """Least-recently-used map from graph structure to `ScheduleTemplate`, holding at most `capacity` entries."""
+    """Least-recently-used map from graph structure to `ScheduleTemplate`, holding at most `capacity` entries.
+
+    A hit hashes its key once: each entry carries the stamp of its last use (an OrderedDict's `move_to_end` would
+    hash the key again, and a key is a tuple of a part per node, not cached). Eviction, only when a new entry makes
+    the cache too big, scans the stamps for the oldest."""
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
-        self._entries: OrderedDict[tuple[Any, ...], ScheduleTemplate] = OrderedDict()
+        self._entries: dict[tuple[Any, ...], list[Any]] = {}  # key -> [template, stamp of its last use]
+        self._clock = 0
         self.hits = self.misses = 0
 
     def get(self, graph: tuple[Any, ...]) -> ScheduleTemplate | None:
-        template = self._entries.get(graph)
-        if template is None:
+        entry = self._entries.get(graph)
+        if entry is None:
             self.misses += 1
             return None
         self.hits += 1
-        self._entries.move_to_end(graph)
+        self._clock += 1
+        entry[1] = self._clock
+        template: ScheduleTemplate = entry[0]
         return template
 
     def put(self, graph: tuple[Any, ...], template: ScheduleTemplate) -> None:
-        self._entries[graph] = template
+        self._clock += 1
+        self._entries[graph] = [template, self._clock]
         if len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+            oldest = min(self._entries.items(), key=lambda item: item[1][1])[0]
+            del self._entries[oldest]
 
     def clear(self) -> None:
         self._entries.clear()
