@@ -370,7 +370,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None) -> None:
-        if type(data) is UOp and device is None and dtype is None and requires_grad is None:  # every op's result
+        if type(data) is UOp and device is None and dtype is None and requires_grad is None \
+                and not _is_size_expression(data):  # every op's result
             self.uop, self.grad, self._requires_grad, self._view_of = data, None, None, None
             _LAZY.add(self)  # (one place for it: an inlined copy once missed the open no_grad block's list)
             return
@@ -382,7 +383,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             return
         device = canonical_devices(device or Device.DEFAULT)
         want = to_dtype(dtype) if dtype is not None else None
-        if isinstance(data, UOp):
+        if isinstance(data, UOp) and _is_size_expression(data):  # tinygrad's Tensor(v.bind(3)): a 0-d int tensor
+            _check_bound(data, "Tensor")
+            uop = UOp(Ops.CONST, dtypes.int32, (UOp(Ops.DEVICE, dtypes.void, (), device),), as_sint(data))
+        elif isinstance(data, UOp):
             uop = data
         elif isinstance(data, Tensor):
             raise TypeError("Tensor(Tensor) is ambiguous: use t.detach(), t.clone() or t.cast(dtype)")
@@ -527,11 +531,28 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def requires_grad_(self, value: bool = True) -> Tensor:
         if value and not self.dtype.is_float:
             raise RuntimeError(f"only floating point tensors can require gradients, this one is {self.dtype}")
+        if value and self._requires_grad is not True and self._shares_its_node():
+            with no_grad():
+                self._take_own_buffer()
         _note_flag_change(self._requires_grad, bool(value))
         self._requires_grad = bool(value)
         if value:
             _REQUIRES_GRAD[id(self)] = self
         return self
+
+    def _shares_its_node(self) -> bool:
+        """Whether this tensor, about to become a gradient leaf, may hold the very node another tensor holds: a lazy
+        graph hash-conses with every equal one (two `Tensor.zeros(3, requires_grad=True)`, two `Tensor(3.5)`), and a
+        gradient is found per node, so such leaves would each get the sum of all their gradients. A buffer made for
+        this tensor is its own; so is a view of another tensor (it writes there) and an op's result that already
+        reaches a gradient leaf (PyTorch's non-leaf: its gradient must keep flowing to that leaf)."""
+        u = self.uop
+        if self._view_of is not None or isinstance(self.device, tuple) or not all(isinstance(s, int) for s in
+                                                                                  self.shape):
+            return False
+        if is_buffer_view(u) and u.base.op is Ops.BUFFER and u.base.arg[0].owned:
+            return False
+        return not _reaches_a_grad_leaf(self)
 
     @property
     def is_param(self) -> bool:
@@ -636,8 +657,14 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return self._view(UOp(Ops.DETACH, self.dtype, (self.uop,)))
 
     def clone(self, device: str | tuple[str, ...] | None = None) -> Tensor:
-        """A copy with its own storage (on `device` when given: tinygrad's keyword)."""
-        return self.contiguous() if device is None else self.to(device).contiguous()
+        """A copy with its own storage (on `device` when given: tinygrad's keyword), differentiable as PyTorch's.
+        Its own buffer also makes it its own node: `contiguous()` of equal graphs is one shared node, and two such
+        clones would get one gradient between them (tinygrad's `Tensor(3.5).clone()` twice). (Several devices or a
+        symbolic shape: a contiguous copy.)"""
+        src = self if device is None else self.to(device)
+        if isinstance(src.device, tuple) or not all(isinstance(s, int) for s in src.shape):
+            return src.contiguous()
+        return Tensor.empty(*src.shape, dtype=src.dtype, device=src.device).assign(src)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
         """`copy.deepcopy(t)` (and of a model holding tensors): a tensor with its own copy of the values, the same
@@ -1686,6 +1713,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         reps = shape_args(repeats, args)
         if len(reps) < self.ndim:
             raise ShapeError(f"repeat needs at least {self.ndim} repeat counts, got {reps}")
+        if any(isinstance(r, int) and r < 0 for r in reps):  # (expand would read -1 as "keep this size")
+            raise ShapeError(f"repeat counts must be non-negative, got {reps}")
         base = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
         expanded = base.reshape(tuple(x for s in base.shape for x in (1, s)))
         expanded = expanded.expand(tuple(x for r, s in zip(reps, base.shape) for x in (r, s)))
@@ -1863,7 +1892,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         axes = self._resolve_axes(axis)
         kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
         if op is Ops.MAX and any(self.shape[a] == 0 for a in axes):
-            raise ValueError(f"max/min over an empty dimension (shape {self.shape}, axis {axis}) has no identity")
+            raise ShapeError(f"max/min over an empty dimension (shape {self.shape}, axis {axis}) has no identity")
         src = self
         if op is Ops.MAX and axes and self.dtype.is_float and _calls_libm(self.uop) and self.requires_grad:
             src = self.contiguous()  # the gradient compares its input with the max: they must be the same values
@@ -1991,7 +2020,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             return Tensor.zeros((), dtype=dtypes.int32, device=self.device)
         n = self.shape[a]
         if n == 0:
-            raise ValueError(f"argmax over an empty dimension (shape {self.shape}, axis {axis})")
+            raise ShapeError(f"argmax over an empty dimension (shape {self.shape}, axis {axis})")
         x = self.contiguous() if self.dtype.is_float and _calls_libm(self.uop) else self  # compared with its max
         is_max = x == x.max(a, keepdim=True)
         if self.dtype.is_float:  # a NaN is the maximum (max propagates it), as in numpy and PyTorch
@@ -2805,10 +2834,28 @@ def _check_fits(dtype: DType, values: Sequence[Scalar], op: str) -> None:
             raise OverflowError(f"{op}: value {v} does not fit {dtype.name} (range {dtype.min}..{dtype.max})")
 
 
+_SIZE_OPS = (Ops.DEFINE_VAR, Ops.BIND, Ops.CONST, Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.MOD, Ops.MAX)
+
+
+def _is_size_expression(x: UOp) -> bool:
+    """Whether a UOp is a symbolic int (a Variable, bound or not, or an int expression of them), not a tensor's
+    graph. (Stops at the first node that is not a size op: an op's result is answered in a step or two.)"""
+    if x.op not in _SIZE_OPS or x.dtype != dtypes.int32:
+        return False
+    stack, seen, has_var = [x], set(), False
+    while stack:
+        u = stack.pop()
+        if u.op not in _SIZE_OPS or (u.op is Ops.CONST and u.src):  # (a tensor's constant has a DEVICE source)
+            return False
+        has_var = has_var or u.op is Ops.DEFINE_VAR
+        stack.extend(s for s in u.src if s not in seen)
+        seen.update(u.src)
+    return has_var
+
+
 def _check_bound(x: UOp, where: str) -> None:
     """A symbolic size used by a tensor must have values for all its variables (`Variable(...).bind(n)`)."""
-    if x.dtype != dtypes.int32 or not all(u.op in (Ops.DEFINE_VAR, Ops.BIND, Ops.CONST, Ops.ADD, Ops.MUL, Ops.NEG,
-                                                   Ops.IDIV, Ops.MOD, Ops.MAX) for u in x.toposort()):
+    if x.dtype != dtypes.int32 or not all(u.op in _SIZE_OPS for u in x.toposort()):
         raise TypeError(f"{where}: a UOp used as a size must be an int expression of Variables, got {x.op}")
     if unbound_variables(x):
         names = ", ".join(sorted(v.arg[0] for v in unbound_variables(x)))

@@ -1,0 +1,131 @@
+"""Behaviours that tinygrad's own unit tests (test/backend/test_tensor.py, test_nn.py, test_optim.py, test_jit.py,
+test/unit/*.py of the snapshot) found wrong or missing here, each checked against numpy and, when it is importable,
+PyTorch. docs/TINYGRAD_PARITY.md "tinygrad's unit tests" lists the files run and their outcome."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from torch_optional import torch
+
+from glassgrad import Tensor
+
+
+# ---------------------------------------------------------------------- gradient leaves are their own nodes
+def test_equal_constant_leaves_get_their_own_gradients() -> None:
+    """Two `Tensor.zeros(3, requires_grad=True)` were one (hash-consed) node, so each got the sum of both
+    gradients: w.grad and b.grad were both x + 1."""
+    x_np = np.array([1.0, 2.0, 3.0], np.float32)
+    w = Tensor.zeros(3, requires_grad=True)
+    b = Tensor.zeros(3, requires_grad=True)
+    (w * Tensor(x_np) + b).sum().backward()
+    assert w.grad is not None and b.grad is not None
+    np.testing.assert_allclose(w.grad.numpy(), x_np)
+    np.testing.assert_allclose(b.grad.numpy(), np.ones(3, np.float32))
+    if torch is not None:
+        tw, tb = torch.zeros(3, requires_grad=True), torch.zeros(3, requires_grad=True)
+        (tw * torch.tensor(x_np) + tb).sum().backward()
+        np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy())
+        np.testing.assert_allclose(b.grad.numpy(), tb.grad.numpy())
+
+
+@pytest.mark.parametrize("make", [lambda: Tensor(3.5, requires_grad=True),
+                                  lambda: Tensor.full((), 3.5, requires_grad=True),
+                                  lambda: Tensor.ones(()).mul(3.5).requires_grad_()])
+def test_equal_scalar_leaves_each_get_one(make) -> None:  # type: ignore[no-untyped-def]
+    """tinygrad's test_const_backward_pass with PyTorch's requires_grad: d(w1 + w2)/dw1 = 1, not 2."""
+    w1, w2 = make(), make()
+    w1.add(w2).backward()
+    assert w1.grad is not None and w2.grad is not None
+    assert (w1.grad.item(), w2.grad.item()) == (1.0, 1.0)
+
+
+def test_equal_leaves_in_a_product() -> None:
+    """d(w1 * w2)/dw1 = w2: with one shared node it was w1 + w2."""
+    w1, w2 = Tensor.ones(2, requires_grad=True), Tensor.ones(2, requires_grad=True)
+    (w1 * w2 * Tensor([2.0, 3.0])).sum().backward()
+    assert w1.grad is not None and w2.grad is not None
+    np.testing.assert_allclose(w1.grad.numpy(), [2.0, 3.0])
+    np.testing.assert_allclose(w2.grad.numpy(), [2.0, 3.0])
+
+
+def test_requires_grad_on_a_result_keeps_the_chain() -> None:
+    """`h = (p * 2).requires_grad_()` is PyTorch's non-leaf: the gradient still reaches p (h is not cut off
+    into a buffer of its own)."""
+    p = Tensor([1.0, 2.0], requires_grad=True)
+    h = (p * 2).requires_grad_()
+    (h * h).sum().backward()
+    assert p.grad is not None
+    np.testing.assert_allclose(p.grad.numpy(), 8 * np.array([1.0, 2.0]))
+
+
+def test_a_leaf_with_a_gradient_flag_keeps_its_value() -> None:
+    w = Tensor.arange(6).reshape(2, 3).float().requires_grad_()
+    np.testing.assert_array_equal(w.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+    (w * w).sum().backward()
+    assert w.grad is not None
+    np.testing.assert_allclose(w.grad.numpy(), 2 * np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+# ---------------------------------------------------------------------- clone
+def test_clones_of_equal_constants_are_separate_tensors() -> None:
+    """tinygrad's test_const_backward_pass itself: `Tensor(3.5).clone()` twice, tinygrad's backward (no
+    requires_grad): each clone gets d(w1 + w2)/dw = 1 (tinygrad's clone allocates a buffer; `contiguous()` of two
+    equal graphs was one node, so both got 2)."""
+    w1, w2 = Tensor(3.5).clone(), Tensor(3.5).clone()
+    w1.add(w2).backward()
+    assert w1.grad is not None and w2.grad is not None
+    assert (w1.grad.item(), w2.grad.item()) == (1.0, 1.0)
+
+
+def test_clone_is_differentiable_and_a_copy() -> None:
+    x_np = np.array([1.0, -2.0, 3.0], np.float32)
+    x = Tensor(x_np, requires_grad=True)
+    c = x.clone()
+    (c * c).sum().backward()
+    assert x.grad is not None
+    np.testing.assert_allclose(x.grad.numpy(), 2 * x_np)
+    np.testing.assert_array_equal(c.numpy(), x_np)
+    x.assign(Tensor.zeros(3)).realize()  # the clone has its own storage
+    np.testing.assert_array_equal(c.numpy(), x_np)
+    if torch is not None:
+        tx = torch.tensor(x_np, requires_grad=True)
+        tc = tx.clone()
+        (tc * tc).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy())
+
+
+# ---------------------------------------------------------------------- bad input (test/backend/test_edgecases.py)
+def test_repeat_with_a_negative_count_raises() -> None:
+    """`repeat(-1, 2)` gave shape (1, 6): expand read -1 as "keep this size". numpy's tile and PyTorch raise."""
+    with pytest.raises(RuntimeError, match="non-negative"):
+        Tensor([1, 2, 3]).repeat(-1, 2)
+    with pytest.raises(ValueError):
+        Tensor([1, 2, 3]).repeat(2, -3)
+    np.testing.assert_array_equal(Tensor([1, 2, 3]).repeat(0, 2).numpy(), np.tile([1, 2, 3], (0, 2)))
+    if torch is not None:
+        with pytest.raises(RuntimeError):
+            torch.tensor([1, 2, 3]).repeat(-1, 2)
+
+
+@pytest.mark.parametrize("op", ["max", "min", "argmax", "argmin"])
+def test_reducing_nothing_raises_what_pytorch_programs_catch(op: str) -> None:
+    """PyTorch raises RuntimeError (tinygrad's test catches that); glassgrad's ValueError stays catchable too."""
+    for caught in (RuntimeError, ValueError):
+        with pytest.raises(caught, match="empty"):
+            getattr(Tensor([]), op)()
+
+
+# ---------------------------------------------------------------------- Tensor of a bound Variable
+def test_tensor_of_a_bound_variable_is_its_value() -> None:
+    """tinygrad's `Tensor(v.bind(3))` (test_arange's test_index_variable, test_tensor_variable): a 0-d int32 tensor
+    holding the bound value; it crashed (a node without a device)."""
+    from glassgrad import Variable
+    data = np.arange(20, dtype=np.float32).reshape(10, 2)
+    v = Variable("v", 0, 9)
+    t = Tensor(v.bind(3))
+    assert t.shape == () and t.item() == 3
+    np.testing.assert_array_equal(Tensor(data)[t].numpy(), data[3])
+    assert Tensor(Variable("u", 1, 10).bind(2) + 1).item() == 3
+    np.testing.assert_allclose((Tensor(v.bind(4)) * 2.5).numpy(), 10.0)
+    with pytest.raises(ValueError, match="not bound"):
+        Tensor(Variable("w", 0, 3))
