@@ -2842,7 +2842,7 @@ def _is_size_expression(x: UOp) -> bool:
     graph. (Stops at the first node that is not a size op: an op's result is answered in a step or two.)"""
     if x.op not in _SIZE_OPS or x.dtype != dtypes.int32:
         return False
-    stack, seen, has_var = [x], set(), False
+    stack, seen, has_var = [x], set[UOp](), False
     while stack:
         u = stack.pop()
         if u.op not in _SIZE_OPS or (u.op is Ops.CONST and u.src):  # (a tensor's constant has a DEVICE source)
