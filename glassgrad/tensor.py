@@ -2515,7 +2515,9 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
                     _reads_a_buffer(node.src[1]):
                 # (the value's graph does not hold the ASSIGN node, which REALIZED keeps the view for: no cycle)
                 LINEAGE[view] = node.src[1]
-                REALIZED.set_assigned_value(node.src[1], view)
+                if not is_buffer_view(node.src[1]):  # (a buffer's own contents are not a result to load elsewhere:
+                    # `t.assign(w)` then a write to t, and `w + 0` read t's overwritten copy instead of w)
+                    REALIZED.set_assigned_value(node.src[1], view)
         elif keep_lineage and not is_buffer_view(node) and (lineage_of is None or node in lineage_of):
             LINEAGE[view] = node  # (movement ops of a buffer are computed too)
 

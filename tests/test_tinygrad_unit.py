@@ -129,3 +129,49 @@ def test_tensor_of_a_bound_variable_is_its_value() -> None:
     np.testing.assert_allclose((Tensor(v.bind(4)) * 2.5).numpy(), 10.0)
     with pytest.raises(ValueError, match="not bound"):
         Tensor(Variable("w", 0, 3))
+
+
+# ---------------------------------------------------------------------- assign (test/unit/test_assign.py)
+VIEWS_OF_W = {"itself": (lambda w: w, lambda a: a), "reshaped": (lambda w: w.reshape(2, 1).reshape(2), lambda a: a),
+              "flipped": (lambda w: w.flip(0), lambda a: a[::-1]), "sliced": (lambda w: w[0:2], lambda a: a)}
+
+
+@pytest.mark.parametrize("view", list(VIEWS_OF_W))
+def test_reading_a_tensor_after_its_copy_was_overwritten(view: str) -> None:
+    """`t.assign(w)` recorded w's own node as realized in t's buffer; after a second write to t, reading `w + 0`
+    raised "reads ... as it was before an assign overwrote it" (a target network copied from the online one, then
+    updated: the online weights could no longer be read)."""
+    of_tensor, of_array = VIEWS_OF_W[view]
+    w_np = np.array([1.0, 2.0], np.float32)
+    w = Tensor(w_np)
+    t = Tensor([0.0, 0.0])
+    t.assign(of_tensor(w)).realize()
+    t.assign(t + 1).realize()
+    np.testing.assert_array_equal((of_tensor(w) + 0).numpy(), of_array(w_np))
+    np.testing.assert_array_equal(t.numpy(), of_array(w_np) + 1)
+
+
+def test_reads_between_pending_writes_keep_their_values() -> None:
+    """tinygrad's test_pending_assign_chain_preserves_intermediate_reads (PyTorch's values too): x in a buffer the
+    scheduler made (not one of its own), each read taken between lazy writes."""
+    x = Tensor([0.0]).contiguous().realize()
+    y0 = x + 0
+    x.assign(x + 1)
+    y1 = x + 0
+    x.assign(x + 1)
+    y2 = x + 0
+    x.assign(x + 1)
+    assert [y0.item(), y1.item(), y2.item(), x.item()] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_writes_through_slices_of_one_computed_buffer() -> None:
+    """tinygrad's TestPartialAssignToSharedBuffer: every slice of a zeros buffer incremented lazily, then realized
+    together (it raised the same stale-read error)."""
+    big = Tensor.zeros(50).contiguous().realize()
+    views = [big[i * 10:(i + 1) * 10].reshape(2, 5) for i in range(5)]
+    for v in views:
+        v.assign(v + 1)
+    Tensor.realize(*views)
+    for v in views:
+        np.testing.assert_array_equal(v.numpy(), np.ones((2, 5), np.float32))
+    np.testing.assert_array_equal(big.numpy(), np.ones(50, np.float32))
