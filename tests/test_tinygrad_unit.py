@@ -175,3 +175,18 @@ def test_writes_through_slices_of_one_computed_buffer() -> None:
     for v in views:
         np.testing.assert_array_equal(v.numpy(), np.ones((2, 5), np.float32))
     np.testing.assert_array_equal(big.numpy(), np.ones(50, np.float32))
+
+
+# ---------------------------------------------------------------------- comparing bound Variables
+def test_comparing_a_bound_variable_is_decided_by_its_range() -> None:
+    """`v < 5` returned a UOp, and `if v < 5:` took the branch whatever v was (an object is truthy); `v > 0` raised
+    TypeError (test_assign's test_assign_kv_cache, copied from LLaMA: `... if start_pos > 0 else xk`)."""
+    from glassgrad import Variable
+    v = Variable("start_pos", 1, 8).bind(6)
+    assert bool(v > 0) and bool(v >= 1) and bool(v < 9) and bool(v <= 8)
+    assert not bool(v <= 0) and not bool(v > 8) and not bool(v < 1) and not bool(v >= 9)
+    assert bool(v + 1 > 1)
+    with pytest.raises(TypeError, match="start_pos"):  # 6 < 5 for this binding, not for every value of the range
+        bool(v < 5)
+    with pytest.raises(TypeError, match="start_pos"):
+        bool(v > 3)

@@ -210,7 +210,7 @@ def _row_reduce(node: UOp, row_shape: tuple[sint, ...] | None) -> bool:
     which then reads the row from L1: softmax 1024x2048 in one kernel, 1.3 -> 0.65 ms on 2 cores)."""
     return (row_shape is not None and node.op is Ops.REDUCE_AXIS and node.src[0].shape == row_shape and
             node.arg[1] == (len(row_shape) - 1,) and all(isinstance(d, int) for d in row_shape) and
-            1 < row_shape[-1] <= ROW_FUSE_MAX)  # type: ignore[operator]
+            bool(1 < row_shape[-1] <= ROW_FUSE_MAX))  # type: ignore[operator]
 
 
 def _walk_start(root: UOp) -> tuple[bool, RowMode, tuple[sint, ...] | None]:
