@@ -190,3 +190,20 @@ def test_comparing_a_bound_variable_is_decided_by_its_range() -> None:
         bool(v < 5)
     with pytest.raises(TypeError, match="start_pos"):
         bool(v > 3)
+
+
+def test_the_same_slice_write_on_a_fresh_buffer_after_the_first_was_overwritten() -> None:
+    """tinygrad's test_lazy_sum_between_writes, lazy then eager: the second `t[:3].assign(1.0)` on a fresh zeros
+    buffer (the same node as the first, by hash-consing) builds the same value node, which was recorded as held by
+    the first buffer at a version written over since: it raised instead of computing it again."""
+    for realize_each in (False, True):
+        t = Tensor.zeros(6).contiguous().realize()
+        s0 = t.sum()
+        t[:3].assign(1.0)
+        s1 = t.sum()
+        if realize_each:
+            Tensor.realize(s0, s1, t)
+        t[3:].assign(2.0)
+        s2 = t.sum()
+        assert [s0.item(), s1.item(), s2.item()] == [0.0, 3.0, 9.0]
+        np.testing.assert_array_equal(t.numpy(), np.array([1, 1, 1, 2, 2, 2], np.float32))

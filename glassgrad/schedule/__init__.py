@@ -90,10 +90,20 @@ class RealizedMap:
         table[ref.key] = (ref, view)
 
     def get(self, node: UOp) -> UOp | None:
-        entry = self._map.get(id(node)) or self._assigned.get(id(node))
+        """The view holding `node`'s value, or None. An assigned value whose target has been written again since is
+        None: its copy is gone, and the node is computed from its sources again (a later `t[:3].assign(1.0)` on an
+        equal buffer builds the very same value node); a source that is gone too raises when it is read."""
+        entry = self._map.get(id(node))
+        assigned = entry is None
+        if assigned:
+            entry = self._assigned.get(id(node))
         if entry is None or entry[0]() is not node:
             return None
-        return entry[1]()
+        view = entry[1]()
+        if assigned and view is not None and (base := view.base).op is Ops.BUFFER and \
+                base.arg[1] < base.arg[0].version:
+            return None
+        return view
 
     def __contains__(self, node: UOp) -> bool:
         return self.get(node) is not None
