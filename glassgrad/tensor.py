@@ -235,7 +235,7 @@ def _tinygrad_targets(root_nodes: set[UOp], root: Tensor) -> list[Tensor]:
     live objects (this path runs only for programs that never set requires_grad). A graph holding a tensor made
     with requires_grad=False is a PyTorch program's: none (backward() then raises, as PyTorch does)."""
     found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and o.dtype.is_float and
-             isinstance(o.device, str) and _with_lineage(o.uop) in root_nodes]
+             isinstance(o.device, str) and (o.uop in root_nodes or _with_lineage(o.uop) in root_nodes)]
     if any(t._requires_grad is False for t in found):
         return []
     return [t for t in found if t._requires_grad is None]
@@ -2628,7 +2628,8 @@ def _graph_nodes_of(targets: Sequence[Tensor], nodes: set[UOp]) -> list[UOp | No
     out: list[UOp | None] = []
     for t in targets:
         u = _with_lineage(t.uop)
-        out.append(u if u in nodes else written.get(t.uop))
+        # (a pending write's value is kept as it is, lineage and all: a realized tensor it holds is there as itself)
+        out.append(u if u in nodes else t.uop if t.uop in nodes else written.get(t.uop))
     return out
 
 

@@ -207,3 +207,20 @@ def test_the_same_slice_write_on_a_fresh_buffer_after_the_first_was_overwritten(
         s2 = t.sum()
         assert [s0.item(), s1.item(), s2.item()] == [0.0, 3.0, 9.0]
         np.testing.assert_array_equal(t.numpy(), np.array([1, 1, 1, 2, 2, 2], np.float32))
+
+
+# ---------------------------------------------------------------------- setitem and gradients (test_setitem.py)
+@pytest.mark.parametrize("requires_grad", [None, True])
+def test_gradient_reaches_a_realized_tensor_written_by_setitem(requires_grad: bool | None) -> None:
+    """tinygrad's TestWithGrad.test_set_backward with a realized source: `z[:] = x` keeps x's buffer as the pending
+    write's value, which the graph holds as it is (not through x's lineage); backward() did not find x there, and
+    x.grad stayed None (tinygrad's rule) where d(2 * sum(z))/dx is 2 everywhere."""
+    x_np = np.arange(16, dtype=np.float32).reshape(4, 4)
+    x = Tensor(x_np, requires_grad=requires_grad).mul(1).realize() if requires_grad is None else \
+        Tensor(x_np, requires_grad=True)
+    z = Tensor.ones(4, 4)
+    z[:] = x
+    (z * 2).sum().backward()
+    assert x.grad is not None
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((4, 4), 2.0, np.float32))
+    np.testing.assert_array_equal(z.numpy(), x_np)
