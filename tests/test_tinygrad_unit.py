@@ -224,3 +224,17 @@ def test_gradient_reaches_a_realized_tensor_written_by_setitem(requires_grad: bo
     assert x.grad is not None
     np.testing.assert_array_equal(x.grad.numpy(), np.full((4, 4), 2.0, np.float32))
     np.testing.assert_array_equal(z.numpy(), x_np)
+
+
+def test_a_bound_variable_on_the_left_of_a_tensor() -> None:
+    """tinygrad's test_variable_mul_tensor: `v * t` raised "int() needs a tensor with one element" (the UOp tried to
+    make a constant of the tensor); it now defers to the tensor, as `t * v` (numpy gives the same)."""
+    from glassgrad import Variable
+    v = Variable("a", 1, 10).bind(2)
+    t_np = np.array([1, 2, 3], np.int32)
+    t = Tensor(t_np)
+    np.testing.assert_array_equal((v * t).numpy(), 2 * t_np)
+    np.testing.assert_array_equal((v + t).numpy(), 2 + t_np)
+    np.testing.assert_array_equal((v - t).numpy(), 2 - t_np)
+    np.testing.assert_array_equal((v < t).numpy(), 2 < t_np)
+    np.testing.assert_array_equal((v >= t).numpy(), 2 >= t_np)

@@ -273,18 +273,40 @@ class UOp:
     def _wrap(self, x: UOp | ConstType) -> UOp:
         return x if isinstance(x, UOp) else UOp.const(self.dtype, x)
 
-    def __add__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.ADD, self._wrap(x))  # noqa: E704
-    def __radd__(self, x: UOp | ConstType) -> UOp: return self._wrap(x).alu(Ops.ADD, self)  # noqa: E704
-    def __sub__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.ADD, -self._wrap(x))  # noqa: E704
-    def __mul__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.MUL, self._wrap(x))  # noqa: E704
-    def __rmul__(self, x: UOp | ConstType) -> UOp: return self._wrap(x).alu(Ops.MUL, self)  # noqa: E704
-    def __floordiv__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.IDIV, self._wrap(x))  # noqa: E704
-    def __mod__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.MOD, self._wrap(x))  # noqa: E704
+    def __add__(self, x: UOp | ConstType) -> UOp:
+        return self.alu(Ops.ADD, self._wrap(x)) if _operand(x) else NotImplemented
+
+    def __radd__(self, x: UOp | ConstType) -> UOp:
+        return self._wrap(x).alu(Ops.ADD, self) if _operand(x) else NotImplemented
+
+    def __sub__(self, x: UOp | ConstType) -> UOp:
+        return self.alu(Ops.ADD, -self._wrap(x)) if _operand(x) else NotImplemented
+
+    def __mul__(self, x: UOp | ConstType) -> UOp:
+        return self.alu(Ops.MUL, self._wrap(x)) if _operand(x) else NotImplemented
+
+    def __rmul__(self, x: UOp | ConstType) -> UOp:
+        return self._wrap(x).alu(Ops.MUL, self) if _operand(x) else NotImplemented
+
+    def __floordiv__(self, x: UOp | ConstType) -> UOp:
+        return self.alu(Ops.IDIV, self._wrap(x)) if _operand(x) else NotImplemented
+
+    def __mod__(self, x: UOp | ConstType) -> UOp:
+        return self.alu(Ops.MOD, self._wrap(x)) if _operand(x) else NotImplemented
+
     def __neg__(self) -> UOp: return self.alu(Ops.NEG)  # noqa: E704
-    def __lt__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.CMPLT, self._wrap(x))  # noqa: E704
-    def __gt__(self, x: UOp | ConstType) -> UOp: return self._wrap(x).alu(Ops.CMPLT, self)  # noqa: E704
-    def __le__(self, x: UOp | ConstType) -> UOp: return self._int_only("<=").alu(Ops.CMPLT, self._wrap(x) + 1)  # noqa: E501,E704
-    def __ge__(self, x: UOp | ConstType) -> UOp: return self._wrap(x).alu(Ops.CMPLT, self._int_only(">=") + 1)  # noqa: E501,E704
+    def __lt__(self, x: UOp | ConstType) -> UOp:
+        return self.alu(Ops.CMPLT, self._wrap(x)) if _operand(x) else NotImplemented
+
+    def __gt__(self, x: UOp | ConstType) -> UOp:
+        return self._wrap(x).alu(Ops.CMPLT, self) if _operand(x) else NotImplemented
+
+    def __le__(self, x: UOp | ConstType) -> UOp:
+        return self._int_only("<=").alu(Ops.CMPLT, self._wrap(x) + 1) if _operand(x) else NotImplemented
+
+    def __ge__(self, x: UOp | ConstType) -> UOp:
+        return self._wrap(x).alu(Ops.CMPLT, self._int_only(">=") + 1) if _operand(x) else NotImplemented
+
 
     def _int_only(self, op: str) -> UOp:
         if not self.dtype.is_int:
@@ -504,6 +526,12 @@ def _range_uses_src(u: UOp) -> bool:
     dt = u.dtype
     return u.op in (Ops.RANGE, Ops.BIND) or ((dt.is_int or dt.is_bool) and u.op in (_BOOL_RANGE_RULES if dt.is_bool
                                                                          else _INT_RANGE_RULES))
+
+
+def _operand(x: object) -> bool:
+    """Whether a Python operator's other side is one a UOp computes with (a UOp or a number). Anything else (a
+    Tensor: `v * t` with a bound Variable v) gets NotImplemented, so Python asks that side (`Tensor.__rmul__`)."""
+    return isinstance(x, (UOp, int, float))
 
 
 def _is_symbolic_size(u: UOp) -> bool:
