@@ -1039,6 +1039,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def randint(*shape: Any, low: int = 0, high: int = 10, dtype: DType | str | None = None,
                 device: str | None = None) -> Tensor:
         """Integers in [low, high), drawn on the device."""
+        if not all(isinstance(b, (int, np.integer)) for b in (low, high)):  # (a float bound was silently truncated)
+            raise TypeError(f"randint bounds must be ints, got low={low!r}, high={high!r}")
         if high <= low:
             raise ValueError(f"randint needs low < high, got low={low}, high={high}")
         if high - low > 1 << 32:
@@ -1055,12 +1057,23 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     @staticmethod
     def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, dtype: DType | str | None = None,
                 device: str | None = None, requires_grad: bool | None = None) -> Tensor:
-        values = Tensor.rand(*shape, device=device) * (high - low) + low
+        """Values in [low, high). For an int dtype, each integer of [low, high) equally likely: the draw is floored
+        (a cast after adding a negative `low` truncated toward 0, so 0 came twice as often and `low` never)."""
+        if low > high:
+            raise ValueError(f"uniform needs low <= high, got low={low}, high={high}")
+        dt = to_dtype(dtype) if dtype is not None else None
+        if dt is not None and not dt.is_float:
+            base = math.floor(low)  # floor(x) = floor(x - base) + base, and x - base >= 0 casts by flooring
+            values = (Tensor.rand(*shape, device=device) * (high - low) + (low - base)).cast(dt) + base
+        else:
+            values = Tensor.rand(*shape, device=device) * (high - low) + low
         return Tensor._random_result(values, dtype, requires_grad)
 
     @staticmethod
     def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, dtype: DType | str | None = None,
                device: str | None = None, requires_grad: bool | None = None) -> Tensor:
+        if std < 0:
+            raise ValueError(f"normal needs std >= 0, got {std}")
         values = Tensor.randn(*shape, device=device) * std + mean
         return Tensor._random_result(values, dtype, requires_grad)
 

@@ -238,3 +238,35 @@ def test_a_bound_variable_on_the_left_of_a_tensor() -> None:
     np.testing.assert_array_equal((v - t).numpy(), 2 - t_np)
     np.testing.assert_array_equal((v < t).numpy(), 2 < t_np)
     np.testing.assert_array_equal((v >= t).numpy(), 2 >= t_np)
+
+
+# ---------------------------------------------------------------------- random (test/unit/test_randomness.py)
+def test_uniform_with_an_int_dtype_takes_every_integer_equally() -> None:
+    """`Tensor.uniform(n, low=-3, high=3, dtype=int32)` truncated toward 0 after adding low: 0 came twice as often
+    and -3 never (numpy's randint(-3, 3) and tinygrad's floored draw: each of -3..2 with probability 1/6)."""
+    from glassgrad import dtypes
+    Tensor.manual_seed(0)
+    a = Tensor.uniform(60000, low=-3, high=3, dtype=dtypes.int32).numpy()
+    values, counts = np.unique(a, return_counts=True)
+    np.testing.assert_array_equal(values, np.arange(-3, 3))
+    assert counts.min() > 0.9 * 10000 and counts.max() < 1.1 * 10000, counts
+    b = Tensor.uniform(20000, low=0.5, high=2.5, dtype=dtypes.int32).numpy()  # floor of U[0.5, 2.5): 0, 1 or 2
+    np.testing.assert_array_equal(np.unique(b), [0, 1, 2])
+    assert 0.2 < (b == 0).mean() < 0.3  # P(floor = 0) = 0.5 / 2
+
+
+def test_random_constructors_refuse_bad_bounds() -> None:
+    """tinygrad's test_normal, test_uniform, test_randint: a negative std, low > high, and float randint bounds
+    were accepted (randint truncated 0.1 to 0). PyTorch raises for the first two as well."""
+    with pytest.raises(ValueError, match="std"):
+        Tensor.normal(3, 4, mean=0, std=-1)
+    with pytest.raises(ValueError, match="low"):
+        Tensor.uniform(3, 4, low=5.0, high=3.0)
+    with pytest.raises(TypeError, match="ints"):
+        Tensor.randint(3, 4, low=0.1, high=3)
+    assert Tensor.randint(3, low=np.int64(2), high=3).tolist() == [2, 2, 2]
+    if torch is not None:
+        with pytest.raises(RuntimeError):
+            torch.empty(3).normal_(0, -1)
+        with pytest.raises(RuntimeError):
+            torch.empty(3).uniform_(5.0, 3.0)
