@@ -717,6 +717,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         the others, and this tensor becomes the same view of the parent's new value."""
         parent, parent_uop = self._view_of  # type: ignore[misc]
         chain = _movement_chain(self.uop, parent_uop)
+        if parent._view_of is None:
+            # the parent gets its buffer first: realizing it then (a lazy `Tensor.randn` advances the random state, so
+            # what reads that state is realized with it) would also realize the merged value built below, whose
+            # graph the pending write would then hold as a leaf: `z[:, 0] = w` gave w no gradient
+            parent._take_own_buffer()
         full, inside = _place_in_parent(chain, value.uop)
         parent.assign(Tensor(inside).where(Tensor(full), parent))
         self.uop = _rebuild_chain(chain, parent.uop)
@@ -1806,6 +1811,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def __setitem__(self, index: Any, value: Any) -> None:
         """`t[1:3] = v`, `t[0, ::2] = 5`, `t[mask] = 0` (a bool mask of t's shape), `t[[0, 2], 1] = v` (tensor or
         list indices): lazily, like `assign`, into this tensor's own buffer."""
+        if self._view_of is None:  # its buffer first (see _assign_through_view): the value built below stays lazy
+            self._take_own_buffer()
         if isinstance(index, Tensor) and index.dtype == dtypes.bool and index.shape == self.shape:
             self.assign(index.where(value, self))
             return

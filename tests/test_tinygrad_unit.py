@@ -270,3 +270,33 @@ def test_random_constructors_refuse_bad_bounds() -> None:
             torch.empty(3).normal_(0, -1)
         with pytest.raises(RuntimeError):
             torch.empty(3).uniform_(5.0, 3.0)
+
+
+@pytest.mark.parametrize("requires_grad", [None, True])
+def test_setitem_into_a_lazy_random_tensor_keeps_the_value_differentiable(requires_grad: bool | None) -> None:
+    """tinygrad's test_set_item_to_scalar_tensor (PyTorch's result too): `z = Tensor.randn(m, n); z[:, 0] = w;
+    z.sum().backward()` gives w.grad = m. Realizing z for the write advanced the random state, which realized the
+    merged value built before it (it reads that state), and the pending write held it as a leaf: w.grad was None,
+    silently, also with requires_grad=True."""
+    z = Tensor.randn(4, 3)
+    w = Tensor([1.0], requires_grad=requires_grad)
+    z[:, 0] = w
+    z.sum().backward()
+    assert w.grad is not None
+    np.testing.assert_array_equal(w.grad.numpy(), [4.0])
+    np.testing.assert_array_equal(z.numpy()[:, 0], np.ones(4, np.float32))
+    if torch is not None:
+        tz, tw = torch.randn(4, 3), torch.tensor([1.0], requires_grad=True)
+        tz[:, 0] = tw
+        tz.sum().backward()
+        np.testing.assert_array_equal(w.grad.numpy(), tw.grad.numpy())
+
+
+def test_gradient_reaches_a_lazy_random_tensor_written_by_setitem() -> None:
+    """tinygrad's test_set_backward as written: `z[:] = Tensor.rand(8, 8)`, tinygrad's backward (no
+    requires_grad): x.grad is all ones."""
+    z, x = Tensor.ones(8, 8), Tensor.rand(8, 8)
+    z[:] = x
+    z.sum().backward()
+    assert x.grad is not None
+    np.testing.assert_array_equal(x.grad.numpy(), np.ones((8, 8), np.float32))
