@@ -300,3 +300,50 @@ def test_gradient_reaches_a_lazy_random_tensor_written_by_setitem() -> None:
     z.sum().backward()
     assert x.grad is not None
     np.testing.assert_array_equal(x.grad.numpy(), np.ones((8, 8), np.float32))
+
+
+# ---------------------------------------------------------------------- TinyJit replays (test/unit/test_jit*.py)
+def test_jit_output_fed_back_as_input() -> None:
+    """`h = step(h)` (an RNN loop): from the first replay the input was the capture's own output buffer, which the
+    kernel overwrote while still reading it: tanh(h @ W) was wrong by ~1 from the third call on. An input that is a
+    buffer the replay writes is now copied first (tinygrad's test_multiple_outputs_same_intermediate too)."""
+    from glassgrad import TinyJit
+    w_np = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32) * 0.5
+    w = Tensor(w_np)
+
+    @TinyJit
+    def step(h: Tensor) -> Tensor:
+        return (h @ w).tanh().realize()
+    h, h_np = Tensor.ones(1, 8).contiguous().realize(), np.ones((1, 8), np.float32)
+    for _ in range(6):
+        h, h_np = step(h), np.tanh(h_np @ w_np)
+        np.testing.assert_allclose(h.numpy(), h_np, rtol=1e-5, atol=1e-6)
+
+    @TinyJit
+    def shift(buf: Tensor, frame: Tensor) -> tuple[Tensor, Tensor]:
+        new = buf[1:].cat(frame, dim=0)
+        return new.contiguous(), new[:1].contiguous()
+    buf = Tensor([[0], [1], [2]]).contiguous().realize()
+    for i in range(5):
+        expected = buf.numpy()[1, 0]
+        buf, first = shift(buf, Tensor([[10 + i]]).contiguous().realize())
+        assert first.item() == expected
+
+
+def test_jit_results_kept_from_earlier_calls_keep_their_values() -> None:
+    """`kept.append((f(x) * 2).realize())`: the returned tensor is the same node every replay, so `* 2` of it was
+    found already computed (the first replay's buffer) and every later call got that value: [4, 8, 8, 8, 8].
+    Copies (`clone()`) too: tinygrad's test_output_buffer_workaround gave [2, 4, 4]."""
+    from glassgrad import TinyJit
+
+    @TinyJit
+    def f(x: Tensor) -> Tensor:
+        return x.sum().realize()
+    kept, clones, lazy = [], [], []
+    for i in range(1, 6):
+        kept.append((f(Tensor([i, i])) * 2).realize())
+        clones.append(f(Tensor([i, i])).clone().realize())
+        lazy.append(f(Tensor([i, i])) + 0)  # lazy: realized before the next replay overwrites what it reads
+    assert [k.item() for k in kept] == [4 * i for i in range(1, 6)]
+    assert [c.item() for c in clones] == [2 * i for i in range(1, 6)]
+    assert [t.item() for t in lazy] == [2 * i for i in range(1, 6)]
