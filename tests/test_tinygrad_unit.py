@@ -347,3 +347,21 @@ def test_jit_results_kept_from_earlier_calls_keep_their_values() -> None:
     assert [k.item() for k in kept] == [4 * i for i in range(1, 6)]
     assert [c.item() for c in clones] == [2 * i for i in range(1, 6)]
     assert [t.item() for t in lazy] == [2 * i for i in range(1, 6)]
+
+
+def test_jit_takes_equal_inputs_made_separately() -> None:
+    """tinygrad's test_jitbeam_triggers_beam: `a, b = Tensor.ones(10, 10).contiguous().realize(), <the same>` are
+    one buffer here (equal graphs), and the JIT refused them as inputs sharing a buffer; a tensor passed twice is
+    still refused."""
+    from glassgrad import TinyJit
+    from glassgrad.engine.jit import JitError
+
+    @TinyJit
+    def add(a: Tensor, b: Tensor) -> Tensor:
+        return (a + b).realize()
+    for i in range(4):
+        a = Tensor.full((10, 10), float(i)).contiguous().realize()
+        b = Tensor.full((10, 10), float(i)).contiguous().realize()
+        np.testing.assert_array_equal(add(a, b).numpy(), np.full((10, 10), 2.0 * i, np.float32))
+    with pytest.raises(JitError, match="share one buffer"):
+        add(a, a)

@@ -153,6 +153,7 @@ def _input_buffers(tensors: list[Tensor], names: list[str]) -> tuple[list[Buffer
     # an input is a leaf of the step: a gradient must read its buffer (the one each call swaps), not recompute it
     # from the graph that made it before the call (shard, to, a gather `X[samples]` of a random sample)
     _forget_lineage([t for t in tensors if not t._requires_grad and t.uop in LINEAGE])
+    _separate_equal_inputs(tensors)
     buffers: list[Buffer] = []
     owners: list[Tensor] = []
     for t, name in zip(tensors, names):
@@ -166,6 +167,20 @@ def _input_buffers(tensors: list[Tensor], names: list[str]) -> tuple[list[Buffer
             buffers.append(buf)
             owners.append(t)
     return buffers, owners
+
+
+def _separate_equal_inputs(tensors: list[Tensor]) -> None:
+    """Two different input tensors made by equal graphs (`Tensor.ones(4).contiguous().realize()` twice) were
+    realized into one shared buffer (hash-consing): each later one gets a buffer of its own, so they are two inputs.
+    The same tensor passed twice, or views of one buffer of a tensor's own, still share one (refused below)."""
+    first: dict[int, Tensor] = {}
+    for t in tensors:
+        if isinstance(t.device, tuple) or not is_buffer_view(t.uop) or not all(isinstance(d, int) for d in t.shape):
+            continue
+        buf = t.uop.base.arg[0]
+        other = first.setdefault(id(buf), t)
+        if other is not t and not buf.owned:
+            t._take_own_buffer()
 
 
 def _tensors_viewing(buffers: list[Buffer]) -> dict[int, list[weakref.ref[Tensor]]]:
