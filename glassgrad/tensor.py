@@ -234,8 +234,10 @@ def _tinygrad_targets(root_nodes: set[UOp], root: Tensor) -> list[Tensor]:
     whose node is in the graph (leaves and held intermediates alike; not the root itself), found by a scan of the
     live objects (this path runs only for programs that never set requires_grad). A graph holding a tensor made
     with requires_grad=False is a PyTorch program's: none (backward() then raises, as PyTorch does)."""
-    found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and o.dtype.is_float and
-             isinstance(o.device, str) and (o.uop in root_nodes or _with_lineage(o.uop) in root_nodes)]
+    # (hasattr: a Tensor whose constructor raised may still be garbage waiting for the collector, without a node)
+    found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and hasattr(o, "uop") and
+             o.dtype.is_float and isinstance(o.device, str) and
+             (o.uop in root_nodes or _with_lineage(o.uop) in root_nodes)]
     if any(t._requires_grad is False for t in found):
         return []
     return [t for t in found if t._requires_grad is None]
@@ -393,8 +395,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
             d = want or _scalar_dtype(data)
             uop = UOp.const(d, data, device)
-        elif isinstance(data, (bytes, bytearray)):  # tinygrad's Tensor(b"...") : the bytes as uint8
-            uop = _uop_from_array(np.frombuffer(bytes(data), dtype=np.uint8), want, device)
+        elif isinstance(data, (bytes, bytearray)):  # tinygrad's Tensor(b"..."): raw memory, uint8 unless told
+            uop = _uop_from_bytes(bytes(data), want, device)
         elif isinstance(data, range):  # torch.tensor(range(n)) works
             uop = _uop_from_array(np.array(data, dtype=(want or dtypes.default_int).np if want != dtypes.bfloat16
                                            else np.float32), want, device)
@@ -2813,6 +2815,19 @@ def _list_dtype(data: list[Any] | tuple[Any, ...]) -> DType:
 def _short(data: Any, limit: int = 60) -> str:
     text = repr(data)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _uop_from_bytes(data: bytes, want: DType | None, device: str) -> UOp:
+    """`Tensor(b"...", dtype=dt)`: the bytes read as dt's items, little-endian (tinygrad's and `torch.frombuffer`'s
+    meaning; each byte was cast to a float32 value before, 8 values for two packed floats)."""
+    dt = want or dtypes.uint8
+    if len(data) % dt.itemsize:
+        raise ValueError(f"Tensor(bytes, dtype={dt.name}): {len(data)} bytes are not a whole number of "
+                         f"{dt.itemsize}-byte items")
+    if dt == dtypes.bfloat16:  # (no numpy bfloat16: its 16-bit patterns, then reinterpreted on the device)
+        bits = _uop_from_array(np.frombuffer(data, dtype="<u2").astype(np.uint16), dtypes.uint16, device)
+        return UOp(Ops.BITCAST, dtypes.bfloat16, (bits,))
+    return _uop_from_array(np.frombuffer(data, dtype=np.dtype(dt.np).newbyteorder("<")), dt, device)
 
 
 def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:

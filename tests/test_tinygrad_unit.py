@@ -365,3 +365,25 @@ def test_jit_takes_equal_inputs_made_separately() -> None:
         np.testing.assert_array_equal(add(a, b).numpy(), np.full((10, 10), 2.0 * i, np.float32))
     with pytest.raises(JitError, match="share one buffer"):
         add(a, a)
+
+
+# ---------------------------------------------------------------------- Tensor(bytes) (test/unit/test_tensor_data.py)
+def test_tensor_of_bytes_reads_them_as_the_dtype() -> None:
+    """tinygrad's test_float_bytes: `Tensor(struct.pack("ff", 0.234, 0.8585), dtype=float32)` is the two floats
+    (torch.frombuffer's reading); it was the 8 bytes, each cast to a float (178.0, 157.0, ...)."""
+    import struct
+
+    from glassgrad import dtypes
+    raw = struct.pack("ff", 0.234, 0.8585)
+    t = Tensor(raw, dtype=dtypes.float32)
+    assert t.shape == (2,)
+    np.testing.assert_array_equal(t.numpy(), np.frombuffer(raw, np.float32))
+    np.testing.assert_array_equal(Tensor(b"\x01\x02\x03\x04", dtype=dtypes.int16).numpy(),
+                                  np.frombuffer(b"\x01\x02\x03\x04", "<i2"))
+    np.testing.assert_array_equal(Tensor(b"\x01\x02\x03\x04").numpy(), [1, 2, 3, 4])  # uint8 by default
+    bf16 = (np.array([1.5, -2.25], np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+    np.testing.assert_array_equal(Tensor(bf16, dtype=dtypes.bfloat16).numpy(), [1.5, -2.25])
+    with pytest.raises(ValueError, match="whole number"):
+        Tensor(b"\x01\x02\x03", dtype=dtypes.float32)
+    if torch is not None:
+        np.testing.assert_array_equal(t.numpy(), torch.frombuffer(bytearray(raw), dtype=torch.float32).numpy())
