@@ -387,3 +387,21 @@ def test_tensor_of_bytes_reads_them_as_the_dtype() -> None:
         Tensor(b"\x01\x02\x03", dtype=dtypes.float32)
     if torch is not None:
         np.testing.assert_array_equal(t.numpy(), torch.frombuffer(bytearray(raw), dtype=torch.float32).numpy())
+
+
+# ---------------------------------------------------------------------- dtype promotion (test/unit/test_dtype_weak.py)
+def test_int64_with_uint64_promotes_to_the_default_float() -> None:
+    """They meet only at a float; the lattice's lowest was float16, so `int64 + uint64` of 70000 overflowed to inf
+    and sin(2) lost 3 digits (tinygrad: its weak float, the default float; numpy gives float64, JAX float32). A
+    concrete float among the operands still decides (float16 stays float16)."""
+    from glassgrad import Context, dtypes
+    from glassgrad.dtype import least_upper_dtype
+    i64, u64 = Tensor([70000], dtype=dtypes.int64), Tensor([3], dtype=dtypes.uint64)
+    total = i64 + u64
+    assert total.dtype == dtypes.float32 and total.item() == 70003.0
+    assert abs((Tensor([-1], dtype=dtypes.int64) + Tensor([3], dtype=dtypes.uint64)).sin().item() - np.sin(2)) < 1e-6
+    assert least_upper_dtype(dtypes.int64, dtypes.uint64, dtypes.float16) == dtypes.float16
+    assert least_upper_dtype(dtypes.int64, dtypes.float16) == dtypes.float16
+    assert least_upper_dtype(dtypes.int8, dtypes.uint8) == dtypes.int16
+    with Context(DEFAULT_FLOAT=dtypes.float16):
+        assert least_upper_dtype(dtypes.int64, dtypes.uint64) == dtypes.float16
