@@ -296,6 +296,19 @@ class _RNG:
         return out
 
 
+def _draws_random(t: Tensor) -> bool:
+    """Whether a lazy tensor's graph reads the random state (`Tensor.randn(4, 3)` not realized yet). A write where
+    the target or the value does (`z[:, 0] = w` into a lazy randn z, `z[:] = Tensor.rand(8, 8)`) gives the target its
+    own buffer before the merged value is built: realizing it later, inside the write, advances the state, so the
+    value (which reads it) was realized with it, and the pending write held that result as a gradient leaf (w.grad
+    None). Other lazy targets are not realized first: a gradient must still reach what they are computed from
+    (`z = x * 2; z[:2] = v` differentiates into x)."""
+    if is_buffer_view(t.uop) or isinstance(t.device, tuple) or (state := _RNG.states.get(t.device)) is None:
+        return False
+    rng_buffer = state.uop.base
+    return any(u is rng_buffer or (u.op is Ops.BUFFER and u.arg[0] is rng_buffer.arg[0]) for u in t.uop.toposort())
+
+
 def _mix(x: Tensor) -> Tensor:
     """A 32-bit integer hash (xor-shift-multiply, "lowbias32"): every input bit moves every output bit."""
     x = x ^ (x >> 16)
@@ -719,11 +732,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         the others, and this tensor becomes the same view of the parent's new value."""
         parent, parent_uop = self._view_of  # type: ignore[misc]
         chain = _movement_chain(self.uop, parent_uop)
-        if parent._view_of is None:
-            # the parent gets its buffer first: realizing it then (a lazy `Tensor.randn` advances the random state, so
-            # what reads that state is realized with it) would also realize the merged value built below, whose
-            # graph the pending write would then hold as a leaf: `z[:, 0] = w` gave w no gradient
-            parent._take_own_buffer()
+        if parent._view_of is None and (_draws_random(parent) or _draws_random(value)):
+            parent._take_own_buffer()  # its buffer first: see _draws_random
         full, inside = _place_in_parent(chain, value.uop)
         parent.assign(Tensor(inside).where(Tensor(full), parent))
         self.uop = _rebuild_chain(chain, parent.uop)
@@ -1813,8 +1823,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def __setitem__(self, index: Any, value: Any) -> None:
         """`t[1:3] = v`, `t[0, ::2] = 5`, `t[mask] = 0` (a bool mask of t's shape), `t[[0, 2], 1] = v` (tensor or
         list indices): lazily, like `assign`, into this tensor's own buffer."""
-        if self._view_of is None:  # its buffer first (see _assign_through_view): the value built below stays lazy
-            self._take_own_buffer()
+        if self._view_of is None and (_draws_random(self) or isinstance(value, Tensor) and _draws_random(value)):
+            self._take_own_buffer()  # its buffer first: see _draws_random
         if isinstance(index, Tensor) and index.dtype == dtypes.bool and index.shape == self.shape:
             self.assign(index.where(value, self))
             return
