@@ -235,9 +235,10 @@ def _tinygrad_targets(root_nodes: set[UOp], root: Tensor) -> list[Tensor]:
     live objects (this path runs only for programs that never set requires_grad). A graph holding a tensor made
     with requires_grad=False is a PyTorch program's: none (backward() then raises, as PyTorch does)."""
     # (hasattr: a Tensor whose constructor raised may still be garbage waiting for the collector, without a node)
+    # (a bare constant is skipped, as tinygrad's backward skips it: its node is shared with every equal constant)
     found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and hasattr(o, "uop") and
              o.dtype.is_float and isinstance(o.device, str) and
-             (o.uop in root_nodes or _with_lineage(o.uop) in root_nodes)]
+             (o.uop in root_nodes or _with_lineage(o.uop) in root_nodes) and not _is_bare_constant(o.uop)]
     if any(t._requires_grad is False for t in found):
         return []
     return [t for t in found if t._requires_grad is None]
@@ -839,7 +840,16 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     # ------------------------------------------------------------------ autograd
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
-        """Gradients of this tensor with respect to `targets` (a scalar, unless `gradient` is given)."""
+        """Gradients of this tensor with respect to `targets` (a scalar, unless `gradient` is given). A target must
+        be a float tensor that reads memory: a bare constant (`Tensor(2.0)`, `Tensor.full`) is a node every equal
+        constant shares, the scalar of `t * 2.0` included, so its gradient would mix theirs in (it was 4 for
+        `(Tensor(2.0) * 2.0).gradient(that tensor)`): give it a buffer first (`requires_grad=True`, `.clone()`)."""
+        for t in targets:
+            if not t.dtype.is_float:
+                raise RuntimeError(f"gradient(): a target must be a float tensor, got {t.dtype}")
+            if _is_bare_constant(t.uop):
+                raise RuntimeError("gradient(): a target is a bare constant (Tensor(2.0), Tensor.full), a node shared "
+                                   "with every equal constant; make it with requires_grad=True or .clone() it")
         if gradient is None:
             if self.numel() != 1:
                 raise RuntimeError(f"gradient of a tensor of shape {self.shape} needs `gradient=`; only scalars "
@@ -2552,6 +2562,14 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
                     REALIZED.set_assigned_value(node.src[1], view)
         elif keep_lineage and not is_buffer_view(node) and (lineage_of is None or node in lineage_of):
             LINEAGE[view] = node  # (movement ops of a buffer are computed too)
+
+
+def _is_bare_constant(u: UOp) -> bool:
+    """A constant tensor as made (`Tensor(2.0)`, `Tensor.full`/`zeros`/`ones`: a CONST, reshaped and expanded), a
+    node every equal constant shares (the scalar of `t * 2.0` too), so not a tensor of its own to differentiate."""
+    while u.op in (Ops.RESHAPE, Ops.EXPAND):
+        u = u.src[0]
+    return u.op is Ops.CONST
 
 
 def _reads_a_buffer(value: UOp) -> bool:

@@ -430,3 +430,30 @@ def test_setitem_into_a_computed_tensor_still_differentiates_into_its_source() -
         tz[:2] = torch.tensor([10.0, 20.0])
         tz.sum().backward()
         np.testing.assert_array_equal(x.grad.numpy(), tx.grad.numpy())
+
+
+# ---------------------------------------------------------------------- gradient targets (test/unit/test_gradient.py)
+def test_gradient_refuses_int_and_bare_constant_targets() -> None:
+    """tinygrad's test_non_float_tensor_raise and test_const_target_raise. An int target got zeros; a bare constant
+    target got a wrong number: `(Tensor(2.0) * 2.0).gradient(Tensor(2.0))` was 4, since the scalar 2.0 is the same
+    node (d(c * c)/dc = 2c). PyTorch raises for the int target too."""
+    x = Tensor([1, 2, 3])
+    with pytest.raises(RuntimeError, match="float"):
+        x.sum().gradient(x)
+    with pytest.raises(RuntimeError, match="float"):
+        x.float().sum().gradient(x)
+    c = Tensor(2.0)
+    with pytest.raises(RuntimeError, match="constant"):
+        (c * 2.0).gradient(c)
+    w = Tensor(2.0, requires_grad=True)  # a buffer of its own: the right answer
+    assert (w * 2.0).gradient(w)[0].item() == 2.0
+    assert (Tensor(2.0).clone() * 2.0).sum().gradient(w)[0].item() == 0.0
+
+
+def test_backward_skips_bare_constants_as_tinygrad() -> None:
+    """tinygrad's test_bare_const_skipped_by_backward: a bare constant gets no .grad from tinygrad's backward (its
+    node is shared: `w * 3.0` with w = Tensor(3.0) is c * c, and w.grad was 6, not 3)."""
+    w, x = Tensor(3.0), Tensor([1.0, 2.0])
+    (w * 3.0 + x).sum().backward()
+    assert w.grad is None
+    assert x.grad is not None and x.grad.tolist() == [1.0, 1.0]
