@@ -457,3 +457,14 @@ def test_backward_skips_bare_constants_as_tinygrad() -> None:
     (w * 3.0 + x).sum().backward()
     assert w.grad is None
     assert x.grad is not None and x.grad.tolist() == [1.0, 1.0]
+
+
+def test_a_float_index_raises_index_error() -> None:
+    """tinygrad's test_index: `t[0.0]` raised TypeError only; numpy and PyTorch raise IndexError (a program's
+    `except IndexError` missed it). glassgrad's error is both."""
+    t = Tensor([1.0, 2.0])
+    for caught in (IndexError, TypeError):
+        with pytest.raises(caught, match="invalid index"):
+            t[0.0]
+    with pytest.raises(IndexError):
+        np.array([1.0, 2.0])[0.0]  # type: ignore[index]
