@@ -1844,6 +1844,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             return
         view.assign(value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype))
 
+    def __delitem__(self, index: Any) -> None:
+        """`del t[i]` raises TypeError, as for PyTorch's tensors and numpy arrays (Python's default here, with
+        `__setitem__` defined, was an AttributeError naming `__delitem__`)."""
+        raise TypeError("a Tensor does not support item deletion (del t[i]); build a new one, e.g. t[mask] or cat")
+
     def _setitem_by_positions(self, index: Any, value: Any) -> None:
         """`t[idx] = v` with tensor or list indices (advanced indexing): the same index applied to the flat
         positions of `t` says where each element of `v` goes, and a scatter writes them. Where one position is
@@ -1861,7 +1866,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def gather(self, dim: int, index: Tensor) -> Tensor:
         """out[i][j][k] = self[index[i][j][k]][j][k] for dim=0 (PyTorch's gather)."""
         d = normalize_axis(dim, self.ndim, "dim")
-        if index.ndim != self.ndim or index.dtype.is_float:
+        if index.ndim != self.ndim or not index.dtype.is_int:  # (a bool index was read as 0 and 1)
             raise ShapeError(f"gather: index must be an int tensor with {self.ndim} dims, got {index.dtype} "
                              f"{index.shape}")
         if any(index.shape[i] > self.shape[i] for i in range(self.ndim) if i != d):

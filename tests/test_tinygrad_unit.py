@@ -468,3 +468,21 @@ def test_a_float_index_raises_index_error() -> None:
             t[0.0]
     with pytest.raises(IndexError):
         np.array([1.0, 2.0])[0.0]  # type: ignore[index]
+
+
+def test_bool_gather_index_and_item_deletion_raise() -> None:
+    """tinygrad's test_gather_invalid: a bool index was accepted (read as positions 0 and 1; PyTorch raises); and
+    test_index: `del t[0]` raised AttributeError('__delitem__'), where PyTorch and numpy raise TypeError."""
+    from glassgrad import dtypes
+    t = Tensor(np.arange(24, dtype=np.float32).reshape(2, 3, 1, 4))
+    index = t.argsort(dim=0)
+    np.testing.assert_array_equal(t.gather(0, index).numpy(), np.take_along_axis(t.numpy(), index.numpy(), 0))
+    with pytest.raises(RuntimeError, match="int tensor"):
+        t.gather(0, index.cast(dtypes.bool))
+    with pytest.raises(TypeError, match="deletion"):
+        del t[0]
+    if torch is not None:
+        with pytest.raises(RuntimeError):
+            torch.zeros(2, 3).gather(0, torch.zeros(2, 3, dtype=torch.bool))
+        with pytest.raises(TypeError):
+            del torch.zeros(2)[0]
