@@ -797,8 +797,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         dt = to_dtype(dtype)
         if dt == self.dtype:
             return self
-        if dt.itemsize == self.dtype.itemsize:
-            return Tensor(self.uop.bitcast(dt))
+        if dt.itemsize == self.dtype.itemsize:  # a view (PyTorch's `view(dtype)`): an assign to it writes here
+            return self._view(self.uop.bitcast(dt))
         return self._bitcast_resized(dt)
 
     def _bitcast_resized(self, dt: DType) -> Tensor:
@@ -2485,10 +2485,11 @@ def _index_tensor(n: int, device: str | None) -> Tensor:
 
 
 def _movement_chain(top: UOp, bottom: UOp) -> list[UOp]:
-    """The movement nodes (and DETACHes) from `top` down to (not including) `bottom`, top first."""
+    """The movement nodes (and DETACHes, same-size BITCASTs) from `top` down to (not including) `bottom`, top
+    first."""
     chain, node = [], top
     while node is not bottom:
-        if node.op not in GroupOp.Movement and node.op is not Ops.DETACH:
+        if node.op not in GroupOp.Movement and node.op not in (Ops.DETACH, Ops.BITCAST):
             raise RuntimeError("internal error: a view's node is not a chain of movement ops over its parent's")
         chain.append(node)
         node = node.src[0]
@@ -2500,6 +2501,9 @@ def _place_in_parent(chain: list[UOp], value: UOp) -> tuple[UOp, UOp]:
     mask of those elements."""
     inside = UOp.const(dtypes.bool, True, value.device).reshape((1,) * len(value.shape)).expand(value.shape)
     for node in chain:
+        if node.op is Ops.BITCAST:  # the same elements, read as the source's dtype (the mask stays as it is)
+            value = value.bitcast(node.src[0].dtype)
+            continue
         value, inside = _undo_movement(node, value), _undo_movement(node, inside)
     return value, inside
 

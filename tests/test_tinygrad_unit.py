@@ -486,3 +486,26 @@ def test_bool_gather_index_and_item_deletion_raise() -> None:
             torch.zeros(2, 3).gather(0, torch.zeros(2, 3, dtype=torch.bool))
         with pytest.raises(TypeError):
             del torch.zeros(2)[0]
+
+
+def test_a_write_through_a_same_size_bitcast_reaches_the_source() -> None:
+    """tinygrad's test_assign_bitcast: `a.bitcast(uint32).assign(bits)` left `a` as it was (the bitcast was a
+    new tensor, and the write went into a buffer of its own): silently no write. A same-size bitcast is a view now,
+    as PyTorch's `view(dtype)`."""
+    from glassgrad import dtypes
+    bits = np.array([4.0, 3.0, 2.0, 1.0], np.float32).view(np.uint32)
+    a = Tensor([1.0, 2.0, 3.0, 4.0]).realize()
+    a.bitcast(dtypes.uint32).assign(Tensor(bits)).realize()
+    np.testing.assert_array_equal(a.numpy(), [4.0, 3.0, 2.0, 1.0])
+    b = Tensor([1.0, 2.0, 3.0, 4.0]).realize()
+    b.bitcast(dtypes.uint32).bitcast(dtypes.int32).assign(Tensor(bits.view(np.int32)))
+    np.testing.assert_array_equal(b.numpy(), [4.0, 3.0, 2.0, 1.0])
+    c = Tensor([1.0, 2.0, 3.0, 4.0]).realize()
+    c[0:2].bitcast(dtypes.uint32).assign(Tensor(bits[:2])).realize()
+    np.testing.assert_array_equal(c.numpy(), [4.0, 3.0, 3.0, 4.0])
+    x = np.array([1.0, -2.0], np.float32)
+    np.testing.assert_array_equal(Tensor(x).bitcast(dtypes.int32).numpy(), x.view(np.int32))
+    if torch is not None:
+        ta = torch.tensor([1.0, 2.0, 3.0, 4.0])
+        ta.view(torch.int32).copy_(torch.from_numpy(bits.view(np.int32)))
+        np.testing.assert_array_equal(a.numpy(), ta.numpy())
