@@ -186,9 +186,13 @@ def _ancestors(d: DType) -> frozenset[DType]:
 
 
 def least_upper_dtype(*ds: DType) -> DType:
-    """The smallest dtype every one of `ds` promotes to."""
+    """The smallest dtype every one of `ds` promotes to. Ints alone that meet only at a float (int64 with uint64)
+    give the default float (tinygrad's weak float, JAX's rule), not float16: `int64 + uint64` of 70000 was inf."""
     common = frozenset.intersection(*(_ancestors(d) for d in ds))
-    return min(common, key=lambda d: d.priority)
+    lowest = min(common, key=lambda d: d.priority)
+    if lowest.is_float and not any(d.is_float for d in ds):
+        return dtypes.default_float
+    return lowest
 
 
 def _by_name(name: str) -> DType:

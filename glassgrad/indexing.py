@@ -144,8 +144,8 @@ def _classify(t: Tensor, entry: Any) -> _Item:
         return _Item("tensor", entry)
     if isinstance(entry, (list, tuple, np.ndarray)):
         return _Item("tensor", _host_index(entry, t.device))
-    raise TypeError(f"invalid index of type {type(entry).__name__}: {entry!r}; use ints, slices, None, ..., "
-                    "lists of ints or integer tensors")
+    raise IndexTypeError(f"invalid index of type {type(entry).__name__}: {entry!r}; use ints, slices, None, ..., "
+                         "lists of ints or integer tensors")  # (PyTorch raises IndexError, numpy IndexError too)
 
 
 @dataclass(frozen=True)

@@ -239,8 +239,11 @@ def _tinygrad_targets(root_nodes: set[UOp], root: Tensor) -> list[Tensor]:
     whose node is in the graph (leaves and held intermediates alike; not the root itself), found by a scan of the
     live objects (this path runs only for programs that never set requires_grad). A graph holding a tensor made
     with requires_grad=False is a PyTorch program's: none (backward() then raises, as PyTorch does)."""
-    found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and o.dtype.is_float and
-             isinstance(o.device, str) and _with_lineage(o.uop) in root_nodes]
+    # (hasattr: a Tensor whose constructor raised may still be garbage waiting for the collector, without a node)
+    # (a bare constant is skipped, as tinygrad's backward skips it: its node is shared with every equal constant)
+    found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and hasattr(o, "uop") and
+             o.dtype.is_float and isinstance(o.device, str) and
+             (o.uop in root_nodes or _with_lineage(o.uop) in root_nodes) and not _is_bare_constant(o.uop)]
     if any(t._requires_grad is False for t in found):
         return []
     return [t for t in found if t._requires_grad is None]
@@ -297,6 +300,19 @@ class _RNG:
                 state.assign(state + Tensor(np.array([0, drawn], np.uint64), device=device))
                 out.append(state)
         return out
+
+
+def _draws_random(t: Tensor) -> bool:
+    """Whether a lazy tensor's graph reads the random state (`Tensor.randn(4, 3)` not realized yet). A write where
+    the target or the value does (`z[:, 0] = w` into a lazy randn z, `z[:] = Tensor.rand(8, 8)`) gives the target its
+    own buffer before the merged value is built: realizing it later, inside the write, advances the state, so the
+    value (which reads it) was realized with it, and the pending write held that result as a gradient leaf (w.grad
+    None). Other lazy targets are not realized first: a gradient must still reach what they are computed from
+    (`z = x * 2; z[:2] = v` differentiates into x)."""
+    if is_buffer_view(t.uop) or isinstance(t.device, tuple) or (state := _RNG.states.get(t.device)) is None:
+        return False
+    rng_buffer = state.uop.base
+    return any(u is rng_buffer or (u.op is Ops.BUFFER and u.arg[0] is rng_buffer.arg[0]) for u in t.uop.toposort())
 
 
 def _mix(x: Tensor) -> Tensor:
@@ -375,7 +391,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None) -> None:
-        if type(data) is UOp and device is None and dtype is None and requires_grad is None:  # every op's result
+        if type(data) is UOp and device is None and dtype is None and requires_grad is None \
+                and not _is_size_expression(data):  # every op's result
             self.uop, self.grad, self._requires_grad, self._view_of = data, None, None, None
             _LAZY.add(self)  # (one place for it: an inlined copy once missed the open no_grad block's list)
             return
@@ -387,15 +404,18 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             return
         device = canonical_devices(device or Device.DEFAULT)
         want = to_dtype(dtype) if dtype is not None else None
-        if isinstance(data, UOp):
+        if isinstance(data, UOp) and _is_size_expression(data):  # tinygrad's Tensor(v.bind(3)): a 0-d int tensor
+            _check_bound(data, "Tensor")
+            uop = UOp(Ops.CONST, dtypes.int32, (UOp(Ops.DEVICE, dtypes.void, (), device),), as_sint(data))
+        elif isinstance(data, UOp):
             uop = data
         elif isinstance(data, Tensor):
             raise TypeError("Tensor(Tensor) is ambiguous: use t.detach(), t.clone() or t.cast(dtype)")
         elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
             d = want or _scalar_dtype(data)
             uop = UOp.const(d, data, device)
-        elif isinstance(data, (bytes, bytearray)):  # tinygrad's Tensor(b"...") : the bytes as uint8
-            uop = _uop_from_array(np.frombuffer(bytes(data), dtype=np.uint8), want, device)
+        elif isinstance(data, (bytes, bytearray)):  # tinygrad's Tensor(b"..."): raw memory, uint8 unless told
+            uop = _uop_from_bytes(bytes(data), want, device)
         elif isinstance(data, range):  # torch.tensor(range(n)) works
             uop = _uop_from_array(np.array(data, dtype=(want or dtypes.default_int).np if want != dtypes.bfloat16
                                            else np.float32), want, device)
@@ -532,11 +552,28 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def requires_grad_(self, value: bool = True) -> Tensor:
         if value and not self.dtype.is_float:
             raise RuntimeError(f"only floating point tensors can require gradients, this one is {self.dtype}")
+        if value and self._requires_grad is not True and self._shares_its_node():
+            with no_grad():
+                self._take_own_buffer()
         _note_flag_change(self._requires_grad, bool(value))
         self._requires_grad = bool(value)
         if value:
             _REQUIRES_GRAD[id(self)] = self
         return self
+
+    def _shares_its_node(self) -> bool:
+        """Whether this tensor, about to become a gradient leaf, may hold the very node another tensor holds: a lazy
+        graph hash-conses with every equal one (two `Tensor.zeros(3, requires_grad=True)`, two `Tensor(3.5)`), and a
+        gradient is found per node, so such leaves would each get the sum of all their gradients. A buffer made for
+        this tensor is its own; so is a view of another tensor (it writes there) and an op's result that already
+        reaches a gradient leaf (PyTorch's non-leaf: its gradient must keep flowing to that leaf)."""
+        u = self.uop
+        if self._view_of is not None or isinstance(self.device, tuple) or not all(isinstance(s, int) for s in
+                                                                                  self.shape):
+            return False
+        if is_buffer_view(u) and u.base.op is Ops.BUFFER and u.base.arg[0].owned:
+            return False
+        return not _reaches_a_grad_leaf(self)
 
     @property
     def is_param(self) -> bool:
@@ -641,8 +678,14 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return self._view(UOp(Ops.DETACH, self.dtype, (self.uop,)))
 
     def clone(self, device: str | tuple[str, ...] | None = None) -> Tensor:
-        """A copy with its own storage (on `device` when given: tinygrad's keyword)."""
-        return self.contiguous() if device is None else self.to(device).contiguous()
+        """A copy with its own storage (on `device` when given: tinygrad's keyword), differentiable as PyTorch's.
+        Its own buffer also makes it its own node: `contiguous()` of equal graphs is one shared node, and two such
+        clones would get one gradient between them (tinygrad's `Tensor(3.5).clone()` twice). (Several devices or a
+        symbolic shape: a contiguous copy.)"""
+        src = self if device is None else self.to(device)
+        if isinstance(src.device, tuple) or not all(isinstance(s, int) for s in src.shape):
+            return src.contiguous()
+        return Tensor.empty(*src.shape, dtype=src.dtype, device=src.device).assign(src)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
         """`copy.deepcopy(t)` (and of a model holding tensors): a tensor with its own copy of the values, the same
@@ -695,6 +738,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         the others, and this tensor becomes the same view of the parent's new value."""
         parent, parent_uop = self._view_of  # type: ignore[misc]
         chain = _movement_chain(self.uop, parent_uop)
+        if parent._view_of is None and (_draws_random(parent) or _draws_random(value)):
+            parent._take_own_buffer()  # its buffer first: see _draws_random
         full, inside = _place_in_parent(chain, value.uop)
         parent.assign(Tensor(inside).where(Tensor(full), parent))
         self.uop = _rebuild_chain(chain, parent.uop)
@@ -757,8 +802,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         dt = to_dtype(dtype)
         if dt == self.dtype:
             return self
-        if dt.itemsize == self.dtype.itemsize:
-            return Tensor(self.uop.bitcast(dt))
+        if dt.itemsize == self.dtype.itemsize:  # a view (PyTorch's `view(dtype)`): an assign to it writes here
+            return self._view(self.uop.bitcast(dt))
         return self._bitcast_resized(dt)
 
     def _bitcast_resized(self, dt: DType) -> Tensor:
@@ -800,7 +845,16 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     # ------------------------------------------------------------------ autograd
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
-        """Gradients of this tensor with respect to `targets` (a scalar, unless `gradient` is given)."""
+        """Gradients of this tensor with respect to `targets` (a scalar, unless `gradient` is given). A target must
+        be a float tensor that reads memory: a bare constant (`Tensor(2.0)`, `Tensor.full`) is a node every equal
+        constant shares, the scalar of `t * 2.0` included, so its gradient would mix theirs in (it was 4 for
+        `(Tensor(2.0) * 2.0).gradient(that tensor)`): give it a buffer first (`requires_grad=True`, `.clone()`)."""
+        for t in targets:
+            if not t.dtype.is_float:
+                raise RuntimeError(f"gradient(): a target must be a float tensor, got {t.dtype}")
+            if _is_bare_constant(t.uop):
+                raise RuntimeError("gradient(): a target is a bare constant (Tensor(2.0), Tensor.full), a node shared "
+                                   "with every equal constant; make it with requires_grad=True or .clone() it")
         if gradient is None:
             if self.numel() != 1:
                 raise RuntimeError(f"gradient of a tensor of shape {self.shape} needs `gradient=`; only scalars "
@@ -1017,6 +1071,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def randint(*shape: Any, low: int = 0, high: int = 10, dtype: DType | str | None = None,
                 device: str | None = None) -> Tensor:
         """Integers in [low, high), drawn on the device."""
+        if not all(isinstance(b, (int, np.integer)) for b in (low, high)):  # (a float bound was silently truncated)
+            raise TypeError(f"randint bounds must be ints, got low={low!r}, high={high!r}")
         if high <= low:
             raise ValueError(f"randint needs low < high, got low={low}, high={high}")
         if high - low > 1 << 32:
@@ -1033,12 +1089,23 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     @staticmethod
     def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, dtype: DType | str | None = None,
                 device: str | None = None, requires_grad: bool | None = None) -> Tensor:
-        values = Tensor.rand(*shape, device=device) * (high - low) + low
+        """Values in [low, high). For an int dtype, each integer of [low, high) equally likely: the draw is floored
+        (a cast after adding a negative `low` truncated toward 0, so 0 came twice as often and `low` never)."""
+        if low > high:
+            raise ValueError(f"uniform needs low <= high, got low={low}, high={high}")
+        dt = to_dtype(dtype) if dtype is not None else None
+        if dt is not None and not dt.is_float:
+            base = math.floor(low)  # floor(x) = floor(x - base) + base, and x - base >= 0 casts by flooring
+            values = (Tensor.rand(*shape, device=device) * (high - low) + (low - base)).cast(dt) + base
+        else:
+            values = Tensor.rand(*shape, device=device) * (high - low) + low
         return Tensor._random_result(values, dtype, requires_grad)
 
     @staticmethod
     def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, dtype: DType | str | None = None,
                device: str | None = None, requires_grad: bool | None = None) -> Tensor:
+        if std < 0:
+            raise ValueError(f"normal needs std >= 0, got {std}")
         values = Tensor.randn(*shape, device=device) * std + mean
         return Tensor._random_result(values, dtype, requires_grad)
 
@@ -1691,6 +1758,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         reps = shape_args(repeats, args)
         if len(reps) < self.ndim:
             raise ShapeError(f"repeat needs at least {self.ndim} repeat counts, got {reps}")
+        if any(isinstance(r, int) and r < 0 for r in reps):  # (expand would read -1 as "keep this size")
+            raise ShapeError(f"repeat counts must be non-negative, got {reps}")
         base = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
         expanded = base.reshape(tuple(x for s in base.shape for x in (1, s)))
         expanded = expanded.expand(tuple(x for r, s in zip(reps, base.shape) for x in (r, s)))
@@ -1769,6 +1838,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def __setitem__(self, index: Any, value: Any) -> None:
         """`t[1:3] = v`, `t[0, ::2] = 5`, `t[mask] = 0` (a bool mask of t's shape), `t[[0, 2], 1] = v` (tensor or
         list indices): lazily, like `assign`, into this tensor's own buffer."""
+        if self._view_of is None and (_draws_random(self) or isinstance(value, Tensor) and _draws_random(value)):
+            self._take_own_buffer()  # its buffer first: see _draws_random
         if isinstance(index, Tensor) and index.dtype == dtypes.bool and index.shape == self.shape:
             self.assign(index.where(value, self))
             return
@@ -1777,6 +1848,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             self._setitem_by_positions(index, value)
             return
         view.assign(value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype))
+
+    def __delitem__(self, index: Any) -> None:
+        """`del t[i]` raises TypeError, as for PyTorch's tensors and numpy arrays (Python's default here, with
+        `__setitem__` defined, was an AttributeError naming `__delitem__`)."""
+        raise TypeError("a Tensor does not support item deletion (del t[i]); build a new one, e.g. t[mask] or cat")
 
     def _setitem_by_positions(self, index: Any, value: Any) -> None:
         """`t[idx] = v` with tensor or list indices (advanced indexing): the same index applied to the flat
@@ -1795,7 +1871,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def gather(self, dim: int, index: Tensor) -> Tensor:
         """out[i][j][k] = self[index[i][j][k]][j][k] for dim=0 (PyTorch's gather)."""
         d = normalize_axis(dim, self.ndim, "dim")
-        if index.ndim != self.ndim or index.dtype.is_float:
+        if index.ndim != self.ndim or not index.dtype.is_int:  # (a bool index was read as 0 and 1)
             raise ShapeError(f"gather: index must be an int tensor with {self.ndim} dims, got {index.dtype} "
                              f"{index.shape}")
         if any(index.shape[i] > self.shape[i] for i in range(self.ndim) if i != d):
@@ -1868,7 +1944,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         axes = self._resolve_axes(axis)
         kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
         if op is Ops.MAX and any(self.shape[a] == 0 for a in axes):
-            raise ValueError(f"max/min over an empty dimension (shape {self.shape}, axis {axis}) has no identity")
+            raise ShapeError(f"max/min over an empty dimension (shape {self.shape}, axis {axis}) has no identity")
         src = self
         if op is Ops.MAX and axes and self.dtype.is_float and _calls_libm(self.uop) and self.requires_grad:
             src = self.contiguous()  # the gradient compares its input with the max: they must be the same values
@@ -1996,7 +2072,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             return Tensor.zeros((), dtype=dtypes.int32, device=self.device)
         n = self.shape[a]
         if n == 0:
-            raise ValueError(f"argmax over an empty dimension (shape {self.shape}, axis {axis})")
+            raise ShapeError(f"argmax over an empty dimension (shape {self.shape}, axis {axis})")
         x = self.contiguous() if self.dtype.is_float and _calls_libm(self.uop) else self  # compared with its max
         is_max = x == x.max(a, keepdim=True)
         if self.dtype.is_float:  # a NaN is the maximum (max propagates it), as in numpy and PyTorch
@@ -2424,10 +2500,11 @@ def _index_tensor(n: int, device: str | None) -> Tensor:
 
 
 def _movement_chain(top: UOp, bottom: UOp) -> list[UOp]:
-    """The movement nodes (and DETACHes) from `top` down to (not including) `bottom`, top first."""
+    """The movement nodes (and DETACHes, same-size BITCASTs) from `top` down to (not including) `bottom`, top
+    first."""
     chain, node = [], top
     while node is not bottom:
-        if node.op not in GroupOp.Movement and node.op is not Ops.DETACH:
+        if node.op not in GroupOp.Movement and node.op not in (Ops.DETACH, Ops.BITCAST):
             raise RuntimeError("internal error: a view's node is not a chain of movement ops over its parent's")
         chain.append(node)
         node = node.src[0]
@@ -2439,6 +2516,9 @@ def _place_in_parent(chain: list[UOp], value: UOp) -> tuple[UOp, UOp]:
     mask of those elements."""
     inside = UOp.const(dtypes.bool, True, value.device).reshape((1,) * len(value.shape)).expand(value.shape)
     for node in chain:
+        if node.op is Ops.BITCAST:  # the same elements, read as the source's dtype (the mask stays as it is)
+            value = value.bitcast(node.src[0].dtype)
+            continue
         value, inside = _undo_movement(node, value), _undo_movement(node, inside)
     return value, inside
 
@@ -2501,9 +2581,19 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
                     _reads_a_buffer(node.src[1]):
                 # (the value's graph does not hold the ASSIGN node, which REALIZED keeps the view for: no cycle)
                 LINEAGE[view] = node.src[1]
-                REALIZED.set_assigned_value(node.src[1], view)
+                if not is_buffer_view(node.src[1]):  # (a buffer's own contents are not a result to load elsewhere:
+                    # `t.assign(w)` then a write to t, and `w + 0` read t's overwritten copy instead of w)
+                    REALIZED.set_assigned_value(node.src[1], view)
         elif keep_lineage and not is_buffer_view(node) and (lineage_of is None or node in lineage_of):
             LINEAGE[view] = node  # (movement ops of a buffer are computed too)
+
+
+def _is_bare_constant(u: UOp) -> bool:
+    """A constant tensor as made (`Tensor(2.0)`, `Tensor.full`/`zeros`/`ones`: a CONST, reshaped and expanded), a
+    node every equal constant shares (the scalar of `t * 2.0` too), so not a tensor of its own to differentiate."""
+    while u.op in (Ops.RESHAPE, Ops.EXPAND):
+        u = u.src[0]
+    return u.op is Ops.CONST
 
 
 def _reads_a_buffer(value: UOp) -> bool:
@@ -2612,7 +2702,8 @@ def _graph_nodes_of(targets: Sequence[Tensor], nodes: set[UOp]) -> list[UOp | No
     out: list[UOp | None] = []
     for t in targets:
         u = _with_lineage(t.uop)
-        out.append(u if u in nodes else written.get(t.uop))
+        # (a pending write's value is kept as it is, lineage and all: a realized tensor it holds is there as itself)
+        out.append(u if u in nodes else t.uop if t.uop in nodes else written.get(t.uop))
     return out
 
 
@@ -2784,6 +2875,19 @@ def _short(data: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _uop_from_bytes(data: bytes, want: DType | None, device: str) -> UOp:
+    """`Tensor(b"...", dtype=dt)`: the bytes read as dt's items, little-endian (tinygrad's and `torch.frombuffer`'s
+    meaning; each byte was cast to a float32 value before, 8 values for two packed floats)."""
+    dt = want or dtypes.uint8
+    if len(data) % dt.itemsize:
+        raise ValueError(f"Tensor(bytes, dtype={dt.name}): {len(data)} bytes are not a whole number of "
+                         f"{dt.itemsize}-byte items")
+    if dt == dtypes.bfloat16:  # (no numpy bfloat16: its 16-bit patterns, then reinterpreted on the device)
+        bits = _uop_from_array(np.frombuffer(data, dtype="<u2").astype(np.uint16), dtypes.uint16, device)
+        return UOp(Ops.BITCAST, dtypes.bfloat16, (bits,))
+    return _uop_from_array(np.frombuffer(data, dtype=np.dtype(dt.np).newbyteorder("<")), dt, device)
+
+
 def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:
     if isinstance(data, np.ndarray) or isinstance(data, np.generic):
         array = np.asarray(data)
@@ -2826,10 +2930,28 @@ def _check_fits(dtype: DType, values: Sequence[Scalar], op: str) -> None:
             raise OverflowError(f"{op}: value {v} does not fit {dtype.name} (range {dtype.min}..{dtype.max})")
 
 
+_SIZE_OPS = (Ops.DEFINE_VAR, Ops.BIND, Ops.CONST, Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.MOD, Ops.MAX)
+
+
+def _is_size_expression(x: UOp) -> bool:
+    """Whether a UOp is a symbolic int (a Variable, bound or not, or an int expression of them), not a tensor's
+    graph. (Stops at the first node that is not a size op: an op's result is answered in a step or two.)"""
+    if x.op not in _SIZE_OPS or x.dtype != dtypes.int32:
+        return False
+    stack, seen, has_var = [x], set[UOp](), False
+    while stack:
+        u = stack.pop()
+        if u.op not in _SIZE_OPS or (u.op is Ops.CONST and u.src):  # (a tensor's constant has a DEVICE source)
+            return False
+        has_var = has_var or u.op is Ops.DEFINE_VAR
+        stack.extend(s for s in u.src if s not in seen)
+        seen.update(u.src)
+    return has_var
+
+
 def _check_bound(x: UOp, where: str) -> None:
     """A symbolic size used by a tensor must have values for all its variables (`Variable(...).bind(n)`)."""
-    if x.dtype != dtypes.int32 or not all(u.op in (Ops.DEFINE_VAR, Ops.BIND, Ops.CONST, Ops.ADD, Ops.MUL, Ops.NEG,
-                                                   Ops.IDIV, Ops.MOD, Ops.MAX) for u in x.toposort()):
+    if x.dtype != dtypes.int32 or not all(u.op in _SIZE_OPS for u in x.toposort()):
         raise TypeError(f"{where}: a UOp used as a size must be an int expression of Variables, got {x.op}")
     if unbound_variables(x):
         names = ", ".join(sorted(v.arg[0] for v in unbound_variables(x)))

@@ -378,7 +378,10 @@ def test_tensor_from_bytes_and_none() -> None:
     t = Tensor(data, device=DEVICE)
     assert t.dtype == dtypes.uint8 and t.shape == (5,)
     np.testing.assert_equal(t.numpy(), list(data))
-    np.testing.assert_equal(Tensor(bytearray(data), dtype=dtypes.int32, device=DEVICE).numpy(), list(data))
+    # with a dtype, the bytes are read as its items (tinygrad's and torch.frombuffer's meaning)
+    raw = data + b"\x01\x02\x03"
+    np.testing.assert_equal(Tensor(bytearray(raw), dtype=dtypes.int32, device=DEVICE).numpy(),
+                            np.frombuffer(raw, "<i4"))
     empty = Tensor(None, device=DEVICE)
     assert empty.shape == (0,) and empty.dtype == dtypes.float32 and empty.numpy().size == 0
 

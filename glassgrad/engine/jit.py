@@ -153,6 +153,7 @@ def _input_buffers(tensors: list[Tensor], names: list[str]) -> tuple[list[Buffer
     # an input is a leaf of the step: a gradient must read its buffer (the one each call swaps), not recompute it
     # from the graph that made it before the call (shard, to, a gather `X[samples]` of a random sample)
     _forget_lineage([t for t in tensors if not t._requires_grad and t.uop in LINEAGE])
+    _separate_equal_inputs(tensors)
     buffers: list[Buffer] = []
     owners: list[Tensor] = []
     for t, name in zip(tensors, names):
@@ -166,6 +167,20 @@ def _input_buffers(tensors: list[Tensor], names: list[str]) -> tuple[list[Buffer
             buffers.append(buf)
             owners.append(t)
     return buffers, owners
+
+
+def _separate_equal_inputs(tensors: list[Tensor]) -> None:
+    """Two different input tensors made by equal graphs (`Tensor.ones(4).contiguous().realize()` twice) were
+    realized into one shared buffer (hash-consing): each later one gets a buffer of its own, so they are two inputs.
+    The same tensor passed twice, or views of one buffer of a tensor's own, still share one (refused below)."""
+    first: dict[int, Tensor] = {}
+    for t in tensors:
+        if isinstance(t.device, tuple) or not is_buffer_view(t.uop) or not all(isinstance(d, int) for d in t.shape):
+            continue
+        buf = t.uop.base.arg[0]
+        other = first.setdefault(id(buf), t)
+        if other is not t and not buf.owned:
+            t._take_own_buffer()
 
 
 def _tensors_viewing(buffers: list[Buffer]) -> dict[int, list[weakref.ref[Tensor]]]:
@@ -395,6 +410,7 @@ class _Capture:
     def __init__(self, items: list[ScheduleItem], inputs: list[Buffer], ret: Any, plan: bool,
                  input_tensors: list[Tensor], first_serial: int = -1,
                  lineage_reads: set[tuple[Buffer, int]] | None = None) -> None:
+        written = {id(buf) for item in items for buf, _ in item.writes}
         steps, inplace = _steps_of(items, inputs)
         gc.collect()  # intermediates only the recorded items held are gone now
         self.ret = ret
@@ -408,6 +424,10 @@ class _Capture:
         # host data inside the function, an intermediate something else holds) is kept alive here, or its memory
         # would go back to the allocator when its last tensor dies and be handed to another buffer
         self.state_buffers = list({id(r): r for s in steps for r in s.refs if isinstance(r, Buffer)}.values())
+        # the buffers the kernels write that the capture holds (returned results, state), by id: an input that is
+        # one of them is copied before a replay (`_without_aliases`)
+        self.written_ids = {id(b) for b in self.state_buffers if id(b) in written}
+        self._version_outputs(ret, inputs, inplace)
         self.steps = _graph_kernels([self._launch(s, slot_buffers) for s in steps],
                                     lambda device: Device[device].graph is not None)
         self.graphs = [s for s in self.steps if isinstance(s, _KernelGraph)]
@@ -479,8 +499,10 @@ class _Capture:
         if any_lazy_tensors():
             owners = [t for ref, _ in self.owners if (t := ref()) is not None]
             realize_readers_of({(inputs[i], inputs[i].version) for i, _ in self.written_inputs} |
-                               {(buf, buf.version) for buf, _ in self.written_state},
-                               owners + [tensors[i] for i, _ in self.written_inputs])
+                               {(buf, buf.version) for buf, _ in self.written_state} |
+                               {(buf, buf.version) for buf in self.output_buffers},
+                               owners + [tensors[i] for i, _ in self.written_inputs] + self.returned_outputs)
+        inputs = self._without_aliases(inputs)
         handles = [b.handle for b in inputs]
         wait = DEBUG >= 2 or bool(TIMING)
         for step in self.steps:
@@ -489,10 +511,49 @@ class _Capture:
             else:
                 step.run(handles, var_vals, wait)
         self._advance_versions(tensors, inputs)
+        for buf in self.output_buffers:
+            buf.version += 1
+        for t in self.returned_outputs:
+            t.uop = at_current_versions(t.uop)
         self._bind_returned(var_vals)
         if self.returned_inputs:
             return _with_tensors_swapped(self.ret, {k: tensors[i] for k, i in self.returned_inputs.items()})
         return self.ret
+
+    def _version_outputs(self, ret: Any, inputs: list[Buffer], inplace: dict[Buffer, int]) -> None:
+        """The returned results' buffers are rewritten by every replay: they are versioned like buffers written in
+        place (owned, a new version per replay, the returned tensors moved to it), so a result computed from an
+        earlier call's output and kept (`kept.append((f(x) * 2).realize())`) is not mistaken for the same node of
+        the next call's output (it was: every later call got the first replay's value), and a lazy one is realized
+        before the replay overwrites what it reads. (One device, int shapes: the common case.)"""
+        input_ids = {id(b) for b in inputs}
+        self.returned_outputs: list[Tensor] = []
+        buffers: dict[int, Buffer] = {}
+        for t in _returned_tensors(ret):
+            if id(t) in self.returned_inputs or isinstance(t.device, tuple) or not is_buffer_view(t.uop) or \
+                    not all(isinstance(d, int) for d in t.shape):
+                continue
+            buf = t.uop.base.arg[0]
+            if id(buf) in input_ids or buf in inplace or id(buf) not in self.written_ids:
+                continue
+            buf.owned = True
+            buffers[id(buf)] = buf
+            self.returned_outputs.append(t)
+        self.output_buffers = list(buffers.values())
+
+    def _without_aliases(self, inputs: list[Buffer]) -> list[Buffer]:
+        """The inputs, each that is a buffer this capture's kernels write (a returned tensor fed back: `h = step(h)`)
+        replaced by a copy: the replay would otherwise overwrite it while later kernels still read it (an RNN's
+        `tanh(h @ W)` gave wrong numbers from the first replay on). Inputs written in place stay themselves."""
+        written_inputs = {i for i, _ in self.written_inputs}
+        if not any(id(b) in self.written_ids and i not in written_inputs for i, b in enumerate(inputs)):
+            return inputs
+        out = list(inputs)
+        for i, b in enumerate(inputs):
+            if id(b) in self.written_ids and i not in written_inputs:
+                out[i] = Buffer(b.device, b.size, b.dtype)
+                run_copy(out[i], b)
+        return out
 
     def _check_lineage_reads(self) -> None:
         """The step differentiated through a tensor made before the capture, back to a buffer it was computed

@@ -90,10 +90,20 @@ class RealizedMap:
         table[ref.key] = (ref, view)
 
     def get(self, node: UOp) -> UOp | None:
-        entry = self._map.get(id(node)) or self._assigned.get(id(node))
+        """The view holding `node`'s value, or None. An assigned value whose target has been written again since is
+        None: its copy is gone, and the node is computed from its sources again (a later `t[:3].assign(1.0)` on an
+        equal buffer builds the very same value node); a source that is gone too raises when it is read."""
+        entry = self._map.get(id(node))
+        assigned = entry is None
+        if assigned:
+            entry = self._assigned.get(id(node))
         if entry is None or entry[0]() is not node:
             return None
-        return entry[1]()
+        view = entry[1]()
+        if assigned and view is not None and (base := view.base).op is Ops.BUFFER and \
+                base.arg[1] < base.arg[0].version:
+            return None
+        return view
 
     def __contains__(self, node: UOp) -> bool:
         return self.get(node) is not None
@@ -210,7 +220,7 @@ def _row_reduce(node: UOp, row_shape: tuple[sint, ...] | None) -> bool:
     which then reads the row from L1: softmax 1024x2048 in one kernel, 1.3 -> 0.65 ms on 2 cores)."""
     return (row_shape is not None and node.op is Ops.REDUCE_AXIS and node.src[0].shape == row_shape and
             node.arg[1] == (len(row_shape) - 1,) and all(isinstance(d, int) for d in row_shape) and
-            1 < row_shape[-1] <= ROW_FUSE_MAX)  # type: ignore[operator]
+            bool(1 < row_shape[-1] <= ROW_FUSE_MAX))  # type: ignore[operator]
 
 
 def _walk_start(root: UOp) -> tuple[bool, RowMode, tuple[sint, ...] | None]:

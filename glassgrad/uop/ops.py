@@ -277,15 +277,60 @@ class UOp:
     def _wrap(self, x: UOp | ConstType) -> UOp:
         return x if isinstance(x, UOp) else UOp.const(self.dtype, x)
 
-    def __add__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.ADD, self._wrap(x))  # noqa: E704
-    def __radd__(self, x: UOp | ConstType) -> UOp: return self._wrap(x).alu(Ops.ADD, self)  # noqa: E704
-    def __sub__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.ADD, -self._wrap(x))  # noqa: E704
-    def __mul__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.MUL, self._wrap(x))  # noqa: E704
-    def __rmul__(self, x: UOp | ConstType) -> UOp: return self._wrap(x).alu(Ops.MUL, self)  # noqa: E704
-    def __floordiv__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.IDIV, self._wrap(x))  # noqa: E704
-    def __mod__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.MOD, self._wrap(x))  # noqa: E704
+    def __add__(self, x: UOp | ConstType) -> UOp:
+        return self.alu(Ops.ADD, self._wrap(x)) if _operand(x) else NotImplemented
+
+    def __radd__(self, x: UOp | ConstType) -> UOp:
+        return self._wrap(x).alu(Ops.ADD, self) if _operand(x) else NotImplemented
+
+    def __sub__(self, x: UOp | ConstType) -> UOp:
+        return self.alu(Ops.ADD, -self._wrap(x)) if _operand(x) else NotImplemented
+
+    def __mul__(self, x: UOp | ConstType) -> UOp:
+        return self.alu(Ops.MUL, self._wrap(x)) if _operand(x) else NotImplemented
+
+    def __rmul__(self, x: UOp | ConstType) -> UOp:
+        return self._wrap(x).alu(Ops.MUL, self) if _operand(x) else NotImplemented
+
+    def __floordiv__(self, x: UOp | ConstType) -> UOp:
+        return self.alu(Ops.IDIV, self._wrap(x)) if _operand(x) else NotImplemented
+
+    def __mod__(self, x: UOp | ConstType) -> UOp:
+        return self.alu(Ops.MOD, self._wrap(x)) if _operand(x) else NotImplemented
+
     def __neg__(self) -> UOp: return self.alu(Ops.NEG)  # noqa: E704
-    def __lt__(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.CMPLT, self._wrap(x))  # noqa: E704
+    def __lt__(self, x: UOp | ConstType) -> UOp:
+        return self.alu(Ops.CMPLT, self._wrap(x)) if _operand(x) else NotImplemented
+
+    def __gt__(self, x: UOp | ConstType) -> UOp:
+        return self._wrap(x).alu(Ops.CMPLT, self) if _operand(x) else NotImplemented
+
+    def __le__(self, x: UOp | ConstType) -> UOp:
+        return self._int_only("<=").alu(Ops.CMPLT, self._wrap(x) + 1) if _operand(x) else NotImplemented
+
+    def __ge__(self, x: UOp | ConstType) -> UOp:
+        return self._wrap(x).alu(Ops.CMPLT, self._int_only(">=") + 1) if _operand(x) else NotImplemented
+
+
+    def _int_only(self, op: str) -> UOp:
+        if not self.dtype.is_int:
+            raise TypeError(f"UOp {op} is defined for int (symbolic size) nodes, not {self.dtype}")
+        return self
+
+    def __bool__(self) -> bool:
+        """A comparison of symbolic sizes (`if start_pos > 0:` with a bound Variable) is True or False when the
+        Variables' ranges decide it (a TinyJit capture serves every value, so the bound value is not used); else a
+        TypeError. (Every other node is truthy, Python's default: an object, not a value.) Without this, `v < 5`
+        was always True."""
+        if self.op in GroupOp.Comparison and self.dtype.is_bool and _is_symbolic_size(self):
+            lo, hi = self._minmax()
+            if lo == hi:
+                return bool(lo)
+            names = sorted({u.arg[0] for u in self.toposort() if u.op is Ops.DEFINE_VAR})
+            raise TypeError(f"this comparison depends on the value of Variable {', '.join(names)} within its range: "
+                            "a compiled kernel (and a TinyJit capture) serves every value, so it has no single answer; "
+                            "compare the int you bound instead, or give the Variable a range that decides it")
+        return True
     def ne(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.CMPNE, self._wrap(x))  # noqa: E704
     def eq(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.CMPEQ, self._wrap(x))  # noqa: E704
     def maximum(self, x: UOp | ConstType) -> UOp: return self.alu(Ops.MAX, self._wrap(x))  # noqa: E704
@@ -485,6 +530,21 @@ def _range_uses_src(u: UOp) -> bool:
     dt = u.dtype
     return u.op in (Ops.RANGE, Ops.BIND) or ((dt.is_int or dt.is_bool) and u.op in (_BOOL_RANGE_RULES if dt.is_bool
                                                                          else _INT_RANGE_RULES))
+
+
+def _operand(x: object) -> bool:
+    """Whether a Python operator's other side is one a UOp computes with (a UOp or a number). Anything else (a
+    Tensor: `v * t` with a bound Variable v) gets NotImplemented, so Python asks that side (`Tensor.__rmul__`)."""
+    return isinstance(x, (UOp, int, float))
+
+
+def _is_symbolic_size(u: UOp) -> bool:
+    """Whether `u` is built only from Variables, their bindings and constants without a device (a user-level
+    comparison of symbolic sizes, not a kernel's or a tensor's graph), with at least one Variable."""
+    nodes = u.toposort()
+    return any(n.op is Ops.DEFINE_VAR for n in nodes) and all(
+        n.op in (Ops.DEFINE_VAR, Ops.BIND) or (n.op is Ops.CONST and not n.src) or
+        (n.op in GroupOp.ALU and n.dtype != dtypes.void) for n in nodes)
 
 
 def _value_range(u: UOp) -> Range:
