@@ -618,6 +618,7 @@ def vector_runs(program: list[UOp]) -> dict[UOp, VectorRun]:
     runs: dict[UOp, VectorRun] = {}
     if any(u.op in _SHAPED_BY_GPUDIMS for u in program):
         return runs  # (tiled and grouped kernels stage their loads themselves)
+    opened = Counter(u for u in program if u.op is Ops.RANGE)
     open_loop: UOp | None = None
     defined: set[UOp] = set()
     for u in program:
@@ -625,7 +626,9 @@ def vector_runs(program: list[UOp]) -> dict[UOp, VectorRun]:
             defined.add(u)
         if u.op is Ops.RANGE:
             defined.add(u)
-            open_loop = u if u.arg[1] == "upcast" and u.src[0].op is Ops.CONST else None
+            # (an upcast loop opened twice, inside a reduction and again for the store after it, is one UOp: its
+            # runs, rendered around the loop, would be rendered around both)
+            open_loop = u if u.arg[1] == "upcast" and u.src[0].op is Ops.CONST and opened[u] == 1 else None
         elif u.op is Ops.ENDRANGE:
             open_loop = None
         elif open_loop is not None and u.op in (Ops.LOAD, Ops.STORE) and u.src[0].op is Ops.DEFINE_GLOBAL and \

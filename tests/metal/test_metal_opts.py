@@ -155,3 +155,11 @@ def test_group_reduce_in_ir(metal: Compiled) -> None:
     assert spec.local_size == (64, 1, 1) and spec.global_size == (16, 1, 1)
     assert [u.arg[1] for u in spec.uops if u.op is Ops.GROUP_REDUCE] == [64]
     assert [u.src[0].arg for u in spec.uops if u.op is Ops.RANGE] == [8]
+
+
+def test_an_upcast_output_of_a_reduction_keeps_its_loops_apart(metal: Compiled) -> None:
+    """UPCAST of a column sum's whole output axis (hypothesis found it): the upcast loop is one node, opened inside
+    the reduction's loop and again for the store after it, and the vector runs rendered around it were rendered
+    around both (a store inside the reduction, a load of the reduction's index after its loop: no compile)."""
+    ast = last_ast(WORKLOADS["column sums"]())
+    check(metal, ast, [Opt(U, 0, 0)])
