@@ -546,13 +546,13 @@ class _Capture:
         replaced by a copy: the replay would otherwise overwrite it while later kernels still read it (an RNN's
         `tanh(h @ W)` gave wrong numbers from the first replay on). Inputs written in place stay themselves."""
         written_inputs = {i for i, _ in self.written_inputs}
-        if not any(id(b) in self.written_ids and i not in written_inputs for i, b in enumerate(inputs)):
+        aliased = [i for i, b in enumerate(inputs) if id(b) in self.written_ids and i not in written_inputs]
+        if not aliased:
             return inputs
         out = list(inputs)
-        for i, b in enumerate(inputs):
-            if id(b) in self.written_ids and i not in written_inputs:
-                out[i] = Buffer(b.device, b.size, b.dtype)
-                run_copy(out[i], b)
+        for i in aliased:
+            out[i] = Buffer(inputs[i].device, inputs[i].size, inputs[i].dtype)
+            run_copy(out[i], inputs[i])
         return out
 
     def _check_lineage_reads(self) -> None:

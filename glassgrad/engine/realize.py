@@ -260,16 +260,22 @@ def run_schedule(schedule: list[ScheduleItem]) -> None:
 
 
 def run_item(item: ScheduleItem) -> None:
-    ast, bufs = item.ast, item.bufs
+    run_ast(item.ast, item.bufs, item.var_vals)
+
+
+def run_ast(ast: UOp, bufs: Sequence[Buffer], var_vals: dict[str, int], kernel: CompiledKernel | None = None) -> None:
+    """Run one item's work on `bufs`: a copy, an all-reduce, or a kernel (`kernel` when the caller has it, else
+    from the kernel cache, compiled on a miss)."""
     if ast.op is Ops.COPY:
         run_copy(*bufs)
         return
     if ast.op is Ops.ALLREDUCE:
         run_allreduce(ast.arg[0], bufs)
         return
-    device = bufs[0].device
-    kernel = _kernel_cache.get((device, ast, kernel_flags())) or compile_kernel(device, ast)  # (kernel_key's key)
-    launch(kernel, bufs, item.var_vals)
+    if kernel is None:
+        device = bufs[0].device
+        kernel = _kernel_cache.get((device, ast, kernel_flags())) or compile_kernel(device, ast)  # (kernel_key's key)
+    launch(kernel, bufs, var_vals)
 
 
 def launch(kernel: CompiledKernel, bufs: Sequence[Buffer], var_vals: dict[str, int]) -> None:
@@ -335,13 +341,7 @@ def replay(hit: CachedSchedule) -> dict[UOp, UOp] | None:
         else:
             return None
     for (ast, refs, _, writes, var_vals), kernel in zip(template.items, kernels):
-        item_bufs = [bufs[r] for r in refs]
-        if kernel is not None:
-            launch(kernel, item_bufs, var_vals)
-        elif ast.op is Ops.COPY:
-            run_copy(*item_bufs)
-        else:
-            run_allreduce(ast.arg[0], item_bufs)
+        run_ast(ast, [bufs[r] for r in refs], var_vals, kernel)
         for ref, offset in writes:
             buf, version = bufs[ref], base_version[ref] + offset
             if buf.version < version:

@@ -69,7 +69,7 @@ def gather_one_hot(u: UOp, uses: dict[UOp, int]) -> UOp | None:
     where = u.src[0]
     if where.op is not Ops.WHERE:
         return _one_hot_plus(u, uses)
-    if where.op is not Ops.WHERE or not _is_zero(where.src[2]) or not all(isinstance(s, int) for s in where.shape):
+    if not _is_zero(where.src[2]) or not all(isinstance(s, int) for s in where.shape):
         return None
     terms = _conjuncts(where.src[0])
     if terms is None:

@@ -107,4 +107,3 @@ def _carry(movement: UOp, src: UOp, extra: int) -> UOp:
         return src.permute(tuple(movement.arg) + tuple(range(n, n + extra)))
     assert movement.op is Ops.FLIP, movement.op
     return src.flip(tuple(movement.arg) + (False,) * extra)
-
