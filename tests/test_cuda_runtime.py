@@ -136,6 +136,31 @@ def test_launch_add_kernel(cuda: Compiled) -> None:
     np.testing.assert_array_equal(out_buf.numpy(), out + a)
 
 
+def test_launch_after_another_context_was_made_current(cuda: Compiled) -> None:
+    """A launch does not set its context each time: when another library left no context or another one current,
+    the launch fails in the driver and is made again in the kernel's own context (right values, no error)."""
+    from cuda.bindings import driver
+    n = 300
+    out, a = np.arange(n, dtype=np.float32), np.full(n, 1.5, dtype=np.float32)
+    out_buf, a_buf = _upload(cuda, out), _upload(cuda, a)
+    prg = cuda.program("add", cuda.compiler.compile_cached(ADD_SRC))
+    dev = driver.cuDeviceGet(0)[1]
+    try:
+        status, other = driver.cuCtxCreate(None, 0, dev)  # cuda-bindings 13: (params, flags, device)
+    except TypeError:
+        status, other = driver.cuCtxCreate(0, dev)  # cuda-bindings 12: (flags, device)
+    assert status == driver.CUresult.CUDA_SUCCESS, status
+    try:
+        for current in (None, other):
+            driver.cuCtxSetCurrent(current)
+            prg(out_buf.handle, a_buf.handle, global_size=((n + 127) // 128,), local_size=(128,), vals=(n,))
+            cuda.synchronize()
+        np.testing.assert_array_equal(out_buf.numpy(), out + 2 * a)
+    finally:
+        driver.cuCtxDestroy(other)
+        cuda.synchronize()  # (makes this GPU's primary context current again)
+
+
 def test_launch_timed_with_events(cuda: Compiled) -> None:
     n = 1 << 22
     out_buf, a_buf = _upload(cuda, np.zeros(n, np.float32)), _upload(cuda, np.ones(n, np.float32))
