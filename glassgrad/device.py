@@ -12,7 +12,7 @@ import importlib
 import itertools
 import os
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -164,12 +164,34 @@ class Compiled:
 _CANONICAL: dict[str, str] = {}  # a device name -> its canonical form, for the names seen
 
 
+# tinygrad's (older) way of naming the default device, `CUDA=1 python train.py`, and the device each flag means here
+# (tinygrad's NV is its own NVIDIA driver: the same GPUs; CLANG and LLVM were its CPU compilers)
+DEVICE_FLAGS = {"CUDA": "CUDA", "NV": "CUDA", "METAL": "METAL", "CPU": "CPU", "CLANG": "CPU", "LLVM": "CPU"}
+
+
+def default_device(environ: Mapping[str, str]) -> str:
+    """The default device an environment asks for: `DEV` (tinygrad 0.14's name), else the one device flag set to 1
+    (`CUDA=1`, `METAL=1`, `CPU=1`, ...: what older tinygrad programs and their READMEs say), else CPU. Flags that
+    disagree with each other or with DEV raise ValueError: running on another device than the one asked for, silently,
+    would be the worst answer."""
+    flagged = {DEVICE_FLAGS[name] for name in DEVICE_FLAGS if environ.get(name, "").strip() == "1"}
+    names = ", ".join(f"{name}=1" for name in DEVICE_FLAGS if environ.get(name, "").strip() == "1")
+    if (dev := environ.get("DEV")):
+        if flagged and flagged != {_DeviceRegistry.canonicalize(dev).split(":")[0]}:
+            raise ValueError(f"DEV={dev} and {names} name different default devices: set only one")
+        return dev
+    if len(flagged) > 1:
+        raise ValueError(f"{names} name different default devices: set only one (or DEV=...)")
+    return flagged.pop() if flagged else "CPU"
+
+
 class _DeviceRegistry:
-    """`Device['CPU']` gives the Compiled backend, created on first use. `Device.DEFAULT` is $DEV or CPU."""
+    """`Device['CPU']` gives the Compiled backend, created on first use. `Device.DEFAULT` is $DEV, else the device of
+    a tinygrad-style flag (`CUDA=1`), else CPU (`default_device`)."""
 
     def __init__(self) -> None:
         self._devices: dict[str, Compiled] = {}
-        self.DEFAULT: str = self.canonicalize(os.environ.get("DEV", "CPU"))
+        self.DEFAULT: str = self.canonicalize(default_device(os.environ))
 
     @staticmethod
     def canonicalize(name: str) -> str:

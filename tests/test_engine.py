@@ -427,6 +427,32 @@ def test_device_names() -> None:
         Device.canonicalize("CUDA:x")
 
 
+def test_default_device_from_tinygrad_flags() -> None:
+    """`CUDA=1 python train.py` (older tinygrad's spelling, in many tinygrad READMEs) picks CUDA, as DEV=CUDA does;
+    it was ignored, and the program ran on the CPU without a word. Conflicting flags raise instead of guessing."""
+    from glassgrad.device import default_device
+    assert default_device({}) == "CPU"
+    assert default_device({"CUDA": "1"}) == "CUDA"
+    assert default_device({"NV": "1"}) == "CUDA"
+    assert default_device({"METAL": "1", "CUDA": "0"}) == "METAL"
+    assert default_device({"CLANG": "1"}) == "CPU"
+    assert default_device({"DEV": "CUDA:1", "CUDA": "1"}) == "CUDA:1"
+    assert default_device({"DEV": "METAL"}) == "METAL"
+    with pytest.raises(ValueError, match="CUDA=1, METAL=1"):
+        default_device({"CUDA": "1", "METAL": "1"})
+    with pytest.raises(ValueError, match="DEV=CPU and CUDA=1"):
+        default_device({"DEV": "CPU", "CUDA": "1"})
+
+
+def test_default_device_flag_in_a_fresh_process() -> None:
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("DEV", "CUDA", "NV", "METAL", "CPU", "CLANG", "LLVM")}
+    script = "from glassgrad import Device; print(Device.DEFAULT)"
+    out = subprocess.run([sys.executable, "-c", script], env={**env, "METAL": "1"}, capture_output=True, text=True)
+    assert out.stdout.strip() == "METAL", out.stderr
+
+
 def test_cpu_threads_give_the_same_answer() -> None:
     """A kernel big enough to be split across threads computes what one thread computes."""
     x = np.random.default_rng(0).standard_normal((512, 300)).astype(np.float32)
