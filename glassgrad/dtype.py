@@ -8,6 +8,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -201,9 +202,12 @@ def _by_name(name: str) -> DType:
 
 
 def to_dtype(x: DType | str | type | np.dtype) -> DType:
-    """Accept a DType, its name ('float32'), or a numpy dtype."""
+    """Accept a DType, its name ('float32', or tinygrad's any-case spelling as in `DEFAULT_FLOAT=HALF`), or a numpy
+    dtype."""
     if isinstance(x, DType):
         return x
+    if isinstance(x, str) and x not in DTYPE_BY_NAME and x not in _ALIASES and x.lower() != x:
+        x = x.lower()
     if isinstance(x, str) and x in DTYPE_BY_NAME:
         return DTYPE_BY_NAME[x]
     if isinstance(x, str) and x in _ALIASES:
@@ -257,3 +261,7 @@ def _default_setter(attr: str, kind: str) -> Callable[[DType | str], None]:
 
 STATE_FLAGS["DEFAULT_FLOAT"] = (lambda: dtypes.default_float, _default_setter("default_float", "float"))
 STATE_FLAGS["DEFAULT_INT"] = (lambda: dtypes.default_int, _default_setter("default_int", "int"))
+# as tinygrad's: `DEFAULT_FLOAT=HALF python x.py` sets the default from the start (a bad value raises at import)
+for _flag in ("DEFAULT_FLOAT", "DEFAULT_INT"):
+    if os.environ.get(_flag):
+        STATE_FLAGS[_flag][1](os.environ[_flag])

@@ -281,6 +281,28 @@ def test_context_default_float_and_int() -> None:
     assert dtypes.default_float == dtypes.float32
 
 
+def test_default_float_from_the_environment() -> None:
+    """`DEFAULT_FLOAT=HALF python x.py` (tinygrad reads it at import, any case) made float16 the default there and was
+    ignored here: the program ran in float32. A non-float value raises when glassgrad is imported."""
+    import os
+    import subprocess
+    import sys
+    script = "from glassgrad import Tensor, dtypes; print(Tensor([1.5]).dtype, Tensor([1]).dtype, dtypes.default_float)"
+    env = {k: v for k, v in os.environ.items() if k not in ("DEFAULT_FLOAT", "DEFAULT_INT")}
+    out = subprocess.run([sys.executable, "-c", script], env={**env, "DEFAULT_FLOAT": "HALF", "DEFAULT_INT": "int64"},
+                         capture_output=True, text=True)
+    assert out.stdout.split() == ["dtypes.float16", "dtypes.int64", "dtypes.float16"], out.stderr
+    bad = subprocess.run([sys.executable, "-c", script], env={**env, "DEFAULT_FLOAT": "int8"}, capture_output=True,
+                         text=True)
+    assert bad.returncode != 0 and "default_float must be a float dtype" in bad.stderr
+
+
+def test_dtype_names_in_any_case() -> None:
+    assert to_dtype("HALF") == dtypes.float16 and to_dtype("Float32") == dtypes.float32
+    with pytest.raises(Exception, match="unknown dtype"):
+        to_dtype("HALFS")
+
+
 # ---------------------------------------------------------------------- dtypes of results
 @pytest.mark.parametrize("a,b", [("int8", "int8"), ("int8", "int16"), ("uint8", "uint8"), ("int16", "int32"),
                                  ("uint8", "int8"), ("int64", "int64")])
