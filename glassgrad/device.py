@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from glassgrad.dtype import DType, dtypes
-from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir
+from glassgrad.helpers import CACHELEVEL, STATE_FLAGS, atomic_write, cache_dir
 
 
 class Allocator:
@@ -222,6 +222,14 @@ class _DeviceRegistry:
 
 
 Device = _DeviceRegistry()
+
+
+def _set_default(name: str) -> None:
+    Device.DEFAULT = Device.canonicalize(name)
+
+
+# tinygrad 0.14's spelling of a default device for a while: `with Context(DEV="CUDA")` (and `DEV.value = ...`)
+STATE_FLAGS["DEV"] = (lambda: Device.DEFAULT, _set_default)
 
 
 def canonical_devices(device: str | tuple[str, ...] | list[str]) -> Any:

@@ -104,8 +104,32 @@ TINYGRAD_ONLY_FLAGS = frozenset({
 
 
 # tinygrad's flags that stand for Python state here: name -> (read it, set it), registered by the module owning the
-# state: DEFAULT_FLOAT/DEFAULT_INT are `dtypes.default_*` (dtype.py). (TRAINING is a flag of its own, above.)
+# state: DEFAULT_FLOAT/DEFAULT_INT are `dtypes.default_*` (dtype.py), DEV is `Device.DEFAULT` (device.py). (TRAINING is
+# a flag of its own, above.)
 STATE_FLAGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
+
+
+class _DefaultDevice:
+    """tinygrad's `DEV` flag object: `DEV.value = "CUDA"` sets the default device, `DEV.value` / `DEV.device` read
+    it (the name: glassgrad has no compile targets to list)."""
+
+    @property
+    def value(self) -> str:
+        return str(STATE_FLAGS["DEV"][0]())
+
+    @value.setter
+    def value(self, name: str) -> None:
+        STATE_FLAGS["DEV"][1](name)
+
+    @property
+    def device(self) -> str:
+        return self.value.split(":")[0]
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+DEV = _DefaultDevice()
 
 
 def _resolve_flag(key: str, value: Any) -> tuple[str, Any]:

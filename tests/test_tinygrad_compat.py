@@ -297,6 +297,26 @@ def test_default_float_from_the_environment() -> None:
     assert bad.returncode != 0 and "default_float must be a float dtype" in bad.stderr
 
 
+def test_context_dev_sets_the_default_device() -> None:
+    """tinygrad 0.14 sets the default device with `Context(DEV=...)` or `DEV.value = ...` (its Device.DEFAULT setter
+    refuses); here Context(DEV=...) raised KeyError 'unknown flag'."""
+    from glassgrad import Context, Device
+    from glassgrad.helpers import DEV
+    before = Device.DEFAULT
+    with Context(DEV="cpu:1"):
+        assert Device.DEFAULT == "CPU:1" and Tensor([1.0]).device == "CPU:1" and DEV.value == "CPU:1"
+        assert DEV.device == "CPU"
+    assert Device.DEFAULT == before
+    with pytest.raises(ValueError, match="unknown device"), Context(DEV="GPU9"):
+        pass
+    assert Device.DEFAULT == before
+    DEV.value = "CPU:2"
+    try:
+        assert Tensor([2.0]).device == "CPU:2"
+    finally:
+        DEV.value = before
+
+
 def test_dtype_names_in_any_case() -> None:
     assert to_dtype("HALF") == dtypes.float16 and to_dtype("Float32") == dtypes.float32
     with pytest.raises(Exception, match="unknown dtype"):
