@@ -317,6 +317,17 @@ def test_context_dev_sets_the_default_device() -> None:
         DEV.value = before
 
 
+def test_top_level_names_of_tinygrad() -> None:
+    """tinygrad 0.14's `from tinygrad import UOp, fetch` (UOp for `UOp.variable`, its spelling of a Variable)."""
+    from glassgrad import UOp, Variable, fetch
+    from glassgrad import nn as gnn
+    assert callable(fetch) and gnn.Linear is not None
+    v = UOp.variable("start_pos", 1, 16)
+    assert v is Variable("start_pos", 1, 16)
+    x = Tensor.arange(16).float().realize()
+    assert x.shrink(((0, v.bind(5)),)).sum().item() == 10.0
+
+
 def test_dtype_names_in_any_case() -> None:
     assert to_dtype("HALF") == dtypes.float16 and to_dtype("Float32") == dtypes.float32
     with pytest.raises(Exception, match="unknown dtype"):

@@ -223,6 +223,15 @@ class UOp:
         src = (UOp(Ops.DEVICE, dtypes.void, (), device),) if device is not None else ()
         return UOp(Ops.CONST, dtype, src, as_dtype(value, dtype))
 
+    @staticmethod
+    def variable(name: str, min_val: int, max_val: int, dtype: DType | None = None) -> UOp:
+        """tinygrad 0.14's spelling of `Variable(name, min_val, max_val)` (`from glassgrad import UOp`); an int
+        Variable always (a `dtype` other than an int one raises)."""
+        if dtype is not None and not dtype.is_int:
+            raise TypeError(f"UOp.variable {name!r}: a Variable is an int here, got dtype {dtype}")
+        from glassgrad.uop.sint import Variable
+        return Variable(name, min_val, max_val)
+
     def bind(self, value: int) -> UOp:
         """This DEFINE_VAR with a value: `Variable('i', 1, 10).bind(3)`. Checks the value is in the variable's range."""
         if self.op is not Ops.DEFINE_VAR:
