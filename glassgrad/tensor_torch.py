@@ -1,5 +1,6 @@
 """More of PyTorch's Tensor names, mixed into Tensor (`TorchNames`): expm1, atan2, hypot, det/slogdet/logdet, the
-`new_*` constructors, and the comparison and math aliases PyTorch programs call as methods (`x.gt(0)`, `x.absolute()`).
+`new_*` constructors, `cuda()`/`cpu()`/`type(dtype)`, mv/kron/cross/baddbmm/dist/scatter_add, and the comparison and
+math aliases PyTorch programs call as methods (`x.gt(0)`, `x.absolute()`).
 
 In: tensors (and Python scalars where PyTorch takes them). Out: lazy tensors built only from the public Tensor API,
 so they fuse and differentiate as the ops they are made of; values and dtypes follow PyTorch's.
@@ -167,6 +168,62 @@ class TorchNames:
     def ndimension(self) -> int: return self._s.ndim  # noqa: E704
     def broadcast_to(self, *shape: Any) -> Tensor: return self._s.expand(*shape)  # noqa: E704
     def cpu(self) -> Tensor: return self._s.to("CPU")  # noqa: E704
+
+    def cuda(self, device: int | str | None = None) -> Tensor:
+        """A copy on the GPU (`x.cuda()`, `x.cuda(1)`, `x.cuda("cuda:1")`), PyTorch's spelling of `to("CUDA:n")`."""
+        if device is None or isinstance(device, int) and not isinstance(device, bool):
+            return self._s.to("CUDA" if not device else f"CUDA:{device}")
+        if isinstance(device, str) and device.upper().startswith("CUDA"):
+            return self._s.to(device)
+        raise ArgumentError(f"cuda(): device must be None, a GPU index or 'cuda:n', got {device!r}")
+
+    def type(self, dtype: DType | str | None = None) -> Tensor | str:
+        """PyTorch's `t.type(dtype)`: `t` cast to `dtype`; without one, the dtype's name ('dtypes.float32')."""
+        return str(self._s.dtype) if dtype is None else self._s.cast(dtype)
+
+    def mv(self, vec: Tensor) -> Tensor:
+        """Matrix (n, m) times vector (m,) -> (n,)."""
+        if self._s.ndim != 2 or vec.ndim != 1:
+            raise ShapeError(f"mv: needs a matrix and a vector, got shapes {self._s.shape} and {vec.shape}")
+        return self._s.matmul(vec)
+
+    def kron(self, other: Tensor) -> Tensor:
+        """The Kronecker product: block (i, j, ...) of the result is self[i, j, ...] * other (dims padded with 1s
+        in front to the longer rank, as PyTorch's)."""
+        a, b = self._s, other
+        n = max(a.ndim, b.ndim)
+        a = a.reshape((1,) * (n - a.ndim) + a.shape)
+        b = b.reshape((1,) * (n - b.ndim) + b.shape)
+        # a's dims interleaved with b's: (a0, b0, a1, b1, ...), each pair then merged
+        pairs = a.reshape(tuple(d for size in a.shape for d in (size, 1))) * \
+            b.reshape(tuple(d for size in b.shape for d in (1, size)))
+        return pairs.reshape(tuple(x * y for x, y in zip(a.shape, b.shape)))
+
+    def cross(self, other: Tensor, dim: int | None = None) -> Tensor:
+        """The cross product of 3-vectors along `dim` (by default the first dim of size 3, as torch.cross); shapes
+        broadcast, dtypes promote."""
+        a, b = self._s._broadcasted(other)
+        if dim is None:
+            dim = next((i for i, size in enumerate(a.shape) if size == 3), 0)
+        if not a.shape or not -a.ndim <= dim < a.ndim or a.shape[dim] != 3:
+            raise ShapeError(f"cross: dim {dim} of shape {tuple(a.shape)} must exist and have size 3")
+        x = [a.narrow(dim, i, 1) for i in range(3)]
+        y = [b.narrow(dim, i, 1) for i in range(3)]
+        return x[1].mul(y[2]).sub(x[2] * y[1]).cat(x[2] * y[0] - x[0] * y[2], x[0] * y[1] - x[1] * y[0], dim=dim)
+
+    def scatter_add(self, dim: int, index: Tensor, src: Tensor) -> Tensor:
+        """PyTorch's scatter_add: self[index[i][j]][j] += src[i][j] for dim=0 (repeated indices add up)."""
+        return self._s.scatter_reduce(dim, index, src, reduce="sum")
+
+    def baddbmm(self, batch1: Tensor, batch2: Tensor, beta: Scalar = 1, alpha: Scalar = 1) -> Tensor:
+        """beta * self + alpha * (batch1 @ batch2), batched; beta = 0 ignores self (NaNs in it too), as PyTorch's."""
+        product = batch1.matmul(batch2)
+        product = product if alpha == 1 else product * alpha
+        return product if beta == 0 else (self._s if beta == 1 else self._s * beta) + product
+
+    def dist(self, other: Tensor, p: float = 2.0) -> Tensor:
+        """The p-norm of self - other (broadcast), PyTorch's torch.dist."""
+        return (self._s - other).norm(p)
 
     def remainder(self, other: Tensor | Scalar) -> Tensor:
         """Python's %: the sign of the divisor."""

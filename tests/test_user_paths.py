@@ -257,6 +257,46 @@ def test_torch_name_specials() -> None:
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_more_torch_linear_algebra_names(layout: Any) -> None:
+    """mv, kron, cross, baddbmm, dist, scatter_add: PyTorch methods a ported program calls (they were missing),
+    against numpy and (with grad) PyTorch, on contiguous and strided inputs."""
+    check(lambda m, v: m.mv(v), lambda m, v: m @ v, [(3, 4), (4,)], grad=True, layout=layout,
+          torch_fn=lambda m, v: m.mv(v))
+    kron = torch and (lambda a, b: torch.kron(a.contiguous(), b.contiguous()))  # (torch's kron refuses views)
+    check(lambda a, b: a.kron(b), np.kron, [(3, 4), (2, 5)], grad=True, layout=layout, torch_fn=kron)
+    check(lambda a, b: a.kron(b), np.kron, [(4,), (2, 3)], grad=True, layout=layout, torch_fn=kron)
+    check(lambda a, b: a.cross(b, dim=1), lambda a, b: np.cross(a, b, axis=1), [(4, 3, 5), (1, 3, 5)], grad=True,
+          layout=layout, torch_fn=torch and (lambda a, b: torch.cross(a, b.expand(4, 3, 5), dim=1)))
+    check(lambda a, b: a.cross(b), lambda a, b: np.cross(a, b, axis=0), [(3, 2), (3, 2)], grad=True, layout=layout,
+          torch_fn=torch and (lambda a, b: torch.linalg.cross(a, b, dim=0)))
+    check(lambda m, b1, b2: m.baddbmm(b1, b2, beta=0.5, alpha=2.0), lambda m, b1, b2: 0.5 * m + 2 * (b1 @ b2),
+          [(2, 3, 5), (2, 3, 4), (2, 4, 5)], grad=True, layout=layout,
+          torch_fn=torch and (lambda m, b1, b2: torch.baddbmm(m, b1, b2, beta=0.5, alpha=2.0)))
+    check(lambda a, b: a.dist(b), lambda a, b: np.linalg.norm((a - b).ravel()), [(3, 4), (4,)], grad=True,
+          layout=layout, torch_fn=torch and torch.dist)
+    check(lambda a, b: a.dist(b, 1), lambda a, b: np.abs(a - b).sum(), [(3, 4), (3, 4)], grad=True, layout=layout,
+          torch_fn=torch and (lambda a, b: torch.dist(a, b, 1)))
+
+
+def test_scatter_add_type_and_cuda_names() -> None:
+    index = np.array([[0, 1, 2, 0], [1, 1, 0, 2]])
+    src = np.arange(8, dtype=np.float32).reshape(2, 4) + 1
+    expected = np.zeros((3, 4), np.float32)
+    np.add.at(expected, (index, np.arange(4)[None, :].repeat(2, 0)), src)  # repeated positions add up
+    np.testing.assert_array_equal(Tensor.zeros(3, 4).scatter_add(0, Tensor(index), Tensor(src)).numpy(), expected)
+    m = np.zeros((3, 4), np.float32)
+    np.testing.assert_array_equal(Tensor(m).baddbmm(Tensor(src.reshape(1, 2, 4)), Tensor(src.reshape(1, 4, 2)),
+                                                    beta=0).numpy()[0][:2, :2], src @ src.reshape(4, 2))
+    assert Tensor([1.5, 2.5]).type(dtypes.int32).tolist() == [1, 2] and Tensor([1]).type() == "dtypes.int32"
+    with pytest.raises(ValueError, match="cuda"):
+        Tensor([1.0]).cuda("cpu")
+    with pytest.raises(Exception, match="cross: dim 0"):
+        Tensor.ones(2, 4).cross(Tensor.ones(2, 4), dim=0)
+    with pytest.raises(Exception, match="mv: needs a matrix and a vector"):
+        Tensor.ones(2, 4).mv(Tensor.ones(2, 4))
+
+
 # ---------------------------------------------------------------------- requires_grad of results
 def test_results_of_requires_grad_inputs_require_grad() -> None:
     x = Tensor([1.0, 2.0], requires_grad=True)
