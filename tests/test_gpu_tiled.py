@@ -17,7 +17,7 @@ import pytest
 from test_schedule import _loop_size, check_access, eval_index
 
 from glassgrad import Context, Tensor, dtypes
-from glassgrad.codegen import ProgramSpec
+from glassgrad.codegen import ProgramSpec, gpudims
 from glassgrad.codegen.gpudims import narrow_indices
 from glassgrad.kernels import kernels
 from glassgrad.schedule import create_schedule
@@ -50,6 +50,7 @@ TILED: dict[str, Callable[[], Tensor]] = {
     "float32 64 columns (a head's p @ v)": lambda: Tensor.empty(2, 3, 200, 128) @ Tensor.empty(2, 3, 128, 64),
     "float32 64 output channels": lambda: Tensor.empty(2, 5, 12, 12).conv2d(Tensor.empty(64, 5, 3, 3), padding=1),
     "float32 64 by 32": matmul(64, 24, 32),
+    "float32 256-row tiles (many outputs)": matmul(4096, 16, 4096),
 }
 NOT_TILED: dict[str, Callable[[], Tensor]] = {
     "small matmul": matmul(32, 64, 32),
@@ -165,6 +166,72 @@ def test_float32_tiles_are_copied_by_cp_async_a_tile_ahead() -> None:
     assert not any(u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_LOCAL for u in spec.uops)
     widened = cuda_kernels(matmul(130, 24, 40, F16))[-1]
     assert is_tiled(widened) and Ops.ASYNC_COPY not in [u.op for u in widened.uops]
+
+
+def test_large_float32_products_take_256_row_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float32 product with enough 256 x 128 tiles to give every multiprocessor two (WIDE_MIN_BLOCKS) takes them:
+    16 x 8 outputs a thread (128 accumulators), 8 k a tile in 3 stages (two tiles in flight: wait_group 1). Fewer
+    tiles keep 128 x 128 (8 x 8 a thread), as do half products (tensor cores)."""
+    wide = cuda_kernels(matmul(4096, 64, 4096))[-1]
+    assert wide.global_size[0] == 16 * 32 and wide.local_size[0] == 256
+    assert [u.op for u in wide.uops].count(Ops.DEFINE_ACC) == 128 and "cp.async.wait_group 1;" in wide.source
+    narrow = cuda_kernels(matmul(4096, 64, 2048))[-1]  # 16 x 16 = 256 wide tiles: too few
+    assert narrow.global_size[0] == 32 * 16 and [u.op for u in narrow.uops].count(Ops.DEFINE_ACC) == 64
+    monkeypatch.setattr(gpudims, "WIDE_MIN_BLOCKS", 0)
+    assert [u.op for u in cuda_kernels(matmul(300, 40, 200))[-1].uops].count(Ops.DEFINE_ACC) == 128
+    # (the rows are the axis the output is not contiguous along: 200 of them are too few for a 256-row tile)
+    assert [u.op for u in cuda_kernels(matmul(200, 40, 300))[-1].uops].count(Ops.DEFINE_ACC) == 64
+
+
+@pytest.mark.parametrize("make", [matmul(300, 40, 200), matmul(257, 9, 129),
+                                  lambda: Tensor.empty(2, 3, 260, 20) @ Tensor.empty(2, 3, 20, 130),
+                                  lambda: Tensor.empty(2, 5, 11, 11).conv2d(Tensor.empty(260, 5, 3, 3), padding=1)],
+                         ids=["remainders", "one row past a tile", "batched", "conv"])
+def test_wide_float32_tiles_stay_in_bounds(make: Callable[[], Tensor], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 256-row tiles (forced on small shapes) with remainders, a batch and a convolution's gathered factor:
+    every global and shared access, and both ends of every asynchronous copy, inside its buffer."""
+    monkeypatch.setattr(gpudims, "WIDE_MIN_BLOCKS", 0)
+    t = make()
+    schedule, _ = create_schedule([t.uop])
+    spec = kernels(t, device="CUDA")[-1]
+    assert [u.op for u in spec.uops].count(Ops.DEFINE_ACC) == 128, spec.name
+    sizes = schedule[-1].bufs
+    for u in spec.uops:
+        if u.op is Ops.ASYNC_COPY:
+            gate = u.src[4:]
+            check_access(UOp(Ops.LOAD, u.src[2].dtype, (u.src[2], u.src[3], *gate)), sizes[u.src[2].arg].size, "copy")
+            check_access(UOp(Ops.LOAD, u.src[2].dtype, (shared_buffer(u), u.src[1], *gate)),
+                         shared_buffer(u).arg[1], "copy into shared memory")
+        elif u.op in (Ops.LOAD, Ops.STORE):
+            buf = u.src[0] if u.src[0].op is Ops.DEFINE_GLOBAL else shared_buffer(u)
+            size = buf.arg[1] if buf.op is Ops.DEFINE_LOCAL else sizes[buf.arg].size
+            if u.op is Ops.STORE and len(u.src) == 4:
+                u = UOp(Ops.LOAD, u.src[2].dtype, (buf, u.src[1], u.src[3]))
+            check_access(u, size, f"{spec.name}: {u.op}")
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_element_copies_of_a_warp_read_neighbouring_elements(wide: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A factor read along k (a of a @ b) is transposed into its [k][position] tile by 4-byte cp.asyncs. Neighbouring
+    threads copy neighbouring k of a row (a warp reads 4 rows' 32-byte runs, and writes 32 different banks); each
+    thread copying 4 neighbouring k spread a warp over 16 rows (16 sectors per copy; H200, 4096^3: 38.8 -> 42.5
+    TFLOP/s). With 16 k a tile (128-row tiles) two threads share a bank; with 8 (256-row tiles) none do."""
+    monkeypatch.setattr(gpudims, "WIDE_MIN_BLOCKS", 0 if wide else 10**9)
+    spec = cuda_kernels(matmul(256, 64, 256))[-1]
+    copy = next(u for u in spec.uops if u.op is Ops.ASYNC_COPY and u.arg == 4)
+    lidx = next(u for u in copy.src[3].toposort() if u.op is Ops.SPECIAL and u.arg[0] == "lidx")
+    others = sorted({u for part in (copy.src[1], copy.src[3]) for u in part.toposort()
+                     if u.op in (Ops.RANGE, Ops.SPECIAL) and u is not lidx}, key=lambda r: str(r.arg))
+    axis_of = {lidx: 0, **{r: i + 1 for i, r in enumerate(others)}}
+    ndim = len(axis_of)
+
+    def first_warp(index: UOp) -> np.ndarray:
+        values = np.broadcast_to(eval_index(index, axis_of, ndim, {}), tuple(
+            _loop_size(r) for r in sorted(axis_of, key=axis_of.__getitem__)))
+        return values[(slice(0, 32), *([0] * (ndim - 1)))]
+    reads, writes = first_warp(copy.src[3]), first_warp(copy.src[1])
+    assert len({int(r) // 8 for r in reads}) == 4  # 32 floats in whole 32-byte sectors (4 rows of 8, or 2 of 16)
+    assert len({int(w) % 32 for w in writes}) == (32 if wide else 16)
 
 
 def test_half_matmuls_with_whole_tiles_use_tensor_cores() -> None:

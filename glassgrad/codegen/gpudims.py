@@ -30,7 +30,8 @@ gates every load with `l + step*L < n`.
 * **tiled**: for matmul-shaped reductions (`matmul_plan`: the one REDUCE sums `x * y`, `x` independent of some output
   loops, `y` of the others). A block computes a 128 x 128 tile of outputs from tiles of both factors copied into
   shared memory (`DEFINE_LOCAL`, `BARRIER`): in float32 each of 256 threads an 8 x 8 register tile (on sm_80+,
-  plain float32 factors' tiles copied by cp.async a tile ahead); for float16/bfloat16 with whole tiles (128 wide,
+  plain float32 factors' tiles copied by cp.async a tile ahead; with many outputs 256 x 128 tiles of 16 x 8 a
+  thread, `_simt_shape`); for float16/bfloat16 with whole tiles (128 wide,
   or 64 along an axis 64 divides) on a target with tensor cores, 4 warps each a quarter of the tile with ldmatrix +
   mma.sync m16n8k16 (`FRAGMENT`, `WMMA`, `GEP`) fed by cp.async (`ASYNC_COPY`, `ASYNC_COMMIT`, `ASYNC_WAIT`), each
   side's shared tile laid out as its factor is read. With
@@ -347,6 +348,12 @@ MIN_SIDE = 64         # one tile axis at least this long, the other at least NAR
 PER_THREAD = 8        # outputs per thread along each axis: two groups of 4, half a tile apart
 ASYNC_TILE_K = 16     # ... with cp.async: a tile of 16 in flight while one is multiplied (two stages, 33 KB)
 SIMT_STAGES = 2
+WIDE_SIMT = True      # float32 products with many tiles: 256 x 128 tiles, 16 x 8 outputs a thread (`_simt_shape`)
+WIDE_TILE = 256
+WIDE_TILE_K = 8
+WIDE_STAGES = 3       # 3 x 8 x (260 + 132) floats: 37.6 KB
+WIDE_MIN_BLOCKS = 264  # two 256 x 128 tiles per multiprocessor of an H100/H200 (132)
+SIMT_ELEMENT_COPIES = True  # a factor copied by 4-byte cp.asyncs: neighbouring threads take neighbouring elements
 
 
 @dataclass(frozen=True)
@@ -509,12 +516,15 @@ class _SimtTiles:
         start = stage * UOp.const(dt, self.tile_k * sum(strides)) + UOp.const(dt, side * self.tile_k * strides[0])
         return start + kk * UOp.const(dt, strides[side]) + pos
 
-    def copies(self, b: _Block, k_tile: UOp) -> list[list[tuple[UOp, UOp]]]:
-        """Per factor: (shared index, value) of this thread's share of k tile `k_tile`."""
+    def copies(self, b: _Block, k_tile: UOp, elementwise: tuple[bool, bool] = (False, False)) \
+            -> list[list[tuple[UOp, UOp]]]:
+        """Per factor: (shared index, value) of this thread's share of k tile `k_tile` (`elementwise`: per factor,
+        single elements a thread, for 4-byte asynchronous copies)."""
         plan = self.plan
         sides = zip((plan.rows, plan.cols), (b.row_tile, b.col_tile), (plan.rows.value, plan.cols.value))
         return [[(self.at(side, k_tile, *position), element)
-                 for position, element in _tile_copy(operand, value, tile, b, plan.k_ranges, self.tile_k, k_tile)]
+                 for position, element in _tile_copy(operand, value, tile, b, plan.k_ranges, self.tile_k, k_tile,
+                                                     elementwise[side])]
                 for side, (operand, tile, value) in enumerate(sides)]
 
 
@@ -531,41 +541,78 @@ def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool, tf32: bool = False,
     nothing."""
     if tensor_cores and (kind := _tensor_core_kind(plan, tf32)) is not None:
         return _tensor_core_tiled(ast, plan, kind, warpgroup)
+    shape = _simt_shape(plan, tensor_cores)
+    plan, row_per = shape.plan, shape.row_per
     row_tile, col_tile = plan.rows.tile, plan.cols.tile
-    col_threads, threads = col_tile // PER_THREAD, row_tile // PER_THREAD * col_tile // PER_THREAD
-    tiles = _SimtTiles(plan, ASYNC_TILE_K if _reduce_size(plan.reduce) >= ASYNC_TILE_K else TILE_K, SIMT_STAGES)
-    b = _block(plan, tiles.tile_k, tiles.tile_k, threads)
-    asynchronous = tensor_cores and all(_copy_runs(group, 4) is not None or
-                                        all(_gathered(value) is not None for _, value in group)
-                                        for group in tiles.copies(b, b.k_outer))
+    col_threads, threads = col_tile // PER_THREAD, row_tile // row_per * col_tile // PER_THREAD
+    tiles, b, asynchronous = shape.tiles, shape.block, shape.asynchronous
     if not asynchronous:  # through registers: TILE_K a step, double-buffered
         b = _block(plan, TILE_K, TILE_K, threads) if tiles.tile_k != TILE_K else b
         tiles = _SimtTiles(plan, TILE_K, 2)
     dt = b.dt
     smem = UOp(Ops.DEFINE_LOCAL, plan.reduce.dtype, (), (0, tiles.size))
     if asynchronous:
-        reader = _async_pipeline(smem, b, lambda k_tile: tiles.copies(b, k_tile), tiles.stages, tiles.tile_k)
+        reader = _async_pipeline(smem, b, lambda k_tile: tiles.copies(b, k_tile, shape.elementwise), tiles.stages,
+                                 tiles.tile_k)
     else:
         stores = [UOp(Ops.STORE, dtypes.void, (smem, index, element))
                   for group in tiles.copies(b, b.k_outer) for index, element in group]
         reader = UOp(Ops.BARRIER, smem.dtype, (smem, *stores))
     ty, tx = b.lidx // UOp.const(dt, col_threads), b.lidx % UOp.const(dt, col_threads)
 
-    def own(thread: UOp, i: int, tile: int) -> UOp:  # the i-th of a thread's 8 positions along a tile axis
-        return UOp.const(dt, (i // 4) * (tile // 2) + i % 4) + thread * UOp.const(dt, 4)
+    def own(thread: UOp, i: int, tile: int, per: int) -> UOp:  # the i-th of a thread's `per` positions along an axis
+        return UOp.const(dt, (i // 4) * (tile // (per // 4)) + i % 4) + thread * UOp.const(dt, 4)
 
-    row_factors = [UOp(Ops.LOAD, smem.dtype, (reader, tiles.at(0, b.k_outer, own(ty, i, row_tile), b.k_inner)))
-                   for i in range(PER_THREAD)]
-    col_factors = [UOp(Ops.LOAD, smem.dtype, (reader, tiles.at(1, b.k_outer, own(tx, j, col_tile), b.k_inner)))
-                   for j in range(PER_THREAD)]
+    row_factors = [UOp(Ops.LOAD, smem.dtype, (reader, tiles.at(0, b.k_outer, own(ty, i, row_tile, row_per),
+                                                                  b.k_inner))) for i in range(row_per)]
+    col_factors = [UOp(Ops.LOAD, smem.dtype, (reader, tiles.at(1, b.k_outer, own(tx, j, col_tile, PER_THREAD),
+                                                                  b.k_inner))) for j in range(PER_THREAD)]
     reds = {(i, j): UOp(Ops.REDUCE, plan.reduce.dtype, (row_factors[i] * col_factors[j], b.k_outer, b.k_inner),
-                        Ops.ADD) for i in range(PER_THREAD) for j in range(PER_THREAD)}
+                        Ops.ADD) for i in range(row_per) for j in range(PER_THREAD)}
     unchanged = _output_unchanged(plan, b, list(reds.values()))
-    outputs = [_output(plan, b, red, b.row_tile * UOp.const(dt, row_tile) + own(ty, i, row_tile),
-                       b.col_tile * UOp.const(dt, col_tile) + own(tx, j, col_tile), unchanged)
+    outputs = [_output(plan, b, red, b.row_tile * UOp.const(dt, row_tile) + own(ty, i, row_tile, row_per),
+                       b.col_tile * UOp.const(dt, col_tile) + own(tx, j, col_tile, PER_THREAD), unchanged)
                for (i, j), red in reds.items()]
     sink = ast.replace(src=(*outputs, *(s for s in ast.src if s is not plan.store)))
     return simplify(sink), (b.blocks, 1, 1), (b.threads, 1, 1)
+
+
+@dataclass(frozen=True)
+class _SimtShape:
+    """The float32 tiles `_tiled` takes: the plan (with its row tile), a thread's outputs along the rows, the shared
+    tiles, the block, and whether the copies are asynchronous."""
+    plan: MatmulPlan
+    row_per: int
+    tiles: _SimtTiles
+    block: _Block
+    asynchronous: bool
+    elementwise: tuple[bool, bool]  # per factor: copied by 4-byte copies, a single element per thread at a time
+
+
+def _simt_shape(plan: MatmulPlan, tensor_cores: bool) -> _SimtShape:
+    """A 128 x 128 tile, 8 x 8 outputs a thread (two tiles of 16 k in flight with cp.async); or, for a product of
+    plain float32 factors with enough outputs that its 256 x 128 tiles still give every multiprocessor two
+    (WIDE_MIN_BLOCKS), 16 x 8 outputs a thread in 256-row tiles, three tiles of 8 k in flight (cuBLAS's float32
+    shape on Hopper: 24 factors read per k for 128 multiply-adds instead of 16 for 64)."""
+    def shape(candidate: MatmulPlan, row_per: int, tile_k: int, stages: int) -> _SimtShape:
+        threads = candidate.rows.tile // row_per * candidate.cols.tile // PER_THREAD
+        tiles = _SimtTiles(candidate, tile_k if _reduce_size(candidate.reduce) >= tile_k else TILE_K, stages)
+        b = _block(candidate, tiles.tile_k, tiles.tile_k, threads)
+        groups = tiles.copies(b, b.k_outer)
+        elementwise = tuple(SIMT_ELEMENT_COPIES and _copy_runs(group, 4) is None for group in groups)
+        asynchronous = tensor_cores and all(_copy_runs(group, 4) is not None or
+                                            all(_gathered(value) is not None for _, value in group)
+                                            for group in groups)
+        return _SimtShape(candidate, row_per, tiles, b, asynchronous, cast(tuple[bool, bool], elementwise))
+    if WIDE_SIMT and tensor_cores and plan.rows.size >= WIDE_TILE and plan.cols.tile == TILE and \
+            _reduce_size(plan.reduce) >= WIDE_TILE_K and \
+            prod(r.src[0].arg for r in plan.batch) * math.ceil(plan.rows.size / WIDE_TILE) * \
+            math.ceil(plan.cols.size / TILE) >= WIDE_MIN_BLOCKS:
+        wide = shape(replace(plan, rows=replace(plan.rows, fixed_tile=WIDE_TILE)), 2 * PER_THREAD, WIDE_TILE_K,
+                     WIDE_STAGES)
+        if wide.asynchronous:
+            return wide
+    return shape(plan, PER_THREAD, ASYNC_TILE_K, SIMT_STAGES)
 
 
 def _async_pipeline(smem: UOp, b: _Block, copies: Callable[[UOp], list[list[tuple[UOp, UOp]]]], stages: int,
@@ -1010,17 +1057,18 @@ def _both(a: UOp | None, b: UOp | None) -> UOp | None:
 
 
 def _tile_copy(operand: Operand, value: UOp, tile: UOp, b: _Block, k_ranges: tuple[UOp, ...],
-               tile_k: int, k_tile: UOp) -> list[tuple[tuple[UOp, UOp], UOp]]:
+               tile_k: int, k_tile: UOp, elementwise: bool = False) -> list[tuple[tuple[UOp, UOp], UOp]]:
     """((position in the tile, k in the tile), value) pairs: this thread's share of the operand's TILE x tile_k tile.
     Neighbouring threads take neighbouring elements along the axis the operand's loads are contiguous in
-    (coalesced reads). Elements past the end of an axis are zeros."""
+    (coalesced reads). Elements past the end of an axis are zeros. `elementwise`: each thread takes single elements
+    (no runs of 16 bytes), as 4-byte asynchronous copies want: a warp's copies then read few whole sectors."""
     dt = b.dt
     threads = b.threads
     along_tile = _along_tile(operand, value)
     k_sizes = tuple(r.src[0].arg for r in k_ranges)
     # each thread copies runs of `vector` neighbouring elements (16 bytes: the compiler can make one access of them)
     size = operand.tile
-    vector = max(1, min(16 // value.dtype.itemsize, size * tile_k // threads, tile_k))
+    vector = 1 if elementwise else max(1, min(16 // value.dtype.itemsize, size * tile_k // threads, tile_k))
     out = []
     for part in range(size * tile_k // threads):
         run = b.lidx * UOp.const(dt, vector) + UOp.const(dt, (part // vector) * threads * vector)
