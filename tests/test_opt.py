@@ -377,6 +377,23 @@ def test_beam_finds_correct_opts_and_caches(tmp_path: object, monkeypatch: pytes
                                run_with(optimize_ast(ast, CPU.renderer), []), rtol=1e-4, atol=1e-5)
 
 
+def test_beam_cache_keys_tell_large_kernels_apart() -> None:
+    """Two different kernels of more than 40 nodes with the same root and node count (a UOp's repr abbreviates such a
+    graph to exactly that) have different BEAM cache files. They shared one, and BEAM=2 on the wide suite's
+    transformer block applied a 4-iteration axis another kernel's Opt(UPCAST, 0, 16): KernelOptError."""
+    from glassgrad.codegen.opt.search import _cache_path
+
+    def chain(offsets: tuple[float, ...]) -> UOp:
+        x = Tensor.empty(64, 64)
+        for c in offsets:
+            x = (x * 1.25 + c).exp2()
+        return last_kernel(x.sum(axis=1)).ast
+    a, b = chain(tuple(float(i) for i in range(1, 13))), chain(tuple(float(i) + 0.5 for i in range(1, 13)))
+    assert a is not b and len(a.toposort()) == len(b.toposort()) > 40 and repr(a) == repr(b)
+    assert _cache_path(a, CPU, 2) != _cache_path(b, CPU, 2)
+    assert _cache_path(a, CPU, 2) == _cache_path(chain(tuple(float(i) for i in range(1, 13))), CPU, 2)
+
+
 def test_beam_drops_wrong_candidates(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
     """A candidate whose output differs from the unoptimised kernel's never wins (here: every optimised candidate is
     made wrong by a broken compiler)."""

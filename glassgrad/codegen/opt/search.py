@@ -41,7 +41,7 @@ from glassgrad.helpers import (
     cache_dir,
     kernel_flags,
 )
-from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.ops import Ops, UOp, pretty
 
 UPCAST_AMOUNTS = (0, 2, 3, 4, 8, 16, 32)
 UNROLL_AMOUNTS = (0, 2, 4, 8)
@@ -142,8 +142,12 @@ def _agrees_one(out: np.ndarray, reference: np.ndarray) -> bool:
 
 
 def _cache_path(ast: UOp, dev: Compiled, width: int) -> Any:
+    """The disk cache's file for `ast`'s search: keyed by the whole graph, every node (`repr(ast)` abbreviates a graph
+    of more than 40 nodes to its root and node count, so kernels of one size shared a file and got each other's opts:
+    a KernelOptError, or another kernel's tiling)."""
     flags = f"\nflags {kernel_flags()}" if any(kernel_flags()) else ""  # (the default keeps its old keys)
-    key = hashlib.sha256(f"{dev.name}\n{dev.compiler.cache_key}\n{width}{flags}\n{ast}".encode()).hexdigest()
+    graph = pretty(ast, max_nodes=len(ast.toposort()))
+    key = hashlib.sha256(f"{dev.name}\n{dev.compiler.cache_key}\n{width}{flags}\n{graph}".encode()).hexdigest()
     return cache_dir() / "beam" / f"{key}.json"
 
 
