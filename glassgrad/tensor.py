@@ -16,7 +16,7 @@ import gc
 import math
 import os
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, cast, overload
 
@@ -240,10 +240,12 @@ def _tinygrad_targets(root_nodes: set[UOp], root: Tensor) -> list[Tensor]:
     live objects (this path runs only for programs that never set requires_grad). A graph holding a tensor made
     with requires_grad=False is a PyTorch program's: none (backward() then raises, as PyTorch does)."""
     # (hasattr: a Tensor whose constructor raised may still be garbage waiting for the collector, without a node)
-    # (a bare constant is skipped, as tinygrad's backward skips it: its node is shared with every equal constant)
+    # (a bare constant is skipped, as tinygrad's backward skips it: its node is shared with every equal constant;
+    # so is a tensor computed from constants alone that shares its node with another one found)
     found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and hasattr(o, "uop") and
-             o.dtype.is_float and isinstance(o.device, str) and
+             o.dtype.is_float and
              (o.uop in root_nodes or _with_lineage(o.uop) in root_nodes) and not _is_bare_constant(o.uop)]
+    found = [t for t in found if not _shares_a_constant_node(t, found)]
     if any(t._requires_grad is False for t in found):
         return []
     return [t for t in found if t._requires_grad is None]
@@ -567,11 +569,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         gradient is found per node, so such leaves would each get the sum of all their gradients. A buffer made for
         this tensor is its own; so is a view of another tensor (it writes there) and an op's result that already
         reaches a gradient leaf (PyTorch's non-leaf: its gradient must keep flowing to that leaf)."""
-        u = self.uop
-        if self._view_of is not None or isinstance(self.device, tuple) or not all(isinstance(s, int) for s in
-                                                                                  self.shape):
+        if self._view_of is not None or not all(isinstance(s, int) for s in self.shape):
             return False
-        if is_buffer_view(u) and u.base.op is Ops.BUFFER and u.base.arg[0].owned:
+        # (on several devices: each part, as `_take_own_buffers` makes them)
+        parts = self.uop.src if isinstance(self.device, tuple) and self.uop.op is Ops.MULTI else (self.uop,)
+        if all(is_buffer_view(u) and u.base.op is Ops.BUFFER and u.base.arg[0].owned for u in parts):
             return False
         return not _reaches_a_grad_leaf(self)
 
@@ -848,13 +850,16 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """Gradients of this tensor with respect to `targets` (a scalar, unless `gradient` is given). A target must
         be a float tensor that reads memory: a bare constant (`Tensor(2.0)`, `Tensor.full`) is a node every equal
         constant shares, the scalar of `t * 2.0` included, so its gradient would mix theirs in (it was 4 for
-        `(Tensor(2.0) * 2.0).gradient(that tensor)`): give it a buffer first (`requires_grad=True`, `.clone()`)."""
+        `(Tensor(2.0) * 2.0).gradient(that tensor)`), and so is a tensor computed from constants alone that another
+        live tensor equals (`Tensor.ones(3) + 1` twice): give it a buffer first (`requires_grad=True`, `.clone()`)."""
         for t in targets:
             if not t.dtype.is_float:
                 raise RuntimeError(f"gradient(): a target must be a float tensor, got {t.dtype}")
-            if _is_bare_constant(t.uop):
-                raise RuntimeError("gradient(): a target is a bare constant (Tensor(2.0), Tensor.full), a node shared "
-                                   "with every equal constant; make it with requires_grad=True or .clone() it")
+            if _is_bare_constant(t.uop) or (not _reads_a_buffer(t.uop) and _shares_a_constant_node(
+                    t, (o for o in gc.get_objects() if type(o) is Tensor and hasattr(o, "uop")))):
+                raise RuntimeError("gradient(): a target is computed from constants alone (Tensor(2.0), Tensor.full, "
+                                   "Tensor.ones(3) + 1) and shares its node with every equal expression; make it "
+                                   "with requires_grad=True or .clone() it")
         if gradient is None:
             if self.numel() != 1:
                 raise RuntimeError(f"gradient of a tensor of shape {self.shape} needs `gradient=`; only scalars "
@@ -2390,10 +2395,10 @@ def no_grad() -> Iterator[None]:
 def _detach_lazy_results(made: list[weakref.ref[Tensor]]) -> None:
     """Cut the graphs of the float tensors made in a no_grad block that are still lazy (realized ones keep no lineage
     already). A view stays a view (an assign through it still writes the tensor it shows, as through `detach()`);
-    writes (ASSIGN) and their targets are left as they are, and so are tensors on several devices."""
+    writes (ASSIGN) and their targets are left as they are."""
     for ref in made:
         t = ref()
-        if t is None or not t.dtype.is_float or not isinstance(t.device, str):
+        if t is None or not t.dtype.is_float:
             continue
         uop = t.uop
         if uop.op in (Ops.ASSIGN, Ops.DETACH) or is_buffer_view(uop) or ASSIGN_TARGETS.get(id(t)) is t:
@@ -2594,6 +2599,13 @@ def _is_bare_constant(u: UOp) -> bool:
     while u.op in (Ops.RESHAPE, Ops.EXPAND):
         u = u.src[0]
     return u.op is Ops.CONST
+
+
+def _shares_a_constant_node(t: Tensor, others: Iterable[Tensor]) -> bool:
+    """Whether `t` is computed from constants alone (`Tensor.ones(3) + 1`, `Tensor.ones(3).contiguous()`) and
+    another of `others` holds the very same node: two such tensors made alike are one node (hash-consing), so the
+    gradient found for it is the sum of theirs, neither's own."""
+    return not _reads_a_buffer(t.uop) and any(o is not t and o.uop is t.uop for o in others)
 
 
 def _reads_a_buffer(value: UOp) -> bool:

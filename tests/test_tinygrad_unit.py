@@ -509,3 +509,76 @@ def test_a_write_through_a_same_size_bitcast_reaches_the_source() -> None:
         ta = torch.tensor([1.0, 2.0, 3.0, 4.0])
         ta.view(torch.int32).copy_(torch.from_numpy(bits.view(np.int32)))
         np.testing.assert_array_equal(a.numpy(), ta.numpy())
+
+
+# ---------------------------------------------------------------------- second round: more of tinygrad's test files
+@pytest.mark.parametrize("make", [lambda: Tensor.ones(3) + 1, lambda: Tensor.ones(3).contiguous(),
+                                  lambda: Tensor.arange(3).float(), lambda: Tensor.linspace(0, 1, 3)])
+def test_backward_skips_equal_tensors_computed_from_constants_alone(make) -> None:  # type: ignore[no-untyped-def]
+    """test/unit/test_function.py's test_grad_fxn_tuple: `x = Tensor.ones(3).contiguous()` and an equal y were one
+    (hash-consed) node, and tinygrad's backward rule gave each the sum of both gradients (x.grad = y.grad = 3 for
+    `x * 1 + y * 2`). Two live tensors sharing such a node are skipped as a bare constant is (no .grad, not a wrong
+    one); a tensor that reads memory beside them still gets its gradient, and one such tensor alone gets its own."""
+    x, y, a = make(), make(), Tensor([1.0, 1.0, 1.0])
+    (x * 1 + y * 2 + a * 4).sum().backward()
+    assert x.grad is None and y.grad is None
+    assert a.grad is not None and a.grad.tolist() == [4.0, 4.0, 4.0]
+    with pytest.raises(RuntimeError, match="constants alone"):
+        (x * 1 + y * 2).sum().gradient(x)
+    del y
+    (x * 3).sum().backward()
+    assert x.grad is not None and x.grad.tolist() == [3.0, 3.0, 3.0]
+    assert (x * 5).sum().gradient(x)[0].tolist() == [5.0, 5.0, 5.0]
+
+
+def test_constant_tensors_with_requires_grad_get_their_own_gradients() -> None:
+    """The way to differentiate such tensors (the skip's message says so): requires_grad=True gives each a buffer."""
+    x, y = Tensor.ones(3) + 1, Tensor.ones(3) + 1
+    x.requires_grad, y.requires_grad = True, True
+    (x * 1 + y * 2).sum().backward()
+    assert x.grad is not None and y.grad is not None
+    assert (x.grad.tolist(), y.grad.tolist()) == ([1.0] * 3, [2.0] * 3)
+
+
+DEVICES_2 = ("CPU:0", "CPU:1")
+
+
+def test_backward_reaches_sharded_tensors_without_requires_grad() -> None:
+    """test_function.py's test_data_parallel_backward: tinygrad's backward rule (no tensor marked requires_grad)
+    left out tensors on several devices, so `(x @ w).sum().backward()` with x sharded raised 'no tensor of this
+    computation can take a gradient'."""
+    x_np = np.array([[1, 0], [0, 1], [1, 1], [0, 0]], np.float32)
+    w_np = np.array([[1, 2], [3, 4]], np.float32)
+    x = Tensor(x_np).shard(DEVICES_2, axis=0)
+    w = Tensor(w_np).shard(DEVICES_2, axis=None).realize()
+    (x @ w).sum().backward()
+    assert x.grad is not None and w.grad is not None
+    np.testing.assert_allclose(x.grad.numpy(), np.ones((4, 2)) @ w_np.T)
+    np.testing.assert_allclose(w.grad.numpy(), x_np.T @ np.ones((4, 2)))
+
+
+def test_equal_sharded_leaves_get_their_own_gradients() -> None:
+    """The sibling of the first test of this file on several devices: two `Tensor.ones(4, 2).shard(...)` marked
+    requires_grad were one node, so each got the sum of both gradients (3 and 3, not 1 and 2)."""
+    x = Tensor.ones(4, 2).shard(DEVICES_2, axis=0)
+    y = Tensor.ones(4, 2).shard(DEVICES_2, axis=0)
+    x.requires_grad, y.requires_grad = True, True
+    (x * 1 + y * 2).sum().backward()
+    assert x.grad is not None and y.grad is not None
+    np.testing.assert_allclose(x.grad.numpy(), np.ones((4, 2)))
+    np.testing.assert_allclose(y.grad.numpy(), np.full((4, 2), 2.0))
+
+
+def test_no_grad_cuts_sharded_results_from_autograd() -> None:
+    """A sharded result computed inside no_grad() kept its graph, so a later backward through it reached the leaf:
+    x.grad was 1 + 3 = 4 instead of 1 (as PyTorch's no_grad, the result is a constant)."""
+    from glassgrad import no_grad
+    x_np = np.arange(8, dtype=np.float32).reshape(4, 2)
+    x = Tensor(x_np).shard(DEVICES_2, axis=0)
+    x.requires_grad = True
+    with no_grad():
+        z = x * 3
+    (z + x).sum().backward()
+    assert x.grad is not None
+    np.testing.assert_allclose(x.grad.numpy(), np.ones((4, 2)))
+    np.testing.assert_allclose((z @ Tensor.ones(2, 3).shard(DEVICES_2)).numpy(), (x_np * 3) @ np.ones((2, 3)))
