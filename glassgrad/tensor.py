@@ -15,6 +15,7 @@ import functools
 import gc
 import math
 import os
+import pathlib
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -418,6 +419,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             uop = UOp.const(d, data, device)
         elif isinstance(data, (bytes, bytearray)):  # tinygrad's Tensor(b"..."): raw memory, uint8 unless told
             uop = _uop_from_bytes(bytes(data), want, device)
+        elif isinstance(data, pathlib.PurePath):  # tinygrad's Tensor(Path): the file's bytes, uint8 unless told
+            uop = _uop_from_bytes(np.fromfile(data, dtype=np.uint8), want, device)
         elif isinstance(data, range):  # torch.tensor(range(n)) works
             uop = _uop_from_array(np.array(data, dtype=(want or dtypes.default_int).np if want != dtypes.bfloat16
                                            else np.float32), want, device)
@@ -2887,9 +2890,10 @@ def _short(data: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _uop_from_bytes(data: bytes, want: DType | None, device: str) -> UOp:
+def _uop_from_bytes(data: bytes | np.ndarray, want: DType | None, device: str) -> UOp:
     """`Tensor(b"...", dtype=dt)`: the bytes read as dt's items, little-endian (tinygrad's and `torch.frombuffer`'s
-    meaning; each byte was cast to a float32 value before, 8 values for two packed floats)."""
+    meaning; each byte was cast to a float32 value before, 8 values for two packed floats). `data` may be a uint8
+    array (a file's bytes, `Tensor(pathlib.Path(...))`: read with numpy, never copied into a `bytes`)."""
     dt = want or dtypes.uint8
     if len(data) % dt.itemsize:
         raise ValueError(f"Tensor(bytes, dtype={dt.name}): {len(data)} bytes are not a whole number of "
@@ -2898,6 +2902,19 @@ def _uop_from_bytes(data: bytes, want: DType | None, device: str) -> UOp:
         bits = _uop_from_array(np.frombuffer(data, dtype="<u2").astype(np.uint16), dtypes.uint16, device)
         return UOp(Ops.BITCAST, dtypes.bfloat16, (bits,))
     return _uop_from_array(np.frombuffer(data, dtype=np.dtype(dt.np).newbyteorder("<")), dt, device)
+
+
+def _bytes_as_lists(data: list[Any] | tuple[Any, ...]) -> list[Any] | tuple[Any, ...]:
+    """A nested list of `bytes` (`Tensor([b"abc", b"def"])`, tinygrad's way to batch byte strings) with each bytes as
+    the list of its byte values (a nested sequence of ints, as tinygrad reads it); other data as it is (probed by its
+    first innermost item: a list mixing bytes with other items is ragged anyway)."""
+    first: Any = data
+    while isinstance(first, (list, tuple)) and first:
+        first = first[0]
+    if not isinstance(first, (bytes, bytearray)):
+        return data
+    return [list(x) if isinstance(x, (bytes, bytearray)) else _bytes_as_lists(x) if isinstance(x, (list, tuple))
+            else x for x in data]
 
 
 def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:
@@ -2910,6 +2927,7 @@ def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:
         else:
             raise TypeError(f"cannot make a tensor from a numpy array of dtype {array.dtype}")
     elif isinstance(data, (list, tuple)):
+        data = _bytes_as_lists(data)
         dtype = _list_dtype(data) if want is None else want
         try:
             try:

@@ -582,3 +582,59 @@ def test_no_grad_cuts_sharded_results_from_autograd() -> None:
     assert x.grad is not None
     np.testing.assert_allclose(x.grad.numpy(), np.ones((4, 2)))
     np.testing.assert_allclose((z @ Tensor.ones(2, 3).shard(DEVICES_2)).numpy(), (x_np * 3) @ np.ones((2, 3)))
+
+
+def test_tensor_of_a_path_reads_the_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """test/unit/test_disk_tensor.py's TestPathTensor and test_tar.py: `Tensor(pathlib.Path(fn))` (tinygrad's DISK
+    tensor of a file; `tar_extract(Tensor(path))`) raised 'cannot make a tensor from PosixPath'. It is the file's
+    bytes (uint8, or read as `dtype`'s items), on the requested device; a missing file raises FileNotFoundError."""
+    import pathlib
+    import tarfile
+
+    from glassgrad import dtypes
+    from glassgrad.nn.state import tar_extract
+    data = np.arange(100, dtype=np.uint8).tobytes()
+    fn = tmp_path / "data.bin"
+    fn.write_bytes(data)
+    t = Tensor(fn)
+    assert (t.shape, t.dtype) == ((100,), dtypes.uint8)
+    np.testing.assert_array_equal(t.numpy(), np.frombuffer(data, np.uint8))
+    np.testing.assert_array_equal(Tensor(fn, dtype=dtypes.int16).numpy(), np.frombuffer(data, np.int16))
+    assert Tensor(fn, device="CPU").device == "CPU"
+    (tmp_path / "empty.bin").touch()
+    assert Tensor(tmp_path / "empty.bin").shape == (0,)
+    with pytest.raises(FileNotFoundError):
+        Tensor(tmp_path / "missing.bin")
+    with pytest.raises(ValueError, match="whole number"):
+        Tensor(fn, dtype=dtypes.float64)  # 100 bytes are not whole 8-byte items
+    with tarfile.open(tmp_path / "a.tar", "w") as tar:
+        tar.add(fn, arcname="data.bin")
+    np.testing.assert_array_equal(tar_extract(Tensor(pathlib.Path(tmp_path / "a.tar")))["data.bin"].numpy(),
+                                  np.frombuffer(data, np.uint8))
+
+
+def test_tensor_of_a_list_of_bytes_is_their_byte_values() -> None:
+    """test/unit/test_hashing.py: `Tensor([b"abc", b"abc", b"def"], dtype=dtypes.uint8)` (a batch of messages)
+    raised 'ragged or mixed nested list'. Each bytes in a list is the list of its byte values (tinygrad's reading;
+    a lone `Tensor(b"...")` stays raw memory)."""
+    from glassgrad import dtypes
+    t = Tensor([b"abc", b"abc", b"def"], dtype=dtypes.uint8)
+    assert (t.shape, t.dtype) == ((3, 3), dtypes.uint8)
+    assert t.tolist() == [list(b"abc"), list(b"abc"), list(b"def")]
+    assert Tensor([[b"ab"], [b"cd"]], dtype=dtypes.float32).tolist() == [[[97.0, 98.0]], [[99.0, 100.0]]]
+    with pytest.raises(ValueError, match="ragged"):
+        Tensor([b"ab", b"c"])
+
+
+def test_get_state_dict_takes_tinygrad_tensor_type() -> None:
+    """test_disk_tensor.py's test_shared_storage walks a torch object with `get_state_dict(obj, tensor_type=
+    torch.Tensor)`; the keyword was refused (TypeError)."""
+    from glassgrad.nn import Linear
+    from glassgrad.nn.state import get_state_dict
+    model = {"layer": Linear(2, 3), "scale": Tensor([1.0]), "n": 3}
+    assert sorted(get_state_dict(model, tensor_type=Tensor)) == ["layer.bias", "layer.weight", "scale"]
+    assert get_state_dict(model, prefix="m.") == {f"m.{k}": v for k, v in get_state_dict(model).items()}
+    if torch is not None:
+        both = {"t": torch.zeros(2), "inner": [torch.ones(1)], "g": Tensor([1.0])}
+        found = get_state_dict(both, tensor_type=torch.Tensor)
+        assert sorted(found) == ["inner.0", "t"] and all(isinstance(v, torch.Tensor) for v in found.values())

@@ -45,24 +45,27 @@ METADATA_KEY = "__metadata__"
 
 
 # ---------------------------------------------------------------------------------------------- state dicts
-def get_state_dict(obj: Any, prefix: str = "") -> dict[str, Tensor]:
+def get_state_dict(obj: Any, prefix: str = "", tensor_type: type | tuple[type, ...] = Tensor) -> dict[str, Any]:
     """Every tensor reachable from `obj` through attributes, lists, tuples and dicts, keyed by its path
-    (`"layers.0.weight"`). A tensor reachable by two paths appears under both names; reference cycles are cut."""
-    return dict(_walk(obj, prefix, set()))
+    (`"layers.0.weight"`). A tensor reachable by two paths appears under both names; reference cycles are cut.
+    `tensor_type` (tinygrad's keyword) is the class of what is collected: `torch.Tensor` walks a PyTorch object
+    the same way (a glassgrad Tensor is then a leaf, neither collected nor walked into)."""
+    return dict(_walk(obj, prefix, set(), tensor_type))
 
 
-def _walk(obj: Any, prefix: str, on_path: set[int]) -> Iterator[tuple[str, Tensor]]:
-    if isinstance(obj, Tensor):
+def _walk(obj: Any, prefix: str, on_path: set[int], tensor_type: type | tuple[type, ...] = Tensor
+          ) -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, tensor_type):
         yield prefix.rstrip("."), obj
         return
-    if id(obj) in on_path:  # a cycle (e.g. a layer that points back to its parent)
+    if isinstance(obj, Tensor) or id(obj) in on_path:  # (on_path: a cycle, a layer that points back to its parent)
         return
     children = _children(obj)
     if not children:
         return
     on_path.add(id(obj))
     for name, child in children:
-        yield from _walk(child, f"{prefix}{name}.", on_path)
+        yield from _walk(child, f"{prefix}{name}.", on_path, tensor_type)
     on_path.discard(id(obj))
 
 
