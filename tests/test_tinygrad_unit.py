@@ -638,3 +638,14 @@ def test_get_state_dict_takes_tinygrad_tensor_type() -> None:
         both = {"t": torch.zeros(2), "inner": [torch.ones(1)], "g": Tensor([1.0])}
         found = get_state_dict(both, tensor_type=torch.Tensor)
         assert sorted(found) == ["inner.0", "t"] and all(isinstance(v, torch.Tensor) for v in found.values())
+
+
+def test_one_variable_bound_to_two_values_raises_runtime_error() -> None:
+    """test/backend/test_stunning.py's test_indexing_two_bind: `a[v.bind(12)].cat(a[v.bind(76)])` raised ValueError
+    only; tinygrad raises RuntimeError ('bind mismatch'). The error is both now."""
+    from glassgrad import Variable
+    a = Tensor.arange(1000).reshape(100, 10).contiguous()
+    v = Variable("i", 0, 99)
+    for caught in (RuntimeError, ValueError):
+        with pytest.raises(caught, match="bind mismatch"):
+            a[v.bind(12)].cat(a[v.bind(76)]).tolist()
