@@ -649,3 +649,22 @@ def test_one_variable_bound_to_two_values_raises_runtime_error() -> None:
     for caught in (RuntimeError, ValueError):
         with pytest.raises(caught, match="bind mismatch"):
             a[v.bind(12)].cat(a[v.bind(76)]).tolist()
+
+
+def test_jit_takes_equal_sharded_inputs_made_separately() -> None:
+    """test/unit/test_multitensor.py's test_multi_tensor_jit_param: `Tensor.ones(256).contiguous().realize()` twice,
+    each sharded, realized into one shared buffer per device, and TinyJit refused them ('inputs #0 and #1 share
+    one buffer'), as it did on one device before (the test above)."""
+    from glassgrad import TinyJit
+
+    @TinyJit
+    def add(a: Tensor, b: Tensor) -> Tensor:
+        return (a + b * 2).realize()
+
+    for i in range(4):
+        a = Tensor.full((4,), float(i)).contiguous().realize().shard(DEVICES_2, 0).realize()
+        b = Tensor.full((4,), float(i)).contiguous().realize().shard(DEVICES_2, 0).realize()
+        np.testing.assert_allclose(add(a, b).numpy(), np.full(4, 3.0 * i))
+        np.testing.assert_allclose((a.numpy(), b.numpy()), np.full((2, 4), float(i)))
+    with pytest.raises(Exception, match="share one buffer"):
+        add(a, a)
