@@ -11,10 +11,10 @@ from glassgrad.dtype import DType, dtypes
 from glassgrad.engine.jit import TinyJit
 from glassgrad.engine.realize import GlobalCounters
 from glassgrad.function import function
-from glassgrad.helpers import Context, getenv
+from glassgrad.helpers import Context, fetch, getenv
 from glassgrad.kernels import kernels
 from glassgrad.tensor import Tensor, no_grad
 from glassgrad.uop.sint import Variable
 
-__all__ = ["Tensor", "dtypes", "DType", "Device", "GlobalCounters", "Context", "getenv", "no_grad", "kernels",
-           "TinyJit", "Variable", "function"]
+__all__ = ["Tensor", "dtypes", "DType", "Device", "GlobalCounters", "Context", "getenv", "fetch", "no_grad",
+           "kernels", "TinyJit", "Variable", "function"]

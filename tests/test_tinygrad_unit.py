@@ -668,3 +668,15 @@ def test_jit_takes_equal_sharded_inputs_made_separately() -> None:
         np.testing.assert_allclose((a.numpy(), b.numpy()), np.full((2, 4), float(i)))
     with pytest.raises(Exception, match="share one buffer"):
         add(a, a)
+
+
+def test_tinygrads_top_level_names_import() -> None:
+    """test/unit/test_gguf.py does `from tinygrad import fetch` (tinygrad 0.14 exports it beside Tensor); glassgrad
+    had it only as `helpers.fetch`. Every public name of tinygrad 0.14's `__init__` but UOp (an internal whose
+    API glassgrad does not mimic) imports."""
+    import glassgrad
+    from glassgrad import helpers
+    for name in ("Tensor", "TinyJit", "function", "Variable", "dtypes", "GlobalCounters", "fetch", "Context",
+                 "getenv", "Device"):
+        assert hasattr(glassgrad, name), name
+    assert glassgrad.fetch is helpers.fetch

@@ -9,7 +9,8 @@ In: any Python object that holds `Tensor`s in its attributes, lists, tuples or d
 - `safe_save(tensors, path)` / `safe_load(path)` / `safe_load_metadata(path)`: the safetensors format
   (https://github.com/huggingface/safetensors), read and written here without that package;
 - `torch_load(path)`: a `torch.save` checkpoint, and tinygrad's `zip_extract`, `tar_extract`, `TensorIO`,
-  `accept_filename` (from `glassgrad.nn.torch_pickle`).
+  `accept_filename` (from `glassgrad.nn.torch_pickle`);
+- `gguf_load(path)`: a GGUF file's metadata and tensors (from `glassgrad.llm.gguf`, tinygrad 0.14's place for it).
 
 A safetensors file is: 8 bytes, little-endian u64 `n`; `n` bytes of a UTF-8 JSON object mapping each name to
 `{"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}` (plus an optional `"__metadata__"` of
@@ -356,6 +357,7 @@ def _read_tensor(f: Any, where: str, name: str, info: dict[str, Any], data_start
 # ---------------------------------------------------------------------------------------------- tinygrad's other names
 safe_dtypes = SAFETENSORS_DTYPES  # tinygrad's names for the safetensors dtype tables
 inverse_safe_dtypes = _CODE_OF_DTYPE
+from glassgrad.llm.gguf import ggml_data_to_tensor, gguf_load  # noqa: E402, F401  (older tinygrad had these here)
 from glassgrad.nn.torch_pickle import (  # noqa: E402, F401  (tinygrad has these in nn.state)
     TensorIO,
     accept_filename,
