@@ -312,10 +312,14 @@ def _draws_random(t: Tensor) -> bool:
     value (which reads it) was realized with it, and the pending write held that result as a gradient leaf (w.grad
     None). Other lazy targets are not realized first: a gradient must still reach what they are computed from
     (`z = x * 2; z[:2] = v` differentiates into x)."""
-    if is_buffer_view(t.uop) or isinstance(t.device, tuple) or (state := _RNG.states.get(t.device)) is None:
+    if is_buffer_view(t.uop) or not _RNG.states:
         return False
-    rng_buffer = state.uop.base
-    return any(u is rng_buffer or (u.op is Ops.BUFFER and u.arg[0] is rng_buffer.arg[0]) for u in t.uop.toposort())
+    # (any device's state: a tensor drawn on one device and sharded, `Tensor.randn(4, 3).shard(devices)`, reads
+    # the state of the device it was drawn on)
+    bases = [state.uop.base for state in _RNG.states.values()]
+    bases = [b.src[0].base if b.op is Ops.ASSIGN else b for b in bases]  # (a state whose advance is pending)
+    rng_buffers = {id(b.arg[0]) for b in bases if b.op is Ops.BUFFER}
+    return any(u.op is Ops.BUFFER and id(u.arg[0]) in rng_buffers for u in t.uop.toposort())
 
 
 def _mix(x: Tensor) -> Tensor:

@@ -680,3 +680,16 @@ def test_tinygrads_top_level_names_import() -> None:
                  "getenv", "Device"):
         assert hasattr(glassgrad, name), name
     assert glassgrad.fetch is helpers.fetch
+
+
+def test_setitem_into_a_lazy_sharded_random_tensor_keeps_the_value_differentiable() -> None:
+    """The sibling of test_setitem_into_a_lazy_random_tensor_keeps_the_value_differentiable on several devices: the
+    check for a target that draws random numbers looked only at the target's own device, which a sharded tensor
+    has not (it is a tuple), so `z = Tensor.randn(4, 3).shard(...); z[:, 0] = w` left w.grad None."""
+    w = Tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    z = Tensor.randn(4, 3).shard(DEVICES_2, axis=0)
+    z[:, 0] = w.shard(DEVICES_2, axis=0)
+    (z * 2).sum().backward()
+    assert w.grad is not None
+    np.testing.assert_array_equal(w.grad.numpy(), [2.0] * 4)
+    assert z.numpy()[:, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
