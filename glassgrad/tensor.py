@@ -689,11 +689,16 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def clone(self, device: str | tuple[str, ...] | None = None) -> Tensor:
         """A copy with its own storage (on `device` when given: tinygrad's keyword), differentiable as PyTorch's.
         Its own buffer also makes it its own node: `contiguous()` of equal graphs is one shared node, and two such
-        clones would get one gradient between them (tinygrad's `Tensor(3.5).clone()` twice). (Several devices or a
-        symbolic shape: a contiguous copy.)"""
+        clones would get one gradient between them (tinygrad's `Tensor(3.5).clone()` twice). On several devices each
+        part gets a buffer of its own, laid out as the lowered graph's parts (`multi.lower`). (A symbolic shape: a
+        contiguous copy.)"""
         src = self if device is None else self.to(device)
-        if isinstance(src.device, tuple) or not all(isinstance(s, int) for s in src.shape):
+        if not all(isinstance(s, int) for s in src.shape):
             return src.contiguous()
+        if isinstance(src.device, tuple):
+            layout = lower([src.uop], REALIZED.get)[0]
+            own = [buffer_view(Buffer(p.device, p.size, p.dtype, owned=True), p.shape) for p in layout.src]
+            return Tensor(make_multi(own, layout.arg)).assign(src)
         return Tensor.empty(*src.shape, dtype=src.dtype, device=src.device).assign(src)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:

@@ -693,3 +693,18 @@ def test_setitem_into_a_lazy_sharded_random_tensor_keeps_the_value_differentiabl
     assert w.grad is not None
     np.testing.assert_array_equal(w.grad.numpy(), [2.0] * 4)
     assert z.numpy()[:, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_clones_of_a_sharded_tensor_are_separate_tensors() -> None:
+    """The sibling of test_clones_of_equal_constants_are_separate_tensors on several devices: clone() there was
+    contiguous(), so two clones of one sharded tensor were one node; tinygrad's backward rule gave each the sum of
+    both gradients (3 and 3 for `x * 1 + y * 2`), and a write into one was a write into the other's buffer."""
+    a = Tensor([1.0, 2.0, 3.0, 4.0]).shard(DEVICES_2, axis=0)
+    x, y = a.clone(), a.clone()
+    (x * 1 + y * 2).sum().backward()
+    assert x.grad is not None and y.grad is not None and a.grad is not None
+    assert (x.grad.tolist(), y.grad.tolist(), a.grad.tolist()) == ([1.0] * 4, [2.0] * 4, [3.0] * 4)
+    x[0:2] = Tensor([9.0, 9.0]).shard(DEVICES_2)
+    assert (x.tolist(), y.tolist(), a.tolist()) == ([9.0, 9.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0])
+    uneven = (Tensor.arange(8).float().shard(("CPU:0", "CPU:1", "CPU:2"), axis=0) * 2).clone()
+    assert uneven.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0]
