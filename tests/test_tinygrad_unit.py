@@ -642,7 +642,7 @@ def test_get_state_dict_takes_tinygrad_tensor_type() -> None:
 
 def test_one_variable_bound_to_two_values_raises_runtime_error() -> None:
     """test/backend/test_stunning.py's test_indexing_two_bind: `a[v.bind(12)].cat(a[v.bind(76)])` raised ValueError
-    only; tinygrad raises RuntimeError ('bind mismatch'). The error is both now."""
+    only; tinygrad raises RuntimeError ("bind mismatch on ..."). The error is both now."""
     from glassgrad import Variable
     a = Tensor.arange(1000).reshape(100, 10).contiguous()
     v = Variable("i", 0, 99)

@@ -227,8 +227,8 @@ def _unbind(x: UOp) -> tuple[UOp, tuple[tuple[str, int], ...]]:
         if u.op is Ops.BIND:
             name = u.src[0].arg[0]
             if values.setdefault(name, u.src[1].arg) != u.src[1].arg:
-                raise ArgumentError(f"Variable {name!r} is bound to two values ({values[name]} and "
-                                    f"{u.src[1].arg}) in one computation (a bind mismatch)")
+                raise ArgumentError(f"bind mismatch on Variable {name!r}: it is bound to two values "
+                                    f"({values[name]} and {u.src[1].arg}) in one computation")
     if unbound_variables(x):
         names = sorted(v.arg[0] for v in unbound_variables(x))
         raise RuntimeError(f"Variable {names} has no value: bind it with .bind(n) before using it in a shape")
