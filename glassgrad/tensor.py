@@ -242,11 +242,13 @@ def _tinygrad_targets(root_nodes: set[UOp], root: Tensor) -> list[Tensor]:
     with requires_grad=False is a PyTorch program's: none (backward() then raises, as PyTorch does)."""
     # (hasattr: a Tensor whose constructor raised may still be garbage waiting for the collector, without a node)
     # (a bare constant is skipped, as tinygrad's backward skips it: its node is shared with every equal constant;
-    # so is a tensor computed from constants alone that shares its node with another one found)
+    # so is a tensor computed from constants alone that shares its node with another one found or with the root,
+    # and a realized tensor found only through what computed it when that was constants alone: a constant of the
+    # graph equal to it by chance (a `.grad` of ones realized earlier and the 1.0 inside a `randn`), not its use)
     found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and hasattr(o, "uop") and
-             o.dtype.is_float and
-             (o.uop in root_nodes or _with_lineage(o.uop) in root_nodes) and not _is_bare_constant(o.uop)]
-    found = [t for t in found if not _shares_a_constant_node(t, found)]
+             o.dtype.is_float and not _is_bare_constant(o.uop) and
+             (o.uop in root_nodes or (_reads_a_buffer(lineage := _with_lineage(o.uop)) and lineage in root_nodes))]
+    found = [t for t in found if not _shares_a_constant_node(t, [*found, root])]
     if any(t._requires_grad is False for t in found):
         return []
     return [t for t in found if t._requires_grad is None]

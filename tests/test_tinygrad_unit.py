@@ -708,3 +708,34 @@ def test_clones_of_a_sharded_tensor_are_separate_tensors() -> None:
     assert (x.tolist(), y.tolist(), a.tolist()) == ([9.0, 9.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0])
     uneven = (Tensor.arange(8).float().shard(("CPU:0", "CPU:1", "CPU:2"), axis=0) * 2).clone()
     assert uneven.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0]
+
+
+def _backward_of_equal_constants() -> None:
+    a, b = Tensor.ones(10, 10), Tensor.ones(10, 10)
+    (a + b).mean().backward()
+
+
+def test_backward_after_failed_ones_keeps_randn_leaves_differentiable() -> None:
+    """tinygrad's test/unit/test_call.py, run in one process: after `(Tensor.ones(10, 10) + Tensor.ones(10, 10))
+    .mean().backward()` raised twice (its frames kept alive by the failures, as a test runner keeps them), a plain
+    `randn` matmul's backward raised 'reads <Buffer ... uint64> as it was before an assign overwrote it'. The
+    second backward had taken the first's root (the same node) as a target and realized its `.grad` of ones; that
+    realized 1.0 then matched the constant 1.0 inside `randn` and became a target too, so the gradient was traced
+    back into the random generator's overwritten state. Now the root's twin is skipped as a shared constant node,
+    and a realized tensor is a target through its lineage only when that lineage reads memory."""
+    kept: list[RuntimeError] = []
+    for _ in range(2):
+        try:
+            _backward_of_equal_constants()
+        except RuntimeError as e:  # (kept: its traceback holds the frames' tensors alive)
+            kept.append(e)
+    a, b, c, ref = Tensor.randn(4, 8), Tensor.randn(8, 12), Tensor.randn(12, 16), Tensor.randn(4, 16)
+    Tensor.realize(a, b, c, ref)
+    out = (a @ b) @ c
+    (out - ref).square().mean().backward()
+    out.realize(a.grad, b.grad, c.grad)
+    assert a.grad is not None
+    a_np, b_np, c_np, ref_np = a.numpy(), b.numpy(), c.numpy(), ref.numpy()
+    d_out = 2 * (a_np @ b_np @ c_np - ref_np) / ref_np.size
+    np.testing.assert_allclose(a.grad.numpy(), d_out @ (b_np @ c_np).T, rtol=1e-4, atol=1e-5)
+    assert len(kept) == 2 and all("no tensor" in str(e) for e in kept)
