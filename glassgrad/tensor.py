@@ -935,7 +935,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         found = _in_graph(_tinygrad_targets(root_nodes, self), root_nodes)  # tinygrad 0.14's rule
         if not found:
             raise RuntimeError("backward(): no tensor of this computation can take a gradient (int and bool tensors "
-                               "cannot, nor tensors made with requires_grad=False)")
+                               "cannot, nor tensors made with requires_grad=False; and without requires_grad=True a "
+                               "tensor computed from constants alone is none either when another equals it: "
+                               "`Tensor.ones(n).contiguous()` made twice is one node, realized into one buffer, so "
+                               "make such tensors with requires_grad=True, or from data)")
         targets = [t for t, _ in found]
         _accumulate(targets, self._gradient(root, targets, [u for _, u in found], gradient, order))
         _note_lazy_gradients(self, targets, order)

@@ -739,3 +739,18 @@ def test_backward_after_failed_ones_keeps_randn_leaves_differentiable() -> None:
     d_out = 2 * (a_np @ b_np @ c_np - ref_np) / ref_np.size
     np.testing.assert_allclose(a.grad.numpy(), d_out @ (b_np @ c_np).T, rtol=1e-4, atol=1e-5)
     assert len(kept) == 2 and all("no tensor" in str(e) for e in kept)
+
+
+def test_equal_constant_tensors_realized_into_one_buffer_raise_not_sum() -> None:
+    """test_function.py's TestFunctionGrad: `Tensor.ones(n, n).contiguous()` made four times and realized are one
+    shared buffer (equal graphs are one node), and tinygrad's backward rule gave x, w1, w2 each the sum of all their
+    gradients (a wrong number, silently). They are skipped now, so with nothing else to differentiate backward()
+    raises, saying why; requires_grad=True gives each its own buffer and its own gradient."""
+    x, w, ref = (Tensor.ones(4, 4).contiguous() for _ in range(3))
+    Tensor.realize(x, w, ref)
+    with pytest.raises(RuntimeError, match="constants alone"):
+        ((x @ w) - ref * 0).square().mean().backward()
+    x.requires_grad, w.requires_grad = True, True
+    (x @ (w * 2)).sum().backward()
+    assert x.grad is not None and w.grad is not None
+    assert (x.grad.tolist(), w.grad.tolist()) == ([[8.0] * 4] * 4, [[8.0] * 4] * 4)
