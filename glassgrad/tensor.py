@@ -15,8 +15,9 @@ import functools
 import gc
 import math
 import os
+import pathlib
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, cast, overload
 
@@ -240,10 +241,14 @@ def _tinygrad_targets(root_nodes: set[UOp], root: Tensor) -> list[Tensor]:
     live objects (this path runs only for programs that never set requires_grad). A graph holding a tensor made
     with requires_grad=False is a PyTorch program's: none (backward() then raises, as PyTorch does)."""
     # (hasattr: a Tensor whose constructor raised may still be garbage waiting for the collector, without a node)
-    # (a bare constant is skipped, as tinygrad's backward skips it: its node is shared with every equal constant)
+    # (a bare constant is skipped, as tinygrad's backward skips it: its node is shared with every equal constant;
+    # so is a tensor computed from constants alone that shares its node with another one found or with the root,
+    # and a realized tensor found only through what computed it when that was constants alone: a constant of the
+    # graph equal to it by chance (a `.grad` of ones realized earlier and the 1.0 inside a `randn`), not its use)
     found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and hasattr(o, "uop") and
-             o.dtype.is_float and isinstance(o.device, str) and
-             (o.uop in root_nodes or _with_lineage(o.uop) in root_nodes) and not _is_bare_constant(o.uop)]
+             o.dtype.is_float and not _is_bare_constant(o.uop) and
+             (o.uop in root_nodes or (_reads_a_buffer(lineage := _with_lineage(o.uop)) and lineage in root_nodes))]
+    found = [t for t in found if not _shares_a_constant_node(t, [*found, root])]
     if any(t._requires_grad is False for t in found):
         return []
     return [t for t in found if t._requires_grad is None]
@@ -309,10 +314,14 @@ def _draws_random(t: Tensor) -> bool:
     value (which reads it) was realized with it, and the pending write held that result as a gradient leaf (w.grad
     None). Other lazy targets are not realized first: a gradient must still reach what they are computed from
     (`z = x * 2; z[:2] = v` differentiates into x)."""
-    if is_buffer_view(t.uop) or isinstance(t.device, tuple) or (state := _RNG.states.get(t.device)) is None:
+    if is_buffer_view(t.uop) or not _RNG.states:
         return False
-    rng_buffer = state.uop.base
-    return any(u is rng_buffer or (u.op is Ops.BUFFER and u.arg[0] is rng_buffer.arg[0]) for u in t.uop.toposort())
+    # (any device's state: a tensor drawn on one device and sharded, `Tensor.randn(4, 3).shard(devices)`, reads
+    # the state of the device it was drawn on)
+    bases = [state.uop.base for state in _RNG.states.values()]
+    bases = [b.src[0].base if b.op is Ops.ASSIGN else b for b in bases]  # (a state whose advance is pending)
+    rng_buffers = {id(b.arg[0]) for b in bases if b.op is Ops.BUFFER}
+    return any(u.op is Ops.BUFFER and id(u.arg[0]) in rng_buffers for u in t.uop.toposort())
 
 
 def _mix(x: Tensor) -> Tensor:
@@ -416,6 +425,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             uop = UOp.const(d, data, device)
         elif isinstance(data, (bytes, bytearray)):  # tinygrad's Tensor(b"..."): raw memory, uint8 unless told
             uop = _uop_from_bytes(bytes(data), want, device)
+        elif isinstance(data, pathlib.PurePath):  # tinygrad's Tensor(Path): the file's bytes, uint8 unless told
+            uop = _uop_from_bytes(np.fromfile(data, dtype=np.uint8), want, device)
         elif isinstance(data, range):  # torch.tensor(range(n)) works
             uop = _uop_from_array(np.array(data, dtype=(want or dtypes.default_int).np if want != dtypes.bfloat16
                                            else np.float32), want, device)
@@ -567,11 +578,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         gradient is found per node, so such leaves would each get the sum of all their gradients. A buffer made for
         this tensor is its own; so is a view of another tensor (it writes there) and an op's result that already
         reaches a gradient leaf (PyTorch's non-leaf: its gradient must keep flowing to that leaf)."""
-        u = self.uop
-        if self._view_of is not None or isinstance(self.device, tuple) or not all(isinstance(s, int) for s in
-                                                                                  self.shape):
+        if self._view_of is not None or not all(isinstance(s, int) for s in self.shape):
             return False
-        if is_buffer_view(u) and u.base.op is Ops.BUFFER and u.base.arg[0].owned:
+        # (on several devices: each part, as `_take_own_buffers` makes them)
+        parts = self.uop.src if isinstance(self.device, tuple) and self.uop.op is Ops.MULTI else (self.uop,)
+        if all(is_buffer_view(u) and u.base.op is Ops.BUFFER and u.base.arg[0].owned for u in parts):
             return False
         return not _reaches_a_grad_leaf(self)
 
@@ -680,11 +691,16 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def clone(self, device: str | tuple[str, ...] | None = None) -> Tensor:
         """A copy with its own storage (on `device` when given: tinygrad's keyword), differentiable as PyTorch's.
         Its own buffer also makes it its own node: `contiguous()` of equal graphs is one shared node, and two such
-        clones would get one gradient between them (tinygrad's `Tensor(3.5).clone()` twice). (Several devices or a
-        symbolic shape: a contiguous copy.)"""
+        clones would get one gradient between them (tinygrad's `Tensor(3.5).clone()` twice). On several devices each
+        part gets a buffer of its own, laid out as the lowered graph's parts (`multi.lower`). (A symbolic shape: a
+        contiguous copy.)"""
         src = self if device is None else self.to(device)
-        if isinstance(src.device, tuple) or not all(isinstance(s, int) for s in src.shape):
+        if not all(isinstance(s, int) for s in src.shape):
             return src.contiguous()
+        if isinstance(src.device, tuple):
+            layout = lower([src.uop], REALIZED.get)[0]
+            own = [buffer_view(Buffer(p.device, p.size, p.dtype, owned=True), p.shape) for p in layout.src]
+            return Tensor(make_multi(own, layout.arg)).assign(src)
         return Tensor.empty(*src.shape, dtype=src.dtype, device=src.device).assign(src)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
@@ -848,13 +864,16 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """Gradients of this tensor with respect to `targets` (a scalar, unless `gradient` is given). A target must
         be a float tensor that reads memory: a bare constant (`Tensor(2.0)`, `Tensor.full`) is a node every equal
         constant shares, the scalar of `t * 2.0` included, so its gradient would mix theirs in (it was 4 for
-        `(Tensor(2.0) * 2.0).gradient(that tensor)`): give it a buffer first (`requires_grad=True`, `.clone()`)."""
+        `(Tensor(2.0) * 2.0).gradient(that tensor)`), and so is a tensor computed from constants alone that another
+        live tensor equals (`Tensor.ones(3) + 1` twice): give it a buffer first (`requires_grad=True`, `.clone()`)."""
         for t in targets:
             if not t.dtype.is_float:
                 raise RuntimeError(f"gradient(): a target must be a float tensor, got {t.dtype}")
-            if _is_bare_constant(t.uop):
-                raise RuntimeError("gradient(): a target is a bare constant (Tensor(2.0), Tensor.full), a node shared "
-                                   "with every equal constant; make it with requires_grad=True or .clone() it")
+            if _is_bare_constant(t.uop) or (not _reads_a_buffer(t.uop) and _shares_a_constant_node(
+                    t, (o for o in gc.get_objects() if type(o) is Tensor and hasattr(o, "uop")))):
+                raise RuntimeError("gradient(): a target is computed from constants alone (Tensor(2.0), Tensor.full, "
+                                   "Tensor.ones(3) + 1) and shares its node with every equal expression; make it "
+                                   "with requires_grad=True or .clone() it")
         if gradient is None:
             if self.numel() != 1:
                 raise RuntimeError(f"gradient of a tensor of shape {self.shape} needs `gradient=`; only scalars "
@@ -916,7 +935,10 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         found = _in_graph(_tinygrad_targets(root_nodes, self), root_nodes)  # tinygrad 0.14's rule
         if not found:
             raise RuntimeError("backward(): no tensor of this computation can take a gradient (int and bool tensors "
-                               "cannot, nor tensors made with requires_grad=False)")
+                               "cannot, nor tensors made with requires_grad=False; and without requires_grad=True a "
+                               "tensor computed from constants alone is none either when another equals it: "
+                               "`Tensor.ones(n).contiguous()` made twice is one node, realized into one buffer, so "
+                               "make such tensors with requires_grad=True, or from data)")
         targets = [t for t, _ in found]
         _accumulate(targets, self._gradient(root, targets, [u for _, u in found], gradient, order))
         _note_lazy_gradients(self, targets, order)
@@ -2390,10 +2412,10 @@ def no_grad() -> Iterator[None]:
 def _detach_lazy_results(made: list[weakref.ref[Tensor]]) -> None:
     """Cut the graphs of the float tensors made in a no_grad block that are still lazy (realized ones keep no lineage
     already). A view stays a view (an assign through it still writes the tensor it shows, as through `detach()`);
-    writes (ASSIGN) and their targets are left as they are, and so are tensors on several devices."""
+    writes (ASSIGN) and their targets are left as they are."""
     for ref in made:
         t = ref()
-        if t is None or not t.dtype.is_float or not isinstance(t.device, str):
+        if t is None or not t.dtype.is_float:
             continue
         uop = t.uop
         if uop.op in (Ops.ASSIGN, Ops.DETACH) or is_buffer_view(uop) or ASSIGN_TARGETS.get(id(t)) is t:
@@ -2594,6 +2616,13 @@ def _is_bare_constant(u: UOp) -> bool:
     while u.op in (Ops.RESHAPE, Ops.EXPAND):
         u = u.src[0]
     return u.op is Ops.CONST
+
+
+def _shares_a_constant_node(t: Tensor, others: Iterable[Tensor]) -> bool:
+    """Whether `t` is computed from constants alone (`Tensor.ones(3) + 1`, `Tensor.ones(3).contiguous()`) and
+    another of `others` holds the very same node: two such tensors made alike are one node (hash-consing), so the
+    gradient found for it is the sum of theirs, neither's own."""
+    return not _reads_a_buffer(t.uop) and any(o is not t and o.uop is t.uop for o in others)
 
 
 def _reads_a_buffer(value: UOp) -> bool:
@@ -2875,9 +2904,10 @@ def _short(data: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _uop_from_bytes(data: bytes, want: DType | None, device: str) -> UOp:
+def _uop_from_bytes(data: bytes | np.ndarray, want: DType | None, device: str) -> UOp:
     """`Tensor(b"...", dtype=dt)`: the bytes read as dt's items, little-endian (tinygrad's and `torch.frombuffer`'s
-    meaning; each byte was cast to a float32 value before, 8 values for two packed floats)."""
+    meaning; each byte was cast to a float32 value before, 8 values for two packed floats). `data` may be a uint8
+    array (a file's bytes, `Tensor(pathlib.Path(...))`: read with numpy, never copied into a `bytes`)."""
     dt = want or dtypes.uint8
     if len(data) % dt.itemsize:
         raise ValueError(f"Tensor(bytes, dtype={dt.name}): {len(data)} bytes are not a whole number of "
@@ -2886,6 +2916,19 @@ def _uop_from_bytes(data: bytes, want: DType | None, device: str) -> UOp:
         bits = _uop_from_array(np.frombuffer(data, dtype="<u2").astype(np.uint16), dtypes.uint16, device)
         return UOp(Ops.BITCAST, dtypes.bfloat16, (bits,))
     return _uop_from_array(np.frombuffer(data, dtype=np.dtype(dt.np).newbyteorder("<")), dt, device)
+
+
+def _bytes_as_lists(data: list[Any] | tuple[Any, ...]) -> list[Any] | tuple[Any, ...]:
+    """A nested list of `bytes` (`Tensor([b"abc", b"def"])`, tinygrad's way to batch byte strings) with each bytes as
+    the list of its byte values (a nested sequence of ints, as tinygrad reads it); other data as it is (probed by its
+    first innermost item: a list mixing bytes with other items is ragged anyway)."""
+    first: Any = data
+    while isinstance(first, (list, tuple)) and first:
+        first = first[0]
+    if not isinstance(first, (bytes, bytearray)):
+        return data
+    return [list(x) if isinstance(x, (bytes, bytearray)) else _bytes_as_lists(x) if isinstance(x, (list, tuple))
+            else x for x in data]
 
 
 def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:
@@ -2898,6 +2941,7 @@ def _uop_from_array(data: Any, want: DType | None, device: str) -> UOp:
         else:
             raise TypeError(f"cannot make a tensor from a numpy array of dtype {array.dtype}")
     elif isinstance(data, (list, tuple)):
+        data = _bytes_as_lists(data)
         dtype = _list_dtype(data) if want is None else want
         try:
             try:

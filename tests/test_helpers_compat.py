@@ -29,6 +29,17 @@ def test_function_decorates_functions_and_methods() -> None:
         function(precompile="yes")
 
 
+def test_function_refuses_a_custom_gradient_it_would_ignore() -> None:
+    """tinygrad's test/unit/test_function.py passes `grad_fxn=`: it was accepted and ignored, so a custom gradient
+    (a straight-through estimator's: d round(x)/dx = 1) silently became the function's own (0 here)."""
+    def straight_through(grad, call):  # type: ignore[no-untyped-def]
+        return (grad,)
+
+    with pytest.raises(NotImplementedError, match="grad_fxn"):
+        function(grad_fxn=straight_through)(lambda x: x.round())
+    assert function(grad_fxn=None)(lambda x: x * 2)(Tensor([1.0])).tolist() == [2.0]
+
+
 def test_colored_trange_getenv() -> None:
     assert colored("ok", "green") == "\x1b[32mok\x1b[0m"
     assert colored("ok", "bright_red", background=True) == "\x1b[101mok\x1b[0m"

@@ -509,3 +509,248 @@ def test_a_write_through_a_same_size_bitcast_reaches_the_source() -> None:
         ta = torch.tensor([1.0, 2.0, 3.0, 4.0])
         ta.view(torch.int32).copy_(torch.from_numpy(bits.view(np.int32)))
         np.testing.assert_array_equal(a.numpy(), ta.numpy())
+
+
+# ---------------------------------------------------------------------- second round: more of tinygrad's test files
+@pytest.mark.parametrize("make", [lambda: Tensor.ones(3) + 1, lambda: Tensor.ones(3).contiguous(),
+                                  lambda: Tensor.arange(3).float(), lambda: Tensor.linspace(0, 1, 3)])
+def test_backward_skips_equal_tensors_computed_from_constants_alone(make) -> None:  # type: ignore[no-untyped-def]
+    """test/unit/test_function.py's test_grad_fxn_tuple: `x = Tensor.ones(3).contiguous()` and an equal y were one
+    (hash-consed) node, and tinygrad's backward rule gave each the sum of both gradients (x.grad = y.grad = 3 for
+    `x * 1 + y * 2`). Two live tensors sharing such a node are skipped as a bare constant is (no .grad, not a wrong
+    one); a tensor that reads memory beside them still gets its gradient, and one such tensor alone gets its own."""
+    x, y, a = make(), make(), Tensor([1.0, 1.0, 1.0])
+    (x * 1 + y * 2 + a * 4).sum().backward()
+    assert x.grad is None and y.grad is None
+    assert a.grad is not None and a.grad.tolist() == [4.0, 4.0, 4.0]
+    with pytest.raises(RuntimeError, match="constants alone"):
+        (x * 1 + y * 2).sum().gradient(x)
+    del y
+    (x * 3).sum().backward()
+    assert x.grad is not None and x.grad.tolist() == [3.0, 3.0, 3.0]
+    assert (x * 5).sum().gradient(x)[0].tolist() == [5.0, 5.0, 5.0]
+
+
+def test_constant_tensors_with_requires_grad_get_their_own_gradients() -> None:
+    """The way to differentiate such tensors (the skip's message says so): requires_grad=True gives each a buffer."""
+    x, y = Tensor.ones(3) + 1, Tensor.ones(3) + 1
+    x.requires_grad, y.requires_grad = True, True
+    (x * 1 + y * 2).sum().backward()
+    assert x.grad is not None and y.grad is not None
+    assert (x.grad.tolist(), y.grad.tolist()) == ([1.0] * 3, [2.0] * 3)
+
+
+DEVICES_2 = ("CPU:0", "CPU:1")
+
+
+def test_backward_reaches_sharded_tensors_without_requires_grad() -> None:
+    """test_function.py's test_data_parallel_backward: tinygrad's backward rule (no tensor marked requires_grad)
+    left out tensors on several devices, so `(x @ w).sum().backward()` with x sharded raised 'no tensor of this
+    computation can take a gradient'."""
+    x_np = np.array([[1, 0], [0, 1], [1, 1], [0, 0]], np.float32)
+    w_np = np.array([[1, 2], [3, 4]], np.float32)
+    x = Tensor(x_np).shard(DEVICES_2, axis=0)
+    w = Tensor(w_np).shard(DEVICES_2, axis=None).realize()
+    (x @ w).sum().backward()
+    assert x.grad is not None and w.grad is not None
+    np.testing.assert_allclose(x.grad.numpy(), np.ones((4, 2)) @ w_np.T)
+    np.testing.assert_allclose(w.grad.numpy(), x_np.T @ np.ones((4, 2)))
+
+
+def test_equal_sharded_leaves_get_their_own_gradients() -> None:
+    """The sibling of the first test of this file on several devices: two `Tensor.ones(4, 2).shard(...)` marked
+    requires_grad were one node, so each got the sum of both gradients (3 and 3, not 1 and 2)."""
+    x = Tensor.ones(4, 2).shard(DEVICES_2, axis=0)
+    y = Tensor.ones(4, 2).shard(DEVICES_2, axis=0)
+    x.requires_grad, y.requires_grad = True, True
+    (x * 1 + y * 2).sum().backward()
+    assert x.grad is not None and y.grad is not None
+    np.testing.assert_allclose(x.grad.numpy(), np.ones((4, 2)))
+    np.testing.assert_allclose(y.grad.numpy(), np.full((4, 2), 2.0))
+
+
+def test_no_grad_cuts_sharded_results_from_autograd() -> None:
+    """A sharded result computed inside no_grad() kept its graph, so a later backward through it reached the leaf:
+    x.grad was 1 + 3 = 4 instead of 1 (as PyTorch's no_grad, the result is a constant)."""
+    from glassgrad import no_grad
+    x_np = np.arange(8, dtype=np.float32).reshape(4, 2)
+    x = Tensor(x_np).shard(DEVICES_2, axis=0)
+    x.requires_grad = True
+    with no_grad():
+        z = x * 3
+    (z + x).sum().backward()
+    assert x.grad is not None
+    np.testing.assert_allclose(x.grad.numpy(), np.ones((4, 2)))
+    np.testing.assert_allclose((z @ Tensor.ones(2, 3).shard(DEVICES_2)).numpy(), (x_np * 3) @ np.ones((2, 3)))
+
+
+def test_tensor_of_a_path_reads_the_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """test/unit/test_disk_tensor.py's TestPathTensor and test_tar.py: `Tensor(pathlib.Path(fn))` (tinygrad's DISK
+    tensor of a file; `tar_extract(Tensor(path))`) raised 'cannot make a tensor from PosixPath'. It is the file's
+    bytes (uint8, or read as `dtype`'s items), on the requested device; a missing file raises FileNotFoundError."""
+    import pathlib
+    import tarfile
+
+    from glassgrad import dtypes
+    from glassgrad.nn.state import tar_extract
+    data = np.arange(100, dtype=np.uint8).tobytes()
+    fn = tmp_path / "data.bin"
+    fn.write_bytes(data)
+    t = Tensor(fn)
+    assert (t.shape, t.dtype) == ((100,), dtypes.uint8)
+    np.testing.assert_array_equal(t.numpy(), np.frombuffer(data, np.uint8))
+    np.testing.assert_array_equal(Tensor(fn, dtype=dtypes.int16).numpy(), np.frombuffer(data, np.int16))
+    assert Tensor(fn, device="CPU").device == "CPU"
+    (tmp_path / "empty.bin").touch()
+    assert Tensor(tmp_path / "empty.bin").shape == (0,)
+    with pytest.raises(FileNotFoundError):
+        Tensor(tmp_path / "missing.bin")
+    with pytest.raises(ValueError, match="whole number"):
+        Tensor(fn, dtype=dtypes.float64)  # 100 bytes are not whole 8-byte items
+    with tarfile.open(tmp_path / "a.tar", "w") as tar:
+        tar.add(fn, arcname="data.bin")
+    np.testing.assert_array_equal(tar_extract(Tensor(pathlib.Path(tmp_path / "a.tar")))["data.bin"].numpy(),
+                                  np.frombuffer(data, np.uint8))
+
+
+def test_tensor_of_a_list_of_bytes_is_their_byte_values() -> None:
+    """test/unit/test_hashing.py: `Tensor([b"abc", b"abc", b"def"], dtype=dtypes.uint8)` (a batch of messages)
+    raised 'ragged or mixed nested list'. Each bytes in a list is the list of its byte values (tinygrad's reading;
+    a lone `Tensor(b"...")` stays raw memory)."""
+    from glassgrad import dtypes
+    t = Tensor([b"abc", b"abc", b"def"], dtype=dtypes.uint8)
+    assert (t.shape, t.dtype) == ((3, 3), dtypes.uint8)
+    assert t.tolist() == [list(b"abc"), list(b"abc"), list(b"def")]
+    assert Tensor([[b"ab"], [b"cd"]], dtype=dtypes.float32).tolist() == [[[97.0, 98.0]], [[99.0, 100.0]]]
+    with pytest.raises(ValueError, match="ragged"):
+        Tensor([b"ab", b"c"])
+
+
+def test_get_state_dict_takes_tinygrad_tensor_type() -> None:
+    """test_disk_tensor.py's test_shared_storage walks a torch object with `get_state_dict(obj, tensor_type=
+    torch.Tensor)`; the keyword was refused (TypeError)."""
+    from glassgrad.nn import Linear
+    from glassgrad.nn.state import get_state_dict
+    model = {"layer": Linear(2, 3), "scale": Tensor([1.0]), "n": 3}
+    assert sorted(get_state_dict(model, tensor_type=Tensor)) == ["layer.bias", "layer.weight", "scale"]
+    assert get_state_dict(model, prefix="m.") == {f"m.{k}": v for k, v in get_state_dict(model).items()}
+    if torch is not None:
+        both = {"t": torch.zeros(2), "inner": [torch.ones(1)], "g": Tensor([1.0])}
+        found = get_state_dict(both, tensor_type=torch.Tensor)
+        assert sorted(found) == ["inner.0", "t"] and all(isinstance(v, torch.Tensor) for v in found.values())
+
+
+def test_one_variable_bound_to_two_values_raises_runtime_error() -> None:
+    """test/backend/test_stunning.py's test_indexing_two_bind: `a[v.bind(12)].cat(a[v.bind(76)])` raised ValueError
+    only; tinygrad raises RuntimeError ("bind mismatch on ..."). The error is both now."""
+    from glassgrad import Variable
+    a = Tensor.arange(1000).reshape(100, 10).contiguous()
+    v = Variable("i", 0, 99)
+    for caught in (RuntimeError, ValueError):
+        with pytest.raises(caught, match="bind mismatch"):
+            a[v.bind(12)].cat(a[v.bind(76)]).tolist()
+
+
+def test_jit_takes_equal_sharded_inputs_made_separately() -> None:
+    """test/unit/test_multitensor.py's test_multi_tensor_jit_param: `Tensor.ones(256).contiguous().realize()` twice,
+    each sharded, realized into one shared buffer per device, and TinyJit refused them ('inputs #0 and #1 share
+    one buffer'), as it did on one device before (the test above)."""
+    from glassgrad import TinyJit
+
+    @TinyJit
+    def add(a: Tensor, b: Tensor) -> Tensor:
+        return (a + b * 2).realize()
+
+    for i in range(4):
+        a = Tensor.full((4,), float(i)).contiguous().realize().shard(DEVICES_2, 0).realize()
+        b = Tensor.full((4,), float(i)).contiguous().realize().shard(DEVICES_2, 0).realize()
+        np.testing.assert_allclose(add(a, b).numpy(), np.full(4, 3.0 * i))
+        np.testing.assert_allclose((a.numpy(), b.numpy()), np.full((2, 4), float(i)))
+    with pytest.raises(Exception, match="share one buffer"):
+        add(a, a)
+
+
+def test_tinygrads_top_level_names_import() -> None:
+    """test/unit/test_gguf.py does `from tinygrad import fetch` (tinygrad 0.14 exports it beside Tensor); glassgrad
+    had it only as `helpers.fetch`. Every public name of tinygrad 0.14's `__init__` but UOp (an internal whose
+    API glassgrad does not mimic) imports."""
+    import glassgrad
+    from glassgrad import helpers
+    for name in ("Tensor", "TinyJit", "function", "Variable", "dtypes", "GlobalCounters", "fetch", "Context",
+                 "getenv", "Device"):
+        assert hasattr(glassgrad, name), name
+    assert glassgrad.fetch is helpers.fetch
+
+
+def test_setitem_into_a_lazy_sharded_random_tensor_keeps_the_value_differentiable() -> None:
+    """The sibling of test_setitem_into_a_lazy_random_tensor_keeps_the_value_differentiable on several devices: the
+    check for a target that draws random numbers looked only at the target's own device, which a sharded tensor
+    has not (it is a tuple), so `z = Tensor.randn(4, 3).shard(...); z[:, 0] = w` left w.grad None."""
+    w = Tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    z = Tensor.randn(4, 3).shard(DEVICES_2, axis=0)
+    z[:, 0] = w.shard(DEVICES_2, axis=0)
+    (z * 2).sum().backward()
+    assert w.grad is not None
+    np.testing.assert_array_equal(w.grad.numpy(), [2.0] * 4)
+    assert z.numpy()[:, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_clones_of_a_sharded_tensor_are_separate_tensors() -> None:
+    """The sibling of test_clones_of_equal_constants_are_separate_tensors on several devices: clone() there was
+    contiguous(), so two clones of one sharded tensor were one node; tinygrad's backward rule gave each the sum of
+    both gradients (3 and 3 for `x * 1 + y * 2`), and a write into one was a write into the other's buffer."""
+    a = Tensor([1.0, 2.0, 3.0, 4.0]).shard(DEVICES_2, axis=0)
+    x, y = a.clone(), a.clone()
+    (x * 1 + y * 2).sum().backward()
+    assert x.grad is not None and y.grad is not None and a.grad is not None
+    assert (x.grad.tolist(), y.grad.tolist(), a.grad.tolist()) == ([1.0] * 4, [2.0] * 4, [3.0] * 4)
+    x[0:2] = Tensor([9.0, 9.0]).shard(DEVICES_2)
+    assert (x.tolist(), y.tolist(), a.tolist()) == ([9.0, 9.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0])
+    uneven = (Tensor.arange(8).float().shard(("CPU:0", "CPU:1", "CPU:2"), axis=0) * 2).clone()
+    assert uneven.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0]
+
+
+def _backward_of_equal_constants() -> None:
+    a, b = Tensor.ones(10, 10), Tensor.ones(10, 10)
+    (a + b).mean().backward()
+
+
+def test_backward_after_failed_ones_keeps_randn_leaves_differentiable() -> None:
+    """tinygrad's test/unit/test_call.py, run in one process: after `(Tensor.ones(10, 10) + Tensor.ones(10, 10))
+    .mean().backward()` raised twice (its frames kept alive by the failures, as a test runner keeps them), a plain
+    `randn` matmul's backward raised 'reads <Buffer ... uint64> as it was before an assign overwrote it'. The
+    second backward had taken the first's root (the same node) as a target and realized its `.grad` of ones; that
+    realized 1.0 then matched the constant 1.0 inside `randn` and became a target too, so the gradient was traced
+    back into the random generator's overwritten state. Now the root's twin is skipped as a shared constant node,
+    and a realized tensor is a target through its lineage only when that lineage reads memory."""
+    kept: list[RuntimeError] = []
+    for _ in range(2):
+        try:
+            _backward_of_equal_constants()
+        except RuntimeError as e:  # (kept: its traceback holds the frames' tensors alive)
+            kept.append(e)
+    a, b, c, ref = Tensor.randn(4, 8), Tensor.randn(8, 12), Tensor.randn(12, 16), Tensor.randn(4, 16)
+    Tensor.realize(a, b, c, ref)
+    out = (a @ b) @ c
+    (out - ref).square().mean().backward()
+    out.realize(a.grad, b.grad, c.grad)
+    assert a.grad is not None
+    a_np, b_np, c_np, ref_np = a.numpy(), b.numpy(), c.numpy(), ref.numpy()
+    d_out = 2 * (a_np @ b_np @ c_np - ref_np) / ref_np.size
+    np.testing.assert_allclose(a.grad.numpy(), d_out @ (b_np @ c_np).T, rtol=1e-4, atol=1e-5)
+    assert len(kept) == 2 and all("no tensor" in str(e) for e in kept)
+
+
+def test_equal_constant_tensors_realized_into_one_buffer_raise_not_sum() -> None:
+    """test_function.py's TestFunctionGrad: `Tensor.ones(n, n).contiguous()` made four times and realized are one
+    shared buffer (equal graphs are one node), and tinygrad's backward rule gave x, w1, w2 each the sum of all their
+    gradients (a wrong number, silently). They are skipped now, so with nothing else to differentiate backward()
+    raises, saying why; requires_grad=True gives each its own buffer and its own gradient."""
+    x, w, ref = (Tensor.ones(4, 4).contiguous() for _ in range(3))
+    Tensor.realize(x, w, ref)
+    with pytest.raises(RuntimeError, match="constants alone"):
+        ((x @ w) - ref * 0).square().mean().backward()
+    x.requires_grad, w.requires_grad = True, True
+    (x @ (w * 2)).sum().backward()
+    assert x.grad is not None and w.grad is not None
+    assert (x.grad.tolist(), w.grad.tolist()) == ([[8.0] * 4] * 4, [[8.0] * 4] * 4)

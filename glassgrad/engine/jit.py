@@ -172,14 +172,15 @@ def _input_buffers(tensors: list[Tensor], names: list[str]) -> tuple[list[Buffer
 def _separate_equal_inputs(tensors: list[Tensor]) -> None:
     """Two different input tensors made by equal graphs (`Tensor.ones(4).contiguous().realize()` twice) were
     realized into one shared buffer (hash-consing): each later one gets a buffer of its own, so they are two inputs.
-    The same tensor passed twice, or views of one buffer of a tensor's own, still share one (refused below)."""
+    The same tensor passed twice, or views of one buffer of a tensor's own, still share one (refused below). On
+    several devices each part's buffer counts (`Tensor.ones(256).contiguous().realize().shard_(devices)` twice)."""
     first: dict[int, Tensor] = {}
     for t in tensors:
-        if isinstance(t.device, tuple) or not is_buffer_view(t.uop) or not all(isinstance(d, int) for d in t.shape):
+        parts = view_parts(t.uop)
+        if not all(is_buffer_view(p) for p in parts) or not all(isinstance(d, int) for d in t.shape):
             continue
-        buf = t.uop.base.arg[0]
-        other = first.setdefault(id(buf), t)
-        if other is not t and not buf.owned:
+        shared = [b for b in (p.base.arg[0] for p in parts) if first.setdefault(id(b), t) is not t]
+        if shared and not any(b.owned for b in shared):
             t._take_own_buffer()
 
 

@@ -9,7 +9,8 @@ In: any Python object that holds `Tensor`s in its attributes, lists, tuples or d
 - `safe_save(tensors, path)` / `safe_load(path)` / `safe_load_metadata(path)`: the safetensors format
   (https://github.com/huggingface/safetensors), read and written here without that package;
 - `torch_load(path)`: a `torch.save` checkpoint, and tinygrad's `zip_extract`, `tar_extract`, `TensorIO`,
-  `accept_filename` (from `glassgrad.nn.torch_pickle`).
+  `accept_filename` (from `glassgrad.nn.torch_pickle`);
+- `gguf_load(path)`: a GGUF file's metadata and tensors (from `glassgrad.llm.gguf`, tinygrad 0.14's place for it).
 
 A safetensors file is: 8 bytes, little-endian u64 `n`; `n` bytes of a UTF-8 JSON object mapping each name to
 `{"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}` (plus an optional `"__metadata__"` of
@@ -45,24 +46,27 @@ METADATA_KEY = "__metadata__"
 
 
 # ---------------------------------------------------------------------------------------------- state dicts
-def get_state_dict(obj: Any, prefix: str = "") -> dict[str, Tensor]:
+def get_state_dict(obj: Any, prefix: str = "", tensor_type: type | tuple[type, ...] = Tensor) -> dict[str, Any]:
     """Every tensor reachable from `obj` through attributes, lists, tuples and dicts, keyed by its path
-    (`"layers.0.weight"`). A tensor reachable by two paths appears under both names; reference cycles are cut."""
-    return dict(_walk(obj, prefix, set()))
+    (`"layers.0.weight"`). A tensor reachable by two paths appears under both names; reference cycles are cut.
+    `tensor_type` (tinygrad's keyword) is the class of what is collected: `torch.Tensor` walks a PyTorch object
+    the same way (a glassgrad Tensor is then a leaf, neither collected nor walked into)."""
+    return dict(_walk(obj, prefix, set(), tensor_type))
 
 
-def _walk(obj: Any, prefix: str, on_path: set[int]) -> Iterator[tuple[str, Tensor]]:
-    if isinstance(obj, Tensor):
+def _walk(obj: Any, prefix: str, on_path: set[int], tensor_type: type | tuple[type, ...] = Tensor
+          ) -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, tensor_type):
         yield prefix.rstrip("."), obj
         return
-    if id(obj) in on_path:  # a cycle (e.g. a layer that points back to its parent)
+    if isinstance(obj, Tensor) or id(obj) in on_path:  # (on_path: a cycle, a layer that points back to its parent)
         return
     children = _children(obj)
     if not children:
         return
     on_path.add(id(obj))
     for name, child in children:
-        yield from _walk(child, f"{prefix}{name}.", on_path)
+        yield from _walk(child, f"{prefix}{name}.", on_path, tensor_type)
     on_path.discard(id(obj))
 
 
@@ -353,6 +357,7 @@ def _read_tensor(f: Any, where: str, name: str, info: dict[str, Any], data_start
 # ---------------------------------------------------------------------------------------------- tinygrad's other names
 safe_dtypes = SAFETENSORS_DTYPES  # tinygrad's names for the safetensors dtype tables
 inverse_safe_dtypes = _CODE_OF_DTYPE
+from glassgrad.llm.gguf import ggml_data_to_tensor, gguf_load  # noqa: E402, F401  (older tinygrad had these here)
 from glassgrad.nn.torch_pickle import (  # noqa: E402, F401  (tinygrad has these in nn.state)
     TensorIO,
     accept_filename,

@@ -26,6 +26,7 @@ from typing import cast
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import DType, dtypes
+from glassgrad.errors import ArgumentError
 from glassgrad.helpers import prod
 from glassgrad.uop.ops import GroupOp, Ops, UOp, dtype_bounds
 from glassgrad.uop.pattern import substitute
@@ -148,8 +149,8 @@ class KernelBuilder:
                                  f"{u.arg[1:]}) in one kernel; give them different names")
         for name, value in values.items():
             if self.var_vals.setdefault(name, value) != value:
-                raise ValueError(f"Variable {name!r} is bound to two values ({self.var_vals[name]} and {value}) in "
-                                 "one kernel")
+                raise ArgumentError(f"bind mismatch on Variable {name!r}: it is bound to two values "
+                                    f"({self.var_vals[name]} and {value}) in one kernel")
         return size_node(kernel_form, self.index_dtype)
 
     def shape(self, shape: tuple[sint, ...]) -> tuple[sint, ...]:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from glassgrad.dtype import dtypes
+from glassgrad.errors import ArgumentError
 from glassgrad.uop.ops import ConstType, Ops, UOp, sint
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.symbolic import exec_alu
@@ -226,8 +227,8 @@ def _unbind(x: UOp) -> tuple[UOp, tuple[tuple[str, int], ...]]:
         if u.op is Ops.BIND:
             name = u.src[0].arg[0]
             if values.setdefault(name, u.src[1].arg) != u.src[1].arg:
-                raise ValueError(f"Variable {name!r} is bound to two values ({values[name]} and {u.src[1].arg}) "
-                                 "in one computation")
+                raise ArgumentError(f"bind mismatch on Variable {name!r}: it is bound to two values "
+                                    f"({values[name]} and {u.src[1].arg}) in one computation")
     if unbound_variables(x):
         names = sorted(v.arg[0] for v in unbound_variables(x))
         raise RuntimeError(f"Variable {names} has no value: bind it with .bind(n) before using it in a shape")
