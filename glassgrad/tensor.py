@@ -386,7 +386,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     training = _TrainingFlag()  # instances read the flag; the class reads and writes it through _TensorType
     uop: UOp
     grad: Tensor | None
-    _view_of: tuple[Tensor, UOp] | None  # (the tensor a movement op made this from, its node then): assign writes there
+    # (the tensor a movement op made this from, its node then, this view's movement node over it): assign writes
+    # there through that movement node (kept: a realize replaces `uop` by a buffer, the view still shows the parent)
+    _view_of: tuple[Tensor, UOp, UOp] | None
     _requires_grad: bool | None  # True, False, or None: undecided (tinygrad's default; see `requires_grad`)
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
@@ -736,15 +738,15 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """`t[1:3].assign(v)`, `t.T.assign(v)`: this tensor is a movement-op view of another, so the write goes there
         (as a PyTorch view shares its base's storage): the parent gets `v` at the elements this view shows and keeps
         the others, and this tensor becomes the same view of the parent's new value."""
-        parent, parent_uop = self._view_of  # type: ignore[misc]
-        chain = _movement_chain(self.uop, parent_uop)
+        parent, parent_uop, view_uop = self._view_of  # type: ignore[misc]
+        chain = _movement_chain(view_uop, parent_uop)
         if parent._view_of is None and (_draws_random(parent) or _draws_random(value)):
             parent._take_own_buffer()  # its buffer first: see _draws_random
         full, inside = _place_in_parent(chain, value.uop)
         parent.assign(Tensor(inside).where(Tensor(full), parent))
         self.uop = _rebuild_chain(chain, parent.uop)
         _note_pending_assign(self)
-        self._view_of = (parent, parent.uop)
+        self._view_of = (parent, parent.uop, self.uop)
         _LAZY.add(self)
         return self
 
@@ -840,7 +842,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def _view(self, uop: UOp) -> Tensor:
         """A new tensor over `uop`, a movement op of this tensor's node: an assign to it writes into this tensor."""
         out = Tensor(uop)
-        out._view_of = (self, self.uop)
+        out._view_of = (self, self.uop, uop)
         return out
 
     # ------------------------------------------------------------------ autograd
