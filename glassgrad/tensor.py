@@ -30,7 +30,7 @@ from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import TRAINING, normalize_axis, prod, shape_args
 from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
-from glassgrad.schedule import REALIZED, buffer_view, is_buffer_view
+from glassgrad.schedule import REALIZED, buffer_view, is_buffer_view, view_versions
 from glassgrad.schedule.versions import StaleReaders, overwritten_versions, written_versions
 from glassgrad.tensor_extra import ExtraOps, InPlaceOps, TorchOps
 from glassgrad.tensor_linalg import LinalgOps
@@ -461,7 +461,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """PyTorch's `t()`: a matrix transposed; 0-d and 1-d tensors as they are."""
         if self.ndim > 2:
             raise ShapeError(f"t() expects a tensor with at most 2 dims, got shape {self.shape}; use transpose")
-        return self if self.ndim < 2 else self.transpose(0, 1)
+        return self._same_view() if self.ndim < 2 else self.transpose(0, 1)
 
     def type_as(self, other: Tensor) -> Tensor:
         """Cast to `other`'s dtype (PyTorch's name)."""
@@ -844,6 +844,19 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         out = Tensor(uop)
         out._view_of = (self, self.uop, uop)
         return out
+
+    def _same_view(self) -> Tensor:
+        """A movement op that moves nothing (`reshape` to its own shape, `x[...]`): a view of this tensor, as PyTorch's,
+        never `self`: a tensor means the value it had when built, so an assign to this one must not change it."""
+        return self._view(self.uop)
+
+    def _same_value(self) -> Tensor:
+        """An op whose result equals its input (`sum` over no axes, `floor` of ints): a new tensor, never `self`,
+        which an assign to this one must not change (nor an assign to it change this one). A lazy node is shared;
+        an in-place writable ("owned") buffer is copied (the new tensor must not write into it)."""
+        if is_buffer_view(self.uop) and self.uop.base.op is Ops.BUFFER and self.uop.base.arg[0].owned:
+            return self.contiguous()
+        return self._wrap(self.uop)
 
     # ------------------------------------------------------------------ autograd
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
@@ -1426,24 +1439,24 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def tan(self) -> Tensor: return self.sin() / self.cos()  # noqa: E704
 
     def trunc(self) -> Tensor:
-        return self._unary(Ops.TRUNC) if self.dtype.is_float else self
+        return self._unary(Ops.TRUNC) if self.dtype.is_float else self._same_value()
 
     def floor(self) -> Tensor:
         if not self.dtype.is_float:
-            return self
+            return self._same_value()
         t = self.trunc()
         return (self < t).where(t - 1, t)
 
     def ceil(self) -> Tensor:
         if not self.dtype.is_float:
-            return self
+            return self._same_value()
         t = self.trunc()
         return (self > t).where(t + 1, t)
 
     def round(self) -> Tensor:
         """Round half to even, like numpy and PyTorch."""
         if not self.dtype.is_float:
-            return self
+            return self._same_value()
         f = self.floor()
         diff = self - f
         f_is_even = (f - (f * 0.5).floor() * 2) == 0
@@ -1451,12 +1464,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     def abs(self) -> Tensor:
         if self.dtype.is_unsigned or self.dtype.is_bool:
-            return self
+            return self._same_value()
         return self.maximum(-self)
 
     def sign(self) -> Tensor:
         if self.dtype.is_bool:
-            return self
+            return self._same_value()
         positive, negative = (self > 0).cast(self.dtype), (self < 0).cast(self.dtype)
         out = positive - negative if not self.dtype.is_unsigned else positive
         return (self != self).where(self, out) if self.dtype.is_float else out
@@ -1587,7 +1600,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         own = self.uop.shape
         # (the common call, every dim a plain int of a concrete shape: none of the checks below can fail)
         if type(numel := prod(own)) is int and all(type(d) is int and d >= 0 for d in dims) and prod(dims) == numel:
-            return self if dims == own else self._view(self.uop.reshape(dims))
+            return self._same_view() if dims == own else self._view(self.uop.reshape(dims))
         dims = tuple(own[i] if d is None else d for i, d in enumerate(dims))
         numel = self.numel()
         if isinstance(numel, UOp):
@@ -1608,7 +1621,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         dims = tuple(int(d) for d in dims)
         if prod(dims) != numel:
             raise ShapeError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) into {dims}")
-        return self if dims == self.shape else self._view(self.uop.reshape(dims))
+        return self._same_view() if dims == self.shape else self._view(self.uop.reshape(dims))
 
     view = reshape
 
@@ -1625,7 +1638,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
                                                                                       sint_prod(dims))) != 0:
             raise ShapeError(f"cannot reshape symbolic shape ({', '.join(render_sint(d) for d in self.shape)}) into "
                              f"({', '.join(render_sint(d) for d in dims)}): the sizes differ for some variable values")
-        return self if dims == self.shape else self._view(self.uop.reshape(dims))
+        return self._same_view() if dims == self.shape else self._view(self.uop.reshape(dims))
 
     def expand(self, shape: Any, *args: Any) -> Tensor:
         dims = shape_args(shape, args)
@@ -1633,7 +1646,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             raise ShapeError(f"expand: target {dims} has fewer dimensions than the tensor's shape {self.shape}")
         padded = (1,) * (len(dims) - self.ndim) + self.shape
         dims = tuple(s if d == -1 else d for s, d in zip(padded, dims))
-        return self._broadcast_to(dims)
+        return self._same_view() if dims == self.shape else self._broadcast_to(dims)
 
     def permute(self, order: Any, *args: Any) -> Tensor:
         axes = shape_args(order, args)
@@ -1746,7 +1759,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if self.ndim == 0:
             for d in dims:
                 normalize_axis(d, 1)  # (PyTorch lets a 0-d tensor name dim 0 or -1)
-            return self
+            return self._same_view()
         axes = [normalize_axis(d, self.ndim) for d in dims]
         if len(set(axes)) != len(axes):
             raise ValueError(f"squeeze: dim {dim} names a dim more than once")
@@ -1950,7 +1963,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         src = self
         if op is Ops.MAX and axes and self.dtype.is_float and _calls_libm(self.uop) and self.requires_grad:
             src = self.contiguous()  # the gradient compares its input with the max: they must be the same values
-        out = src._wrap(src.uop.reduce_axis(op, axes)) if axes else self
+        out = src._wrap(src.uop.reduce_axis(op, axes)) if axes else self._same_value()
         out = out if out.shape == kept else out.reshape(kept)
         return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
@@ -2114,7 +2127,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         out_dtype = self.dtype if self.dtype in (dtypes.float16, dtypes.bfloat16) else acc
         if self.ndim == 0:
             normalize_axis(axis, 0)
-            return self.cast(out_dtype)
+            out = self.cast(out_dtype)
+            return out._same_value() if out is self else out
         a = normalize_axis(axis, self.ndim)
         n = self.shape[a]
         x = self.transpose(a, -1) if a != self.ndim - 1 else self
@@ -2624,6 +2638,7 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
     outs, extra = [t.uop for t in pending], list[Tensor]()
     while overwritten := _overwritten_by(outs):
         writing = {u for t in (*pending, *extra) if (u := t.uop).op is Ops.ASSIGN}
+        _copy_stale_realized(pending, overwritten)
         found = _lazy_readers(StaleReaders(overwritten, REALIZED.get, writing, None, REALIZED.id_tables()), chosen)
         if not found:
             break
@@ -2635,6 +2650,16 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
             break
         outs = [t.uop for t in found]
     return extra
+
+
+def _copy_stale_realized(pending: list[Tensor], overwritten: set[tuple[Buffer, int]]) -> None:
+    """A tensor asked for whose node was computed before into a version this realize overwrites (`b = -x` after
+    `a = -x; a.assign(a + 1)` realized `-x` into a's buffer) reads nothing when realized and would keep naming the old
+    version: it gets a copy, made before the write."""
+    for t in pending:
+        view = REALIZED.get(t.uop) if t.uop.op is not Ops.ASSIGN else None
+        if view is not None and any(v in overwritten for v in view_versions(view)):
+            t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,))
 
 
 def _overwritten_by(outs: list[UOp]) -> set[tuple[Buffer, int]]:
@@ -2676,7 +2701,9 @@ def _lazy_readers(readers: StaleReaders, skip: set[int]) -> list[Tensor]:
     found = []
     for t in _LAZY.tensors():
         if id(t) not in skip and readers.reads_old(t.uop):
-            if is_buffer_view(t.uop):
+            if is_buffer_view(t.uop) or REALIZED.get(t.uop) is not None:
+                # (a node computed before, whose view is the old version: realizing it reads nothing, it would
+                # keep naming that version; a copy reads it before the write)
                 t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,))
             found.append(t)
             skip.add(id(t))
