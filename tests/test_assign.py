@@ -570,3 +570,17 @@ def test_a_node_computed_into_a_buffer_that_is_then_overwritten_keeps_its_value(
     np.testing.assert_array_equal(b.numpy(), -0.5)
     np.testing.assert_array_equal(a.numpy(), 0.5)
     np.testing.assert_array_equal(x.numpy(), 1.5)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (3,), (4, 5)])
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_a_kernel_reads_a_buffer_before_another_output_overwrites_it(shape: tuple[int, ...], dtype: Any) -> None:
+    """`b = -x` realized with `x.assign(x - x)`: for ints x - x folds to 0, so the store into x read nothing and the
+    one kernel of both outputs stored x's 0 before loading x for b, which came out 0 (program fuzz: silently
+    wrong). A kernel loads every buffer it writes before its first store."""
+    x = Tensor(np.full(shape, 4, dtype))
+    b = -x
+    x.assign(x - x)
+    Tensor.realize(b, x)
+    np.testing.assert_array_equal(b.numpy(), np.full(shape, -4, dtype))
+    np.testing.assert_array_equal(x.numpy(), np.zeros(shape, dtype))
