@@ -1713,7 +1713,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if value == 0:
             return padded
         inside = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device).pad(pads)
-        return inside.where(padded, value)
+        # (the fill takes this tensor's dtype, as PyTorch's: a bool padded with 1 stays bool, an int with 1.5 int)
+        return inside.where(padded, Tensor(value, device=self.device).cast(self.dtype))
 
     def _pad_from_input(self, pads: tuple[tuple[int, int], ...], mode: str) -> Tensor:
         """reflect/replicate/circular padding: per dim, copies of the input's edge (movement ops, joined with zero

@@ -1026,3 +1026,16 @@ def test_program_fuzz_smoke(dummy: int) -> None:
              Step("reduce", (0,), {"op": "sum", "axis": -1, "keepdim": True})]
     vals, _ = run_tensor(steps, "gg")
     np.testing.assert_array_equal(vals[1].numpy(), np.flip(x, 1).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("dtype, value, want", [(np.bool_, 1, [True, True, False, True]),
+                                                (np.int32, 1.5, [1, 1, 2, 1]),
+                                                (np.uint8, 7, [7, 1, 2, 7]),
+                                                (np.float16, -2, [-2, 1, 2, -2])])
+def test_pad_value_keeps_the_dtype(dtype: Any, value: Any, want: list[Any]) -> None:
+    """A constant pad's fill takes the tensor's dtype, as PyTorch's F.pad: a bool tensor padded with 1 was int32, an
+    int tensor padded with 1.5 float32 (program fuzz: `pad(bool, value=1)` came back int32)."""
+    base = np.array([1, 0], dtype) if dtype == np.bool_ else np.array([1, 2], dtype)
+    got = Tensor(base).pad(((1, 1),), value=value)
+    assert got.dtype.np == np.dtype(dtype)
+    np.testing.assert_array_equal(got.numpy(), np.array(want, dtype))
