@@ -210,6 +210,9 @@ def _torch_int(x: Any, dtype: str) -> Any:
 def t_reduce(op: str, x: Any, axis: Any, keepdim: bool) -> Any:
     if _is_torch(x):
         dims = _axes(axis, x.ndim)
+        if x.dtype == torch.bool and op in ("argmax", "argmin", "max", "min"):  # (torch: no bool argmax)
+            r = t_reduce(op, x.to(torch.int32), axis, keepdim)
+            return r if op in ("argmax", "argmin") else r.to(torch.bool)
         if op in ("argmax", "argmin"):
             r = getattr(x, op)(dim=axis, keepdim=keepdim) if axis is not None else getattr(x, op)()
             return r.to(torch.int32)
@@ -673,7 +676,8 @@ class Builder:
             if x.ref.ndim != 1:
                 raise Reject("rank")
             b = self.pick(lambda v: v.dtype == x.dtype and v.ref.ndim == 1 and v.ref.size * x.ref.size <= 20000)
-            assert b is not None
+            if b is None:
+                raise Reject("no operand")
             y = self.vals[b]
             out = np.einsum("i,j->ij", x.ref, y.ref)
             self._add_contraction(Step("einsum", (a, b), {"formula": "i,j->ij"}), x, y, out, 1)
