@@ -213,6 +213,24 @@ def _pending_assigns() -> list[Tensor]:
     return found
 
 
+# an owned buffer -> the tensor it belongs to. Another tensor can come to hold a view of it: `a = -x;
+# a.assign(x)` computes -x into a's new buffer first, so a later `c = -x; c.realize()` is that buffer's view.
+# Only the owner writes it in place; another tensor's assign copies it into a buffer of its own first.
+_BUFFER_OWNER: weakref.WeakKeyDictionary[Buffer, weakref.ref[Tensor]] = weakref.WeakKeyDictionary()
+
+
+def _claim_buffer(t: Tensor) -> bool:
+    """Whether `t` (a view of an owned buffer) may write that buffer in place: it is the buffer's owner, or the
+    buffer has none alive yet and `t` becomes it."""
+    buf = t.uop.base.arg[0]
+    ref = _BUFFER_OWNER.get(buf)
+    owner = ref() if ref is not None else None
+    if owner is None:
+        _BUFFER_OWNER[buf] = weakref.ref(t)
+        return True
+    return owner is t
+
+
 def _settled(t: Tensor) -> bool:
     """A tensor that can never read an overwritten version: realized into a buffer that is never written in place,
     or the owner of a buffer written in place, at its current version (its writes move it to the next one)."""
@@ -430,6 +448,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         self.uop, self.grad, self._requires_grad, self._view_of = uop, None, None, None
         if not is_buffer_view(uop):
             _LAZY.add(self)
+        elif uop.base.arg[0].owned:  # data made for this tensor: its buffer is this tensor's to write
+            _claim_buffer(self)
         if requires_grad:
             self.requires_grad_(True)
         elif requires_grad is False:
@@ -759,10 +779,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if isinstance(self.device, tuple):
             self._take_own_buffers()
             return
-        if not (is_buffer_view(self.uop) and self.uop.base.arg[0].owned):
+        if not (is_buffer_view(self.uop) and self.uop.base.arg[0].owned and _claim_buffer(self)):
             own = buffer_view(Buffer(self.device, self.numel(), self.dtype, owned=True), self.shape)
             self.uop = UOp(Ops.ASSIGN, self.dtype, (own, self.uop))
             self.realize()
+            _claim_buffer(self)
         self._view_of = None  # a buffer of its own: no longer a view of another tensor
         if ASSIGN_TARGETS.get(id(self)) is not self:  # (every assign: a weak dictionary's store makes a reference)
             ASSIGN_TARGETS[id(self)] = self
@@ -851,11 +872,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return self._view(self.uop)
 
     def _same_value(self) -> Tensor:
-        """An op whose result equals its input (`sum` over no axes, `floor` of ints): a new tensor, never `self`,
-        which an assign to this one must not change (nor an assign to it change this one). A lazy node is shared;
-        an in-place writable ("owned") buffer is copied (the new tensor must not write into it)."""
-        if is_buffer_view(self.uop) and self.uop.base.op is Ops.BUFFER and self.uop.base.arg[0].owned:
-            return self.contiguous()
+        """An op whose result equals its input (`sum` over no axes, `floor` of ints): a new tensor on the same node,
+        never `self`, which an assign to this one must not change (it is copied first, as any reader of the old
+        version), nor an assign to it change this one (a buffer is written in place by its owner only)."""
         return self._wrap(self.uop)
 
     # ------------------------------------------------------------------ autograd
