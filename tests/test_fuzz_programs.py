@@ -1043,3 +1043,19 @@ def test_pad_value_keeps_the_dtype(dtype: Any, value: Any, want: list[Any]) -> N
     got = Tensor(base).pad(((1, 1),), value=value)
     assert got.dtype.np == np.dtype(dtype)
     np.testing.assert_array_equal(got.numpy(), np.array(want, dtype))
+
+
+@pytest.mark.parametrize("device", ["CUDA", "METAL", None])
+@pytest.mark.parametrize("n", [1, 300])
+def test_a_kernel_loads_what_it_overwrites_before_storing_it(device: str | None, n: int) -> None:
+    """The source of `b = -x` fused with `x.assign(x - x)` (ints: the value folds to 0) loads x before it stores
+    x's 0, on every renderer (tests/test_assign.py runs it; this reads the CUDA and Metal sources, no GPU)."""
+    from glassgrad import kernels
+    x = Tensor(np.full((n,), 4, np.int32))
+    b = -x
+    x.assign(x - x)
+    (spec,) = kernels(b, x, device=device)
+    lines = [ln.strip() for ln in spec.source.splitlines()]
+    load = next(i for i, ln in enumerate(lines) if "= data0[" in ln)
+    store = next(i for i, ln in enumerate(lines) if ln.startswith("data0[") and ln.endswith("= 0;"))
+    assert load < store, spec.source
