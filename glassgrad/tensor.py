@@ -2657,8 +2657,10 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
     chosen = {id(t) for t in pending}
     outs, extra = [t.uop for t in pending], list[Tensor]()
     while overwritten := _overwritten_by(outs):
-        writing = {u for t in (*pending, *extra) if (u := t.uop).op is Ops.ASSIGN}
-        _copy_stale_realized(pending, overwritten)
+        # (an ASSIGN node computed before writes nothing now: a tensor holding it, `x.sum(())` of a pending assign,
+        # reads that version like any view of it)
+        writing = {u for t in (*pending, *extra) if (u := t.uop).op is Ops.ASSIGN and REALIZED.get(u) is None}
+        _copy_stale_realized(pending, overwritten, writing)
         found = _lazy_readers(StaleReaders(overwritten, REALIZED.get, writing, None, REALIZED.id_tables()), chosen)
         if not found:
             break
@@ -2672,14 +2674,23 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
     return extra
 
 
-def _copy_stale_realized(pending: list[Tensor], overwritten: set[tuple[Buffer, int]]) -> None:
-    """A tensor asked for whose node was computed before into a version this realize overwrites (`b = -x` after
-    `a = -x; a.assign(a + 1)` realized `-x` into a's buffer) reads nothing when realized and would keep naming the old
-    version: it gets a copy, made before the write."""
+def _copy_stale_realized(pending: list[Tensor], overwritten: set[tuple[Buffer, int]], writing: set[UOp]) -> None:
+    """A tensor asked for that is a mere view of a version this realize overwrites reads nothing when realized, so
+    it would keep naming the old version: it gets a copy, made before the write. (Its node computed before: `b = -x`
+    after `a = -x; a.assign(a + 1)` computed `-x` into a's buffer; or a reshape of an assign realized since.)"""
     for t in pending:
-        view = REALIZED.get(t.uop) if t.uop.op is not Ops.ASSIGN else None
-        if view is not None and any(v in overwritten for v in view_versions(view)):
+        if t.uop not in writing and _stale_view(t.uop, overwritten):
             t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,))
+
+
+def _stale_view(u: UOp, overwritten: set[tuple[Buffer, int]] | None) -> bool:
+    """Whether `u` is movement ops (and detaches) over a buffer view, or over a node computed before (an earlier
+    assign, an op's result), that is one of the `overwritten` versions (any, when None): realizing `u` runs no kernel,
+    and names that version."""
+    while u.op in GroupOp.Movement or u.op is Ops.DETACH:
+        u = u.src[0]
+    view = u if is_buffer_view(u) else REALIZED.get(u)
+    return view is not None and (overwritten is None or any(v in overwritten for v in view_versions(view)))
 
 
 def _overwritten_by(outs: list[UOp]) -> set[tuple[Buffer, int]]:
@@ -2721,7 +2732,7 @@ def _lazy_readers(readers: StaleReaders, skip: set[int]) -> list[Tensor]:
     found = []
     for t in _LAZY.tensors():
         if id(t) not in skip and readers.reads_old(t.uop):
-            if is_buffer_view(t.uop) or REALIZED.get(t.uop) is not None:
+            if is_buffer_view(t.uop) or _stale_view(t.uop, None):
                 # (a node computed before, whose view is the old version: realizing it reads nothing, it would
                 # keep naming that version; a copy reads it before the write)
                 t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,))

@@ -611,3 +611,22 @@ def test_a_result_equal_to_its_input_does_not_write_the_input() -> None:
     y.assign(y * 4)
     np.testing.assert_array_equal(x.numpy(), 0.5)
     np.testing.assert_array_equal(y.numpy(), 2.0)
+
+
+@pytest.mark.parametrize("make", ["reshape", "reshape_same", "sum_no_axes", "detach", "add"])
+@pytest.mark.parametrize("together", [False, True])
+def test_a_view_of_a_pending_assign_keeps_its_value_after_the_next_assign(make: str, together: bool) -> None:
+    """`x.assign(v); y = x.reshape(1, 1); x.assign(x + 4)`: y is a reshape of the first assign, which the second
+    assign's own-buffer step realizes; y then ran no kernel and named x's buffer, and showed the second value
+    (8, not 4), silently. Same for `x.sum(())` of a pending assign realized with the next one (program fuzz)."""
+    x = Tensor(np.array([1], np.int32))
+    x.assign(Tensor(np.array([4], np.int32)))
+    y = {"reshape": lambda: x.reshape(1, 1), "reshape_same": lambda: x.reshape(1), "sum_no_axes": lambda: x.sum(()),
+         "detach": lambda: x.detach(), "add": lambda: x + 0}[make]()
+    x.assign(x + 4)
+    if together:
+        Tensor.realize(y, x)
+    else:
+        x.realize()
+    np.testing.assert_array_equal(y.numpy().reshape(-1), [4])
+    np.testing.assert_array_equal(x.numpy(), [8])
