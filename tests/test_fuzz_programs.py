@@ -92,6 +92,15 @@ def exact_repr(a: np.ndarray, dtype: str) -> bool:
     return bool(np.all(a64 == np.round(a64)) and np.abs(a64).max() < 2 ** (mant - 1))
 
 
+def sum_rounding(x: np.ndarray, axis: Any, n: int, out_max: float, eps: float) -> float:
+    """A bound on the rounding error of summing n terms of x along `axis` in any order: each addition rounds a
+    partial sum (at most about the result, which a run of same-signed terms approaches: n * eps * |out|), and terms
+    of mixed signs add their roundings like a random walk (sqrt(n) * eps * sum |x|)."""
+    a = np.abs(x.astype(np.float64))
+    total = float(a.sum(axis=axis).max()) if a.size else 0.0
+    return eps * (n * out_max + math.sqrt(max(n, 1)) * total) + eps * out_max
+
+
 def np_dtype(dtype: str) -> Any:
     return np.dtype(dtype if dtype != "bool" else np.bool_)
 
@@ -463,9 +472,9 @@ class Builder:
             omx = float(np.abs(out.astype(np.float64)).max()) if out.size else 0.0
             if op == "sum":
                 err = n * x.err + (0 if x.err == 0 and exact_repr(np.asarray(n * x.mx), dt) and
-                                   exact_repr(x.ref, dt) else 2 * e * n * x.mx)
+                                   exact_repr(x.ref, dt) else sum_rounding(x.ref, axis, n, omx, e))
             elif op == "mean":
-                err = x.err + 2 * e * x.mx * (1 + math.log2(max(n, 1))) + 2 * e * omx
+                err = x.err + sum_rounding(x.ref, axis, n, omx * n, e) / max(n, 1) + 2 * e * omx
             elif op == "prod":
                 err = n * x.err * max(1.0, x.mx) ** max(n - 1, 0) + 2 * e * n * omx
                 if x.err == 0 and exact_repr(out, dt):
@@ -508,8 +517,9 @@ class Builder:
         n = x.shape[axis]
         err = 0.0
         if is_float(dt):
+            omx = float(np.abs(out.astype(np.float64)).max()) if out.size else 0.0
             err = n * x.err + (0 if x.err == 0 and exact_repr(np.asarray(n * x.mx), dt) and exact_repr(x.ref, dt)
-                               else 2 * EPS[dt] * n * x.mx)
+                               else sum_rounding(x.ref, axis, n, omx, EPS[dt]))
         self.add(Step("cumsum", (i,), {"axis": axis}), Val(out, dt, err))
 
     def op_cast(self) -> None:
@@ -708,7 +718,8 @@ class Builder:
         err = k * (x.err * y.mx + y.err * x.mx)
         if not (err == 0 and exact_repr(np.asarray(k * x.mx * y.mx), dt) and exact_repr(x.ref, dt) and
                 exact_repr(y.ref, dt)):
-            err += 2 * EPS[dt] * k * x.mx * y.mx + 2 * EPS[dt] * Val(out, dt, 0).mx
+            omx = Val(out, dt, 0).mx
+            err += EPS[dt] * (k * omx + math.sqrt(k) * k * x.mx * y.mx) + 2 * EPS[dt] * omx
         self.add(step, Val(out.astype(np_dtype(dt)), dt, err))
 
     def op_conv(self) -> None:
@@ -732,7 +743,9 @@ class Builder:
         xv, wv = self.vals[x], self.vals[wt]
         out = np_conv2d(xv.ref.astype(np.float64), wv.ref.astype(np.float64), stride, pad, dil, groups)
         k = cin // groups * kh * kw
-        err = k * (xv.err * wv.mx + wv.err * xv.mx) + 4 * EPS["float32"] * k * xv.mx * wv.mx + 1e-6
+        omx = float(np.abs(out).max()) if out.size else 0.0
+        err = k * (xv.err * wv.mx + wv.err * xv.mx) + EPS["float32"] * (k * omx + math.sqrt(k) * k * xv.mx * wv.mx) \
+            + 2 * EPS["float32"] * omx
         self.add(Step("conv2d", (x, wt), {"groups": groups, "stride": stride, "dilation": dil, "padding": pad}),
                  Val(out.astype(np.float32), "float32", err))
 
