@@ -222,6 +222,8 @@ def t_reduce(op: str, x: Any, axis: Any, keepdim: bool) -> Any:
         if x.dtype == torch.bool and op in ("argmax", "argmin", "max", "min"):  # (torch: no bool argmax)
             r = t_reduce(op, x.to(torch.int32), axis, keepdim)
             return r if op in ("argmax", "argmin") else r.to(torch.bool)
+        if op == "mean" and not x.is_floating_point():  # (torch: no mean of ints; glassgrad's is float32)
+            x = x.to(torch.float32)
         if op in ("argmax", "argmin"):
             r = getattr(x, op)(dim=axis, keepdim=keepdim) if axis is not None else getattr(x, op)()
             return r.to(torch.int32)
