@@ -316,6 +316,8 @@ class Builder:
         if dtype is None:
             dtype = draw(st.sampled_from(["float32"] * 4 + ["float16", "int32", "int8", "uint8", "bool"]))
         base_shape, views = draw(viewed(shape, 2))
+        if math.prod(base_shape) > 200_000:  # (strided views of a big value: a base too big to draw)
+            base_shape, views = shape, []
         seed = draw(st.integers(0, 2**16))
         rng = np.random.default_rng(seed)
         grid = draw(st.booleans())
