@@ -55,7 +55,7 @@ def getitem(t: Tensor, index: Any) -> Tensor:
     x, tensor_dims = _basic(t, items)
     tensor_items = [it for it in items if it.kind == "tensor"]
     if not tensor_items:
-        return x
+        return x._same_view() if x is t else x  # (t[...]: a view, never t itself)
     return _advanced(x, items, tensor_items, tensor_dims)
 
 

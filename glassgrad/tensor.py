@@ -31,7 +31,7 @@ from glassgrad.gradient import compute_gradient
 from glassgrad.helpers import TRAINING, normalize_axis, prod, shape_args
 from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
-from glassgrad.schedule import REALIZED, buffer_view, is_buffer_view
+from glassgrad.schedule import REALIZED, buffer_view, is_buffer_view, view_versions
 from glassgrad.schedule.versions import StaleReaders, overwritten_versions, written_versions
 from glassgrad.tensor_extra import ExtraOps, InPlaceOps, TorchOps
 from glassgrad.tensor_linalg import LinalgOps
@@ -212,6 +212,24 @@ def _pending_assigns() -> list[Tensor]:
     for key in done:
         del _PENDING_ASSIGNS[key]
     return found
+
+
+# an owned buffer -> the tensor it belongs to. Another tensor can come to hold a view of it: `a = -x;
+# a.assign(x)` computes -x into a's new buffer first, so a later `c = -x; c.realize()` is that buffer's view.
+# Only the owner writes it in place; another tensor's assign copies it into a buffer of its own first.
+_BUFFER_OWNER: weakref.WeakKeyDictionary[Buffer, weakref.ref[Tensor]] = weakref.WeakKeyDictionary()
+
+
+def _claim_buffer(t: Tensor) -> bool:
+    """Whether `t` (a view of an owned buffer) may write that buffer in place: it is the buffer's owner, or the
+    buffer has none alive yet and `t` becomes it."""
+    buf = t.uop.base.arg[0]
+    ref = _BUFFER_OWNER.get(buf)
+    owner = ref() if ref is not None else None
+    if owner is None:
+        _BUFFER_OWNER[buf] = weakref.ref(t)
+        return True
+    return owner is t
 
 
 def _settled(t: Tensor) -> bool:
@@ -395,7 +413,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     training = _TrainingFlag()  # instances read the flag; the class reads and writes it through _TensorType
     uop: UOp
     grad: Tensor | None
-    _view_of: tuple[Tensor, UOp] | None  # (the tensor a movement op made this from, its node then): assign writes there
+    # (the tensor a movement op made this from, its node then, this view's movement node over it): assign writes
+    # there through that movement node (kept: a realize replaces `uop` by a buffer, the view still shows the parent)
+    _view_of: tuple[Tensor, UOp, UOp] | None
     _requires_grad: bool | None  # True, False, or None: undecided (tinygrad's default; see `requires_grad`)
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
@@ -439,6 +459,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         self.uop, self.grad, self._requires_grad, self._view_of = uop, None, None, None
         if not is_buffer_view(uop):
             _LAZY.add(self)
+        elif uop.base.arg[0].owned:  # data made for this tensor: its buffer is this tensor's to write
+            _claim_buffer(self)
         if requires_grad:
             self.requires_grad_(True)
         elif requires_grad is False:
@@ -470,7 +492,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """PyTorch's `t()`: a matrix transposed; 0-d and 1-d tensors as they are."""
         if self.ndim > 2:
             raise ShapeError(f"t() expects a tensor with at most 2 dims, got shape {self.shape}; use transpose")
-        return self if self.ndim < 2 else self.transpose(0, 1)
+        return self._same_view() if self.ndim < 2 else self.transpose(0, 1)
 
     def type_as(self, other: Tensor) -> Tensor:
         """Cast to `other`'s dtype (PyTorch's name)."""
@@ -752,15 +774,15 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """`t[1:3].assign(v)`, `t.T.assign(v)`: this tensor is a movement-op view of another, so the write goes there
         (as a PyTorch view shares its base's storage): the parent gets `v` at the elements this view shows and keeps
         the others, and this tensor becomes the same view of the parent's new value."""
-        parent, parent_uop = self._view_of  # type: ignore[misc]
-        chain = _movement_chain(self.uop, parent_uop)
+        parent, parent_uop, view_uop = self._view_of  # type: ignore[misc]
+        chain = _movement_chain(view_uop, parent_uop)
         if parent._view_of is None and (_draws_random(parent) or _draws_random(value)):
             parent._take_own_buffer()  # its buffer first: see _draws_random
         full, inside = _place_in_parent(chain, value.uop)
         parent.assign(Tensor(inside).where(Tensor(full), parent))
         self.uop = _rebuild_chain(chain, parent.uop)
         _note_pending_assign(self)
-        self._view_of = (parent, parent.uop)
+        self._view_of = (parent, parent.uop, self.uop)
         _LAZY.add(self)
         return self
 
@@ -773,10 +795,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if isinstance(self.device, tuple):
             self._take_own_buffers()
             return
-        if not (is_buffer_view(self.uop) and self.uop.base.arg[0].owned):
+        if not (is_buffer_view(self.uop) and self.uop.base.arg[0].owned and _claim_buffer(self)):
             own = buffer_view(Buffer(self.device, self.numel(), self.dtype, owned=True), self.shape)
             self.uop = UOp(Ops.ASSIGN, self.dtype, (own, self.uop))
             self.realize()
+            _claim_buffer(self)
         self._view_of = None  # a buffer of its own: no longer a view of another tensor
         if ASSIGN_TARGETS.get(id(self)) is not self:  # (every assign: a weak dictionary's store makes a reference)
             ASSIGN_TARGETS[id(self)] = self
@@ -856,8 +879,19 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def _view(self, uop: UOp) -> Tensor:
         """A new tensor over `uop`, a movement op of this tensor's node: an assign to it writes into this tensor."""
         out = Tensor(uop)
-        out._view_of = (self, self.uop)
+        out._view_of = (self, self.uop, uop)
         return out
+
+    def _same_view(self) -> Tensor:
+        """A movement op that moves nothing (`reshape` to its own shape, `x[...]`): a view of this tensor, as PyTorch's,
+        never `self`: a tensor means the value it had when built, so an assign to this one must not change it."""
+        return self._view(self.uop)
+
+    def _same_value(self) -> Tensor:
+        """An op whose result equals its input (`sum` over no axes, `floor` of ints): a new tensor on the same node,
+        never `self`, which an assign to this one must not change (it is copied first, as any reader of the old
+        version), nor an assign to it change this one (a buffer is written in place by its owner only)."""
+        return self._wrap(self.uop)
 
     # ------------------------------------------------------------------ autograd
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
@@ -1446,24 +1480,24 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def tan(self) -> Tensor: return self.sin() / self.cos()  # noqa: E704
 
     def trunc(self) -> Tensor:
-        return self._unary(Ops.TRUNC) if self.dtype.is_float else self
+        return self._unary(Ops.TRUNC) if self.dtype.is_float else self._same_value()
 
     def floor(self) -> Tensor:
         if not self.dtype.is_float:
-            return self
+            return self._same_value()
         t = self.trunc()
         return (self < t).where(t - 1, t)
 
     def ceil(self) -> Tensor:
         if not self.dtype.is_float:
-            return self
+            return self._same_value()
         t = self.trunc()
         return (self > t).where(t + 1, t)
 
     def round(self) -> Tensor:
         """Round half to even, like numpy and PyTorch."""
         if not self.dtype.is_float:
-            return self
+            return self._same_value()
         f = self.floor()
         diff = self - f
         f_is_even = (f - (f * 0.5).floor() * 2) == 0
@@ -1471,12 +1505,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     def abs(self) -> Tensor:
         if self.dtype.is_unsigned or self.dtype.is_bool:
-            return self
+            return self._same_value()
         return self.maximum(-self)
 
     def sign(self) -> Tensor:
         if self.dtype.is_bool:
-            return self
+            return self._same_value()
         positive, negative = (self > 0).cast(self.dtype), (self < 0).cast(self.dtype)
         out = positive - negative if not self.dtype.is_unsigned else positive
         return (self != self).where(self, out) if self.dtype.is_float else out
@@ -1607,7 +1641,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         own = self.uop.shape
         # (the common call, every dim a plain int of a concrete shape: none of the checks below can fail)
         if type(numel := prod(own)) is int and all(type(d) is int and d >= 0 for d in dims) and prod(dims) == numel:
-            return self if dims == own else self._view(self.uop.reshape(dims))
+            return self._same_view() if dims == own else self._view(self.uop.reshape(dims))
         dims = tuple(own[i] if d is None else d for i, d in enumerate(dims))
         numel = self.numel()
         if isinstance(numel, UOp):
@@ -1628,7 +1662,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         dims = tuple(int(d) for d in dims)
         if prod(dims) != numel:
             raise ShapeError(f"cannot reshape tensor of shape {self.shape} ({numel} elements) into {dims}")
-        return self if dims == self.shape else self._view(self.uop.reshape(dims))
+        return self._same_view() if dims == self.shape else self._view(self.uop.reshape(dims))
 
     view = reshape
 
@@ -1645,7 +1679,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
                                                                                       sint_prod(dims))) != 0:
             raise ShapeError(f"cannot reshape symbolic shape ({', '.join(render_sint(d) for d in self.shape)}) into "
                              f"({', '.join(render_sint(d) for d in dims)}): the sizes differ for some variable values")
-        return self if dims == self.shape else self._view(self.uop.reshape(dims))
+        return self._same_view() if dims == self.shape else self._view(self.uop.reshape(dims))
 
     def expand(self, shape: Any, *args: Any) -> Tensor:
         dims = shape_args(shape, args)
@@ -1653,7 +1687,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             raise ShapeError(f"expand: target {dims} has fewer dimensions than the tensor's shape {self.shape}")
         padded = (1,) * (len(dims) - self.ndim) + self.shape
         dims = tuple(s if d == -1 else d for s, d in zip(padded, dims))
-        return self._broadcast_to(dims)
+        return self._same_view() if dims == self.shape else self._broadcast_to(dims)
 
     def permute(self, order: Any, *args: Any) -> Tensor:
         axes = shape_args(order, args)
@@ -1720,7 +1754,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if value == 0:
             return padded
         inside = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device).pad(pads)
-        return inside.where(padded, value)
+        # (the fill takes this tensor's dtype, as PyTorch's: a bool padded with 1 stays bool, an int with 1.5 int)
+        return inside.where(padded, Tensor(value, device=self.device).cast(self.dtype))
 
     def _pad_from_input(self, pads: tuple[tuple[int, int], ...], mode: str) -> Tensor:
         """reflect/replicate/circular padding: per dim, copies of the input's edge (movement ops, joined with zero
@@ -1766,7 +1801,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if self.ndim == 0:
             for d in dims:
                 normalize_axis(d, 1)  # (PyTorch lets a 0-d tensor name dim 0 or -1)
-            return self
+            return self._same_view()
         axes = [normalize_axis(d, self.ndim) for d in dims]
         if len(set(axes)) != len(axes):
             raise ValueError(f"squeeze: dim {dim} names a dim more than once")
@@ -1970,7 +2005,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         src = self
         if op is Ops.MAX and axes and self.dtype.is_float and _calls_libm(self.uop) and self.requires_grad:
             src = self.contiguous()  # the gradient compares its input with the max: they must be the same values
-        out = src._wrap(src.uop.reduce_axis(op, axes)) if axes else self
+        out = src._wrap(src.uop.reduce_axis(op, axes)) if axes else self._same_value()
         out = out if out.shape == kept else out.reshape(kept)
         return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
@@ -2134,7 +2169,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         out_dtype = self.dtype if self.dtype in (dtypes.float16, dtypes.bfloat16) else acc
         if self.ndim == 0:
             normalize_axis(axis, 0)
-            return self.cast(out_dtype)
+            out = self.cast(out_dtype)
+            return out._same_value() if out is self else out
         a = normalize_axis(axis, self.ndim)
         n = self.shape[a]
         x = self.transpose(a, -1) if a != self.ndim - 1 else self
@@ -2650,7 +2686,10 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
     chosen = {id(t) for t in pending}
     outs, extra = [t.uop for t in pending], list[Tensor]()
     while overwritten := _overwritten_by(outs):
-        writing = {u for t in (*pending, *extra) if (u := t.uop).op is Ops.ASSIGN}
+        # (an ASSIGN node computed before writes nothing now: a tensor holding it, `x.sum(())` of a pending assign,
+        # reads that version like any view of it)
+        writing = {u for t in (*pending, *extra) if (u := t.uop).op is Ops.ASSIGN and REALIZED.get(u) is None}
+        _copy_stale_realized(pending, overwritten, writing)
         found = _lazy_readers(StaleReaders(overwritten, REALIZED.get, writing, None, REALIZED.id_tables()), chosen)
         if not found:
             break
@@ -2662,6 +2701,25 @@ def _readers_of_overwritten(pending: list[Tensor]) -> list[Tensor]:
             break
         outs = [t.uop for t in found]
     return extra
+
+
+def _copy_stale_realized(pending: list[Tensor], overwritten: set[tuple[Buffer, int]], writing: set[UOp]) -> None:
+    """A tensor asked for that is a mere view of a version this realize overwrites reads nothing when realized, so
+    it would keep naming the old version: it gets a copy, made before the write. (Its node computed before: `b = -x`
+    after `a = -x; a.assign(a + 1)` computed `-x` into a's buffer; or a reshape of an assign realized since.)"""
+    for t in pending:
+        if t.uop not in writing and _stale_view(t.uop, overwritten):
+            t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,))
+
+
+def _stale_view(u: UOp, overwritten: set[tuple[Buffer, int]] | None) -> bool:
+    """Whether `u` is movement ops (and detaches) over a buffer view, or over a node computed before (an earlier
+    assign, an op's result), that is one of the `overwritten` versions (any, when None): realizing `u` runs no kernel,
+    and names that version."""
+    while u.op in GroupOp.Movement or u.op is Ops.DETACH:
+        u = u.src[0]
+    view = u if is_buffer_view(u) else REALIZED.get(u)
+    return view is not None and (overwritten is None or any(v in overwritten for v in view_versions(view)))
 
 
 def _overwritten_by(outs: list[UOp]) -> set[tuple[Buffer, int]]:
@@ -2703,7 +2761,9 @@ def _lazy_readers(readers: StaleReaders, skip: set[int]) -> list[Tensor]:
     found = []
     for t in _LAZY.tensors():
         if id(t) not in skip and readers.reads_old(t.uop):
-            if is_buffer_view(t.uop):
+            if is_buffer_view(t.uop) or _stale_view(t.uop, None):
+                # (a node computed before, whose view is the old version: realizing it reads nothing, it would
+                # keep naming that version; a copy reads it before the write)
                 t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,))
             found.append(t)
             skip.add(id(t))

@@ -222,6 +222,18 @@ def split_range(ast: UOp, rng: UOp, amount: int, kind: str, inner_first: bool = 
                                                         lambda x: index if x is rng else None)]))), outer, inner
 
 
+def _values_before_stores(sink: UOp, nodes: list[UOp]) -> list[UOp]:
+    """What to open the stores' loop nest around: the sink, or, in a kernel that reads a buffer it also writes, the
+    stores' values (indices, gates) first. A kernel with several outputs may read what one of them overwrites (`b =
+    -x` realized with `x.assign(x - x)`, whose value folds to 0 and reads nothing): every output means the old
+    contents, so no store may come before a load of its buffer; each iteration writes only the element it read."""
+    stores = [u for u in sink.src if u.op is Ops.STORE]
+    written = {s.src[0] for s in stores}
+    if len(stores) > 1 and any(u.op is Ops.LOAD and u.src[0] in written for u in nodes):
+        return [src for store in stores for src in store.src[1:]]
+    return [sink]
+
+
 def linearize(sink: UOp, upcast: tuple[UOp, ...] = ()) -> list[UOp]:
     """`upcast`: RANGEs (outermost first) to place *inside* the reduce loops, each reduction keeping an accumulator
     per combination of their values (a register tile), then looped over again for the rest of the kernel. The
@@ -257,7 +269,7 @@ def linearize(sink: UOp, upcast: tuple[UOp, ...] = ()) -> list[UOp]:
                                                       for r in scopes(red)):
                 emitter.emit_reduce([red], tuple(u for u in upcast if u in scopes(red)))
     epilogue = [u for u in upcast if u in scopes(sink)]  # not the unrolled lanes of a reduction: reduced by now
-    emitter.open_nest([sink], epilogue)
+    emitter.open_nest(_values_before_stores(sink, nodes), epilogue)
     emitter.emit(sink)
     program.remove(sink)
     for r in reversed(epilogue):
