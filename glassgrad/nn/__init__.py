@@ -17,8 +17,8 @@ Initialisation is PyTorch's default: Linear and convolution weights and biases ~
 1/sqrt(hidden)), norm weights 1 and biases 0, Embedding ~ N(0, 1). (tinygrad starts LSTMCell's biases at 0 and draws
 Embedding with glorot_uniform.)
 
-The submodules `optim`, `state`, `lr` and `datasets` are imported here too, so `nn.optim.SGD` works after
-`from glassgrad import nn`.
+The submodules `optim`, `state`, `lr`, `datasets` and `utils` (PyTorch's gradient clipping) are imported here too,
+so `nn.optim.SGD` and `nn.utils.clip_grad_norm_` work after `from glassgrad import nn`.
 """
 from __future__ import annotations
 
@@ -373,4 +373,4 @@ class Dropout:
         return x.dropout(self.p)
 
 
-from glassgrad.nn import datasets, lr, optim, state  # noqa: E402, F401  (submodules, as tinygrad's nn has them)
+from glassgrad.nn import datasets, lr, optim, state, utils  # noqa: E402, F401  (submodules, as tinygrad's nn has them)
