@@ -881,3 +881,309 @@ def test_wider_resnet_trains_like_torch(batch: int, hw: int) -> None:
                       lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
                       steps=1)
     _eval_compare(model, tmodel, [_randn(batch, 3, hw, hw, seed=5)], _call, _call)
+
+
+# ---------------------------------------------------------------------- ViT with a class token and einsum attention
+class ViT:
+    """Patch embedding by a strided conv (padded to cover 13x13), a class token, einsum attention, pre-norm blocks
+    applied twice with the same weights (ALBERT-style sharing), an L2 penalty on every weight in the loss."""
+
+    def __init__(self, cin: int, dim: int, patch: int, heads: int, classes: int) -> None:
+        self.patch = nn.Conv2d(cin, dim, patch, stride=patch, padding=1)
+        self.cls = Tensor.randn(1, 1, dim) * 0.02
+        self.ln1, self.ln2, self.ln = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = [nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)]
+        self.head, self.heads = nn.Linear(dim, classes), heads
+
+    def attend(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, d // self.heads).unbind(2)
+        att = Tensor.einsum("bqhd,bkhd->bhqk", q, k) * (d // self.heads) ** -0.5
+        return self.proj(Tensor.einsum("bhqk,bkhd->bqhd", att.softmax(-1), v).reshape(b, t, d))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = self.cls.expand(x.shape[0], -1, -1).cat(x, dim=1)
+        for _ in range(2):
+            x = x + self.attend(self.ln1(x))
+            x = x + self.mlp[1](self.mlp[0](self.ln2(x)).hardswish())
+        return self.head(self.ln(x)[:, 0])
+
+
+if torch is not None:
+    class TViT(tnn.Module):
+        def __init__(self, cin: int, dim: int, patch: int, heads: int, classes: int) -> None:
+            super().__init__()
+            self.patch = tnn.Conv2d(cin, dim, patch, stride=patch, padding=1)
+            self.cls = tnn.Parameter(torch.randn(1, 1, dim) * 0.02)
+            self.ln1, self.ln2, self.ln = tnn.LayerNorm(dim), tnn.LayerNorm(dim), tnn.LayerNorm(dim)
+            self.qkv, self.proj = tnn.Linear(dim, 3 * dim), tnn.Linear(dim, dim)
+            self.mlp = tnn.ModuleList([tnn.Linear(dim, 2 * dim), tnn.Linear(2 * dim, dim)])
+            self.head, self.heads = tnn.Linear(dim, classes), heads
+
+        def attend(self, x: Any) -> Any:
+            b, t, d = x.shape
+            q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, d // self.heads).unbind(2)
+            att = torch.einsum("bqhd,bkhd->bhqk", q, k) * (d // self.heads) ** -0.5
+            return self.proj(torch.einsum("bhqk,bkhd->bqhd", att.softmax(-1), v).reshape(b, t, d))
+
+        def forward(self, x: Any) -> Any:
+            x = self.patch(x).flatten(2).transpose(1, 2)
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1)
+            for _ in range(2):
+                x = x + self.attend(self.ln1(x))
+                x = x + self.mlp[1](F.hardswish(self.mlp[0](self.ln2(x))))
+            return self.head(self.ln(x)[:, 0])
+
+
+@pytest.mark.parametrize("batch, hw", [(2, 13), (1, 7)])
+def test_vit_with_shared_blocks_and_l2_penalty_trains_like_torch(batch: int, hw: int) -> None:
+    torch.manual_seed(13)
+    model, tmodel = ViT(3, 8, 4, 2, 3), TViT(3, 8, 4, 2, 3)
+    ours_params = get_parameters(model)
+    train_and_compare(model, tmodel, [_randn(batch, 3, hw, hw)], _call, _call,
+                      lambda o, y: o.cross_entropy(y) + 1e-3 * sum(p.square().sum() for p in ours_params),
+                      lambda o, y: F.cross_entropy(o, y) + 1e-3 * sum(p.square().sum() for p in tmodel.parameters()),
+                      [_labels(batch, 3)], lambda p: nn.optim.AdamW(p, lr=5e-3),
+                      lambda p: torch.optim.AdamW(p, lr=5e-3))
+
+
+# ---------------------------------------------------------------------- bidirectional GRU tagger, padded sequences
+class BiGRUTagger:
+    """Embedding, a GRU run forwards and over the flipped sequence, per-step outputs stacked, attention pooling
+    (softmax over time with the padding masked to -inf) added to every step, per-token CE ignoring the padding."""
+
+    def __init__(self, vocab: int, dim: int, hidden: int, tags: int) -> None:
+        self.emb = nn.Embedding(vocab, dim)
+        self.fw, self.bw = GRU(dim, hidden, 1), GRU(dim, hidden, 1)
+        self.score, self.out = nn.Linear(2 * hidden, 1, bias=False), nn.Linear(2 * hidden, tags)  # (softmax: no bias)
+
+    @staticmethod
+    def run(cell: GRU, x: Tensor) -> Tensor:
+        h, outs = Tensor.zeros(x.shape[0], cell.hidden), []
+        for t in range(x.shape[1]):
+            xr, xz, xn = cell.ih(x[:, t]).chunk(3, dim=1)
+            hr, hz, hn = cell.hh(h).chunk(3, dim=1)
+            r, z = (xr + hr).sigmoid(), (xz + hz).sigmoid()
+            h = (1 - z) * (xn + r * hn).tanh() + z * h
+            outs.append(h)
+        return Tensor.stack(*outs, dim=1)
+
+    def __call__(self, idx: Tensor, pad: Tensor) -> Tensor:
+        e = self.emb(idx)
+        h = self.run(self.fw, e).cat(self.run(self.bw, e.flip(1)).flip(1), dim=2)
+        w = self.score(h).squeeze(-1).masked_fill(pad, float("-inf")).softmax(1)
+        pooled = (w.unsqueeze(-1) * h).sum(1, keepdim=True)
+        return self.out(h + pooled).transpose(1, 2)  # (B, tags, T), as cross_entropy wants
+
+
+if torch is not None:
+    class TBiGRUTagger(tnn.Module):
+        def __init__(self, vocab: int, dim: int, hidden: int, tags: int) -> None:
+            super().__init__()
+            self.emb = tnn.Embedding(vocab, dim)
+            self.fw, self.bw = TGRU(dim, hidden, 1), TGRU(dim, hidden, 1)
+            self.score, self.out = tnn.Linear(2 * hidden, 1, bias=False), tnn.Linear(2 * hidden, tags)
+
+        @staticmethod
+        def run(cell: Any, x: Any) -> Any:
+            h, outs = torch.zeros(x.shape[0], cell.hidden), []
+            for t in range(x.shape[1]):
+                xr, xz, xn = cell.ih(x[:, t]).chunk(3, dim=1)
+                hr, hz, hn = cell.hh(h).chunk(3, dim=1)
+                r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+                h = (1 - z) * torch.tanh(xn + r * hn) + z * h
+                outs.append(h)
+            return torch.stack(outs, 1)
+
+        def forward(self, idx: Any, pad: Any) -> Any:
+            e = self.emb(idx)
+            h = torch.cat([self.run(self.fw, e), self.run(self.bw, e.flip(1)).flip(1)], 2)
+            w = self.score(h).squeeze(-1).masked_fill(pad, float("-inf")).softmax(1)
+            pooled = (w.unsqueeze(-1) * h).sum(1, keepdim=True)
+            return self.out(h + pooled).transpose(1, 2)
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_bidirectional_gru_tagger_trains_like_torch(batch: int) -> None:
+    """The GRUs' own fc layers are unused (their gradients must stay None in both)."""
+    torch.manual_seed(14)
+    seq = 12
+    idx = _rng(15).integers(1, 20, (batch, seq)).astype(np.int64)
+    lengths = np.array([12, 7, 9][:batch])
+    pad = np.arange(seq)[None, :] >= lengths[:, None]
+    tags = np.where(pad, -100, _rng(16).integers(0, 4, (batch, seq))).astype(np.int64)
+    model, tmodel = BiGRUTagger(20, 6, 5, 4), TBiGRUTagger(20, 6, 5, 4)
+    used = [p for k, p in get_state_dict(model).items() if ".fc." not in k]
+    train_and_compare(model, tmodel, [idx, pad], _call, _call,
+                      lambda o, y: o.cross_entropy(y, ignore_index=-100), lambda o, y: F.cross_entropy(o, y), [tags],
+                      lambda p: nn.optim.Adam(used, lr=1e-2),
+                      lambda p: torch.optim.Adam([q for k, q in tmodel.named_parameters() if ".fc." not in k], lr=1e-2))
+
+
+# ---------------------------------------------------------------------- mixture of experts with top-k routing
+class MoE:
+    """A softmax gate, top-2 experts per token (topk, renormalised), experts run densely and gathered, a
+    load-balancing auxiliary loss, and an SE-style squeeze-excite gate on the features."""
+
+    def __init__(self, dim: int, experts: int, hidden: int) -> None:
+        self.gate = nn.Linear(dim, experts, bias=False)
+        self.w1 = [nn.Linear(dim, hidden) for _ in range(experts)]
+        self.w2 = [nn.Linear(hidden, dim) for _ in range(experts)]
+        self.se1, self.se2 = nn.Linear(dim, 3), nn.Linear(3, dim)
+        self.experts = experts
+
+    def __call__(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        probs = self.gate(x).softmax(-1)  # (N, E)
+        top, which = probs.topk(2, dim=-1)
+        top = top / top.sum(-1, keepdim=True)
+        outs = Tensor.stack(*[w2(w1(x).silu()) for w1, w2 in zip(self.w1, self.w2)], dim=1)  # (N, E, D)
+        picked = outs.gather(1, which.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # (N, 2, D)
+        y = (top.unsqueeze(-1) * picked).sum(1)
+        y = y * self.se2(self.se1(y.mean(0, keepdim=True)).relu()).sigmoid()
+        load = which.one_hot(self.experts).float().sum(1).mean(0)  # tokens per expert (no gradient)
+        return y, (load * probs.mean(0)).sum() * self.experts
+
+
+if torch is not None:
+    class TMoE(tnn.Module):
+        def __init__(self, dim: int, experts: int, hidden: int) -> None:
+            super().__init__()
+            self.gate = tnn.Linear(dim, experts, bias=False)
+            self.w1 = tnn.ModuleList([tnn.Linear(dim, hidden) for _ in range(experts)])
+            self.w2 = tnn.ModuleList([tnn.Linear(hidden, dim) for _ in range(experts)])
+            self.se1, self.se2 = tnn.Linear(dim, 3), tnn.Linear(3, dim)
+            self.experts = experts
+
+        def forward(self, x: Any) -> Any:
+            probs = self.gate(x).softmax(-1)
+            top, which = probs.topk(2, dim=-1)
+            top = top / top.sum(-1, keepdim=True)
+            outs = torch.stack([w2(F.silu(w1(x))) for w1, w2 in zip(self.w1, self.w2)], 1)
+            picked = outs.gather(1, which.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+            y = (top.unsqueeze(-1) * picked).sum(1)
+            y = y * torch.sigmoid(self.se2(F.relu(self.se1(y.mean(0, keepdim=True)))))
+            load = F.one_hot(which, self.experts).float().sum(1).mean(0)
+            return y, (load * probs.mean(0)).sum() * self.experts
+
+
+def test_mixture_of_experts_trains_like_torch() -> None:
+    torch.manual_seed(15)
+    x, y = _randn(11, 6), _randn(11, 6, seed=3)
+    train_and_compare(MoE(6, 4, 5), TMoE(6, 4, 5), [x], lambda m, x: m(x)[0].cat(m(x)[1].reshape(1, 1).expand(1, 6)),
+                      lambda m, x: torch.cat([m(x)[0], m(x)[1].reshape(1, 1).expand(1, 6)]),
+                      lambda o, y: ((o[:-1] - y) ** 2).mean() + 0.01 * o[-1, 0],
+                      lambda o, y: F.mse_loss(o[:-1], y) + 0.01 * o[-1, 0], [y],
+                      lambda p: nn.optim.SGD(p, lr=0.1), lambda p: torch.optim.SGD(p, lr=0.1))
+
+
+# ---------------------------------------------------------------------- metric learning
+class Embedder:
+    """A conv encoder with reflect padding, a hand-written LayerNorm (var, unbiased=False), F.normalize'd
+    embeddings; InfoNCE over the cosine-similarity matrix (logsumexp) plus a triplet margin loss."""
+
+    def __init__(self, cin: int, c: int, dim: int) -> None:
+        self.conv = nn.Conv2d(cin, c, 3, padding=1, padding_mode="reflect")
+        self.conv2 = nn.Conv2d(c, c, 3, stride=2, padding=1, padding_mode="replicate")
+        self.g, self.b = Tensor.ones(c), Tensor.zeros(c)
+        self.fc = nn.Linear(c, dim)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        h = self.conv2(self.conv(x).elu()).mean((2, 3))
+        h = (h - h.mean(-1, keepdim=True)) / (h.var(-1, keepdim=True, correction=0) + 1e-5).sqrt() * self.g + self.b
+        return self.fc(h.softplus()).normalize(dim=-1)
+
+
+if torch is not None:
+    class TEmbedder(tnn.Module):
+        def __init__(self, cin: int, c: int, dim: int) -> None:
+            super().__init__()
+            self.conv = tnn.Conv2d(cin, c, 3, padding=1, padding_mode="reflect")
+            self.conv2 = tnn.Conv2d(c, c, 3, stride=2, padding=1, padding_mode="replicate")
+            self.g, self.b = tnn.Parameter(torch.ones(c)), tnn.Parameter(torch.zeros(c))
+            self.fc = tnn.Linear(c, dim)
+
+        def forward(self, x: Any) -> Any:
+            h = self.conv2(F.elu(self.conv(x))).mean((2, 3))
+            h = (h - h.mean(-1, keepdim=True)) / (h.var(-1, keepdim=True, unbiased=False) + 1e-5).sqrt() * self.g \
+                + self.b
+            return F.normalize(self.fc(F.softplus(h)), dim=-1)
+
+
+def _contrastive(z: Any, _: Any, lib: str = "ours") -> Any:
+    n = z.shape[0] // 2
+    a, p = z[:n], z[n:]
+    sim = (a @ p.T) / 0.2
+    diag = (sim * Tensor.eye(n)).sum(-1) if lib == "ours" else sim.diagonal()
+    nce = (sim.logsumexp(-1) - diag).mean()
+    neg = p.roll(1, 0) if lib == "ours" else p.roll(1, 0)
+    d_pos, d_neg = ((a - p) ** 2).sum(-1), ((a - neg) ** 2).sum(-1)
+    triplet = (d_pos - d_neg + 0.5).relu().mean() if lib == "ours" else F.relu(d_pos - d_neg + 0.5).mean()
+    return nce + triplet
+
+
+@pytest.mark.parametrize("n, hw", [(4, 7), (3, 13)])
+def test_metric_learning_trains_like_torch(n: int, hw: int) -> None:
+    torch.manual_seed(16)
+    x = _randn(2 * n, 5, hw, hw)
+    x[n:] = x[:n] + 0.3 * _randn(n, 5, hw, hw, seed=9)
+    train_and_compare(Embedder(5, 4, 6), TEmbedder(5, 4, 6), [x], _call, _call,
+                      lambda z, y: _contrastive(z, y), lambda z, y: _contrastive(z, y, "torch"), [np.zeros(1)],
+                      lambda p: nn.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
+                      lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True))
+
+
+# ---------------------------------------------------------------------- float64 models
+@pytest.mark.parametrize("name", ["resnet", "unet", "vit", "norms"])
+def test_float64_model_matches_torch_double(name: str) -> None:
+    """`dtypes.default_float = float64` (tinygrad's switch) makes a float64 model: its forward and gradients must
+    match PyTorch's double model to double precision. The norm layers' weights were float32 whatever the default
+    (so a BatchNorm or LayerNorm computed in float32: 3e-7 off), and linear interpolation's weights were float32
+    (bilinear upsampling 3e-7 off)."""
+    from glassgrad import Device, dtypes
+    if Device.DEFAULT == "METAL":
+        pytest.skip("Metal has no float64")
+    torch.manual_seed(17)
+    rng = _rng(18)
+    old, old_torch = dtypes.default_float, torch.get_default_dtype()
+    dtypes.default_float = dtypes.float64
+    torch.set_default_dtype(torch.float64)
+    try:
+        if name == "resnet":
+            model, tmodel, inputs = ResNet(3, 4, 3), TResNet(3, 4, 3), [rng.standard_normal((2, 3, 9, 9))]
+        elif name == "unet":
+            model, tmodel, inputs = UNet(3, 2), TUNet(3, 2), [rng.standard_normal((2, 3, 7, 7))]
+        elif name == "vit":
+            model, tmodel, inputs = ViT(3, 8, 4, 2, 3), TViT(3, 8, 4, 2, 3), [rng.standard_normal((2, 3, 9, 9))]
+        else:  # (not the encoder: exact GELU's erf is float32-accurate, also for float64; see special._erf)
+            model, tmodel, inputs = NormPoolNet(3, 3, 3), TNormPoolNet(3, 3, 3), [rng.standard_normal((3, 3, 7, 7))]
+        _load(model, tmodel)
+        assert all(t.dtype == dtypes.float64 for t in get_parameters(model) if t.dtype.is_float)
+        nn.optim.SGD(get_parameters(model))  # (requires_grad on: the ViT's raw class token is not a layer's)
+        with Tensor.train():
+            out = model(*[Tensor(x) for x in inputs])
+            out.square().mean().backward()
+        tout = tmodel(*[torch.from_numpy(x) for x in inputs])
+        tout.square().mean().backward()
+    finally:
+        dtypes.default_float = old
+        torch.set_default_dtype(old_torch)
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-12, atol=1e-13)
+    ours = get_state_dict(model)
+    for key, p in tmodel.named_parameters():
+        grad = ours[key].grad
+        assert grad is not None and grad.dtype == dtypes.float64, key
+        _close(grad.numpy(), p.grad.numpy(), 1e-11, f"grad {key}")
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_float64_bilinear_resize_is_double_precise(align_corners: bool) -> None:
+    """A float64 linear resize took its weights in float32 (3e-7 relative off PyTorch's double result)."""
+    from glassgrad import Device
+    if Device.DEFAULT == "METAL":
+        pytest.skip("Metal has no float64")
+    x = _rng(19).standard_normal((2, 3, 7, 5))
+    got = Tensor(x).interpolate(size=(11, 9), mode="bilinear", align_corners=align_corners)
+    want = F.interpolate(torch.from_numpy(x), size=(11, 9), mode="bilinear", align_corners=align_corners)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-13, atol=1e-14)
