@@ -562,12 +562,15 @@ _SCHEDULES: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]] | None] 
                lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 4)),
     "onecycle": (lambda o: nn.lr.OneCycleLR(o, max_lr=5e-2, total_steps=5),
                  lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=5e-2, total_steps=5)),
+    "step": (lambda o: nn.lr.StepLR(o, step_size=2, gamma=0.3),
+             lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.3)),
 }
 
 
 @pytest.mark.parametrize("opt, schedule, clip", [("adamw", "onecycle", 0.5), ("adamw", "cosine", None),
                                                  ("sgd_nesterov", "cosine", 1.0), ("adam_amsgrad", "none", 0.3),
-                                                 ("adamw_amsgrad", "onecycle", None)])
+                                                 ("adamw_amsgrad", "onecycle", None), ("sgd_nesterov", "onecycle", 2.0),
+                                                 ("adam_amsgrad", "step", None)])
 def test_mlp_optimizers_clipping_and_schedules_match_torch(opt: str, schedule: str, clip: float | None) -> None:
     torch.manual_seed(5)
     x, y = _randn(9, 5), _randn(9, 3, seed=3)
