@@ -595,16 +595,18 @@ def _split_for_buffer_limit(roots: dict[UOp, None], nodes: list[UOp]) -> set[UOp
     for n in nodes:
         if _materialised(n) or n.op is Ops.SINK:
             continue
-        union = frozenset().union(*(contribution(s) for s in n.src))
+        parts = {s: contribution(s) for s in n.src}
+        union = frozenset().union(*parts.values())
         limit = _max_kernel_inputs(n.device) if union else None
         if limit is not None and len(union) > limit:
-            for src in sorted(dict.fromkeys(n.src), key=lambda s: -len(contribution(s))):
+            for src in sorted(parts, key=lambda s: -len(parts[s])):
                 base = src
                 while base.op in GroupOp.Movement:
                     base = base.src[0]
-                if len(contribution(src)) > 1 and base not in roots and not _materialised(base):
-                    found.add(base)
-                    union = frozenset().union(*(contribution(s) for s in n.src if s is not src), {base})
+                if len(parts[src]) > 1 and base not in roots and not _materialised(base):
+                    found.add(base)  # stored: this kernel reads it as one buffer
+                    parts[src] = frozenset({base})
+                    union = frozenset().union(*parts.values())
                     if len(union) <= limit:
                         break
         reads[n] = union

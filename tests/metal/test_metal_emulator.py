@@ -210,6 +210,10 @@ def test_a_kernel_of_more_inputs_than_metal_allows_is_split(emulated: Compiled) 
     for t in ts[1:]:
         total = total + t * 0.5
     np.testing.assert_allclose(total.numpy(), arrays[0] + 0.5 * sum(arrays[1:]), rtol=1e-5, atol=1e-5)
+    # three sums of 13 buffers multiplied: two of the three must be stored for the product's kernel to fit
+    sums = [sum(ts[13 * k + 1:13 * k + 14], ts[0]) for k in range(3)]
+    want = np.prod([arrays[0] + sum(arrays[13 * k + 1:13 * k + 14]) for k in range(3)], axis=0)
+    np.testing.assert_allclose((sums[0] * sums[1] * sums[2]).numpy(), want, rtol=1e-4, atol=1e-4)
     # an LSTM cell unrolled over 12 steps: its gate gradients read every step's saved values
     weights = [rng.standard_normal((4, 16)).astype(np.float32) * 0.3 for _ in range(2)]
     xs = rng.standard_normal((12, 3, 4)).astype(np.float32)
