@@ -463,7 +463,8 @@ class NNOps:
             return ((acc + (1 << (precision - 1))) >> precision).clip(0, 255).cast(dtypes.uint8)
         if not t.dtype.is_float:
             row = row.cast(dtypes.default_float)
-        (hit0, lam0), (hit1, lam1) = _linear_taps(size, out, align_corners, t.device, r)
+        (hit0, lam0), (hit1, lam1) = _linear_taps(size, out, align_corners, t.device, r,
+                                                  dtypes.float64 if row.dtype == dtypes.float64 else dtypes.float32)
         return (hit0.where(row * lam0.cast(row.dtype), 0) + hit1.where(row * lam1.cast(row.dtype), 0)).sum(-1)
 
 
@@ -542,13 +543,14 @@ def _nearest_mask(size: int, out: int, mode: str, device: str, ratio: float) -> 
     return src.reshape(out, 1) == tensor.arange(size, device=device).cast(dtypes.float32).reshape(1, size)
 
 
-def _linear_taps(size: int, out: int, align_corners: bool, device: str,
-                 ratio: float) -> list[tuple[Tensor, Tensor]]:
-    """The two taps of linear interpolation, each as ((out, size) bool mask, (out, 1) float32 weight): output o
-    takes 1-lam of x[i0] and lam of x[i1], i0 and i1 the neighbours of its source position (PyTorch's
-    `area_pixel_compute_source_index` with its index and weight guards)."""
+def _linear_taps(size: int, out: int, align_corners: bool, device: str, ratio: float,
+                 dtype: DType = dtypes.float32) -> list[tuple[Tensor, Tensor]]:
+    """The two taps of linear interpolation, each as ((out, size) bool mask, (out, 1) weight): output o takes 1-lam
+    of x[i0] and lam of x[i1], i0 and i1 the neighbours of its source position (PyTorch's
+    `area_pixel_compute_source_index` with its index and weight guards). Computed in `dtype`: float32, or float64
+    for a float64 input (PyTorch's opmath; float32 weights held a float64 resize to ~3e-7 relative)."""
     tensor = _tensor_class()
-    pos = tensor.arange(out, device=device).cast(dtypes.float32)
+    pos = tensor.arange(out, device=device).cast(dtype)
     if align_corners:
         src = pos * ((size - 1) / (out - 1)) if out > 1 else pos * 0.0
     else:
@@ -556,5 +558,5 @@ def _linear_taps(size: int, out: int, align_corners: bool, device: str,
     i0 = src.floor().minimum(size - 1)
     lam = (src - i0).clip(0.0, 1.0).reshape(out, 1)
     i1 = (i0 + 1).minimum(size - 1)
-    cols = tensor.arange(size, device=device).cast(dtypes.float32).reshape(1, size)
+    cols = tensor.arange(size, device=device).cast(dtype).reshape(1, size)
     return [(cols == i0.reshape(out, 1), 1 - lam), (cols == i1.reshape(out, 1), lam)]

@@ -197,6 +197,30 @@ def test_adamw_matches_torch(weight_decay: float) -> None:
                                                                      weight_decay=weight_decay)))
 
 
+@pytest.mark.parametrize("decoupled, weight_decay", [(False, 0.0), (False, 0.1), (True, 0.05)])
+def test_amsgrad_matches_torch(decoupled: bool, weight_decay: float) -> None:
+    """PyTorch's `amsgrad=True` (the running max of the second moment in the denominator) was a TypeError. b2 = 0.5
+    lets the second moment fall as the gradients shrink, so the max differs from it within these steps."""
+    torch = pytest.importorskip("torch")
+    ours, theirs = (AdamW, torch.optim.AdamW) if decoupled else (Adam, torch.optim.Adam)
+    kw = {"lr": 0.02, "weight_decay": weight_decay, "amsgrad": True}
+    _train_and_compare(lambda ps: ours(ps, b1=0.8, b2=0.5, **kw),
+                       _torch_reference(lambda tp: theirs(tp, betas=(0.8, 0.5), **kw)))
+
+
+def test_amsgrad_keeps_the_largest_second_moment() -> None:
+    """The denominator uses max(v) over the steps: a big gradient then small ones leave v_max at the big one."""
+    p = Tensor(np.zeros(3, np.float32))
+    plain, ams = Adam([p], lr=0.1, b2=0.5), Adam([Tensor(np.zeros(3, np.float32))], lr=0.1, b2=0.5, amsgrad=True)
+    with Tensor.train():
+        for g in (10.0, 1.0, 1.0):
+            for opt in (plain, ams):
+                opt.params[0].grad = Tensor(np.full(3, g, np.float32))
+                opt.step()
+    np.testing.assert_allclose(ams.v_max[0].numpy(), np.full(3, 50.0), rtol=1e-6)  # (1 - 0.5) * 10**2
+    assert ams.v[0].numpy()[0] < 50.0 and abs(ams.params[0].numpy()[0]) < abs(plain.params[0].numpy()[0])
+
+
 @pytest.mark.parametrize("kw", [{}, {"weight_decay": 0.1}, {"adam": True}])
 def test_lamb_matches_reference_with_torch_gradients(kw: dict[str, Any]) -> None:
     pytest.importorskip("torch")  # torch has no LAMB: torch computes the gradients, the update is NumpyLAMB

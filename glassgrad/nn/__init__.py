@@ -17,18 +17,16 @@ Initialisation is PyTorch's default: Linear and convolution weights and biases ~
 1/sqrt(hidden)), norm weights 1 and biases 0, Embedding ~ N(0, 1). (tinygrad starts LSTMCell's biases at 0 and draws
 Embedding with glorot_uniform.)
 
-The submodules `optim`, `state`, `lr` and `datasets` are imported here too, so `nn.optim.SGD` works after
-`from glassgrad import nn`.
+The submodules `optim`, `state`, `lr`, `datasets` and `utils` (PyTorch's gradient clipping) are imported here too,
+so `nn.optim.SGD` and `nn.utils.clip_grad_norm_` work after `from glassgrad import nn`.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-import numpy as np
-
 from glassgrad import amp
-from glassgrad.dtype import dtypes
+from glassgrad.dtype import DType, dtypes
 from glassgrad.tensor import Tensor, mark_trainable, no_grad
 from glassgrad.tensor_nn import _conv_padding, _string_padding, _tuple
 
@@ -47,11 +45,16 @@ def _uniform(shape: tuple[int, ...], fan_in: int) -> Tensor:
         return mark_trainable(Tensor.empty(*shape).assign(Tensor.uniform(*shape, low=-bound, high=bound)).realize())
 
 
-def _filled(shape: tuple[int, ...], value: float, dtype: type = np.float32,
+def _filled(shape: tuple[int, ...], value: float, dtype: DType | None = None,
             requires_grad: bool | None = None) -> Tensor:
     """A realized tensor of `value` in a buffer of its own (never the shared node that `Tensor.full` would be); a
-    trainable parameter unless `requires_grad=False`."""
-    t = Tensor(np.full(shape, value, dtype=dtype), requires_grad=requires_grad)
+    trainable parameter unless `requires_grad=False`. The dtype defaults to `dtypes.default_float` at creation, as
+    for the random weights (a norm's weight of float32 in a float64 model would compute it in float32)."""
+    with no_grad():
+        t = Tensor.empty(*shape, dtype=dtypes.default_float if dtype is None else dtype)
+        if requires_grad is False:
+            t.requires_grad = False
+        t.assign(value).realize()
     return t if requires_grad is False else mark_trainable(t)
 
 
@@ -180,7 +183,7 @@ class BatchNorm:
         if track_running_stats:
             self.running_mean = _filled((sz,), 0.0, requires_grad=False)
             self.running_var = _filled((sz,), 1.0, requires_grad=False)
-            self.num_batches_tracked = _filled((), 0, np.int64, requires_grad=False)
+            self.num_batches_tracked = _filled((), 0, dtypes.int64, requires_grad=False)
 
     def calc_stats(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The batch's per-channel mean and biased variance, both (C,). The mean is detached inside the variance:
@@ -373,4 +376,4 @@ class Dropout:
         return x.dropout(self.p)
 
 
-from glassgrad.nn import datasets, lr, optim, state  # noqa: E402, F401  (submodules, as tinygrad's nn has them)
+from glassgrad.nn import datasets, lr, optim, state, utils  # noqa: E402, F401  (submodules, as tinygrad's nn has them)

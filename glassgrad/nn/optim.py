@@ -35,9 +35,9 @@ Behaviour (tinygrad's, where tinygrad has one):
   uses it to skip a step whose gradients hold an inf or NaN.
 
 SGD, Adam and AdamW follow PyTorch's update rules exactly (tests compare against `torch.optim`; PyTorch's keyword
-`betas=(b1, b2)` works for the Adam family, in place of tinygrad's `b1`, `b2`); LAMB, LARS and Muon
-follow tinygrad. tinygrad's `device=` and `fused=` are accepted: `device` must be the params' own (state lives with
-its param) and `fused` changes nothing (a step is one schedule either way; Muon refuses it, as tinygrad).
+`betas=(b1, b2)` works for the Adam family, in place of tinygrad's `b1`, `b2`, and so does `amsgrad=True`); LAMB, LARS
+and Muon follow tinygrad. tinygrad's `device=` and `fused=` are accepted: `device` must be the params' own (state
+lives with its param) and `fused` changes nothing (a step is one schedule either way; Muon refuses it, as tinygrad).
 Each param gets its own buffer: one that is still lazy (say `Tensor.zeros(8)`, which hash-conses with every other
 `Tensor.zeros(8)`) or a view of another buffer is first copied into a fresh buffer of its own; two params that
 share one buffer raise `ValueError`.
@@ -480,13 +480,23 @@ def _bias_correction(beta: float | Tensor, t: Tensor) -> Tensor:
 
 class Adam(_Moments):
     """PyTorch's Adam (L2 weight decay added to the gradient): m = lerp(m, g, 1-b1), v = b2*v + (1-b2)*g*g,
-    p -= lr/(1-b1**t) * m / (sqrt(v)/sqrt(1-b2**t) + eps)."""
+    p -= lr/(1-b1**t) * m / (sqrt(v)/sqrt(1-b2**t) + eps). With PyTorch's `amsgrad=True` the denominator uses
+    v_max = max(v_max, v), the largest second moment so far (one more state buffer per param)."""
     decoupled: bool = False
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
                  eps: float = 1e-8, weight_decay: float = 0.0, device: str | None = None, fused: bool = False, *,
-                 betas: tuple[float, float] | None = None) -> None:
+                 betas: tuple[float, float] | None = None, amsgrad: bool = False) -> None:
         super().__init__(params, lr, *(betas or (b1, b2)), eps, weight_decay, device, fused)
+        self.amsgrad = amsgrad
+        self.v_max: list[Tensor] = [new_state(p.shape, state_dtype(p.dtype), p.device, like=p)
+                                    for p in self.params] if amsgrad else []
+
+    def state(self) -> list[Tensor]:
+        return [*super().state(), *self.v_max]
+
+    def _param_state(self, i: int) -> list[Tensor]:
+        return [*super()._param_state(i), *self.v_max[i:i + 1]]
 
     def _new_values(self, grads: list[Tensor]) -> list[Tensor]:
         bc1, bc2 = self._count_step()
@@ -497,6 +507,8 @@ class Adam(_Moments):
                 g = g + self.weight_decay * p
             m = self._update(self.m[i], self.m[i] + (1.0 - self._hyper("b1")) * (g - self.m[i]))
             v = self._update(self.v[i], self.v[i] * self.b2 + (1.0 - self.b2) * g * g)
+            if self.amsgrad:
+                v = self._update(self.v_max[i], self.v_max[i].maximum(v))
             base = p * (1.0 - self.lr_scalar * self.weight_decay) if self.weight_decay and self.decoupled else p
             out.append(base - step_size * (m / (v.sqrt() / bc2_sqrt + self.eps)))
         return out
@@ -508,8 +520,8 @@ class AdamW(Adam):
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9, b2: float = 0.999,
                  eps: float = 1e-8, weight_decay: float = 0.01, device: str | None = None, fused: bool = False, *,
-                 betas: tuple[float, float] | None = None) -> None:
-        super().__init__(params, lr, *(betas or (b1, b2)), eps, weight_decay, device, fused)
+                 betas: tuple[float, float] | None = None, amsgrad: bool = False) -> None:
+        super().__init__(params, lr, b1, b2, eps, weight_decay, device, fused, betas=betas, amsgrad=amsgrad)
 
 
 class LAMB(_Moments):

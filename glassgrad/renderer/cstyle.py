@@ -179,6 +179,7 @@ class CStyleLanguage:
 
     # dtypes a STORE arg=ADD (a scatter's `buf[i] += v` at a data-dependent index) can add; others keep the one-hot sum
     scatter_dtypes: frozenset[DType] = frozenset()
+    max_buffers: int | None = None  # buffers one kernel may take (the scheduler splits kernels to fit); None: no limit
 
     def render_shuffle_xor(self, value: str, mask: int) -> str:
         """The value `value` of lane (this lane ^ mask) of the warp (SHUFFLE_XOR: chained kernels only)."""

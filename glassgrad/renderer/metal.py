@@ -38,6 +38,7 @@ MAX_BUFFERS = 31  # entries in a Metal kernel's buffer argument table
 class MetalRenderer(CStyleLanguage):
     device = "METAL"
     has_local = True
+    max_buffers = MAX_BUFFERS
     extra_matcher = float32_compute
     barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     type_names = {

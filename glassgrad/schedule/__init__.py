@@ -13,7 +13,9 @@ What gets materialised (a kernel writes it to memory):
     backward reads its incoming gradient once per weight, which must not recompute BatchNorm's backward each time;
     and a `cat` of computed values reached that way (each piece would be computed under index gates per repeat);
   * an elementwise value of many inputs that several kernels would each recompute (`_shared_values_to_store`: a
-    residual stream, which every block reads).
+    residual stream, which every block reads);
+  * on a device that limits a kernel's buffers (Metal), partial values, so that no kernel reads more than that
+    (`_split_for_buffer_limit`).
 Everything else fuses into the kernel that consumes it: elementwise chains, movement ops (as index math on
 the loads), and a reduction together with its elementwise inputs and the elementwise math on its result.
 Nodes realized before (`REALIZED`) are loaded from their buffers, never recomputed. A reshape keeps row-major
@@ -553,7 +555,7 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
         for src in dict.fromkeys(n.src):
             consumers.setdefault(src, []).append(n)
     chosen: set[UOp] = set()  # the roots chosen below (the others are required: outputs, copies' sources, ...)
-    while extra := _reduces_to_materialise(roots):
+    while extra := _reduces_to_materialise(roots) or _split_for_buffer_limit(roots, nodes):
         added = [v for u in extra if (v := _narrowed(_shrunk_view(u, consumers), consumers)) not in roots]
         if not added:  # all of them are stored already, as the views above them: the walk would find them forever
             break
@@ -563,6 +565,52 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
             del roots[redundant]
             chosen.discard(redundant)
     return roots
+
+
+BUFFER_MARGIN = 2  # argument slots kept free under a device's buffer limit (a kernel's symbolic sizes)
+
+
+def _max_kernel_inputs(device: Any) -> int | None:
+    """How many buffers one kernel may read on `device` (its renderer's `max_buffers`, less the output and a
+    margin), or None where there is no limit worth checking (CPU, CUDA)."""
+    from glassgrad.kernels import renderer_class  # (kernels.py imports the scheduler)
+    name = device[0] if isinstance(device, tuple) else device
+    limit = renderer_class(name).max_buffers if isinstance(name, str) else None
+    return None if limit is None else limit - 1 - BUFFER_MARGIN
+
+
+def _split_for_buffer_limit(roots: dict[UOp, None], nodes: list[UOp]) -> set[UOp]:
+    """Values to store so that no kernel reads more buffers than its device allows (Metal: 31 arguments). Fused,
+    the backward of an LSTM unrolled over 12 steps read 55 buffers in one elementwise kernel, which Metal cannot
+    launch. Walking up from the leaves, each node's kernel reads the union of its sources' buffers (a root or a
+    realized node is one buffer); where the union passes the limit, the sources that read the most are stored,
+    the fewest that bring it back under (each is at most the limit itself, having been checked first)."""
+    if all(_max_kernel_inputs(d) is None for d in {r.device for r in roots}):
+        return set()  # (the common case, CPU and CUDA: no walk)
+    reads: dict[UOp, frozenset[UOp]] = {}
+    found: set[UOp] = set()
+
+    def contribution(s: UOp) -> frozenset[UOp]:
+        return frozenset({s}) if s in roots or _materialised(s) else reads.get(s, frozenset())
+    for n in nodes:
+        if _materialised(n) or n.op is Ops.SINK:
+            continue
+        parts = {s: contribution(s) for s in n.src}
+        union = frozenset().union(*parts.values())
+        limit = _max_kernel_inputs(n.device) if union else None
+        if limit is not None and len(union) > limit:
+            for src in sorted(parts, key=lambda s: -len(parts[s])):
+                base = src
+                while base.op in GroupOp.Movement:
+                    base = base.src[0]
+                if len(parts[src]) > 1 and base not in roots and not _materialised(base):
+                    found.add(base)  # stored: this kernel reads it as one buffer
+                    parts[src] = frozenset({base})
+                    union = frozenset().union(*parts.values())
+                    if len(union) <= limit:
+                        break
+        reads[n] = union
+    return found
 
 
 def _reshapes_of_roots(roots: dict[UOp, None], chosen: set[UOp]) -> list[UOp]:
@@ -783,6 +831,7 @@ def _merged_outputs(roots: dict[UOp, None], nodes: list[UOp]) -> dict[UOp, UOp]:
     merged: dict[UOp, UOp] = {}
     owned: dict[UOp, set[UOp]] = {}  # a root -> the roots its kernel stores as well (merged's inverse)
     reads: dict[UOp, set[UOp]] = {}  # a candidate kernel's root -> the roots that kernel reads
+    loads: dict[UOp, set[UOp]] = {}  # ... and the realized nodes it reads
     depends = _RootDependencies(roots, nodes)
     for node in nodes:
         if node not in roots or node.size == 0 or not all(isinstance(d, int) for d in node.shape):
@@ -795,20 +844,25 @@ def _merged_outputs(roots: dict[UOp, None], nodes: list[UOp]) -> dict[UOp, UOp]:
             continue
         if _has_reduction(start, roots):
             continue
-        reached, frontier = _elementwise_reach(start, roots)
-        reads[node] = set(frontier)
+        reached, frontier, loaded = _elementwise_reach(start, roots)
+        reads[node], loads[node] = set(frontier), loaded
+        limit = _max_kernel_inputs(node.device)
         for extra in reached:
             if extra not in reads or extra in merged or extra.size != node.size or extra.device != node.device:
                 continue  # (`reads` holds exactly the roots that could be kernels of this kind themselves)
             stored = {extra, *owned.pop(extra, ())}
             kernel_reads = (reads[node] | reads[extra]) - stored
-            if depends.any_on(kernel_reads, stored) or not _distinct_targets([node, *stored, *owned.get(node, ())]):
+            kernel_loads = loads[node] | loads[extra]
+            too_many = limit is not None and \
+                len(kernel_reads) + len(kernel_loads) + len(stored) + len(owned.get(node, ())) > limit
+            if too_many or depends.any_on(kernel_reads, stored) or \
+                    not _distinct_targets([node, *stored, *owned.get(node, ())]):
                 owned[extra] = stored - {extra}  # (kept by its own kernel)
                 continue
             for x in stored:
                 merged[x] = node
             owned.setdefault(node, set()).update(stored)
-            reads[node] = kernel_reads
+            reads[node], loads[node] = kernel_reads, kernel_loads
     return merged
 
 
@@ -862,18 +916,22 @@ def _has_reduction(start: list[UOp], roots: dict[UOp, None]) -> bool:
     return False
 
 
-def _elementwise_reach(start: list[UOp], roots: dict[UOp, None]) -> tuple[list[UOp], list[UOp]]:
+def _elementwise_reach(start: list[UOp], roots: dict[UOp, None]) -> tuple[list[UOp], list[UOp], set[UOp]]:
     """The roots a kernel whose value at its index is computed from `start` (at that index) reaches through
-    elementwise ops and reshapes alone, and nowhere else; and every root its fused region reads (where the walk
-    through all of its ops stops)."""
+    elementwise ops and reshapes alone, and nowhere else; every root its fused region reads (where the walk
+    through all of its ops stops); and the realized nodes it reads (its other input buffers)."""
     reached: list[UOp] = []
     elsewhere: list[UOp] = []  # reached at other indices too (through a row reduction, an expand, ...)
     frontier: list[UOp] = []
+    loaded: set[UOp] = set()
     seen: set[tuple[UOp, bool]] = set()
     stack: list[tuple[UOp, bool]] = [(s, True) for s in start]
     while stack:
         u, direct = stack.pop()
-        if (u, direct) in seen or _materialised(u):
+        if (u, direct) in seen:
+            continue
+        if _materialised(u):
+            loaded.add(u)
             continue
         seen.add((u, direct))
         if u in roots:
@@ -882,7 +940,7 @@ def _elementwise_reach(start: list[UOp], roots: dict[UOp, None]) -> tuple[list[U
             continue
         stack.extend((s, direct and (u.op in GroupOp.Elementwise or u.op is Ops.RESHAPE)) for s in u.src)
     # computed in the kernel, a root read elsewhere too would be recomputed there (softmax's max over a matmul)
-    return [u for u in dict.fromkeys(reached) if u not in elsewhere], frontier
+    return [u for u in dict.fromkeys(reached) if u not in elsewhere], frontier, loaded
 
 
 def _allreduce_item(node: UOp, view_of: Callable[[UOp], UOp | None], created: list[Buffer],

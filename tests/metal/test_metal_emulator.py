@@ -196,3 +196,37 @@ def test_symbolic_shapes_on_the_emulated_device(emulated: Compiled) -> None:
         np.testing.assert_allclose(rows.sum(axis=0).numpy(), a[:n].sum(axis=0), rtol=1e-5, atol=1e-4)
         np.testing.assert_allclose(rows.sum(axis=1).numpy(), a[:n].sum(axis=1), rtol=1e-5, atol=1e-4)
         np.testing.assert_allclose(rows.sum().numpy(), a[:n].sum(), rtol=1e-5, atol=1e-2)
+
+
+def test_a_kernel_of_more_inputs_than_metal_allows_is_split(emulated: Compiled) -> None:
+    """Metal takes 31 buffers per kernel. An elementwise sum of 40 buffers fused into one kernel of 41 buffers, which
+    the renderer refused (RuntimeError); so did an LSTM's backward unrolled over 12 steps (56 buffers), and a
+    kernel that merged the extra outputs the split made. Now the scheduler stores partial sums to stay under the
+    limit (the outputs merged into one kernel count too)."""
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((3, 5)).astype(np.float32) for _ in range(40)]
+    ts = [Tensor(a, device="METAL").realize() for a in arrays]
+    total = ts[0]
+    for t in ts[1:]:
+        total = total + t * 0.5
+    np.testing.assert_allclose(total.numpy(), arrays[0] + 0.5 * sum(arrays[1:]), rtol=1e-5, atol=1e-5)
+    # three sums of 13 buffers multiplied: two of the three must be stored for the product's kernel to fit
+    sums = [sum(ts[13 * k + 1:13 * k + 14], ts[0]) for k in range(3)]
+    want = np.prod([arrays[0] + sum(arrays[13 * k + 1:13 * k + 14]) for k in range(3)], axis=0)
+    np.testing.assert_allclose((sums[0] * sums[1] * sums[2]).numpy(), want, rtol=1e-4, atol=1e-4)
+    # an LSTM cell unrolled over 12 steps: its gate gradients read every step's saved values
+    weights = [rng.standard_normal((4, 16)).astype(np.float32) * 0.3 for _ in range(2)]
+    xs = rng.standard_normal((12, 3, 4)).astype(np.float32)
+
+    def lstm_grads(device: str) -> list[np.ndarray]:
+        w, u = (Tensor(a, device=device, requires_grad=True) for a in weights)
+        h = c = Tensor.zeros(3, 4, device=device)
+        for t in range(12):
+            i, f, g, o = (Tensor(xs[t], device=device) @ w + h @ u).chunk(4, dim=1)
+            c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+            h = o.sigmoid() * c.tanh()
+        h.sum().backward()
+        assert w.grad is not None and u.grad is not None
+        return [w.grad.numpy(), u.grad.numpy()]
+    for got, want in zip(lstm_grads("METAL"), lstm_grads("CPU")):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
