@@ -981,6 +981,56 @@ static inline double gg_select(int c, double x, double y) {
 _VECTOR_MATH = {fn: f'float {fn}(float) __attribute__((simd("notinbranch")));' for fn in ("exp2f", "log2f", "sinf")}
 
 
+# LLVM's loop vectoriser calls a vector math library only by the names it knows, and LLVM 14 knows glibc's libmvec for
+# sin, cos, exp, log and pow, not for the exp2f and log2f the kernels call; it knows Intel's SVML names for all of
+# them. So where the compiler takes -fveclib=SVML (clang; `runtime/ccompiler.py` probes it and then defines
+# GG_SVML_LIBMVEC), a loop of `exp2f` calls `__svml_exp2f16` on 16 lanes, and the kernel defines that name as glibc's
+# libmvec function of the same width (`_ZGVeN16v_exp2f`, the one gcc calls: the same numbers with either compiler),
+# or as two calls of half the width where the machine has no registers that wide. Hidden: each kernel library has
+# its own. (Kernels calling these functions only.)
+SVML_FUNCTIONS = (("exp2", 1), ("log2", 1), ("sin", 1), ("pow", 2))
+
+
+def _svml_wrapper(fn: str, args: int, ctype: str, lanes: int, isa: str | None) -> str:
+    """`__svml_<fn><lanes>` for one libmvec function and width: glibc's variant for the ISA letter `isa` (b: SSE,
+    c: AVX, d: AVX2, e: AVX-512), or None: two calls of the wrapper of half the width."""
+    suffix = "f" if ctype == "float" else ""
+    vtype, half = f"gg_{ctype}{lanes}", f"gg_{ctype}{lanes // 2}"
+    name = f"__svml_{fn}{suffix}{lanes}"
+    params = ", ".join(f"{vtype} {v}" for v in "xy"[:args])
+    if isa is not None:
+        variant = f"_ZGV{isa}N{lanes}{'v' * args}_{fn}{suffix}"
+        return (f"{vtype} {variant}({', '.join([vtype] * args)});\n"
+                f"GG_HIDDEN {vtype} {name}({params}) {{ return {variant}({', '.join('xy'[:args])}); }}")
+    copies = " ".join(f"{half} {v}h[2]; __builtin_memcpy({v}h, &{v}, sizeof {v});" for v in "xy"[:args])
+    calls = " ".join(f"xh[{i}] = __svml_{fn}{suffix}{lanes // 2}({', '.join(f'{v}h[{i}]' for v in 'xy'[:args])});"
+                     for i in range(2))
+    return f"GG_HIDDEN {vtype} {name}({params}) {{ {copies} {calls} __builtin_memcpy(&x, xh, sizeof x); return x; }}"
+
+
+def _svml_wrappers() -> str:
+    lines = ["#if defined(GG_SVML_LIBMVEC) && defined(__x86_64__) && !defined(GG_SVML_WRAPPERS)",
+             "#define GG_SVML_WRAPPERS", '#define GG_HIDDEN __attribute__((visibility("hidden")))']
+    for ctype, size in (("float", 4), ("double", 8)):
+        lines += [f"typedef {ctype} gg_{ctype}{b // size} __attribute__((vector_size({b})));" for b in (16, 32, 64)]
+    for fn, args in SVML_FUNCTIONS:
+        for ctype, size in (("float", 4), ("double", 8)):
+            small, mid, wide = (b // size for b in (16, 32, 64))
+            lines.append(_svml_wrapper(fn, args, ctype, small, "b"))
+            lines += ["#if defined(__AVX2__)", _svml_wrapper(fn, args, ctype, mid, "d"), "#elif defined(__AVX__)",
+                      _svml_wrapper(fn, args, ctype, mid, "c"), "#else", _svml_wrapper(fn, args, ctype, mid, None),
+                      "#endif", "#if defined(__AVX512F__)", _svml_wrapper(fn, args, ctype, wide, "e"), "#else",
+                      _svml_wrapper(fn, args, ctype, wide, None), "#endif"]
+    return "\n".join([*lines, "#endif"])
+
+
+SVML_WRAPPERS = _svml_wrappers()
+
+
+def _calls_svml_function(text: str) -> bool:
+    return any(f"{fn}{suffix}(" in text for fn, _ in SVML_FUNCTIONS for suffix in ("f", ""))
+
+
 class ClangRenderer(CStyleLanguage):
     """C for the CPU backend. The outermost loop runs over [start, end) so the runtime can split it over threads."""
     device = "CPU"
@@ -1150,6 +1200,8 @@ class ClangRenderer(CStyleLanguage):
         vector_math = [decl for fn, decl in _VECTOR_MATH.items() if any(f"{fn}(" in line for line in body)]
         if vector_math:  # the CPU compiler defines GG_VECTOR_MATH when glibc's libmvec can be linked
             helpers = ["#ifdef GG_VECTOR_MATH", *vector_math, "#endif", *helpers]
+        if _calls_svml_function(text):
+            helpers.append(SVML_WRAPPERS)
         if "GG_FMA" in text:
             helpers.append(_FMA_HELPERS.rstrip())
         if "gg_select" in text:
