@@ -10,21 +10,23 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import pathlib
+import re
 import shutil
 import stat
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
 
 from glassgrad import Device, Tensor, dtypes, kernels
 from glassgrad.engine import realize
-from glassgrad.renderer.cstyle import ClangRenderer
+from glassgrad.renderer.cstyle import SVML_WRAPPERS, ClangRenderer
 from glassgrad.runtime import ccompiler
 from glassgrad.runtime.ccompiler import CCompilerError, compiler_info, find_c_compiler
 
@@ -448,3 +450,117 @@ def test_gelus_loop_is_vectorised_by_gcc(tmp_path: pathlib.Path) -> None:
     x = np.linspace(-6, 6, 2048, dtype=np.float32).reshape(2, 1024)
     expected = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x.astype(np.float64) ** 3)))
     np.testing.assert_allclose(Tensor(x).gelu().numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- what the compiler makes
+
+def assembly(source: str, tmp_path: pathlib.Path, extra: tuple[str, ...] = ()) -> str:
+    """The CPU device's compiler's assembly for a kernel's source, with the kernels' own flags."""
+    info = Device["CPU"].compiler.info
+    asm = tmp_path / "kernel.s"
+    flags = [f for f in info.flags if f != "-shared"]
+    subprocess.run([info.path, *flags, *extra, "-S", "-x", "c", "-", "-o", str(asm)], input=source.encode(),
+                   check=True, capture_output=True)
+    return asm.read_text()
+
+
+def test_optional_flags_are_taken_in_whole_groups() -> None:
+    """`-mllvm` and its argument are one group: a compiler gets both (clang) or neither (gcc rejects `-mllvm`)."""
+    info = Device["CPU"].compiler.info
+    flags = list(info.flags)
+    for group in ccompiler.OPTIONAL_FLAGS:
+        present = [f in flags for f in group]
+        assert all(present) or not any(present), (group, flags)
+        if all(present):
+            start = flags.index(group[0])
+            assert tuple(flags[start:start + len(group)]) == group
+    accepts_mllvm = subprocess.run([info.path, "-mllvm", "-unroll-full-max-count=8", "-fsyntax-only", "-x", "c", "-"],
+                                   input=b"int x;", capture_output=True).returncode == 0
+    assert ("-mllvm" in flags) == accepts_mllvm
+
+
+def test_a_register_tiles_lanes_become_vector_fmas(tmp_path: pathlib.Path) -> None:
+    """A convolution's register tile (a `#pragma omp simd` loop of 16 lanes inside unrolled loops): clang 14 fully
+    unrolled the lanes loop before its loop vectoriser ran and left 256 scalar FMAs (`vfmadd231ss`, the accumulators
+    spilled: MNIST's convolutions 5-30x slower than gcc's); with LLVM's full unroll capped at 8 iterations
+    (`-mllvm -unroll-full-max-count=8`) the lanes are vector FMAs, as gcc makes them."""
+    if not compiler_defines("__FMA__"):
+        pytest.skip("reads x86 FMA instructions")
+    out = Tensor.rand(2, 32, 10, 10).conv2d(Tensor.rand(32, 32, 3, 3))
+    source = kernels(out)[-1].source
+    assert "#pragma omp simd" in source and "GG_FMAF(" in source
+    asm = assembly(source, tmp_path)
+    assert re.search(r"vfmadd\d+ps", asm) and not re.search(r"vfmadd\d+ss", asm)
+
+
+def calls_vector_exp2f(asm: str) -> bool:
+    """Whether compiled code calls a SIMD exp2f: glibc's (`_ZGV..._exp2f`, gcc) or SVML's name for it, which the
+    kernel defines as glibc's (clang; the definitions themselves jump to glibc's, they do not call it)."""
+    return re.search(r"call\w*\s+(_ZGV\w+_exp2f|__svml_exp2f\d+)", asm) is not None
+
+
+def softmax_reference(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def gelu_reference(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+@pytest.mark.parametrize("make, reference", [(lambda x: x.softmax(-1), softmax_reference),
+                                             (lambda x: x.gelu(), gelu_reference)], ids=["softmax", "gelu"])
+def test_exp2f_loops_call_vector_math(make: Callable[[Tensor], Tensor], reference: Callable[[np.ndarray], np.ndarray],
+                                      tmp_path: pathlib.Path) -> None:
+    """Softmax's and GELU's exp2f loops call glibc's SIMD exp2f with either compiler: gcc through the `simd`
+    declarations, clang (whose vector library table of glibc has no exp2f) through -fveclib=SVML and the kernel's
+    definitions of SVML's names as glibc's functions (clang 14 before: scalar calls, softmax 12x slower than gcc's)."""
+    info = Device["CPU"].compiler.info
+    if not info.vector_math:
+        pytest.skip(f"{info.describe()} cannot link glibc's libmvec here")
+    if "clang" in (info.command + info.version).lower() and not info.svml_libmvec:
+        pytest.skip(f"{info.describe()} has no -fveclib=SVML")
+    values = np.linspace(-30, 30, 64 * 1023, dtype=np.float32).reshape(64, 1023)
+    out = make(Tensor(values))
+    source = "\n".join(k.source for k in kernels(out) if "exp2f(" in k.source)
+    assert source and calls_vector_exp2f(assembly(source, tmp_path))
+    np.testing.assert_allclose(out.numpy(), reference(values.astype(np.float64)), rtol=2e-5, atol=1e-6)
+
+
+SVML_CALLS = """
+void gg_calls_float(float* out, const float* a, const float* b) {
+  gg_float16 x, y; __builtin_memcpy(&x, a, 64); __builtin_memcpy(&y, b, 64);
+  gg_float16 r[4] = {__svml_exp2f16(x), __svml_log2f16(y), __svml_sinf16(x), __svml_powf16(y, x)};
+  __builtin_memcpy(out, r, sizeof r);
+}
+void gg_calls_double(double* out, const double* a, const double* b) {
+  gg_double8 x, y; __builtin_memcpy(&x, a, 64); __builtin_memcpy(&y, b, 64);
+  gg_double8 r[4] = {__svml_exp28(x), __svml_log28(y), __svml_sin8(x), __svml_pow8(y, x)};
+  __builtin_memcpy(out, r, sizeof r);
+}
+"""
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "AMD64"), reason="glibc's x86-64 libmvec names")
+@pytest.mark.parametrize("march", ["x86-64", "native"])
+def test_svml_names_compute_glibcs_functions(march: str, tmp_path: pathlib.Path) -> None:
+    """The kernels' definitions of SVML's names (`SVML_WRAPPERS`), at the widest width, give exp2, log2, sin and pow:
+    with -march=x86-64 (SSE only) as two and four calls of the narrower ones, natively (AVX-512 or AVX2 here) as
+    glibc's own function of that width. Built by either compiler (they are plain C with vector types)."""
+    info = Device["CPU"].compiler.info
+    if not info.vector_math:
+        pytest.skip(f"{info.describe()} cannot link glibc's libmvec here")
+    library = tmp_path / "svml.so"
+    flags = [f for f in info.flags if not f.startswith("-march=")]
+    subprocess.run([info.path, *flags, f"-march={march}", "-DGG_SVML_LIBMVEC", "-x", "c", "-", "-o", str(library),
+                    *info.libs], input=f"#include <math.h>\n{SVML_WRAPPERS}\n{SVML_CALLS}".encode(), check=True,
+                   capture_output=True)
+    lib = ctypes.CDLL(str(library))
+    for name, dtype, lanes in (("gg_calls_float", np.float32, 16), ("gg_calls_double", np.float64, 8)):
+        a = np.linspace(-3.0, 3.0, lanes).astype(dtype)
+        b = np.linspace(0.25, 9.0, lanes).astype(dtype)
+        out = np.zeros(4 * lanes, dtype)
+        getattr(lib, name)(ctypes.c_void_p(out.ctypes.data), ctypes.c_void_p(a.ctypes.data),
+                           ctypes.c_void_p(b.ctypes.data))
+        expected = np.concatenate([np.exp2(a), np.log2(b), np.sin(a), np.power(b, a)])
+        np.testing.assert_allclose(out, expected, rtol=4 * np.finfo(dtype).eps, atol=np.finfo(dtype).eps)
