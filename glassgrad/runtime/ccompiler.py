@@ -56,14 +56,15 @@ BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off", "-fno-m
 #   in a loop of masked stores: a column max or sum over a padded row of 257 or 1021) as an address based on the
 #   output pointer, and RTL dead-store elimination then dropped the accumulation as never read: max(0) of a
 #   (2, 3, 257) tensor gave -inf everywhere. clang ignores it (with a warning)
-# * -mllvm -unroll-full-max-count=8 (LLVM only): LLVM's cost model fully unrolls loops of up to 8 iterations, not
+# * -mllvm -unroll-full-max-count=7 (LLVM only): LLVM's cost model fully unrolls loops of up to 7 iterations, not
 #   more; loops with an unroll pragma are unrolled as the pragma says. LLVM fully unrolls small loops before its loop
-#   vectoriser runs, so a register tile's 16 SIMD lanes (`#pragma omp simd`, a loop of 16) became 16 scalar copies
-#   that its SLP vectoriser did not put back together: scalar FMAs with the accumulators spilled (a 3x3 convolution,
-#   clang 14 with AVX-512: 97 ms against gcc's 4.5). Capped, the lanes loop is vectorised first, and the single
-#   vector iteration left is unrolled after (the accumulators then live in registers): 4.0 ms
+#   vectoriser runs, so a register tile's 8 or 16 SIMD lanes (`#pragma omp simd`, a loop of 8 or 16) became scalar
+#   copies that its SLP vectoriser did not put back together: scalar FMAs with the accumulators spilled (clang 14,
+#   AVX-512: a 3x3 convolution 97 ms against gcc's 4.5, a 5x5 weight gradient with 8 lanes 3.6 ms against 0.43).
+#   Capped, the lanes loop is vectorised first, and the single vector iteration left is unrolled after (the
+#   accumulators then live in registers): 4.0 and 0.47 ms. (Loops of 4 lanes or fewer are left to SLP.)
 OPTIONAL_FLAGS: tuple[tuple[str, ...], ...] = (("-march=native",), ("-fopenmp-simd",), ("-fno-ivopts",),
-                                               ("-mllvm", "-unroll-full-max-count=8"))
+                                               ("-mllvm", "-unroll-full-max-count=7"))
 # tried in this order when CC is not set. gcc first: the kernels' loop shapes and pragmas were tuned with gcc 12.
 # clang 14 once ran them about 3x slower (MNIST's training step, batch 512, 2 cores: 1.4 s with gcc, 4.5 s with
 # clang); with the LLVM flags above and its vector math (`svml_libmvec`) it is within XXX of gcc (docs/OPTIMIZER.md)
