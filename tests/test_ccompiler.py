@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from glassgrad import Device, Tensor, dtypes, kernels
+from glassgrad import Device, Tensor, dtypes, kernels, nn
 from glassgrad.engine import realize
 from glassgrad.renderer.cstyle import SVML_WRAPPERS, ClangRenderer
 from glassgrad.runtime import ccompiler
@@ -469,11 +469,8 @@ def test_optional_flags_are_taken_in_whole_groups() -> None:
     info = Device["CPU"].compiler.info
     flags = list(info.flags)
     for group in ccompiler.OPTIONAL_FLAGS:
-        present = [f in flags for f in group]
-        assert all(present) or not any(present), (group, flags)
-        if all(present):
-            start = flags.index(group[0])
-            assert tuple(flags[start:start + len(group)]) == group
+        whole = any(tuple(flags[i:i + len(group)]) == group for i in range(len(flags)))
+        assert whole or not any(f in flags for f in group if f != "-mllvm"), (group, flags)
     accepts_mllvm = subprocess.run([info.path, "-mllvm", "-unroll-full-max-count=7", "-fsyntax-only", "-x", "c", "-"],
                                    input=b"int x;", capture_output=True).returncode == 0
     assert ("-mllvm" in flags) == accepts_mllvm
@@ -596,3 +593,16 @@ def test_a_sum_of_products_reduction_is_vectorised(tmp_path: pathlib.Path) -> No
     mean = x.astype(np.float64).mean(-1, keepdims=True)
     expected = (x - mean) / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_max_pool_gradients_window_is_not_gathered(tmp_path: pathlib.Path) -> None:
+    """The gradient through batch norm and a 2x2 max-pool (MNIST's): each window's four values (two rows of two) were
+    packed by LLVM 14's SLP vectoriser into an AVX-512 gather, and the window's compare into mask extractions (4.5-8
+    ms against gcc's 1.0); with `-mllvm -slp-threshold=5` that marginal packing is left scalar (1.25 ms)."""
+    with Tensor.train():
+        x = Tensor.rand(4, 32, 20, 20, requires_grad=True)
+        y = nn.BatchNorm(32)(x.relu()).max_pool2d(2)
+        (y * Tensor.rand(*y.shape)).sum().backward()
+        window = [k for k in kernels(x.grad) if k.name.startswith("E_") and k.name.endswith("_2_2")]
+    assert window
+    assert "gather" not in assembly(window[0].source, tmp_path)

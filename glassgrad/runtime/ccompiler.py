@@ -63,8 +63,13 @@ BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off", "-fno-m
 #   AVX-512: a 3x3 convolution 97 ms against gcc's 4.5, a 5x5 weight gradient with 8 lanes 3.6 ms against 0.43).
 #   Capped, the lanes loop is vectorised first, and the single vector iteration left is unrolled after (the
 #   accumulators then live in registers): 4.0 and 0.47 ms. (Loops of 4 lanes or fewer are left to SLP.)
+# * -mllvm -slp-threshold=5 (LLVM only): LLVM's SLP vectoriser packs straight-line code only where its cost model
+#   sees a gain of 5 or more, not any gain. With AVX-512, where LLVM 14 takes gathers as cheap, it packed a 2x2
+#   max-pool window's four loads (two rows) into a gather and the window's compare into mask-register extractions:
+#   MNIST's max-pool gradient 4.5-8 ms against gcc's 1.0, 1.25 ms with the threshold; clear wins (small reductions'
+#   partial sums) stay packed
 OPTIONAL_FLAGS: tuple[tuple[str, ...], ...] = (("-march=native",), ("-fopenmp-simd",), ("-fno-ivopts",),
-                                               ("-mllvm", "-unroll-full-max-count=7"))
+                                               ("-mllvm", "-unroll-full-max-count=7"), ("-mllvm", "-slp-threshold=5"))
 # tried in this order when CC is not set. gcc first: the kernels' loop shapes and pragmas were tuned with gcc 12.
 # clang 14 once ran them about 3x slower (MNIST's training step, batch 512, 2 cores: 1.4 s with gcc, 4.5 s with
 # clang); with the LLVM flags above and its vector math (`svml_libmvec`) it is within XXX of gcc (docs/OPTIMIZER.md)
