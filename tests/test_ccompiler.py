@@ -606,3 +606,18 @@ def test_a_max_pool_gradients_window_is_not_gathered(tmp_path: pathlib.Path) -> 
         window = [k for k in kernels(x.grad) if k.name.startswith("E_") and k.name.endswith("_2_2")]
     assert window
     assert "gather" not in assembly(window[0].source, tmp_path)
+
+
+def test_the_svml_probe_refuses_a_name_the_kernels_do_not_define(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SVML probe's library holds a vectorisable loop of every math function a kernel can call: a compiler that
+    maps one of them to an SVML name the kernels do not define (here: the definitions of pow's names left out)
+    cannot load it, and is not given -fveclib=SVML (its kernels would fail to load instead)."""
+    info = Device["CPU"].compiler.info
+    if not info.svml_libmvec:
+        pytest.skip(f"{info.describe()} has no -fveclib=SVML")
+    flags = tuple(f for f in info.flags if f not in ccompiler.SVML_FLAGS and f != "-DGG_VECTOR_MATH")
+    assert ccompiler._has_svml_libmvec(info.path, flags)
+    without_pow = "\n".join(line for line in ccompiler.SVML_PROBE.splitlines()
+                            if "__svml_pow" not in line or "gg_probe" in line)
+    monkeypatch.setattr(ccompiler, "SVML_PROBE", without_pow)
+    assert not ccompiler._has_svml_libmvec(info.path, flags)

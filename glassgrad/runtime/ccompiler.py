@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir
-from glassgrad.renderer.cstyle import SVML_WRAPPERS
+from glassgrad.renderer.cstyle import SVML_WRAPPERS, ClangRenderer
 
 # flags every kernel is built with: -fwrapv (integer overflow wraps, like numpy), -ffp-contract=off (no FMA, so a*b+c
 # rounds like numpy), -fno-math-errno (math functions may vectorise; NaN and inf handling is unchanged),
@@ -144,10 +144,17 @@ float exp2f(float) __attribute__((simd("notinbranch")));
 void gg_probe(float* restrict out, const float* restrict in) { for (int i = 0; i < 64; i++) out[i] = exp2f(in[i]); }
 """
 
+# every math function a CPU kernel can call, in a vectorisable loop of each type: should the compiler map any of them
+# to an SVML name that the kernel does not define, the library would not load (ctypes binds every symbol at load)
+_TWO_ARGUMENTS = ("pow", "fmod")
+_KERNEL_MATH = (*ClangRenderer.float_functions.values(), "fabs")
 SVML_PROBE = f"""#include <math.h>
 {SVML_WRAPPERS}
 void gg_probe(float* restrict out, const float* restrict in) {{ for (int i = 0; i < 64; i++) out[i] = exp2f(in[i]); }}
-"""
+""" + "\n".join(
+    f"void gg_probe_{fn}{suffix}({ctype}* restrict out, const {ctype}* restrict a, const {ctype}* restrict b) {{ "
+    f"for (int i = 0; i < 64; i++) out[i] = {fn}{suffix}(a[i]{', b[i]' if fn in _TWO_ARGUMENTS else ''}); }}"
+    for fn in _KERNEL_MATH for ctype, suffix in (("float", "f"), ("double", ""))) + "\n"
 SVML_FLAGS = ("-fveclib=SVML", "-DGG_SVML_LIBMVEC")
 
 # float32 values whose float16 conversion tells round-to-nearest-even from other roundings: ties to even (down and
@@ -253,7 +260,8 @@ def _has_vector_math(path: str, flags: tuple[str, ...]) -> bool:
 
 
 def _has_svml_libmvec(path: str, flags: tuple[str, ...]) -> bool:
-    """See the module docstring: the vectorised loop calls an SVML name, and its results are glibc's exp2f's."""
+    """See the module docstring: the vectorised loop calls an SVML name, the library (with loops of every math
+    function a kernel can call, each type) loads, and its exp2f gives glibc's results."""
     flags = (*flags, *SVML_FLAGS)
     try:
         proc = subprocess.run([path, *[f for f in flags if f != "-shared"], "-S", "-o", "-", "-x", "c", "-"],
