@@ -71,8 +71,10 @@ BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off", "-fno-m
 OPTIONAL_FLAGS: tuple[tuple[str, ...], ...] = (("-march=native",), ("-fopenmp-simd",), ("-fno-ivopts",),
                                                ("-mllvm", "-unroll-full-max-count=7"), ("-mllvm", "-slp-threshold=5"))
 # tried in this order when CC is not set. gcc first: the kernels' loop shapes and pragmas were tuned with gcc 12.
-# clang 14 once ran them about 3x slower (MNIST's training step, batch 512, 2 cores: 1.4 s with gcc, 4.5 s with
-# clang); with the LLVM flags above and its vector math (`svml_libmvec`) it is within XXX of gcc (docs/OPTIMIZER.md)
+# clang 14 ran them 3-14x slower (MNIST's TinyJit training step on 2 loaded cores: batch 512 1.39 s with gcc, 11.5 s
+# with clang; batch 128 0.22 s, 2.4 s); with the LLVM flags above, its vector math (`svml_libmvec`) and the
+# renderer's strided addresses and fmuladd sums it is within about 1.2x of gcc (batch 512 2.05 s against 1.74 s,
+# batch 128 0.220 s against 0.222 s; per kernel of the step, 0.9-1.1x): docs/OPTIMIZER.md, "clang 14"
 CANDIDATES = ("gcc", "clang", "cc")
 
 
