@@ -544,9 +544,7 @@ class CStyleLanguage:
                 line(f"{'if (' + a[3] + ') ' if len(a) == 4 else ''}"
                      f"{self.render_store_add(a[0], a[1], a[2], u.src[2].dtype)}")
             elif u.op is Ops.STORE:
-                target = f"{a[0]}[{a[1]}]" if len(a) == 4 else self._subscript(a[0], a[1], u.src[1], open_loops,
-                                                                                from_zero, ref)
-                line(f"{'if (' + a[3] + ') ' if len(a) == 4 else ''}{target} = {a[2]};")
+                line(f"{'if (' + a[3] + ') ' if len(a) == 4 else ''}{a[0]}[{a[1]}] = {a[2]};")
             elif u.op is Ops.COPY_OUT:
                 line(self.render_copy_out(a[0], a[1], a[2], a[3]))
             elif u.op is Ops.SHUFFLE_XOR:
@@ -601,12 +599,14 @@ class CStyleLanguage:
 
     def _subscript(self, buf: str, rendered: str, index: UOp, open_loops: list[UOp], from_zero: set[UOp],
                    ref: Callable[[UOp], str]) -> str:
-        """`buf[index]`; with `split_strided_base`, a strided access (2 or more elements apart along the innermost
+        """A load's `buf[index]`; with `split_strided_base`, a strided read (2 or more elements apart along the
+        innermost
         open loop, which starts at 0) is written `(buf + base)[step]`: `base` the index's terms that do not move
         along that loop, `step` those that do. Built with -fwrapv, clang cannot tell that `base + 2 * i` does not
         wrap, so its vectoriser could not treat the access as strided and gathered each lane (`x[:, ::2] * 2 + 1`,
         2048x2048: 4.5x gcc's time); `buf + base` is the address at the loop's first iteration, inside the buffer
-        whenever the access is (an access under a mask, whose index may lie outside when masked off, is not split)."""
+        whenever the read is (a read under a mask, whose index may lie outside when masked off, is not split; stores
+        are left as they are: a strided store is a scatter either way)."""
         plain = f"{buf}[{rendered}]"
         if not self.split_strided_base or not open_loops or index.op is not Ops.ADD:
             return plain
