@@ -10,21 +10,23 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import pathlib
+import re
 import shutil
 import stat
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
 
-from glassgrad import Device, Tensor, dtypes, kernels
+from glassgrad import Device, Tensor, dtypes, kernels, nn
 from glassgrad.engine import realize
-from glassgrad.renderer.cstyle import ClangRenderer
+from glassgrad.renderer.cstyle import SVML_WRAPPERS, ClangRenderer
 from glassgrad.runtime import ccompiler
 from glassgrad.runtime.ccompiler import CCompilerError, compiler_info, find_c_compiler
 
@@ -448,3 +450,174 @@ def test_gelus_loop_is_vectorised_by_gcc(tmp_path: pathlib.Path) -> None:
     x = np.linspace(-6, 6, 2048, dtype=np.float32).reshape(2, 1024)
     expected = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x.astype(np.float64) ** 3)))
     np.testing.assert_allclose(Tensor(x).gelu().numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- what the compiler makes
+
+def assembly(source: str, tmp_path: pathlib.Path, extra: tuple[str, ...] = ()) -> str:
+    """The CPU device's compiler's assembly for a kernel's source, with the kernels' own flags."""
+    info = Device["CPU"].compiler.info
+    asm = tmp_path / "kernel.s"
+    flags = [f for f in info.flags if f != "-shared"]
+    subprocess.run([info.path, *flags, *extra, "-S", "-x", "c", "-", "-o", str(asm)], input=source.encode(),
+                   check=True, capture_output=True)
+    return asm.read_text()
+
+
+def test_optional_flags_are_taken_in_whole_groups() -> None:
+    """`-mllvm` and its argument are one group: a compiler gets both (clang) or neither (gcc rejects `-mllvm`)."""
+    info = Device["CPU"].compiler.info
+    flags = list(info.flags)
+    for group in ccompiler.OPTIONAL_FLAGS:
+        whole = any(tuple(flags[i:i + len(group)]) == group for i in range(len(flags)))
+        assert whole or not any(f in flags for f in group if f != "-mllvm"), (group, flags)
+    accepts_mllvm = subprocess.run([info.path, "-mllvm", "-unroll-full-max-count=7", "-fsyntax-only", "-x", "c", "-"],
+                                   input=b"int x;", capture_output=True).returncode == 0
+    assert ("-mllvm" in flags) == accepts_mllvm
+
+
+@pytest.mark.parametrize("channels", [32, 24], ids=["16 lanes", "8 lanes"])
+def test_a_register_tiles_lanes_become_vector_fmas(channels: int, tmp_path: pathlib.Path) -> None:
+    """A convolution's register tile (a `#pragma omp simd` loop of 16 lanes inside unrolled loops): clang 14 fully
+    unrolled the lanes loop before its loop vectoriser ran and left 256 scalar FMAs (`vfmadd231ss`, the accumulators
+    spilled: MNIST's convolutions 5-30x slower than gcc's); with LLVM's full unroll capped at 7 iterations
+    (`-mllvm -unroll-full-max-count=7`) the lanes are vector FMAs, as gcc makes them. 24 output channels make a tile
+    of 8 lanes (16 + 8), which a cap of 8 still unrolled (176 scalar FMAs)."""
+    if not compiler_defines("__FMA__"):
+        pytest.skip("reads x86 FMA instructions")
+    out = Tensor.rand(2, 8, 10, 10).conv2d(Tensor.rand(channels, 8, 3, 3))
+    source = kernels(out)[-1].source
+    assert "#pragma omp simd" in source and "GG_FMAF(" in source
+    asm = assembly(source, tmp_path)
+    assert re.search(r"vfmadd\d+ps", asm) and not re.search(r"vfmadd\d+ss", asm)
+
+
+def calls_vector_exp2f(asm: str) -> bool:
+    """Whether compiled code calls a SIMD exp2f: glibc's (`_ZGV..._exp2f`, gcc) or SVML's name for it, which the
+    kernel defines as glibc's (clang; the definitions themselves jump to glibc's, they do not call it)."""
+    return re.search(r"call\w*\s+(_ZGV\w+_exp2f|__svml_exp2f\d+)", asm) is not None
+
+
+def softmax_reference(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def gelu_reference(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+@pytest.mark.parametrize("make, reference", [(lambda x: x.softmax(-1), softmax_reference),
+                                             (lambda x: x.gelu(), gelu_reference)], ids=["softmax", "gelu"])
+def test_exp2f_loops_call_vector_math(make: Callable[[Tensor], Tensor], reference: Callable[[np.ndarray], np.ndarray],
+                                      tmp_path: pathlib.Path) -> None:
+    """Softmax's and GELU's exp2f loops call glibc's SIMD exp2f with either compiler: gcc through the `simd`
+    declarations, clang (whose vector library table of glibc has no exp2f) through -fveclib=SVML and the kernel's
+    definitions of SVML's names as glibc's functions (clang 14 before: scalar calls, softmax 12x slower than gcc's)."""
+    info = Device["CPU"].compiler.info
+    if not info.vector_math:
+        pytest.skip(f"{info.describe()} cannot link glibc's libmvec here")
+    if "clang" in (info.command + info.version).lower() and not info.svml_libmvec:
+        pytest.skip(f"{info.describe()} has no -fveclib=SVML")
+    values = np.linspace(-30, 30, 64 * 1023, dtype=np.float32).reshape(64, 1023)
+    out = make(Tensor(values))
+    source = "\n".join(k.source for k in kernels(out) if "exp2f(" in k.source)
+    assert source and calls_vector_exp2f(assembly(source, tmp_path))
+    np.testing.assert_allclose(out.numpy(), reference(values.astype(np.float64)), rtol=2e-5, atol=1e-6)
+
+
+SVML_CALLS = """
+void gg_calls_float(float* out, const float* a, const float* b) {
+  gg_float16 x, y; __builtin_memcpy(&x, a, 64); __builtin_memcpy(&y, b, 64);
+  gg_float16 r[4] = {__svml_exp2f16(x), __svml_log2f16(y), __svml_sinf16(x), __svml_powf16(y, x)};
+  __builtin_memcpy(out, r, sizeof r);
+}
+void gg_calls_double(double* out, const double* a, const double* b) {
+  gg_double8 x, y; __builtin_memcpy(&x, a, 64); __builtin_memcpy(&y, b, 64);
+  gg_double8 r[4] = {__svml_exp28(x), __svml_log28(y), __svml_sin8(x), __svml_pow8(y, x)};
+  __builtin_memcpy(out, r, sizeof r);
+}
+"""
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "AMD64"), reason="glibc's x86-64 libmvec names")
+@pytest.mark.parametrize("march", ["x86-64", "native"])
+def test_svml_names_compute_glibcs_functions(march: str, tmp_path: pathlib.Path) -> None:
+    """The kernels' definitions of SVML's names (`SVML_WRAPPERS`), at the widest width, give exp2, log2, sin and pow:
+    with -march=x86-64 (SSE only) as two and four calls of the narrower ones, natively (AVX-512 or AVX2 here) as
+    glibc's own function of that width. Built by either compiler (they are plain C with vector types)."""
+    info = Device["CPU"].compiler.info
+    if not info.vector_math:
+        pytest.skip(f"{info.describe()} cannot link glibc's libmvec here")
+    library = tmp_path / "svml.so"
+    flags = [f for f in info.flags if not f.startswith("-march=")]
+    subprocess.run([info.path, *flags, f"-march={march}", "-DGG_SVML_LIBMVEC", "-x", "c", "-", "-o", str(library),
+                    *info.libs], input=f"#include <math.h>\n{SVML_WRAPPERS}\n{SVML_CALLS}".encode(), check=True,
+                   capture_output=True)
+    lib = ctypes.CDLL(str(library))
+    for name, dtype, lanes in (("gg_calls_float", np.float32, 16), ("gg_calls_double", np.float64, 8)):
+        a = np.linspace(-3.0, 3.0, lanes).astype(dtype)
+        b = np.linspace(0.25, 9.0, lanes).astype(dtype)
+        out = np.zeros(4 * lanes, dtype)
+        getattr(lib, name)(ctypes.c_void_p(out.ctypes.data), ctypes.c_void_p(a.ctypes.data),
+                           ctypes.c_void_p(b.ctypes.data))
+        expected = np.concatenate([np.exp2(a), np.log2(b), np.sin(a), np.power(b, a)])
+        np.testing.assert_allclose(out, expected, rtol=4 * np.finfo(dtype).eps, atol=np.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("step", [2, 3, -2])
+def test_a_strided_read_is_a_strided_vector_load(step: int, tmp_path: pathlib.Path) -> None:
+    """`x[:, ::2] * 2 + 1`: the read's address is written `(data1 + base)[i * 2]`, which clang vectorises as
+    strided (built with -fwrapv it could not tell that `base + i * 2` does not wrap, and gathered every lane with
+    AVX-512: 4.5x gcc's time); the numbers are the same either way, backwards too (`(data1 + (base + 95))[i * -2]`)."""
+    x = np.arange(64 * 96, dtype=np.float32).reshape(64, 96)
+    out = Tensor(x)[:, ::step] * 2 + 1
+    source = kernels(out)[-1].source
+    assert re.search(rf"\(data1 \+ \([^()]*\)\)\[\(ridx\d+ \* {abs(step) if step > 0 else step}\)\]", source), source
+    if step > 0:  # (backwards, clang 14 still gathers: left as it was)
+        assert "gather" not in assembly(source, tmp_path)
+    np.testing.assert_array_equal(out.numpy(), x[:, ::step] * 2 + 1)
+
+
+def test_a_sum_of_products_reduction_is_vectorised(tmp_path: pathlib.Path) -> None:
+    """A layernorm's sum of squares (`acc = GG_FMAF(v, v, acc)` under `omp simd reduction(+)`) is vector FMAs:
+    clang's loop vectoriser does not take a chain of the fma builtin as a sum, so for clang the kernel fuses with
+    `fp contract(on)` instead (which it takes); the loop stayed scalar before (rows of 1023: 5.6x gcc's time)."""
+    if not compiler_defines("__FMA__"):
+        pytest.skip("reads x86 FMA instructions")
+    x = np.random.default_rng(2).standard_normal((256, 1023), dtype=np.float32)
+    out = Tensor(x).layernorm(-1)
+    source = kernels(out)[-1].source
+    assert "GG_FMAF(" in source
+    assert re.search(r"vfmadd\d+ps", assembly(source, tmp_path))  # (a scalar loop finishes the 1023)
+    mean = x.astype(np.float64).mean(-1, keepdims=True)
+    expected = (x - mean) / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_max_pool_gradients_window_is_not_gathered(tmp_path: pathlib.Path) -> None:
+    """The gradient through batch norm and a 2x2 max-pool (MNIST's): each window's four values (two rows of two) were
+    packed by LLVM 14's SLP vectoriser into an AVX-512 gather, and the window's compare into mask extractions (4.5-8
+    ms against gcc's 1.0); with `-mllvm -slp-threshold=5` that marginal packing is left scalar (1.25 ms)."""
+    with Tensor.train():
+        x = Tensor.rand(4, 32, 20, 20, requires_grad=True)
+        y = nn.BatchNorm(32)(x.relu()).max_pool2d(2)
+        (y * Tensor.rand(*y.shape)).sum().backward()
+        window = [k for k in kernels(x.grad) if k.name.startswith("E_") and k.name.endswith("_2_2")]
+    assert window
+    assert "gather" not in assembly(window[0].source, tmp_path)
+
+
+def test_the_svml_probe_refuses_a_name_the_kernels_do_not_define(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SVML probe's library holds a vectorisable loop of every math function a kernel can call: a compiler that
+    maps one of them to an SVML name the kernels do not define (here: the definitions of pow's names left out)
+    cannot load it, and is not given -fveclib=SVML (its kernels would fail to load instead)."""
+    info = Device["CPU"].compiler.info
+    if not info.svml_libmvec:
+        pytest.skip(f"{info.describe()} has no -fveclib=SVML")
+    flags = tuple(f for f in info.flags if f not in ccompiler.SVML_FLAGS and f != "-DGG_VECTOR_MATH")
+    assert ccompiler._has_svml_libmvec(info.path, flags)
+    without_pow = "\n".join(line for line in ccompiler.SVML_PROBE.splitlines()
+                            if "__svml_pow" not in line or "gg_probe" in line)
+    monkeypatch.setattr(ccompiler, "SVML_PROBE", without_pow)
+    assert not ccompiler._has_svml_libmvec(info.path, flags)

@@ -126,7 +126,8 @@ def test_cpu_softmax_computes_each_exp_once() -> None:
     t = Tensor(x, device="CPU").softmax()
     schedule, _ = create_schedule([t.uop])
     source = get_program(schedule[-1].ast, renderer_for("CPU")).source
-    assert source.count("exp2f(") - source.count("float exp2f(") == 1, source
+    kernel = source[source.index("\nvoid "):]  # (the helpers before it declare and define vector exp2f's)
+    assert kernel.count("exp2f(") == 1, source
     np.testing.assert_allclose(t.numpy(), np_softmax(x), rtol=1e-5, atol=1e-7)
 
 

@@ -15,6 +15,7 @@ import functools
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -360,6 +361,8 @@ class CStyleLanguage:
         warpgroup_pending = False  # warpgroup MMAs issued since the last wait
         nesting: dict[UOp, int] = {}  # inlined expressions: how many operations deep they are
         copying = 0  # open loops of staging copies (codegen/stage.py): their float selects may be bitwise
+        open_loops: list[UOp] = []  # the loops open at this point, innermost last
+        from_zero: set[UOp] = set()  # ... those whose index starts at 0 (the outermost one starts at `start`)
 
         def new_name(prefix: str) -> str:
             counters[prefix] += 1
@@ -410,6 +413,9 @@ class CStyleLanguage:
                 pass  # constants are written where they are used
             elif u.op is Ops.RANGE:
                 names[u] = f"ridx{u.arg[0]}"
+                open_loops.append(u)
+                if u.arg[1] != "global" or global_index > 0:
+                    from_zero.add(u)
                 if u.arg[1] == "global":
                     if pragma := self.global_loop_pragma(program, position):
                         line(pragma)
@@ -447,6 +453,8 @@ class CStyleLanguage:
                     line(self.render_warpgroup_wait())
                     warpgroup_pending = False
                 depth -= 1
+                if u.src[0] in open_loops:
+                    open_loops.remove(u.src[0])
                 copying -= u.src[0].arg[1] == "stage"
                 line("}")
                 for copy in stores_after.pop(u.src[0], []):
@@ -528,7 +536,8 @@ class CStyleLanguage:
                     line(f"{lane} = {a[2]};")
             elif u.op is Ops.LOAD:
                 names[u] = new_name("val")
-                load = f"{a[0]}[{a[1]}]"
+                load = f"{a[0]}[{a[1]}]" if len(a) == 3 else self._subscript(a[0], a[1], u.src[1], open_loops,
+                                                                              from_zero, ref)
                 if len(a) == 3:
                     load = f"({a[2]} ? {load} : {self.render_const(0, u.dtype)})"
                 line(f"{self.render_dtype(u.dtype)} {names[u]} = {load};")
@@ -586,6 +595,39 @@ class CStyleLanguage:
 
     def render_param(self, u: UOp, writes: bool) -> str:
         return f"{'' if writes else 'const '}{self.render_dtype(u.dtype)}* restrict data{u.arg}"
+
+    split_strided_base = False  # see `_subscript`
+
+    def _subscript(self, buf: str, rendered: str, index: UOp, open_loops: list[UOp], from_zero: set[UOp],
+                   ref: Callable[[UOp], str]) -> str:
+        """A load's `buf[index]`; with `split_strided_base`, a strided read (2 or more elements apart along the
+        innermost
+        open loop, which starts at 0) is written `(buf + base)[step]`: `base` the index's terms that do not move
+        along that loop, `step` those that do. Built with -fwrapv, clang cannot tell that `base + 2 * i` does not
+        wrap, so its vectoriser could not treat the access as strided and gathered each lane (`x[:, ::2] * 2 + 1`,
+        2048x2048: 4.5x gcc's time); `buf + base` is the address at the loop's first iteration, inside the buffer
+        whenever the read is (a read under a mask, whose index may lie outside when masked off, is not split; stores
+        are left as they are: a strided store is a scatter either way)."""
+        plain = f"{buf}[{rendered}]"
+        if not self.split_strided_base or not open_loops or index.op is not Ops.ADD:
+            return plain
+        loop = open_loops[-1]
+        stride = index_stride(index, loop)
+        if loop not in from_zero or stride is None or abs(stride) < 2:
+            return plain
+        terms, todo = [], [index]
+        while todo:
+            term = todo.pop()
+            if term.op is Ops.ADD and index_stride(term, loop) != 0 and index_stride(term, loop) is not None:
+                todo.extend(reversed(term.src))
+            else:
+                terms.append(term)
+        moving = [t for t in terms if index_stride(t, loop) != 0]
+        fixed = [t for t in terms if index_stride(t, loop) == 0]
+        if not fixed or not all(t is loop or (t.op is Ops.MUL and t.src[0] is loop and t.src[1].op is Ops.CONST)
+                                for t in moving):
+            return plain
+        return f"({buf} + ({' + '.join(map(ref, fixed))}))[{' + '.join(map(ref, moving))}]"
 
     def _expression(self, u: UOp, names: dict[UOp, str]) -> str:
         """`u` written out whole from thread ids, loop indices and Variables (an index computed before the loop it
@@ -953,9 +995,22 @@ static inline unsigned short gg_f32_to_f16(float f) { return gg_f64_to_f16((doub
 
 
 # a fused multiply-add where the target has the instruction (x86's FMA3, ARM's), else a multiply and an add: the
-# library function would be a call per step
+# library function would be a call per step. clang gets `x * y + acc` under `fp contract(on)` (LLVM's fmuladd,
+# which it fuses wherever the target has FMA): its loop vectoriser takes an fmuladd chain as a sum, not the fma
+# builtin's (a layernorm's sum of squares, `#pragma omp simd reduction(+)`, stayed scalar: 5.6x gcc's time)
 _FMA_HELPERS = """#ifndef GG_FMAF
-#if defined(__FMA__) || defined(__ARM_FEATURE_FMA) || defined(__FP_FAST_FMAF)
+#if defined(__clang__) && (defined(__FMA__) || defined(__ARM_FEATURE_FMA))
+static inline float gg_fmaf(float x, float y, float acc) {
+#pragma clang fp contract(on)
+  return x * y + acc;
+}
+static inline double gg_fma(double x, double y, double acc) {
+#pragma clang fp contract(on)
+  return x * y + acc;
+}
+#define GG_FMAF(x, y, acc) gg_fmaf(x, y, acc)
+#define GG_FMA(x, y, acc) gg_fma(x, y, acc)
+#elif defined(__FMA__) || defined(__ARM_FEATURE_FMA) || defined(__FP_FAST_FMAF)
 #define GG_FMAF(x, y, acc) __builtin_fmaf(x, y, acc)
 #define GG_FMA(x, y, acc) __builtin_fma(x, y, acc)
 #else
@@ -982,6 +1037,56 @@ static inline double gg_select(int c, double x, double y) {
 _VECTOR_MATH = {fn: f'float {fn}(float) __attribute__((simd("notinbranch")));' for fn in ("exp2f", "log2f", "sinf")}
 
 
+# LLVM's loop vectoriser calls a vector math library only by the names it knows, and LLVM 14 knows glibc's libmvec for
+# sin, cos, exp, log and pow, not for the exp2f and log2f the kernels call; it knows Intel's SVML names for all of
+# them. So where the compiler takes -fveclib=SVML (clang; `runtime/ccompiler.py` probes it and then defines
+# GG_SVML_LIBMVEC), a loop of `exp2f` calls `__svml_exp2f16` on 16 lanes, and the kernel defines that name as glibc's
+# libmvec function of the same width (`_ZGVeN16v_exp2f`, the one gcc calls: the same numbers with either compiler),
+# or as two calls of half the width where the machine has no registers that wide. Hidden: each kernel library has
+# its own. (Kernels calling these functions only.)
+SVML_FUNCTIONS = (("exp2", 1), ("log2", 1), ("sin", 1), ("pow", 2))
+
+
+def _svml_wrapper(fn: str, args: int, ctype: str, lanes: int, isa: str | None) -> str:
+    """`__svml_<fn><lanes>` for one libmvec function and width: glibc's variant for the ISA letter `isa` (b: SSE,
+    c: AVX, d: AVX2, e: AVX-512), or None: two calls of the wrapper of half the width."""
+    suffix = "f" if ctype == "float" else ""
+    vtype, half = f"gg_{ctype}{lanes}", f"gg_{ctype}{lanes // 2}"
+    name = f"__svml_{fn}{suffix}{lanes}"
+    params = ", ".join(f"{vtype} {v}" for v in "xy"[:args])
+    if isa is not None:
+        variant = f"_ZGV{isa}N{lanes}{'v' * args}_{fn}{suffix}"
+        return (f"{vtype} {variant}({', '.join([vtype] * args)});\n"
+                f"GG_HIDDEN {vtype} {name}({params}) {{ return {variant}({', '.join('xy'[:args])}); }}")
+    copies = " ".join(f"{half} {v}h[2]; __builtin_memcpy({v}h, &{v}, sizeof {v});" for v in "xy"[:args])
+    calls = " ".join(f"xh[{i}] = __svml_{fn}{suffix}{lanes // 2}({', '.join(f'{v}h[{i}]' for v in 'xy'[:args])});"
+                     for i in range(2))
+    return f"GG_HIDDEN {vtype} {name}({params}) {{ {copies} {calls} __builtin_memcpy(&x, xh, sizeof x); return x; }}"
+
+
+def _svml_wrappers() -> str:
+    lines = ["#if defined(GG_SVML_LIBMVEC) && defined(__x86_64__) && !defined(GG_SVML_WRAPPERS)",
+             "#define GG_SVML_WRAPPERS", '#define GG_HIDDEN __attribute__((visibility("hidden")))']
+    for ctype, size in (("float", 4), ("double", 8)):
+        lines += [f"typedef {ctype} gg_{ctype}{b // size} __attribute__((vector_size({b})));" for b in (16, 32, 64)]
+    for fn, args in SVML_FUNCTIONS:
+        for ctype, size in (("float", 4), ("double", 8)):
+            small, mid, wide = (b // size for b in (16, 32, 64))
+            lines.append(_svml_wrapper(fn, args, ctype, small, "b"))
+            lines += ["#if defined(__AVX2__)", _svml_wrapper(fn, args, ctype, mid, "d"), "#elif defined(__AVX__)",
+                      _svml_wrapper(fn, args, ctype, mid, "c"), "#else", _svml_wrapper(fn, args, ctype, mid, None),
+                      "#endif", "#if defined(__AVX512F__)", _svml_wrapper(fn, args, ctype, wide, "e"), "#else",
+                      _svml_wrapper(fn, args, ctype, wide, None), "#endif"]
+    return "\n".join([*lines, "#endif"])
+
+
+SVML_WRAPPERS = _svml_wrappers()
+
+
+def _calls_svml_function(text: str) -> bool:
+    return any(f"{fn}{suffix}(" in text for fn, _ in SVML_FUNCTIONS for suffix in ("f", ""))
+
+
 class ClangRenderer(CStyleLanguage):
     """C for the CPU backend. The outermost loop runs over [start, end) so the runtime can split it over threads."""
     device = "CPU"
@@ -1003,6 +1108,7 @@ class ClangRenderer(CStyleLanguage):
             f"vector_bytes={self.vector_bytes})"
 
     wide_index_type = "long long"
+    split_strided_base = True
 
     abs_functions = {dtypes.float32: "fabsf", dtypes.float64: "fabs"}
 
@@ -1151,6 +1257,8 @@ class ClangRenderer(CStyleLanguage):
         vector_math = [decl for fn, decl in _VECTOR_MATH.items() if any(f"{fn}(" in line for line in body)]
         if vector_math:  # the CPU compiler defines GG_VECTOR_MATH when glibc's libmvec can be linked
             helpers = ["#ifdef GG_VECTOR_MATH", *vector_math, "#endif", *helpers]
+        if _calls_svml_function(text):
+            helpers.append(SVML_WRAPPERS)
         if "GG_FMA" in text:
             helpers.append(_FMA_HELPERS.rstrip())
         if "gg_select" in text:

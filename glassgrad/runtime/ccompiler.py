@@ -12,6 +12,11 @@ its capabilities, each found by building (and, where numbers matter, running) a 
 * `omp_simd`: `-fopenmp-simd` is accepted, so the renderer's `#pragma omp simd` hints mean something.
 * `march_native`: `-march=native` is accepted (code for this machine's vector units).
 * `vector_math`: glibc's SIMD `exp2f`/`log2f`/`sinf` (libmvec) link and load (`-DGG_VECTOR_MATH`).
+* `svml_libmvec`: the compiler takes `-fveclib=SVML` and then vectorises a loop of `exp2f` into calls of SVML's
+  names, which the renderer's definitions (`renderer/cstyle.py`, `SVML_WRAPPERS`) forward to glibc's libmvec: the
+  library builds, loads and computes exp2f (`-fveclib=SVML -DGG_SVML_LIBMVEC`). clang 14: its libmvec table has no
+  exp2f or log2f, so without this its softmax and GELU loops call the scalar functions (gcc's `simd` declarations
+  of them are ignored).
 
 A compiler that cannot build and run a plain kernel raises `CCompilerError`, naming the compiler, its version and
 the step that failed, with the compiler's own messages. Probing costs a few compiler runs the first time a compiler
@@ -39,19 +44,37 @@ from typing import Any
 import numpy as np
 
 from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir
+from glassgrad.renderer.cstyle import SVML_WRAPPERS, ClangRenderer
 
 # flags every kernel is built with: -fwrapv (integer overflow wraps, like numpy), -ffp-contract=off (no FMA, so a*b+c
 # rounds like numpy), -fno-math-errno (math functions may vectorise; NaN and inf handling is unchanged),
 # -fno-trapping-math (no program here reads the floating-point exception flags, so both arms of a select may be
 # computed: gcc then vectorises a loop whose selects hold arithmetic, GELU's tanh among them; values are unchanged)
 BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math")
-# -fno-ivopts: gcc 12.2's induction-variable pass rewrote a read of a local array (a register tile's accumulators, in
-# a loop of masked stores: a column max or sum over a padded row of 257 or 1021) as an address based on the output
-# pointer, and RTL dead-store elimination then dropped the accumulation as never read: max(0) of a (2, 3, 257) tensor
-# gave -inf everywhere. Optional, as each of these: clang ignores it (with a warning)
-OPTIONAL_FLAGS = ("-march=native", "-fopenmp-simd", "-fno-ivopts")
-# tried in this order when CC is not set. gcc first: the kernels' loop shapes and pragmas were tuned with gcc 12, and
-# clang 14 runs them about 3x slower (MNIST's training step, batch 512, 2 cores: 1.4 s with gcc, 4.5 s with clang)
+# tried as groups (a group is taken whole or not at all), each where the compiler accepts it:
+# * -fno-ivopts: gcc 12.2's induction-variable pass rewrote a read of a local array (a register tile's accumulators,
+#   in a loop of masked stores: a column max or sum over a padded row of 257 or 1021) as an address based on the
+#   output pointer, and RTL dead-store elimination then dropped the accumulation as never read: max(0) of a
+#   (2, 3, 257) tensor gave -inf everywhere. clang ignores it (with a warning)
+# * -mllvm -unroll-full-max-count=7 (LLVM only): LLVM's cost model fully unrolls loops of up to 7 iterations, not
+#   more; loops with an unroll pragma are unrolled as the pragma says. LLVM fully unrolls small loops before its loop
+#   vectoriser runs, so a register tile's 8 or 16 SIMD lanes (`#pragma omp simd`, a loop of 8 or 16) became scalar
+#   copies that its SLP vectoriser did not put back together: scalar FMAs with the accumulators spilled (clang 14,
+#   AVX-512: a 3x3 convolution 97 ms against gcc's 4.5, a 5x5 weight gradient with 8 lanes 3.6 ms against 0.43).
+#   Capped, the lanes loop is vectorised first, and the single vector iteration left is unrolled after (the
+#   accumulators then live in registers): 4.0 and 0.47 ms. (Loops of 4 lanes or fewer are left to SLP.)
+# * -mllvm -slp-threshold=5 (LLVM only): LLVM's SLP vectoriser packs straight-line code only where its cost model
+#   sees a gain of 5 or more, not any gain. With AVX-512, where LLVM 14 takes gathers as cheap, it packed a 2x2
+#   max-pool window's four loads (two rows) into a gather and the window's compare into mask-register extractions:
+#   MNIST's max-pool gradient 4.5-8 ms against gcc's 1.0, 1.25 ms with the threshold; clear wins (small reductions'
+#   partial sums) stay packed
+OPTIONAL_FLAGS: tuple[tuple[str, ...], ...] = (("-march=native",), ("-fopenmp-simd",), ("-fno-ivopts",),
+                                               ("-mllvm", "-unroll-full-max-count=7"), ("-mllvm", "-slp-threshold=5"))
+# tried in this order when CC is not set. gcc first: the kernels' loop shapes and pragmas were tuned with gcc 12.
+# clang 14 ran them 3-14x slower (MNIST's TinyJit training step on 2 loaded cores: batch 512 1.39 s with gcc, 11.5 s
+# with clang; batch 128 0.22 s, 2.4 s); with the LLVM flags above, its vector math (`svml_libmvec`) and the
+# renderer's strided addresses and fmuladd sums it is within about 1.2x of gcc (batch 512 2.05 s against 1.74 s,
+# batch 128 0.220 s against 0.222 s; per kernel of the step, 0.9-1.1x): docs/OPTIMIZER.md, "clang 14"
 CANDIDATES = ("gcc", "clang", "cc")
 
 
@@ -72,6 +95,7 @@ class CCompilerInfo:
     omp_simd: bool = False
     march_native: bool = False
     vector_math: bool = False
+    svml_libmvec: bool = False
     vector_bytes: int = 16
     problem: str = ""
 
@@ -121,6 +145,19 @@ VECTOR_MATH_PROBE = """#include <math.h>
 float exp2f(float) __attribute__((simd("notinbranch")));
 void gg_probe(float* restrict out, const float* restrict in) { for (int i = 0; i < 64; i++) out[i] = exp2f(in[i]); }
 """
+
+# every math function a CPU kernel can call, in a vectorisable loop of each type: should the compiler map any of them
+# to an SVML name that the kernel does not define, the library would not load (ctypes binds every symbol at load)
+_TWO_ARGUMENTS = ("pow", "fmod")
+_KERNEL_MATH = (*ClangRenderer.float_functions.values(), "fabs")
+SVML_PROBE = f"""#include <math.h>
+{SVML_WRAPPERS}
+void gg_probe(float* restrict out, const float* restrict in) {{ for (int i = 0; i < 64; i++) out[i] = exp2f(in[i]); }}
+""" + "\n".join(
+    f"void gg_probe_{fn}{suffix}({ctype}* restrict out, const {ctype}* restrict a, const {ctype}* restrict b) {{ "
+    f"for (int i = 0; i < 64; i++) out[i] = {fn}{suffix}(a[i]{', b[i]' if fn in _TWO_ARGUMENTS else ''}); }}"
+    for fn in _KERNEL_MATH for ctype, suffix in (("float", "f"), ("double", ""))) + "\n"
+SVML_FLAGS = ("-fveclib=SVML", "-DGG_SVML_LIBMVEC")
 
 # float32 values whose float16 conversion tells round-to-nearest-even from other roundings: ties to even (down and
 # up), just past a tie, a subnormal tie, overflow past 65504, an infinity
@@ -224,6 +261,33 @@ def _has_vector_math(path: str, flags: tuple[str, ...]) -> bool:
     return True
 
 
+def _has_svml_libmvec(path: str, flags: tuple[str, ...]) -> bool:
+    """See the module docstring: the vectorised loop calls an SVML name, the library (with loops of every math
+    function a kernel can call, each type) loads, and its exp2f gives glibc's results."""
+    flags = (*flags, *SVML_FLAGS)
+    try:
+        proc = subprocess.run([path, *[f for f in flags if f != "-shared"], "-S", "-o", "-", "-x", "c", "-"],
+                              input=SVML_PROBE.encode(), capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    if proc.returncode != 0 or b"__svml_exp2f" not in proc.stdout:
+        return False
+    build = _build(path, SVML_PROBE, flags, ("-lmvec", "-lm"))
+    if build.library is None:
+        return False
+    try:
+        fn = _load(build.library).gg_probe
+    except OSError:
+        return False
+    values = np.linspace(-130.0, 130.0, 64, dtype=np.float32)
+    out = np.zeros(64, dtype=np.float32)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    fn(out.ctypes.data, values.ctypes.data)
+    with np.errstate(over="ignore"):
+        expected = np.exp2(values)
+    return bool(np.allclose(out, expected, rtol=4e-7, atol=0.0))
+
+
 # the widest SIMD registers the flags let the compiler use, from its predefined macros (bytes); 16 (SSE2, NEON, or
 # nothing known) otherwise
 SIMD_MACROS = (("__AVX512F__", 64), ("__AVX__", 32))
@@ -260,26 +324,31 @@ def probe(command: str, path: str) -> CCompilerInfo:
     problem = _kernel_problem(path, flags, libs)
     if problem:
         return dataclasses.replace(info, problem=problem)
-    accepted: tuple[str, ...] = OPTIONAL_FLAGS
-    if not _accepts(path, flags, OPTIONAL_FLAGS, libs):
-        accepted = tuple(f for f in OPTIONAL_FLAGS if _accepts(path, flags, (f,), libs))
+    everything = tuple(f for group in OPTIONAL_FLAGS for f in group)
+    accepted: tuple[str, ...] = everything
+    if not _accepts(path, flags, everything, libs):
+        accepted = tuple(f for group in OPTIONAL_FLAGS if _accepts(path, flags, group, libs) for f in group)
     flags = (*flags, *accepted)
     checks: list[Callable[[], bool]] = [lambda: _has_native_half(path, flags, libs),
-                                        lambda: _has_bfloat16(path, flags), lambda: _has_vector_math(path, flags)]
+                                        lambda: _has_bfloat16(path, flags), lambda: _has_vector_math(path, flags),
+                                        lambda: _has_svml_libmvec(path, flags)]
     with ThreadPoolExecutor(max_workers=len(checks)) as pool:
-        native_half, native_bfloat16, vector_math = (f.result() for f in [pool.submit(c) for c in checks])
+        native_half, native_bfloat16, vector_math, svml = (f.result() for f in [pool.submit(c) for c in checks])
     if vector_math:  # the renderer declares glibc's SIMD math functions under this macro
         flags, libs = (*flags, "-DGG_VECTOR_MATH"), ("-lmvec", "-lm")
+    svml = svml and vector_math
+    if svml:  # ... and defines SVML's names as them under this one
+        flags = (*flags, *SVML_FLAGS)
     return dataclasses.replace(info, flags=flags, libs=libs, native_half=native_half, native_bfloat16=native_bfloat16,
                                omp_simd="-fopenmp-simd" in flags, march_native="-march=native" in flags,
-                               vector_math=vector_math, vector_bytes=_vector_bytes(path, flags))
+                               vector_math=vector_math, svml_libmvec=svml, vector_bytes=_vector_bytes(path, flags))
 
 
 # ---------- caching: in memory, and on disk keyed by the compiler's identity ----------
 
-_PROBES_KEY = hashlib.sha256("\n".join([*BASE_FLAGS, *OPTIONAL_FLAGS, KERNEL_PROBE, SIMD_PROBE, HALF_PROBE,
-                                        BFLOAT16_PROBE, VECTOR_MATH_PROBE, repr(HALF_CHECKS.tolist()),
-                                        repr(SIMD_MACROS)]).encode())
+_PROBES_KEY = hashlib.sha256("\n".join([*BASE_FLAGS, *map(" ".join, OPTIONAL_FLAGS), KERNEL_PROBE, SIMD_PROBE,
+                                        HALF_PROBE, BFLOAT16_PROBE, VECTOR_MATH_PROBE, SVML_PROBE, *SVML_FLAGS,
+                                        repr(HALF_CHECKS.tolist()), repr(SIMD_MACROS)]).encode())
 _MEMORY: dict[str, CCompilerInfo] = {}
 
 
