@@ -348,12 +348,10 @@ MIN_SIDE = 64         # one tile axis at least this long, the other at least NAR
 PER_THREAD = 8        # outputs per thread along each axis: two groups of 4, half a tile apart
 ASYNC_TILE_K = 16     # ... with cp.async: a tile of 16 in flight while one is multiplied (two stages, 33 KB)
 SIMT_STAGES = 2
-WIDE_SIMT = True      # float32 products with many tiles: 256 x 128 tiles, 16 x 8 outputs a thread (`_simt_shape`)
-WIDE_TILE = 256
+WIDE_TILE = 256       # float32 products with many tiles: 256 x 128 tiles, 16 x 8 outputs a thread (`_simt_shape`)
 WIDE_TILE_K = 8
 WIDE_STAGES = 3       # 3 x 8 x (260 + 132) floats: 37.6 KB
 WIDE_MIN_BLOCKS = 264  # two 256 x 128 tiles per multiprocessor of an H100/H200 (132)
-SIMT_ELEMENT_COPIES = True  # a factor copied by 4-byte cp.asyncs: neighbouring threads take neighbouring elements
 
 
 @dataclass(frozen=True)
@@ -544,10 +542,10 @@ def _tiled(ast: UOp, plan: MatmulPlan, tensor_cores: bool, tf32: bool = False,
     shape = _simt_shape(plan, tensor_cores)
     plan, row_per = shape.plan, shape.row_per
     row_tile, col_tile = plan.rows.tile, plan.cols.tile
-    col_threads, threads = col_tile // PER_THREAD, row_tile // row_per * col_tile // PER_THREAD
+    col_threads = col_tile // PER_THREAD
     tiles, b, asynchronous = shape.tiles, shape.block, shape.asynchronous
     if not asynchronous:  # through registers: TILE_K a step, double-buffered
-        b = _block(plan, TILE_K, TILE_K, threads) if tiles.tile_k != TILE_K else b
+        b = _block(plan, TILE_K, TILE_K, b.threads) if tiles.tile_k != TILE_K else b
         tiles = _SimtTiles(plan, TILE_K, 2)
     dt = b.dt
     smem = UOp(Ops.DEFINE_LOCAL, plan.reduce.dtype, (), (0, tiles.size))
@@ -599,12 +597,11 @@ def _simt_shape(plan: MatmulPlan, tensor_cores: bool) -> _SimtShape:
         tiles = _SimtTiles(candidate, tile_k if _reduce_size(candidate.reduce) >= tile_k else TILE_K, stages)
         b = _block(candidate, tiles.tile_k, tiles.tile_k, threads)
         groups = tiles.copies(b, b.k_outer)
-        elementwise = tuple(SIMT_ELEMENT_COPIES and _copy_runs(group, 4) is None for group in groups)
-        asynchronous = tensor_cores and all(_copy_runs(group, 4) is not None or
-                                            all(_gathered(value) is not None for _, value in group)
-                                            for group in groups)
+        elementwise = tuple(_copy_runs(group, 4) is None for group in groups)  # (else 16-byte runs)
+        asynchronous = tensor_cores and all(not each or all(_gathered(value) is not None for _, value in group)
+                                            for group, each in zip(groups, elementwise))
         return _SimtShape(candidate, row_per, tiles, b, asynchronous, cast(tuple[bool, bool], elementwise))
-    if WIDE_SIMT and tensor_cores and plan.rows.size >= WIDE_TILE and plan.cols.tile == TILE and \
+    if tensor_cores and plan.rows.size >= WIDE_TILE and plan.cols.tile == TILE and \
             _reduce_size(plan.reduce) >= WIDE_TILE_K and \
             prod(r.src[0].arg for r in plan.batch) * math.ceil(plan.rows.size / WIDE_TILE) * \
             math.ceil(plan.cols.size / TILE) >= WIDE_MIN_BLOCKS:
