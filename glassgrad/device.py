@@ -174,8 +174,9 @@ def default_device(environ: Mapping[str, str]) -> str:
     (`CUDA=1`, `METAL=1`, `CPU=1`, ...: what older tinygrad programs and their READMEs say), else CPU. Flags that
     disagree with each other or with DEV raise ValueError: running on another device than the one asked for, silently,
     would be the worst answer."""
-    flagged = {DEVICE_FLAGS[name] for name in DEVICE_FLAGS if environ.get(name, "").strip() == "1"}
-    names = ", ".join(f"{name}=1" for name in DEVICE_FLAGS if environ.get(name, "").strip() == "1")
+    set_flags = [name for name in DEVICE_FLAGS if environ.get(name, "").strip() == "1"]
+    flagged = {DEVICE_FLAGS[name] for name in set_flags}
+    names = ", ".join(f"{name}=1" for name in set_flags)
     if (dev := environ.get("DEV")):
         if flagged and flagged != {_DeviceRegistry.canonicalize(dev).split(":")[0]}:
             raise ValueError(f"DEV={dev} and {names} name different default devices: set only one")
