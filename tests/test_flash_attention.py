@@ -175,6 +175,25 @@ def test_cuda_renders_chained_kernels(autocast: bool) -> None:
     assert not any("log2f" in s.source for s in chained)
 
 
+def test_cuda_first_copies_run_once_before_the_key_loop() -> None:
+    """Realized half q, k, v (as a model's projections are) are copied by cp.async. A chained kernel issues its rows'
+    factors and the first step's keys once, before its loop over the keys; inside the loop it only fetches the next
+    step's keys (gated by `step + 1 < count`). The row-reduction kernels (max, sum) issued the first copies again on
+    every step, into the stage the previous step had filled with the keys of this one: from the third step on they
+    reduced over the first keys again (wrong softmax statistics for T > 128, found on the H200; the GPU tests had
+    only used lazily cast inputs, whose factors go through registers)."""
+    import re
+    specs = _cuda_flash_kernels(dtypes.bfloat16, False)
+    chained = [s for s in specs if "gg_mma_bf16" in s.source]
+    assert len(chained) == 6
+    for spec in chained:
+        body = spec.source.split("extern \"C\"", 1)[1]
+        before, loop = re.split(r"for \(int ridx\d+ = 0;", body, maxsplit=1)
+        assert "gg_cp_async" in before and "cp.async.commit_group" in before, spec.name
+        copies = [line.strip() for line in loop.splitlines() if "gg_cp_async(" in line]
+        assert copies and all(line.startswith("if (") for line in copies), (spec.name, copies[:3])
+
+
 def test_cuda_chained_kernels_compile(nvrtc: Any) -> None:
     for dtype in (dtypes.bfloat16, dtypes.float16):
         for spec in _cuda_flash_kernels(dtype, False):
@@ -194,6 +213,26 @@ def test_cuda_values(cuda: str, mask: str, dtype: str) -> None:
     for g, e, name in zip(got, expected(rounded, mask), ("out", "dq", "dk", "dv")):
         scale = np.abs(e).max()
         assert np.abs(g - e).max() <= tol * scale, f"{name}: {np.abs(g - e).max()} vs {tol * scale}"
+
+
+@pytest.mark.parametrize("mask", ["none", "causal"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cuda_values_realized_inputs(cuda: str, mask: str, dtype: str) -> None:
+    """Realized half q, k, v (cp.async copies; `run` casts lazily, whose factors go through registers) over more
+    than two steps of keys: the softmax statistics were those of the first keys again from the third step on."""
+    arrays = inputs((1, 4, 512, 64), (1, 4, 512, 64), seed=5)
+    dt = getattr(dtypes, dtype)
+    rounded = [Tensor(a).cast(dt).float().numpy() for a in arrays[:3]]
+    q, k, v = (Tensor(a, device=cuda).cast(dt).contiguous().realize() for a in rounded)
+    for t in (q, k, v):
+        t.requires_grad = True
+    with Context(FLASH_ATTENTION=-1):
+        out = q.scaled_dot_product_attention(k, v, is_causal=mask == "causal")
+        (out.float() * Tensor(arrays[3], device=cuda)).sum().backward()
+    got = [t.float().numpy() for t in (out, q.grad, k.grad, v.grad)]  # type: ignore[union-attr]
+    tol = 3e-2 if dtype == "bfloat16" else 5e-3
+    for g, e, name in zip(got, expected(rounded + [arrays[3]], mask), ("out", "dq", "dk", "dv")):
+        assert np.abs(g - e).max() <= tol * np.abs(e).max(), f"{name}: {np.abs(g - e).max()}"
 
 
 def test_cuda_autocast_matches_unfused(cuda: str) -> None:

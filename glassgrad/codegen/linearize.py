@@ -65,8 +65,11 @@ class _Emitter:
         self.reduces = reduces
         self.emitted: set[UOp] = set(program)
         self.frames: list[list[UOp]] = [[]]
+        self.open_ranges: set[UOp] = set()  # the loops open where the next node goes
 
     def add(self, u: UOp) -> None:
+        if u.op is Ops.RANGE:  # (a global loop: open to the kernel's end)
+            self.open_ranges.add(u)
         self.program.append(u)
         self.emitted.add(u)
         self.frames[-1].append(u)
@@ -75,11 +78,13 @@ class _Emitter:
         if r.src[0].op is not Ops.CONST:
             self.emit(r.src[0])  # a symbolic trip count is computed before its loop
         self.program.append(r)
+        self.open_ranges.add(r)
         self.frames.append([])
         self.emitted.add(r)
         self.frames[-1].append(r)
 
     def close_loop(self, r: UOp) -> None:
+        self.open_ranges.discard(r)
         self.program.append(UOp(Ops.ENDRANGE, dtypes.void, (r,)))
         self.emitted.difference_update(self.frames.pop())
 
@@ -160,6 +165,25 @@ class _Emitter:
                 elif not self.scopes(n) & inner:
                     self.emit(n)
 
+    def hoist_nested(self, values: list[UOp]) -> None:
+        """Emit now what the REDUCEs nested in `values` need that depends only on loops already open: the hoisting
+        of `open_nest` stops at a REDUCE, so without this such values would be computed inside the inner REDUCE's
+        loop nest, once per iteration of every loop around it. A chained kernel's first asynchronous copies (the
+        rows' factors and the first step's keys, read only by its inner products) must run once, before its loop
+        over the keys: issued again on every step, they overwrote the stage another step's keys had just filled."""
+        nested = [n for v in values for n in v.toposort(stop=lambda x: x in self.emitted)
+                  if n.op is Ops.REDUCE and n not in self.emitted]
+        blocked: set[UOp] = set()
+        for root in (r.src[0] for r in nested):
+            # (below barriers too: a wait's copies may be loop-invariant; none of the held ops is emitted here)
+            for n in root.toposort(stop=lambda x: x in self.emitted or x.op is Ops.REDUCE or _is_stage(x)):
+                if n in self.emitted or n.op is Ops.RANGE:
+                    continue
+                if n.op in _NOT_HOISTED or _is_stage(n) or any(s in blocked for s in n.src):
+                    blocked.add(n)
+                elif self.scopes(n) <= self.open_ranges:
+                    self.emit(n)
+
     def open_nest(self, roots: list[UOp], loops: list[UOp]) -> None:
         """Open `loops` outermost first; before each, emit the part of `roots` that it and the loops inside it do
         not change (so a load that depends on the reduce loop but not on the upcast loops sits between them, and a
@@ -180,6 +204,7 @@ class _Emitter:
             init = UOp.const(red.dtype, reduce_identity(red.arg, red.dtype))
             accs.append(UOp(Ops.DEFINE_ACC, red.dtype, (init, *upcast), red))
             self.add(accs[-1])
+        self.hoist_nested(values)
         self.open_nest(values, loops)
         for value in values:
             self.emit(value)
