@@ -235,6 +235,28 @@ def test_cuda_values_realized_inputs(cuda: str, mask: str, dtype: str) -> None:
         assert np.abs(g - e).max() <= tol * np.abs(e).max(), f"{name}: {np.abs(g - e).max()}"
 
 
+def test_cuda_projected_heads_match_unfused(cuda: str) -> None:
+    """GPT-2's attention as a model computes it: q, k, v are heads of one realized bf16 projection (strided views of
+    a (B, T, 3C) buffer), T = 512 (8 key steps). Output and the gradients of the input and the projection's weight,
+    flash kernels against the materialised softmax."""
+    rng = np.random.default_rng(7)
+    x_np = rng.standard_normal((2, 512, 256)).astype(np.float32)
+    w_np = (rng.standard_normal((256, 768)) * 0.06).astype(np.float32)
+    results = []
+    for flash in (-1, 0):
+        x = Tensor(x_np, device=cuda).cast(dtypes.bfloat16).contiguous().realize()
+        w = Tensor(w_np, device=cuda).cast(dtypes.bfloat16).contiguous().realize()
+        x.requires_grad = w.requires_grad = True
+        with Context(FLASH_ATTENTION=flash):
+            qkv = x @ w
+            q, k, v = (t.reshape(2, 512, 4, 64).transpose(1, 2) for t in qkv.split(256, dim=-1))
+            out = q.scaled_dot_product_attention(k, v, is_causal=True)
+            (out.float() * out.float()).mean().backward()
+        results.append([t.float().numpy() for t in (out, x.grad, w.grad)])  # type: ignore[union-attr]
+    for f, p, name in zip(*results, ("out", "dx", "dw")):
+        assert np.abs(f - p).max() <= 3e-2 * np.abs(p).max(), name
+
+
 def test_cuda_autocast_matches_unfused(cuda: str) -> None:
     """The bf16 flash kernels against the same attention with flash off (materialised softmax), on the GPU."""
     arrays = inputs((2, 4, 512, 64), (2, 4, 512, 64), seed=3)

@@ -589,3 +589,31 @@ def test_shared_simplify_gives_what_each_simplify_gives_alone() -> None:
             assert [simplify(e) for e in reversed(exprs)] == alone[::-1]
         assert symbolic._SHARED.get() is first and simplify(base) in first.values()
     assert symbolic._SHARED.get() is None
+
+
+def test_int_less_equal_is_one_comparison_and_where_reads_it_swapped() -> None:
+    """Tensor's `x <= y` is `(x < y) | (x == y)`: for ints one comparison, `not (y < x)`, and a WHERE over it swaps
+    its branches instead of negating (a causal mask's test per score). Floats keep both comparisons (NaN)."""
+    x, y = (UOp(Ops.DEFINE_VAR, dtypes.int32, (), (n, -2**31, 2**31 - 1)) for n in ("x", "y"))
+    le = x.alu(Ops.CMPLT, y).alu(Ops.OR, x.alu(Ops.CMPEQ, y))
+    masked = UOp(Ops.WHERE, dtypes.float32, (le, UOp.const(dtypes.float32, 1.5), UOp.const(dtypes.float32, -math.inf)))
+    out = simplify(masked)
+    assert out.op is Ops.WHERE and out.src[0].op is Ops.CMPLT and out.src[0].src == (y, x)
+    assert out.src[1].arg == -math.inf and out.src[2].arg == 1.5
+    assert sum(u.op in GroupOp.Comparison for u in out.toposort()) == 1
+    f, g = (UOp(Ops.DEFINE_VAR, dtypes.float32, (), (n, -1.0, 1.0)) for n in ("f", "g"))
+    fle = simplify(f.alu(Ops.CMPLT, g).alu(Ops.OR, f.alu(Ops.CMPEQ, g)))
+    assert fle.op is Ops.OR
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint8", "float32"])
+def test_less_equal_values_at_the_extremes(dtype: str) -> None:
+    from glassgrad import Tensor
+    info = np.iinfo(dtype) if dtype != "float32" else None
+    vals = [info.min, info.min + 1, 0, 1, info.max - 1, info.max] if info else [-np.inf, -1.0, 0.0, 1.0, np.inf, np.nan]
+    a = np.array([[v] for v in vals], dtype=dtype)
+    b = np.array([vals], dtype=dtype)
+    ta, tb = Tensor(a), Tensor(b)
+    np.testing.assert_array_equal((ta <= tb).numpy(), a <= b)
+    np.testing.assert_array_equal((ta >= tb).numpy(), a >= b)
+    np.testing.assert_array_equal((ta <= tb).where(ta, tb).numpy(), np.where(a <= b, a, b))

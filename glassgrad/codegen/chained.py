@@ -318,16 +318,20 @@ def _affine(values: list[int]) -> tuple[int, int] | None:
 
 def _needed_tiles(plan: ChainPlan) -> np.ndarray | None:
     """[row block, key step]: whether the tile has a weight that is not the identity, by the first condition on the
-    rows' and keys' indices alone (a WHERE's) that makes the weight the reduction's identity where it is false;
-    None without one."""
+    rows' and keys' indices alone (a WHERE's) that makes the weight the reduction's identity where it is false (or
+    where it is true); None without one."""
     conditions = [u.src[0] for u in plan.weight.toposort(stop=lambda x: x in plan.inners) if u.op is Ops.WHERE]
     identity = "zero" if plan.outer.arg is Ops.ADD else "ninf"
     for condition in dict.fromkeys(conditions):
         if any(u.op is Ops.RANGE and u not in (*plan.rows, plan.key) or u.op not in _INDEX_OPS or
                u.op is Ops.CAST and not (u.dtype.is_int and u.src[0].dtype.is_int) for u in condition.toposort()):
             continue
-        hidden = substitute(plan.weight, {condition: UOp.const(dtypes.bool, False)})
-        if _value_class(hidden, plan.inners, {}) != identity:
+        # (the weight is the identity where the condition is false, or, with the WHERE's branches the other way
+        # round, where it is true: `where(row < key, -inf, s)`)
+        hiding = [h for h in (False, True)
+                  if _value_class(substitute(plan.weight, {condition: UOp.const(dtypes.bool, h)}), plan.inners, {})
+                  == identity]
+        if not hiding:
             continue
         row_sizes = [r.src[0].arg for r in plan.rows]
         flat_rows, keys = np.arange(prod(row_sizes))[:, None], np.arange(plan.key.src[0].arg)[None, :]
@@ -336,7 +340,8 @@ def _needed_tiles(plan: ChainPlan) -> np.ndarray | None:
         for r, size in reversed(list(zip(plan.rows, row_sizes))):
             env[r] = (flat_rows // stride) % size
             stride *= size
-        shown = np.broadcast_to(_evaluate(condition, env), (flat_rows.shape[0], keys.shape[1]))
+        value = _evaluate(condition, env).astype(bool)
+        shown = np.broadcast_to(value if hiding[0] is False else ~value, (flat_rows.shape[0], keys.shape[1]))
         blocks = shown.reshape(shown.shape[0] // ROWS, ROWS, shown.shape[1] // KEYS, KEYS)
         return np.asarray(blocks.any(axis=(1, 3)))
     return None

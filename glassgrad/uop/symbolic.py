@@ -456,6 +456,20 @@ def _is_int(u: UOp) -> bool:
     return u.dtype.is_int
 
 
+def _int_less_equal(x: UOp, y: UOp, e: UOp) -> UOp | None:
+    """`(x < y) | (x == y)` (Tensor's `x <= y`) of ints is `not (y < x)`: one comparison (a causal mask's per
+    element test), which a WHERE over it then reads with its branches swapped. Not for floats: NaN compares false
+    both ways."""
+    if not _is_int(x) or x.dtype != y.dtype or set(e.src) != {x, y} or x is y:
+        return None
+    return UOp(Ops.CMPNE, dtypes.bool, (y.alu(Ops.CMPLT, x), UOp.const(dtypes.bool, True)))
+
+
+def _negated_where(c: UOp, t: UOp, a: UOp, b: UOp) -> UOp | None:
+    """`where(c != True, a, b)` of a bool c is `where(c, b, a)`."""
+    return UOp(Ops.WHERE, a.dtype, (c, b, a)) if c.dtype == dtypes.bool and t.arg is True else None
+
+
 symbolic = PatternMatcher([
     # constants
     (UPat(GroupOp.ALU, name="u"), _fold_const),
@@ -476,6 +490,10 @@ symbolic = PatternMatcher([
     (UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(UPat.var("x"),)),)), lambda x: x),
     (UPat(Ops.WHERE, src=(UPat.cvar("c"), UPat.var("a"), UPat.var("b"))), lambda c, a, b: a if c.arg else b),
     (UPat(Ops.WHERE, src=(UPat.var(), UPat.var("a"), UPat.var("a"))), lambda a: a),
+    (UPat(Ops.OR, src=(UPat(Ops.CMPLT, src=(UPat.var("x"), UPat.var("y"))), UPat(Ops.CMPEQ, name="e"))),
+     _int_less_equal),
+    (UPat(Ops.WHERE, src=(UPat(Ops.CMPNE, src=(UPat.var("c"), UPat.cvar("t"))), UPat.var("a"), UPat.var("b"))),
+     _negated_where),
     (UPat(Ops.AND, dtype=dtypes.bool, src=(UPat.var("x"), UPat.cvar("c"))),
      lambda x, c: x if c.arg else UOp.const(dtypes.bool, False)),
     (UPat(Ops.AND, dtype=dtypes.bool, src=(UPat.var("x"), UPat.var("x"))), lambda x: x),
