@@ -263,6 +263,9 @@ CASES: dict[str, tuple[Callable[[], Tensor], list[Opt]]] = {
     "vector runs, a misaligned view": (lambda: E(32, 1025)[:, 1:] * 3, [Opt(U, 1, 4), Opt(L, 1, 0)]),
     "vector runs, short half runs": (lambda: E(64, 256, dtype=dtypes.float16) * 2, [Opt(U, 1, 2), Opt(L, 1, 128)]),
     "a warp per row": (lambda: (E(2048, 768) * E(2048, 768)).sum(axis=1), [Opt(L, 0, 8), Opt(G, 2, 32)]),
+    "vector runs, a warp over rows that continue": (  # 64-wide bf16 heads: 8 runs a row, 4 rows a warp
+        lambda: (E(8, 12, 256, 64, dtype=dtypes.bfloat16).float() * (E(8, 12, 256, 1) + 1)).cast(dtypes.bfloat16),
+        [Opt(U, 3, 8), Opt(L, 3, 0), Opt(L, 2, 32)]),
     "vector runs, halved for a warp": (
         lambda: ((E(32, 50304, dtype=dtypes.bfloat16).float() - E(32, 1)) * E(32, 1)).cast(dtypes.bfloat16),
         [Opt(U, 1, 4), Opt(L, 1, 32), Opt(L, 0, 8)]),
@@ -290,6 +293,22 @@ def test_contiguous_runs_move_as_vectors(make: Callable[[], Tensor], opts: list[
                          spec.source)
     assert sum(src.startswith("&data") for _, src in vectors) == vector_loads, spec.source
     assert sum(dst.startswith("&data") for dst, _ in vectors) == vector_stores, spec.source
+
+
+@pytest.mark.parametrize("make, width", [
+    # attention's heads (rows of 64 bfloat16, a per-row factor): 8 runs of 8 a row, a warp over 4 rows, which follow
+    # each other in memory; the runs were halved to 2 elements (4 bytes) to make a warp of one row
+    (lambda: (E(8, 12, 256, 64, dtype=dtypes.bfloat16).float() * (E(8, 12, 256, 1) + 1)).cast(dtypes.bfloat16),
+     "uint4"),
+    (lambda: E(8, 12, 256, 64, dtype=dtypes.bfloat16) * 3, "uint4"),  # (one axis: the rows merge)
+    # rows that do not follow each other (a slice of wider rows) still give a warp one row: runs of 2 floats
+    (lambda: E(65536, 72)[:, :64] + E(65536, 64), "uint2"),
+])
+def test_vector_width_of_short_rows(make: Callable[[], Tensor], width: str) -> None:
+    ast = cuda_ast(make())
+    spec = get_program(ast, CUDA, hand_coded_optimizations(Kernel(ast, CUDA)))
+    widths = set(re.findall(r"\*\((uint4|uint2|unsigned int)\*\)\(&data", spec.source))
+    assert widths == {width}, spec.source
 
 
 @pytest.mark.parametrize("name", CASES)

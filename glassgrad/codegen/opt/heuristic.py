@@ -633,19 +633,41 @@ def _vector_opts(k: Kernel) -> list[Opt]:
 
 def _run_threads(k: Kernel) -> list[Opt]:
     """LOCAL_SIZE threads from the output axes, innermost first, each taking the largest power of two dividing the
-    axis that still fits; at least a warp's worth from the innermost axis, so that a warp's runs are consecutive."""
+    axis that still fits; at least a warp's worth of consecutive runs, so that a warp's accesses are one span of
+    memory. The innermost axis gives them, or, where it is taken whole and every access continues along the next
+    axis where it ends (a row of 64 bfloat16 heads, 8 runs of 8, then the next row), the axes around it too: a
+    4-byte run per thread to make a warp of one such row moved a quarter of the bytes an instruction."""
     threads, opts = LOCAL_SIZE, list[Opt]()
-    for axis in reversed(k.axes_of("global")):
+    order = list(reversed(k.axes_of("global")))
+    consecutive, run = True, 1
+    for i, axis in enumerate(order):
         size = k.size(axis) or 1
         take = math.gcd(size, threads)
-        if not opts and take < WARP:
-            return []
         if take > 1:
             opts.append(Opt(OptOps.LOCAL, axis, 0 if take == size else take))
             threads //= take
+        if consecutive:
+            run *= take
+            consecutive = take == size and i + 1 < len(order) and _continues(k, axis, order[i + 1])
+        if run < WARP and not consecutive:
+            return []
         if threads == 1:
             return opts
     return []
+
+
+def _continues(k: Kernel, inner: int, outer: int) -> bool:
+    """Whether every load and store that moves along axis `inner` continues along axis `outer` where `inner` ends:
+    `outer`'s stride is `inner`'s times its size (a row-major pair of axes, for these accesses one axis)."""
+    size = k.size(inner)
+    if size is None:
+        return False
+    for u in k.ast.toposort():
+        if u.op in (Ops.LOAD, Ops.STORE):
+            step = index_stride(u.src[1], k.axes[inner])
+            if step is None or step != 0 and index_stride(u.src[1], k.axes[outer]) != step * size:
+                return False
+    return True
 
 
 def _local_opts(k: Kernel, threads: int = LOCAL_SIZE) -> list[Opt]:
