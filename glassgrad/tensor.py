@@ -1258,9 +1258,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if isinstance(other, Tensor):
             b = other.uop
             return b if b.dtype is a.dtype and b.shape == a.shape and b.device == a.device else None
-        if type(other) is float and other and other == other and a.dtype.is_float:  # `x * 0.5`, the most common
+        kind = type(other)
+        if kind is float and other and other == other and a.dtype.is_float:  # `x * 0.5`, the most common
             # case: its constant node is cached by value (no ±0.0 or NaN here, whose cache key is their bits)
             return _scalar_node(a.dtype, a.device, a.shape, other, other)
+        if kind is int and not a.dtype.is_bool:  # `x < 0`, `t + 1`: an int takes the tensor's dtype (an int is its
+            return _scalar_node(a.dtype, a.device, a.shape, other, other)  # own key), as `_scalar_operand` gives it
         if isinstance(other, np.ndarray):
             return None
         const = self._scalar_operand(other.item() if isinstance(other, np.generic) else other)  # (see `_broadcasted`)
@@ -1399,6 +1402,28 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     def where(self, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
         """`cond.where(x, y)`: x where this (bool) tensor is true, else y. All three broadcast."""
+        if (node := self._where_node(x, y)) is not None:
+            return Tensor(node)
+        return self._where_general(x, y)
+
+    def _where_node(self, x: Tensor | Scalar, y: Tensor | Scalar) -> UOp | None:
+        """`where`'s node made directly when `_where_general` would change none of the operands: a bool condition,
+        and x and y of its shape, one of them a tensor and the other a tensor of the same dtype and device or a
+        scalar whose constant takes that dtype (`_operand`). Else None. (relu, clamps and masks: every step)"""
+        c = self.uop
+        if c.dtype is not dtypes.bool:
+            return None
+        if isinstance(x, Tensor):
+            a = x.uop
+            b = x._operand(y) if a.shape == c.shape else None
+        elif isinstance(y, Tensor) and y.uop.shape == c.shape:
+            a, b = y._operand(x), y.uop
+        else:
+            return None
+        return None if a is None or b is None else UOp(Ops.WHERE, a.dtype, (c, a, b))
+
+    def _where_general(self, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
+        """`where` through `_broadcasted` (casts, broadcasting, dtype promotion), for any operands."""
         cond = self if self.dtype.is_bool else self.cast(dtypes.bool)
         if isinstance(x, Tensor) and isinstance(y, Tensor):
             x, y = x._broadcasted(y)
@@ -1422,6 +1447,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     # logical and bitwise
     def _bitwise(self, op: Ops, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        dtype = self.uop.dtype
+        if not dtype.is_float and (other := self._operand(x)) is not None:  # (`_bitwise_general`'s node, directly)
+            return Tensor(UOp(op, dtype, (other, self.uop) if reverse else (self.uop, other)))
+        return self._bitwise_general(op, x, reverse)
+
+    def _bitwise_general(self, op: Ops, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         a, b = self._broadcasted(x, reverse)
         if a.dtype.is_float:
             raise DTypeError(f"{op.name.lower()} needs int or bool tensors, got {a.dtype}")

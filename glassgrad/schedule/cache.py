@@ -63,14 +63,14 @@ def walk_graph(roots: tuple[UOp, ...], outs: list[UOp], realized: Callable[[UOp]
     only about nodes whose id is in one of `realized_ids` (REALIZED's tables: nearly every node is in none, and a
     dictionary test is cheaper than a call). No SINK node is built: a cache hit never needs one (the scheduler
     builds it on a miss), so the roots are the walk's first frame and the key ends with their positions."""
-    nodes: list[UOp] = []
     leaves: dict[UOp, UOp] = {}
+    # each node's position in the walk; the dictionary keeps the order of insertion, so it is the node list too
     position: dict[UOp, int] = {}
     slot_of: dict[Buffer, int] = {}
     parts: list[tuple[Any, ...]] | None = [] if keyed else None
     # (locals: this loop runs for every node of every graph realized)
     ids_a, ids_b = realized_ids
-    get, listed, buffer_op = position.__getitem__, nodes.append, Ops.BUFFER
+    get, buffer_op = position.__getitem__, Ops.BUFFER
     stack: list[tuple[UOp | None, Iterator[UOp]]] = [(None, iter(roots))]  # (the roots' frame: no node of its own)
     push = stack.append
     while stack:
@@ -82,28 +82,25 @@ def walk_graph(roots: tuple[UOp, ...], outs: list[UOp], realized: Callable[[UOp]
                 view = s
             else:
                 sid = id(s)
-                found = realized(s) if sid in ids_a or sid in ids_b else None
+                found = realized(s) if sid in ids_a or (ids_b and sid in ids_b) else None
                 if found is None:
                     if s.src:
                         push((s, iter(s.src)))
                         break
-                    position[s] = len(nodes)  # a node without sources (a DEVICE) is listed at once
-                    listed(s)
+                    position[s] = len(position)  # a node without sources (a DEVICE) is listed at once
                     if parts is not None:
                         parts.append((s.op, s.dtype, s.arg_key))
                     continue
                 view = found
             leaves[s] = view  # a leaf is listed when found, its sources are not walked
-            position[s] = len(nodes)
-            listed(s)
+            position[s] = len(position)
             if parts is not None and not _add_leaf(parts, s, view, slot_of):
                 parts = None
         else:
             stack.pop()
             if node is None:  # the roots' frame: done
                 break
-            position[node] = len(nodes)
-            listed(node)
+            position[node] = len(position)
             if parts is not None:  # (op, dtype, argument, positions of the sources)
                 src = node.src
                 if len(src) == 2:  # (the most common node: no map over its sources)
@@ -112,6 +109,7 @@ def walk_graph(roots: tuple[UOp, ...], outs: list[UOp], realized: Callable[[UOp]
                     parts.append((node.op, node.dtype, node.arg_key, get(src[0])))
                 else:
                     parts.append((node.op, node.dtype, node.arg_key, *map(get, src)))
+    nodes = list(position)
     if parts is None:
         return nodes, leaves, None
     return nodes, leaves, _graph_key(parts, roots, outs, slot_of, position)
