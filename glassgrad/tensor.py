@@ -39,7 +39,7 @@ from glassgrad.tensor_math import MathOps, accepts_dim, computed_in_float32
 from glassgrad.tensor_nn import NNOps
 from glassgrad.tensor_shape import ShapeOps
 from glassgrad.tensor_torch import TorchNames
-from glassgrad.uop.ops import GroupOp, Ops, UOp, _arg_key, sint
+from glassgrad.uop.ops import OP_ASSIGN, OP_MULTI, GroupOp, Ops, UOp, _arg_key, sint
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.sint import (
     as_sint,
@@ -645,9 +645,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         pending += readers
         outs = [t.uop for t in pending]
         lowered = lower(outs, REALIZED.get) if multi_in_use() else outs
-        views = schedule_and_run([p for u in lowered for p in (u.src if u.op is Ops.MULTI else (u,))])
+        views = schedule_and_run([p for u in lowered for p in (u.src if u.op is OP_MULTI else (u,))])
         for out, low in zip(outs, lowered):  # a tensor on several devices: the MULTI of its parts' buffer views
-            if (low is not out or low.op is Ops.MULTI) and out not in views:
+            if (low is not out or low.op is OP_MULTI) and out not in views:
                 views[out] = make_multi([views.get(p) or REALIZED.get(p) or p for p in low.src], low.arg) \
                     if low.op is Ops.MULTI else views.get(low) or REALIZED.get(low) or low
         # after lowering, only the logical graphs are lineage (gradients are taken on them, never per device)
@@ -659,7 +659,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             # weight that the forward read: the forward so far is realized, and must still lead to the weight)
             kept = {t.uop for t in readers}
             lineage_of = kept if lineage_of is None else lineage_of & kept
-        assigned = any(node.op is Ops.ASSIGN for node in views)
+        assigned = any(node.op is OP_ASSIGN for node in views)
         _record_realized(views, True, lineage_of, assigned)
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
@@ -2661,10 +2661,10 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
     version forgets its lineage, since nothing can read that version any more: no chain of steps builds up.
     `assigned` False: the caller knows no node of `views` is an ASSIGN."""
     leaves = {id(t.uop) for t in _pending_assigns() if t._requires_grad is not None or id(t) in _REQUIRES_GRAD} \
-        if assigned and any(node.op is Ops.ASSIGN for node in views) else set()
+        if assigned and any(node.op is OP_ASSIGN for node in views) else set()
     for node, view in views.items():
         REALIZED[node] = view
-        if node.op is Ops.ASSIGN:
+        if node.op is OP_ASSIGN:
             LINEAGE.pop(node.src[0], None)
             if keep_lineage and id(node) not in leaves and (lineage_of is None or node in lineage_of) and \
                     _reads_a_buffer(node.src[1]):
