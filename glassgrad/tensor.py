@@ -1413,6 +1413,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         c = self.uop
         if c.dtype is not dtypes.bool:
             return None
+        a: UOp | None
         if isinstance(x, Tensor):
             a = x.uop
             b = x._operand(y) if a.shape == c.shape else None
