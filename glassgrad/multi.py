@@ -26,7 +26,7 @@ from glassgrad.dtype import dtypes
 from glassgrad.errors import ShapeError
 from glassgrad.helpers import prod
 from glassgrad.schedule import is_buffer_view
-from glassgrad.uop.ops import GroupOp, Ops, UOp
+from glassgrad.uop.ops import OP_MULTI, GroupOp, Ops, UOp
 
 Bounds = tuple[tuple[int, int], ...]
 REDUCIBLE = (Ops.ADD, Ops.MAX, Ops.MUL)  # the reduce ops an ALLREDUCE combines
@@ -51,7 +51,7 @@ def bounds_of(multi: UOp) -> Bounds | None:
 
 def is_realized(u: UOp) -> bool:
     """A buffer view, or a MULTI of buffer views (a realized tensor on several devices)."""
-    return is_buffer_view(u) or (u.op is Ops.MULTI and all(is_buffer_view(p) for p in u.src))
+    return is_buffer_view(u) or (u.op is OP_MULTI and all(is_buffer_view(p) for p in u.src))
 
 
 def view_parts(u: UOp) -> tuple[UOp, ...]:

@@ -39,7 +39,7 @@ from glassgrad.tensor_math import MathOps, accepts_dim, computed_in_float32
 from glassgrad.tensor_nn import NNOps
 from glassgrad.tensor_shape import ShapeOps
 from glassgrad.tensor_torch import TorchNames
-from glassgrad.uop.ops import GroupOp, Ops, UOp, _arg_key, sint
+from glassgrad.uop.ops import OP_ASSIGN, OP_MULTI, GroupOp, Ops, UOp, _arg_key, sint
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.sint import (
     as_sint,
@@ -645,9 +645,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         pending += readers
         outs = [t.uop for t in pending]
         lowered = lower(outs, REALIZED.get) if multi_in_use() else outs
-        views = schedule_and_run([p for u in lowered for p in (u.src if u.op is Ops.MULTI else (u,))])
+        views = schedule_and_run([p for u in lowered for p in (u.src if u.op is OP_MULTI else (u,))])
         for out, low in zip(outs, lowered):  # a tensor on several devices: the MULTI of its parts' buffer views
-            if (low is not out or low.op is Ops.MULTI) and out not in views:
+            if (low is not out or low.op is OP_MULTI) and out not in views:
                 views[out] = make_multi([views.get(p) or REALIZED.get(p) or p for p in low.src], low.arg) \
                     if low.op is Ops.MULTI else views.get(low) or REALIZED.get(low) or low
         # after lowering, only the logical graphs are lineage (gradients are taken on them, never per device)
@@ -659,7 +659,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             # weight that the forward read: the forward so far is realized, and must still lead to the weight)
             kept = {t.uop for t in readers}
             lineage_of = kept if lineage_of is None else lineage_of & kept
-        assigned = any(node.op is Ops.ASSIGN for node in views)
+        assigned = any(node.op is OP_ASSIGN for node in views)
         _record_realized(views, True, lineage_of, assigned)
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
@@ -1258,9 +1258,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if isinstance(other, Tensor):
             b = other.uop
             return b if b.dtype is a.dtype and b.shape == a.shape and b.device == a.device else None
-        if type(other) is float and other and other == other and a.dtype.is_float:  # `x * 0.5`, the most common
+        kind = type(other)
+        if kind is float and other and other == other and a.dtype.is_float:  # `x * 0.5`, the most common
             # case: its constant node is cached by value (no ±0.0 or NaN here, whose cache key is their bits)
             return _scalar_node(a.dtype, a.device, a.shape, other, other)
+        if kind is int and not a.dtype.is_bool:  # `x < 0`, `t + 1`: an int takes the tensor's dtype (an int is its
+            return _scalar_node(a.dtype, a.device, a.shape, other, other)  # own key), as `_scalar_operand` gives it
         if isinstance(other, np.ndarray):
             return None
         const = self._scalar_operand(other.item() if isinstance(other, np.generic) else other)  # (see `_broadcasted`)
@@ -1399,6 +1402,29 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     def where(self, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
         """`cond.where(x, y)`: x where this (bool) tensor is true, else y. All three broadcast."""
+        if (node := self._where_node(x, y)) is not None:
+            return Tensor(node)
+        return self._where_general(x, y)
+
+    def _where_node(self, x: Tensor | Scalar, y: Tensor | Scalar) -> UOp | None:
+        """`where`'s node made directly when `_where_general` would change none of the operands: a bool condition,
+        and x and y of its shape, one of them a tensor and the other a tensor of the same dtype and device or a
+        scalar whose constant takes that dtype (`_operand`). Else None. (relu, clamps and masks: every step)"""
+        c = self.uop
+        if c.dtype is not dtypes.bool:
+            return None
+        a: UOp | None
+        if isinstance(x, Tensor):
+            a = x.uop
+            b = x._operand(y) if a.shape == c.shape else None
+        elif isinstance(y, Tensor) and y.uop.shape == c.shape:
+            a, b = y._operand(x), y.uop
+        else:
+            return None
+        return None if a is None or b is None else UOp(Ops.WHERE, a.dtype, (c, a, b))
+
+    def _where_general(self, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
+        """`where` through `_broadcasted` (casts, broadcasting, dtype promotion), for any operands."""
         cond = self if self.dtype.is_bool else self.cast(dtypes.bool)
         if isinstance(x, Tensor) and isinstance(y, Tensor):
             x, y = x._broadcasted(y)
@@ -1422,6 +1448,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     # logical and bitwise
     def _bitwise(self, op: Ops, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        dtype = self.uop.dtype
+        if not dtype.is_float and (other := self._operand(x)) is not None:  # (`_bitwise_general`'s node, directly)
+            return Tensor(UOp(op, dtype, (other, self.uop) if reverse else (self.uop, other)))
+        return self._bitwise_general(op, x, reverse)
+
+    def _bitwise_general(self, op: Ops, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         a, b = self._broadcasted(x, reverse)
         if a.dtype.is_float:
             raise DTypeError(f"{op.name.lower()} needs int or bool tensors, got {a.dtype}")
@@ -2630,10 +2662,10 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
     version forgets its lineage, since nothing can read that version any more: no chain of steps builds up.
     `assigned` False: the caller knows no node of `views` is an ASSIGN."""
     leaves = {id(t.uop) for t in _pending_assigns() if t._requires_grad is not None or id(t) in _REQUIRES_GRAD} \
-        if assigned and any(node.op is Ops.ASSIGN for node in views) else set()
+        if assigned and any(node.op is OP_ASSIGN for node in views) else set()
     for node, view in views.items():
         REALIZED[node] = view
-        if node.op is Ops.ASSIGN:
+        if node.op is OP_ASSIGN:
             LINEAGE.pop(node.src[0], None)
             if keep_lineage and id(node) not in leaves and (lineage_of is None or node in lineage_of) and \
                     _reads_a_buffer(node.src[1]):

@@ -133,6 +133,66 @@ def test_sub_and_div_fast_paths_are_the_general_paths(dtype: str, other: object,
         assert fast.uop is general.uop and fast.dtype == general.dtype
 
 
+def operand(kind: object, dtype: str) -> object:
+    """A where/bitwise operand: a scalar as it is, or a tensor named by its kind."""
+    if kind == "same":
+        return make((3, 4), dtype, 1)[0]
+    if kind == "broadcast":
+        return make((4,), dtype, 1)[0]
+    if kind == "float32":
+        return make((3, 4), "float32", 1)[0]
+    return kind
+
+
+WHERE_OPERANDS = [0.5, -0.0, 0, 1, True, float("nan"), 2**40, "same", "broadcast", "float32"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x", WHERE_OPERANDS)
+@pytest.mark.parametrize("y", WHERE_OPERANDS)
+@pytest.mark.parametrize("cond", ["bool", "int32", "broadcast"])
+def test_where_fast_path_is_the_general_path(dtype: str, x: object, y: object, cond: str) -> None:
+    """`where` makes its node directly when `_where_general` would cast, broadcast and promote nothing; the node is
+    the general path's (or both raise alike), and its values are numpy's."""
+    c, ca = make((4,) if cond == "broadcast" else (3, 4), "bool" if cond == "broadcast" else cond, 5)
+    x_, y_ = operand(x, dtype), operand(y, dtype)
+    if isinstance(x, str) and isinstance(y, str):  # (two tensors: one of the test's dtype, the other as named)
+        x_ = make((3, 4), dtype, 1)[0]
+    try:
+        general = c._where_general(x_, y_)  # type: ignore[arg-type]
+    except Exception as e:
+        with pytest.raises(type(e)):
+            c.where(x_, y_)  # type: ignore[arg-type]
+        return
+    fast = c.where(x_, y_)  # type: ignore[arg-type]
+    assert fast.uop is general.uop and fast.dtype == general.dtype
+    if not isinstance(x_, Tensor) or not isinstance(y_, Tensor) or fast.dtype.is_float:
+        xa = x_.numpy() if isinstance(x_, Tensor) else x_
+        ya = y_.numpy() if isinstance(y_, Tensor) else y_
+        with np.errstate(all="ignore"):
+            want = np.broadcast_to(np.where(ca.astype(bool), xa, ya), fast.shape).astype(fast.dtype.np)  # type: ignore
+        np.testing.assert_array_equal(fast.numpy(), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("other", [*SCALARS, "same", "broadcast", "float32"])
+@pytest.mark.parametrize("op", [Ops.AND, Ops.OR, Ops.XOR])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_bitwise_fast_path_is_the_general_path(dtype: str, other: object, op: Ops, reverse: bool) -> None:
+    """`&`, `|`, `^` make their node directly for an operand `_broadcasted` would leave as it is (`x <= 0` is
+    `(x < 0) | (x == 0)`: every relu); the node is `_bitwise_general`'s, or both raise alike."""
+    x, _ = make((3, 4), dtype)
+    other_ = operand(other, dtype)
+    try:
+        general = x._bitwise_general(op, other_, reverse)  # type: ignore[arg-type]
+    except Exception as e:
+        with pytest.raises(type(e)):
+            x._bitwise(op, other_, reverse)  # type: ignore[arg-type]
+        return
+    fast = x._bitwise(op, other_, reverse)  # type: ignore[arg-type]
+    assert fast.uop is general.uop and fast.dtype == general.dtype
+
+
 @pytest.mark.parametrize("dtype", ["int32", "int8", "uint8", "int64", "float32", "float16", "bool"])
 @pytest.mark.parametrize("n", [0, 1, 7, 100])
 def test_arange_from_zero_is_the_index_with_numpy_values(dtype: str, n: int) -> None:

@@ -441,3 +441,91 @@ def test_items_are_made_while_something_watches_them(replays: list[bool]) -> Non
         out = graph(Tensor(a + 1), Tensor(a)).realize()
     np.testing.assert_array_equal(out.numpy(), reference(a + 1, a))
     assert replays == []
+
+
+# ---------------------------------------------------------------- structure keys never collide
+def _pairs() -> dict[str, tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor],
+                                Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]]:
+    """Graphs that differ in one detail only, each with numpy's reference: a constant (and its type), a dtype, a
+    view's offset or strides, a reduction's axis."""
+    from glassgrad import dtypes
+    return {
+        "constant": (lambda x: x * 2.0 + 1.0, lambda x: x * 2.0 + 1.5, lambda a: a * 2 + 1, lambda a: a * 2 + 1.5),
+        "int constant": (lambda x: x.cast(dtypes.int32) + 1, lambda x: x.cast(dtypes.int32) + 2,
+                         lambda a: a.astype(np.int32) + 1, lambda a: a.astype(np.int32) + 2),
+        "dtype": (lambda x: (x * 3.3).cast(dtypes.int32), lambda x: (x * 3.3).cast(dtypes.int16),
+                  lambda a: (a * np.float32(3.3)).astype(np.int32), lambda a: (a * np.float32(3.3)).astype(np.int16)),
+        "half dtype": (lambda x: (x / 3).cast(dtypes.float16).cast(dtypes.float32),
+                       lambda x: (x / 3).cast(dtypes.bfloat16).cast(dtypes.float32),
+                       lambda a: (a / np.float32(3)).astype(np.float16).astype(np.float32), None),
+        "offset": (lambda x: x[1:9] * 2, lambda x: x[2:10] * 2, lambda a: a[1:9] * 2, lambda a: a[2:10] * 2),
+        "stride": (lambda x: x[0:12:2] + 1, lambda x: x[0:12:3][:4].pad(((0, 2),)) + 1,
+                   lambda a: a[0:12:2] + 1, lambda a: np.pad(a[0:12:3][:4], (0, 2)) + 1),
+        "permute": (lambda x: x.reshape(4, 4).permute(1, 0).contiguous() * 1.5, lambda x: x.reshape(4, 4) * 1.5,
+                    lambda a: a.reshape(4, 4).T * 1.5, lambda a: a.reshape(4, 4) * 1.5),
+        "flip": (lambda x: x.flip(0) - 1, lambda x: x - 1, lambda a: a[::-1] - 1, lambda a: a - 1),
+        "axis": (lambda x: x.reshape(4, 4).sum(0), lambda x: x.reshape(4, 4).sum(1),
+                 lambda a: a.reshape(4, 4).sum(0), lambda a: a.reshape(4, 4).sum(1)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_pairs()))
+def test_graphs_that_differ_in_one_detail_get_their_own_kernels(name: str) -> None:
+    """Two graphs alike but for one detail, realized one after the other, each twice on new inputs (a hit on its
+    own entry the second time): every result is its own graph's. A structure key that dropped the detail would hand
+    the second graph the first one's kernels (a BEAM cache keyed on an abbreviated repr once did)."""
+    first, second, ref_first, ref_second = _pairs()[name]
+    SCHEDULE_CACHE.clear()
+    for seed in range(2):
+        for build, ref in ((first, ref_first), (second, ref_second)):
+            a = np.random.default_rng(seed).integers(-8, 9, size=16).astype(np.float32)
+            got = build(Tensor(a)).numpy()
+            if ref is None:  # bfloat16's rounding has no numpy dtype: it must differ from float16's somewhere
+                assert not np.array_equal(got, ref_first(a))
+                continue
+            np.testing.assert_array_equal(got, ref(a))
+    assert SCHEDULE_CACHE.hits >= 2  # (the second seed's graphs are hits: the cache was in use)
+
+
+def test_a_leaf_of_another_size_is_another_structure() -> None:
+    """The same slice of a buffer of 16 and of one of 10 elements: one graph but for the leaf's size (the key
+    tells them apart; the kernel, reading the first 8 elements, would be right for both)."""
+    SCHEDULE_CACHE.clear()
+    for n in (16, 10, 16, 10):
+        a = np.arange(n, dtype=np.float32)
+        np.testing.assert_array_equal((Tensor(a)[:8] * 2).numpy(), a[:8] * 2)
+
+
+def test_leaves_on_other_devices_are_another_structure() -> None:
+    """The same graph on CPU and on CPU:1 buffers: each result on its own device, with its own values."""
+    SCHEDULE_CACHE.clear()
+    for device in ("CPU", "CPU:1", "CPU", "CPU:1"):
+        a = np.arange(8, dtype=np.float32) + len(device)
+        out = Tensor(a, device=device) + Tensor(a * 3, device=device)  # (no constant: its DEVICE node names one)
+        out.realize()
+        assert out.device == device and out.uop.base.arg[0].device == device
+        np.testing.assert_array_equal(out.numpy(), a * 4)
+
+
+@pytest.mark.parametrize("dtype", ["int16", "uint8", "float16"])
+def test_leaves_of_other_dtypes_are_another_structure(dtype: str) -> None:
+    """`x.cast(float32) + y` on int32 leaves, then on leaves of another dtype: the graph above the leaves is the
+    same, so only the leaves tell the two apart (the kernel loads another type)."""
+    from glassgrad import dtypes
+    SCHEDULE_CACHE.clear()
+    for name in ("int32", dtype, "int32", dtype):
+        a = (np.arange(8) * 37 % 200).astype(name)
+        out = Tensor(a).cast(dtypes.float32) + Tensor(np.ones(8, np.float32))
+        np.testing.assert_array_equal(out.numpy(), a.astype(np.float32) + 1)
+
+
+def test_variables_with_other_bounds_or_values_are_other_structures() -> None:
+    """A bound Variable in a graph: another value, or the same value of a Variable with another range, is another
+    structure (each value is its own kernel argument; the range decides the buffer sizes and the code)."""
+    from glassgrad import Variable
+    SCHEDULE_CACHE.clear()
+    a = np.arange(12, dtype=np.float32)
+    for low, high, value in ((1, 8, 3), (1, 8, 5), (1, 10, 3), (2, 8, 3), (1, 8, 3)):
+        i = Variable("n", low, high)
+        out = (Tensor(a)[:i.bind(value)] * 2).sum()
+        np.testing.assert_array_equal(out.numpy(), (a[:value] * 2).sum())

@@ -20,7 +20,7 @@ from glassgrad.engine.collectives import allreduce
 from glassgrad.helpers import BEAM, DEBUG, NOOPT, TIMING, getenv, kernel_flags
 from glassgrad.runtime.cpu_guard import BufferGuardError
 from glassgrad.schedule import CachedSchedule, ScheduleItem, find_schedule
-from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.ops import OP_ALLREDUCE, OP_COPY, Ops, UOp
 from glassgrad.uop.sint import sint_eval
 
 
@@ -266,10 +266,11 @@ def run_item(item: ScheduleItem) -> None:
 def run_ast(ast: UOp, bufs: Sequence[Buffer], var_vals: dict[str, int], kernel: CompiledKernel | None = None) -> None:
     """Run one item's work on `bufs`: a copy, an all-reduce, or a kernel (`kernel` when the caller has it, else
     from the kernel cache, compiled on a miss)."""
-    if ast.op is Ops.COPY:
+    op = ast.op
+    if op is OP_COPY:
         run_copy(*bufs)
         return
-    if ast.op is Ops.ALLREDUCE:
+    if op is OP_ALLREDUCE:
         run_allreduce(ast.arg[0], bufs)
         return
     if kernel is None:

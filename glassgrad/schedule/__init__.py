@@ -48,7 +48,7 @@ from glassgrad.schedule.gather import gather_one_hot
 from glassgrad.schedule.indexing import KernelBuilder
 from glassgrad.schedule.rewrite import merge_nested_reduce, rebuild
 from glassgrad.schedule.scatter import scatter_one_hot
-from glassgrad.uop.ops import GroupOp, Ops, UOp, sint
+from glassgrad.uop.ops import OP_ASSIGN, OP_BUFFER, OP_RESHAPE, OP_SHRINK, GroupOp, Ops, UOp, sint
 from glassgrad.uop.sint import max_size, sint_prod
 from glassgrad.uop.symbolic import simplify
 
@@ -73,9 +73,10 @@ class RealizedMap:
         self.owned_epoch = 0
 
     def __setitem__(self, node: UOp, view: UOp) -> None:
-        if node.op is Ops.ASSIGN or _views_owned_buffer(view):
+        assign = node.op is OP_ASSIGN
+        if assign or _views_owned_buffer(view):
             self.owned_epoch += 1
-        self._put(self._map, node, (lambda: view) if node.op is Ops.ASSIGN else weakref.ref(view))
+        self._put(self._map, node, (lambda: view) if assign else weakref.ref(view))
 
     def set_assigned_value(self, value: UOp, view: UOp) -> None:
         """`value` was written into an assign target, whose buffer holds it at `view` (while the view lives). Unlike
@@ -145,7 +146,7 @@ def _forget_entry(ref: _EntryRef) -> None:
 def _views_owned_buffer(view: UOp) -> bool:
     """Whether a realized view reads a buffer that is written in place (one device or several)."""
     base = without_reshapes(view)
-    if base.op is Ops.BUFFER:  # (the common case, without view_versions' list)
+    if base.op is OP_BUFFER:  # (the common case, without view_versions' list)
         return bool(base.arg[0].owned)
     return any(buf.owned for buf, _ in view_versions(view))
 
@@ -192,16 +193,18 @@ def buffer_view(buf: Buffer, shape: tuple[sint, ...], version: int = 0) -> UOp:
 
 def without_reshapes(u: UOp) -> UOp:
     """The node under any chain of reshapes: the same elements, in the same row-major order."""
-    while u.op is Ops.RESHAPE:
+    while u.op is OP_RESHAPE:
         u = u.src[0]
     return u
 
 
 def is_buffer_view(u: UOp) -> bool:
     """True for a buffer, or reshapes of one, or of a symbolic prefix of one: contiguous, nothing to compute."""
-    base = without_reshapes(u)
-    return base.op is Ops.BUFFER or (base.op is Ops.SHRINK and base.src[0].op is Ops.BUFFER and
-                                     isinstance(base.arg[0][1], UOp) and base.arg[0][0] == 0)
+    while u.op is OP_RESHAPE:  # (without_reshapes, inline: every realize asks this of every tensor it looks at)
+        u = u.src[0]
+    op = u.op
+    return op is OP_BUFFER or (op is OP_SHRINK and u.src[0].op is OP_BUFFER and
+                                     isinstance(u.arg[0][1], UOp) and u.arg[0][0] == 0)
 
 
 def _materialised(u: UOp) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 from glassgrad.device import Buffer
 from glassgrad.dtype import DType
 from glassgrad.engine.memory import SchedulePlan
-from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.ops import OP_BUFFER, OP_RESHAPE, Ops, UOp
 
 # what the scheduler returns: the items (typed as Any here: ScheduleItem lives in the package that imports this)
 # and {tensor-graph node: buffer view}
@@ -37,7 +37,7 @@ ViewTemplate = tuple[int, int, tuple[tuple[int, ...], ...]]  # (buffer ref, vers
 def reshape_chain(u: UOp) -> tuple[UOp, tuple[tuple[int, ...], ...]]:
     """The node under a chain of reshapes, and the chain's shapes from the bottom up."""
     shapes: list[tuple[int, ...]] = []
-    while u.op is Ops.RESHAPE:
+    while u.op is OP_RESHAPE:
         shapes.append(u.arg)
         u = u.src[0]
     return u, tuple(reversed(shapes))
@@ -63,14 +63,14 @@ def walk_graph(roots: tuple[UOp, ...], outs: list[UOp], realized: Callable[[UOp]
     only about nodes whose id is in one of `realized_ids` (REALIZED's tables: nearly every node is in none, and a
     dictionary test is cheaper than a call). No SINK node is built: a cache hit never needs one (the scheduler
     builds it on a miss), so the roots are the walk's first frame and the key ends with their positions."""
-    nodes: list[UOp] = []
     leaves: dict[UOp, UOp] = {}
+    # each node's position in the walk; the dictionary keeps the order of insertion, so it is the node list too
     position: dict[UOp, int] = {}
     slot_of: dict[Buffer, int] = {}
     parts: list[tuple[Any, ...]] | None = [] if keyed else None
     # (locals: this loop runs for every node of every graph realized)
     ids_a, ids_b = realized_ids
-    get, listed, buffer_op = position.__getitem__, nodes.append, Ops.BUFFER
+    get, buffer_op = position.__getitem__, OP_BUFFER
     stack: list[tuple[UOp | None, Iterator[UOp]]] = [(None, iter(roots))]  # (the roots' frame: no node of its own)
     push = stack.append
     while stack:
@@ -82,28 +82,25 @@ def walk_graph(roots: tuple[UOp, ...], outs: list[UOp], realized: Callable[[UOp]
                 view = s
             else:
                 sid = id(s)
-                found = realized(s) if sid in ids_a or sid in ids_b else None
+                found = realized(s) if sid in ids_a or (ids_b and sid in ids_b) else None
                 if found is None:
                     if s.src:
                         push((s, iter(s.src)))
                         break
-                    position[s] = len(nodes)  # a node without sources (a DEVICE) is listed at once
-                    listed(s)
+                    position[s] = len(position)  # a node without sources (a DEVICE) is listed at once
                     if parts is not None:
                         parts.append((s.op, s.dtype, s.arg_key))
                     continue
                 view = found
             leaves[s] = view  # a leaf is listed when found, its sources are not walked
-            position[s] = len(nodes)
-            listed(s)
+            position[s] = len(position)
             if parts is not None and not _add_leaf(parts, s, view, slot_of):
                 parts = None
         else:
             stack.pop()
             if node is None:  # the roots' frame: done
                 break
-            position[node] = len(nodes)
-            listed(node)
+            position[node] = len(position)
             if parts is not None:  # (op, dtype, argument, positions of the sources)
                 src = node.src
                 if len(src) == 2:  # (the most common node: no map over its sources)
@@ -112,6 +109,7 @@ def walk_graph(roots: tuple[UOp, ...], outs: list[UOp], realized: Callable[[UOp]
                     parts.append((node.op, node.dtype, node.arg_key, get(src[0])))
                 else:
                     parts.append((node.op, node.dtype, node.arg_key, *map(get, src)))
+    nodes = list(position)
     if parts is None:
         return nodes, leaves, None
     return nodes, leaves, _graph_key(parts, roots, outs, slot_of, position)
@@ -134,17 +132,18 @@ def _add_leaf(parts: list[tuple[Any, ...]], node: UOp, view: UOp, slot_of: dict[
     buffer's kind and the view's reshapes. False (no key) when the view is not reshapes of the buffer's current
     version."""
     shapes: tuple[tuple[int, ...], ...]
-    if view.op is Ops.BUFFER:  # (the common views first: reshape_chain's result without its call)
+    op = view.op
+    if op is OP_BUFFER:  # (the common views first: reshape_chain's result without its call)
         base, shapes = view, ()
-    elif view.op is Ops.RESHAPE and view.src[0].op is Ops.BUFFER:
+    elif op is OP_RESHAPE and view.src[0].op is OP_BUFFER:
         base, shapes = view.src[0], (view.arg,)
     else:
         base, shapes = reshape_chain(view)
-    if base.op is not Ops.BUFFER or base.arg[1] != base.arg[0].version:
+    if base.op is not OP_BUFFER or base.arg[1] != base.arg[0].version:
         return False
     buf: Buffer = base.arg[0]
     slot = slot_of.setdefault(buf, len(slot_of))
-    parts.append(("leaf", node.op is Ops.BUFFER, slot, buf.device, buf.size, buf.dtype, shapes))
+    parts.append(("leaf", node.op is OP_BUFFER, slot, buf.device, buf.size, buf.dtype, shapes))
     return True
 
 
@@ -241,9 +240,9 @@ class ScheduleTemplate:
         views: dict[UOp, UOp] = {}
         for is_out, index, (buf_ref, offset, shapes) in self.views:
             buf = bufs[buf_ref]
-            view = UOp(Ops.BUFFER, buf.dtype, (), (buf, base_version[buf_ref] + offset))
+            view = UOp(OP_BUFFER, buf.dtype, (), (buf, base_version[buf_ref] + offset))
             for shape in shapes:
-                view = UOp(Ops.RESHAPE, buf.dtype, (view,), shape)
+                view = UOp(OP_RESHAPE, buf.dtype, (view,), shape)
             views[outs[index] if is_out else nodes[index]] = view
         return views
 
