@@ -234,3 +234,37 @@ def test_attached_nodes_are_the_toposort_stopped_at_detach(name: str) -> None:
     assert any(n.op is Ops.DETACH for n in order)
     expected = set(root.toposort(stop=lambda n: n.op is Ops.DETACH))
     assert _attached_nodes(root, order, set(order)) == expected
+
+
+MATMUL_SHAPES = [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((3, 4), (2, 4, 5)), ((2, 1, 3, 4), (5, 4, 6)),
+                 ((1, 4), (4, 1)), ((0, 4), (4, 3)), ((3, 0), (0, 2))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("sa, sb", MATMUL_SHAPES)
+def test_matmul_direct_node_is_the_general_paths(dtype: str, sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
+    """`matmul` of two float matrices (or broadcast batches) makes its node without intermediate Tensors; it is the
+    node of the general spelling, so kernels, caches and gradients are those of the general path."""
+    a, b = Tensor.empty(*sa, dtype=dtype), Tensor.empty(*sb, dtype=dtype)
+    general = (a.unsqueeze(-2) * b.transpose(-1, -2).unsqueeze(-3)).sum(-1)
+    assert (a @ b).uop is general.uop
+
+
+@pytest.mark.parametrize("sa, sb, kinds", [
+    ((3, 4), (4, 5), ("int32", "int32")), ((3, 4), (4, 5), ("float16", "float32")),
+    ((4,), (4, 5), ("float32", "float32")), ((3, 4), (4,), ("float32", "float32")),
+    ((2, 3, 4), (2, 4, 5), ("int8", "int8"))])
+def test_matmul_general_cases_keep_their_values(sa: tuple[int, ...], sb: tuple[int, ...], kinds: tuple[str, str]
+                                                ) -> None:
+    rng = np.random.default_rng(1)
+    x, y = (rng.integers(-3, 4, size=s).astype(d) for s, d in zip((sa, sb), kinds))
+    got = (Tensor(x) @ Tensor(y)).numpy()
+    want = x @ y
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_matmul_errors_are_the_general_paths() -> None:
+    with pytest.raises(Exception, match="inner dims 4 != 3"):
+        Tensor.empty(2, 4) @ Tensor.empty(3, 5)
+    with pytest.raises(Exception, match="cannot be broadcast"):
+        Tensor.empty(2, 3, 4) @ Tensor.empty(5, 4, 6)
