@@ -228,3 +228,19 @@ def test_renderer_supported_dtypes() -> None:
     supported = Device[Device.DEFAULT].renderer.supported_dtypes()
     assert {dtypes.float16, dtypes.float32, dtypes.int32, dtypes.bool} <= supported
     assert dtypes.float64 not in MetalRenderer().supported_dtypes()
+
+
+# ---------------------------------------------------------------------- PyTorch keywords of sorting
+def test_sort_stable_and_topk_sorted_keywords() -> None:
+    """`x.sort(1, stable=True)`, `x.argsort(stable=True)` and `x.topk(2, sorted=False)` are PyTorch's keywords: each
+    was a TypeError. The sort is stable either way (equal values keep their order)."""
+    ties = np.array([[1, 3, 3, 2, 3], [5, 5, 1, 0, 5]], np.float32)
+    expect = np.argsort(ties, axis=1, kind="stable")
+    np.testing.assert_array_equal(Tensor(ties).sort(1, stable=True)[1].numpy(), expect)
+    np.testing.assert_array_equal(Tensor(ties).argsort(1, stable=True).numpy(), expect)
+    np.testing.assert_array_equal(Tensor(ties).sort(1, stable=False)[0].numpy(), np.sort(ties, axis=1))
+    values = Tensor(ties).topk(2, sorted=False)[0].numpy()
+    np.testing.assert_array_equal(np.sort(values, axis=1), np.sort(ties, axis=1)[:, -2:])
+    if torch is not None:
+        np.testing.assert_array_equal(Tensor(ties).sort(dim=1, stable=True)[1].numpy(),
+                                      torch.tensor(ties).sort(dim=1, stable=True)[1].numpy())
