@@ -265,3 +265,37 @@ STATE_FLAGS["DEFAULT_INT"] = (lambda: dtypes.default_int, _default_setter("defau
 for _flag in ("DEFAULT_FLOAT", "DEFAULT_INT"):
     if os.environ.get(_flag):
         STATE_FLAGS[_flag][1](os.environ[_flag])
+
+
+# tinygrad's names for type hints and lookups, which programs import from `tinygrad.dtype`
+DTypeLike = DType | str  # (what `to_dtype` and every `dtype=` keyword take)
+ConstType = int | float | bool  # a Python scalar a tensor element is made from
+# every dtype by its name and tinygrad's aliases ('float', 'half', 'long', ...)
+DTYPES_DICT: dict[str, DType] = {**DTYPE_BY_NAME, **{a: getattr(dtypes, a) for a in _ALIASES}}
+
+
+def sum_acc_dtype(dt: DType) -> DType:
+    """The dtype a sum of `dt` accumulates in (as tinygrad's): unsigned ints in at least uint32, ints and bools in at
+    least int32, floats in at least float32."""
+    if dt.is_unsigned:
+        return least_upper_dtype(dt, dtypes.uint32)
+    if dt.is_int or dt.is_bool:
+        return least_upper_dtype(dt, dtypes.int32)
+    return least_upper_dtype(dt, dtypes.float32)
+
+
+def least_upper_float(dt: DType) -> DType:
+    """`dt` if it is a float, else the default float (what a division or an exp of `dt` gives)."""
+    return dt if dt.is_float else least_upper_dtype(dt, dtypes.default_float)
+
+
+def _to_np_dtype(dtype: DType) -> type | None:
+    """The numpy scalar type of a dtype (float32 for bfloat16, which numpy lacks), as tinygrad's helper."""
+    if dtype == dtypes.bfloat16:
+        return np.float32
+    return None if dtype.fmt is None else np.dtype(dtype.fmt).type
+
+
+def _from_np_dtype(npdtype: np.dtype | type) -> DType:
+    """The dtype of a numpy dtype (tinygrad's helper; `dtypes.from_np` is the same)."""
+    return dtypes.from_np(npdtype)

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import getpass
 import math
 import os
 import pathlib
+import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 
@@ -302,6 +305,124 @@ class Timing(contextlib.ContextDecorator):
         if self.enabled:
             print(f"{self.prefix}{elapsed * 1e-6:6.2f} ms" + (self.on_exit(elapsed) if self.on_exit else ""))
 
+
+
+class Profiling(contextlib.ContextDecorator):
+    """`with Profiling():` runs the block under cProfile and prints the top `frac` of functions by `sort` (tinygrad's
+    helper); `fn` also dumps the stats to that file, `enabled=False` profiles nothing."""
+
+    def __init__(self, enabled: bool = True, sort: str = "cumtime", frac: float = 0.2, fn: str | None = None,
+                 ts: float = 1) -> None:
+        import cProfile
+        self.enabled, self.sort, self.frac, self.fn = enabled, sort, frac, fn
+        self.profile = cProfile.Profile()
+
+    def __enter__(self) -> Profiling:
+        if self.enabled:
+            self.profile.enable()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.enabled:
+            return
+        self.profile.disable()
+        if self.fn:
+            self.profile.dump_stats(self.fn)
+        import pstats
+        stats = pstats.Stats(self.profile).strip_dirs().sort_stats(self.sort)
+        stats.print_stats(self.frac)
+
+
+class _PlainProgress:
+    """`tqdm` without the tqdm package: the same iteration and methods, nothing printed."""
+
+    def __init__(self, iterable: Iterable[Any] | None = None, desc: str = "", total: int | None = None,
+                 **_: Any) -> None:
+        self.iterable, self.desc, self.n = iterable, desc, 0
+        self.total = total if total is not None else getattr(iterable, "__len__", lambda: 0)()
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.iterable is None:
+            raise TypeError("tqdm: iterating needs an iterable (tqdm(total=n) is updated by hand)")
+        for item in self.iterable:
+            yield item
+            self.n += 1
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __enter__(self) -> _PlainProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_description(self, desc: str) -> None:
+        self.desc = desc
+
+    def close(self) -> None:
+        pass
+
+
+def tqdm(iterable: Iterable[Any] | None = None, **kwargs: Any) -> Any:
+    """A progress bar over `iterable` (tinygrad's helper): tqdm's when installed, else one that prints nothing."""
+    try:
+        from tqdm import tqdm as tqdm_bar
+    except ImportError:
+        return _PlainProgress(iterable, **kwargs)
+    return tqdm_bar(iterable, **kwargs)
+
+
+def profile_marker(name: str, color: str = "gray") -> None:
+    """tinygrad's marker in its profiler's timeline; glassgrad has no such timeline, so it records nothing."""
+
+
+OSX = sys.platform == "darwin"
+
+
+def temp(x: str, append_user: bool = False) -> str:
+    """A path in the system's temporary folder (tinygrad's helper), with the user's name appended if asked."""
+    name = f"{x}.{getpass.getuser()}" if append_user else x
+    return (pathlib.Path(tempfile.gettempdir()) / name).as_posix()
+
+
+def ceildiv(num: int, amt: int) -> int:
+    """num / amt rounded up."""
+    return -(num // -amt)
+
+
+def argfix(*x: Any) -> tuple[Any, ...]:
+    """`f(1, 2)` and `f((1, 2))` alike: a single tuple or list argument is unpacked (tinygrad's helper)."""
+    if x and isinstance(x[0], (tuple, list)):
+        if len(x) != 1:
+            raise ValueError(f"bad arguments {x}: a tuple or list must be the only argument")
+        return tuple(x[0])
+    return x
+
+
+def all_same(items: Sequence[Any]) -> bool:
+    """Whether every item equals the first (True for none)."""
+    return all(x == items[0] for x in items)
+
+
+def all_int(items: Iterable[Any]) -> bool:
+    """Whether every item is a Python int (a shape without symbolic sizes)."""
+    return all(isinstance(s, int) for s in items)
+
+
+def unwrap(x: Any) -> Any:
+    """`x`, which must not be None."""
+    if x is None:
+        raise ValueError("unwrap: the value is None")
+    return x
+
+
+def pluralize(st: str, cnt: int) -> str:
+    """'1 kernel', '3 kernels'."""
+    return f"{cnt} {st}" + ("" if cnt == 1 else "s")
 
 def _open_url(url: str, headers: dict[str, str]) -> Any:
     """A readable response for `url` (tests replace this to serve bytes without a network)."""

@@ -253,21 +253,34 @@ def _method_hint(x: object) -> str:
     return f"; t.{name} is a method: call it, t.{name}()"
 
 
-def _tinygrad_targets(root_nodes: set[UOp], root: Tensor) -> list[Tensor]:
+def _tinygrad_targets(root_nodes: set[UOp], root: Tensor, with_layers: bool = False) -> list[Tensor]:
     """backward()'s targets when no tensor of the graph requires grad: tinygrad 0.14's rule, every live float tensor
     whose node is in the graph (leaves and held intermediates alike; not the root itself), found by a scan of the
     live objects (this path runs only for programs that never set requires_grad). A graph holding a tensor made
-    with requires_grad=False is a PyTorch program's: none (backward() then raises, as PyTorch does)."""
+    with requires_grad=False is a PyTorch program's: none (backward() then raises, as PyTorch does).
+    `with_layers`: the graph also holds layers' parameters, none set to require grad yet (a tinygrad program before
+    its optimizer exists): the tensors marked requires_grad=False are left out (a BatchNorm's running statistics),
+    the others are still targets."""
     # (hasattr: a Tensor whose constructor raised may still be garbage waiting for the collector, without a node)
     # (a bare constant is skipped, as tinygrad's backward skips it: its node is shared with every equal constant;
     # so is a tensor computed from constants alone that shares its node with another one found or with the root,
     # and a realized tensor found only through what computed it when that was constants alone: a constant of the
-    # graph equal to it by chance (a `.grad` of ones realized earlier and the 1.0 inside a `randn`), not its use)
-    found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and hasattr(o, "uop") and
-             o.dtype.is_float and not _is_bare_constant(o.uop) and
-             (o.uop in root_nodes or (_reads_a_buffer(lineage := _with_lineage(o.uop)) and lineage in root_nodes))]
+    # graph equal to it by chance (a `.grad` of ones realized earlier and the 1.0 inside a `randn`), not its use;
+    # a tensor whose write the graph holds, realized since, is found through that write: `_graph_nodes_of`)
+    written = {view for n in root_nodes if n.op is Ops.ASSIGN and (view := REALIZED.get(n)) is not None}
+    # (a TinyJit capture watches the lineage a step differentiates through; looking at the lineage of every live
+    # tensor here is not that: the root's own walk recorded what its graph holds)
+    watches = LINEAGE_WATCHES[:]
+    LINEAGE_WATCHES.clear()
+    try:
+        found = [o for o in gc.get_objects() if type(o) is Tensor and o is not root and hasattr(o, "uop") and
+                 o.dtype.is_float and not _is_bare_constant(o.uop) and
+                 (o.uop in root_nodes or o.uop in written or
+                  (_reads_a_buffer(lineage := _with_lineage(o.uop)) and lineage in root_nodes))]
+    finally:
+        LINEAGE_WATCHES[:] = watches
     found = [t for t in found if not _shares_a_constant_node(t, [*found, root])]
-    if any(t._requires_grad is False for t in found):
+    if not with_layers and any(t._requires_grad is False for t in found):
         return []
     return [t for t in found if t._requires_grad is None]
 
@@ -702,7 +715,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return self.numpy().reshape(()).item()
 
     def contiguous(self) -> Tensor:
-        """A tensor that will be materialised in its own buffer, in row-major order."""
+        """A tensor that will be materialised in its own buffer, in row-major order. One computed from constants alone
+        (`Tensor.ones(3).contiguous()`, tinygrad's way to make a parameter) gets a buffer of its own, as tinygrad's:
+        two equal ones would otherwise be one node (hash-consing), whose gradient is the sum of theirs (see
+        `clone`)."""
+        if not _reads_a_buffer(self.uop) and all(isinstance(s, int) for s in self.shape):
+            return self.clone()
         return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
     def detach(self) -> Tensor:
@@ -957,13 +975,24 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if gradient is None:
             gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
         if found:  # PyTorch's rule
+            # (only layers' parameters, none requiring grad yet: a tinygrad program before its optimizer exists, where
+            # every float tensor of the graph gets its gradient too, a plain `self.w = Tensor.randn(3, 3)` included)
+            pytorch = any(t._requires_grad for t, _ in found)
             found = _in_graph([t for t, _ in found], _attached_nodes(root, order, root_nodes))
-            reached = self._reached_gradients(root, [u for _, u in found], gradient, order)
+            extra = [] if pytorch else _others_in_graph(
+                _tinygrad_targets(root_nodes, self, with_layers=True), [t for t, _ in found], root_nodes)
+            reached = self._reached_gradients(root, [u for _, u in found + extra], gradient, order)
             if all(g is None for g in reached):
                 raise RuntimeError("backward(): the tensors with requires_grad=True in this computation are only "
                                    "reached through detach() or non-differentiable ops (comparisons, casts to int), "
                                    "so none gets a gradient (PyTorch raises here too)")
-            _accumulate([t for t, _ in found], reached)
+            targets = [t for t, _ in found + extra]
+            # (the tinygrad rule's targets get zeros where the gradient does not reach them, as tinygrad's; their
+            # gradients are not computed along with the parameters' (`_note_lazy_gradients`): the batch's, a data
+            # set's gradient, would be computed at every step of a loop that never reads it, as a hand-written
+            # optimizer's loop without an optimizer object (gradaccum_mnist.py) runs. Read, one is computed then.)
+            _accumulate(targets, [Tensor.zeros(t.shape, dtype=t.dtype, device=t.device) if g is None and i >= len(found)
+                                  else g for i, (t, g) in enumerate(zip(targets, reached))])
             _note_lazy_gradients(self, [t for t, _ in found], order)
             return self
         found = _in_graph(_tinygrad_targets(root_nodes, self), root_nodes)  # tinygrad 0.14's rule
@@ -1775,13 +1804,18 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         try:
             pads = _normalize_padding(padding, self.ndim)
         except TypeError:
-            _no_symbolic("pad", tuple(x for p in padding for x in (p if isinstance(p, (tuple, list)) else [p])))
-            raise
+            if not any(isinstance(x, UOp) for p in padding for x in (p if isinstance(p, (tuple, list)) else [p])):
+                raise
+            return self._padded(_symbolic_padding(padding, self.ndim, mode), value)
         if mode != "constant":
             return self._pad_from_input(pads, mode)
         if any(b < 0 or a < 0 for b, a in pads):
             cropped = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pads, self.shape)))
             return cropped.pad(tuple((max(b, 0), max(a, 0)) for b, a in pads), value=value)
+        return self._padded(pads, value)
+
+    def _padded(self, pads: tuple[tuple[sint, sint], ...], value: Scalar) -> Tensor:
+        """Constant padding by non-negative amounts (ints, or symbolic sizes), filled with `value`."""
         padded = self._view(self.uop.pad(pads))
         if value == 0:
             return padded
@@ -1873,14 +1907,17 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if len(tensors) > _CAT_GROUP:  # many tensors: joined in groups, each group materialised (see _CAT_GROUP)
             groups = [tensors[i:i + _CAT_GROUP] for i in range(0, len(tensors), _CAT_GROUP)]
             return Tensor.cat(*(g[0].cast(dt).cat(*g[1:], dim=d).contiguous() for g in groups), dim=d)
-        total = sum(t.shape[d] for t in tensors)
-        out: Tensor | None = None
-        offset = 0
+        total: sint = 0
         for t in tensors:
-            pads = tuple((offset, total - offset - t.shape[d]) if i == d else (0, 0) for i in range(self.ndim))
+            total = sint_add(total, t.shape[d])
+        out: Tensor | None = None
+        offset: sint = 0
+        for t in tensors:  # (sint arithmetic: a symbolic length, `cache[:, :pos].cat(new, dim=1)`, simplified)
+            pads = tuple((offset, sint_sub(sint_sub(total, offset), t.shape[d])) if i == d else (0, 0)
+                         for i in range(self.ndim))
             piece = t.cast(dt).pad(pads)
             out = piece if out is None else out + piece
-            offset += t.shape[d]
+            offset = sint_add(offset, t.shape[d])
         assert out is not None
         return out
 
@@ -2588,6 +2625,40 @@ def _join_along(x: Tensor, d: int, before: Tensor | None, after: Tensor | None) 
     return out
 
 
+def as_amount(x: Any) -> sint:
+    """A pad amount: a symbolic size as it is, anything else as an int."""
+    return x if isinstance(x, UOp) else int(x)
+
+
+def _symbolic_padding(padding: Sequence[Any], ndim: int, mode: str) -> tuple[tuple[sint, sint], ...]:
+    """`pad`'s per-dim (before, after) pairs when some amounts are symbolic (whisper's KV cache pads its entries to
+    the cache's length by `max_len - pos - n`): bound int expressions of Variables, constant mode only, and never
+    negative for any value of their Variables (one kernel serves them all)."""
+    if mode != "constant":
+        raise NotImplementedError(f"pad mode {mode!r} with a symbolic (Variable) amount is not supported; only "
+                                  "constant padding takes one")
+    if all(isinstance(p, (tuple, list)) or p is None for p in padding):
+        if len(padding) != ndim:
+            raise ValueError(f"pad needs one (before, after) pair per dimension ({ndim}), got {len(padding)}")
+        pairs = [(0, 0) if p is None else (p[0], p[1]) for p in padding]
+    else:
+        flat = list(padding)
+        if len(flat) % 2 or len(flat) // 2 > ndim:
+            raise ValueError(f"flat padding must have an even length of at most {2 * ndim}, got {len(flat)}")
+        pairs = [(0, 0)] * (ndim - len(flat) // 2) + [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)][::-1]
+    for x in (x for pair in pairs for x in pair):
+        if not isinstance(x, UOp):
+            if int(x) < 0:
+                raise NotImplementedError("pad: a negative (cropping) amount beside a symbolic one is not supported;"
+                                          " shrink first")
+            continue
+        _check_bound(x, "pad")
+        if sint_min(x) < 0:
+            raise ShapeError(f"pad amount {render_sint(x)} is negative for some values of its Variables (as low as "
+                             f"{sint_min(x)}); a symbolic amount must be >= 0 for all of them")
+    return tuple((as_amount(b), as_amount(a)) for b, a in pairs)
+
+
 def _normalize_padding(padding: Sequence[Any], ndim: int) -> tuple[tuple[int, int], ...]:
     if all(isinstance(p, (tuple, list)) or p is None for p in padding):
         if len(padding) != ndim:
@@ -2907,6 +2978,13 @@ def _attached_nodes(root: UOp, order: list[UOp], nodes: set[UOp]) -> set[UOp]:
         if n.op is not detach and n in attached:
             attached.update(n.src)
     return attached
+
+
+def _others_in_graph(tensors: Sequence[Tensor], found: Sequence[Tensor], nodes: set[UOp]
+                     ) -> list[tuple[Tensor, UOp]]:
+    """`_in_graph` of the `tensors` not among `found`."""
+    ids = {id(t) for t in found}
+    return _in_graph([t for t in tensors if id(t) not in ids], nodes)
 
 
 def _in_graph(tensors: Sequence[Tensor], nodes: set[UOp]) -> list[tuple[Tensor, UOp]]:

@@ -60,9 +60,10 @@ class LinalgOps:
         return _einsum(formula, xs, dtype)
 
     # ------------------------------------------------------------------ sorting
-    def sort(self, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
-        """(sorted values, int32 indices into `dim`), stable (equal values keep their order). A bitonic network;
-        NaN sorts as the largest value (last ascending, first descending), as in PyTorch."""
+    def sort(self, dim: int = -1, descending: bool = False, *, stable: bool = False) -> tuple[Tensor, Tensor]:
+        """(sorted values, int32 indices into `dim`), stable (equal values keep their order) whatever PyTorch's
+        `stable=` keyword says. A bitonic network; NaN sorts as the largest value (last ascending, first
+        descending), as in PyTorch."""
         t = self._m
         tensor = _tensor_class()
         if t.ndim == 0:
@@ -80,12 +81,15 @@ class LinalgOps:
             values, indices = values.transpose(a, -1), indices.transpose(a, -1)
         return values, indices
 
-    def argsort(self, dim: int = -1, descending: bool = False) -> Tensor:
+    def argsort(self, dim: int = -1, descending: bool = False, *, stable: bool = False) -> Tensor:
+        """The indices `sort` gives (stable, as PyTorch's `stable=True`)."""
         return self._m.sort(dim, descending)[1]
 
-    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted_: bool = True) -> tuple[Tensor, Tensor]:
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted_: bool = True, *,
+             sorted: bool = True) -> tuple[Tensor, Tensor]:  # noqa: A002  (PyTorch's keyword)
         """(the k largest (or smallest) values along `dim`, sorted, and their int32 indices); ties keep their
-        original order. `sorted_=False` is not supported (as in tinygrad)."""
+        original order. `sorted_=False` is not supported (as in tinygrad); PyTorch's `sorted=False` leaves the
+        order unspecified, so the sorted result is its answer too."""
         t = self._m
         if not sorted_:
             raise NotImplementedError("topk with sorted_=False is not supported; the result is always sorted")

@@ -4,6 +4,7 @@ max pools refuse windows wholly in the padding, whose backward writes past its b
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ if os.environ.get("CHECK_CUDA_COMPILE"):
 # CHECK_METAL_SYNTAX=1: also compile every kernel the tests run as MSL against tests/metal/shim.h (-fsyntax-only).
 # Both live in tests/metal/metal_plugin.py.
 if os.environ.get("GLASSGRAD_METAL_EMULATION") == "1" or os.environ.get("CHECK_METAL_SYNTAX"):
-    import sys
+
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "metal"))
     import metal_plugin
@@ -60,3 +61,15 @@ def _torch_max_pools_checked() -> None:
     """PyTorch's max pools refuse windows wholly in the padding, whose backward corrupts the heap
     (tests/torch_pool_net.py); installed once PyTorch is imported."""
     torch_pool_net.install()
+
+
+@pytest.fixture(autouse=True)
+def _reference_generators_seeded() -> None:
+    """PyTorch's and numpy's global generators start every test from seed 0: a test that builds a PyTorch model to
+    compare against draws the same initial weights whatever ran before it in the worker. (Unseeded, the seq2seq
+    parity test drew other weights in each test order, and for some draws a weight whose gradient is far below
+    Adam's eps moved 3e-5 differently: float32 rounding of that gradient, amplified by Adam, not a glassgrad bug.)"""
+    import numpy as np
+    np.random.seed(0)
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(0)

@@ -602,7 +602,8 @@ def test_layer_kernel_counts() -> None:
 
 def test_backward_fills_layer_gradients_without_an_optimizer() -> None:
     """tinygrad's test_tiny `test_mnist_backward`: layer parameters (requires_grad None until an optimizer turns it
-    on) get `.grad` from a plain `backward()`; running statistics and inputs do not."""
+    on) get `.grad` from a plain `backward()`, and so does the input, as tinygrad's backward fills every float tensor
+    of the graph; running statistics do not."""
     layers = [nn.Conv2d(1, 4, 3), Tensor.relu, nn.BatchNorm(4), nn.Conv2d(4, 2, 3)]
     x = Tensor(np.random.default_rng(0).standard_normal((2, 1, 8, 8)).astype(np.float32))
     with Tensor.train():
@@ -611,7 +612,10 @@ def test_backward_fills_layer_gradients_without_an_optimizer() -> None:
     trained = [p for p in params if p.requires_grad is not False]
     assert len(trained) == 6 and all(p.grad is not None and p.grad.shape == p.shape for p in trained)
     assert all(p.grad is None for p in params if p.requires_grad is False)
-    assert x.grad is None
+    assert x.grad is not None
+    with Tensor.train():
+        expect = x.sequential(layers).sum().gradient(x)[0]
+    np.testing.assert_allclose(x.grad.numpy(), expect.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_requires_grad_twice_on_a_tensor() -> None:

@@ -210,8 +210,9 @@ def test_gpu_kernels_compile_with_nvrtc(nvrtc: Any) -> None:
     (lambda x: x[:Variable("i", 1, 10).bind(3):2], IndexError, "step 1"),
     (lambda x: x[:Variable("i", 1, 10).bind(3)][-1], IndexError, "must be in"),
     (lambda x: x[:Variable("i", 1, 10).bind(3)][3], IndexError, "must be in"),
-    (lambda x: x.pad(((0, Variable("i", 1, 10).bind(3)), None)), NotImplementedError, "pad with a symbolic"),
-    (lambda x: x[:Variable("i", 1, 10).bind(3)].cat(x), NotImplementedError, "symbolic"),
+    (lambda x: x.pad(((0, Variable("i", 1, 10).bind(3)), None), mode="reflect"), NotImplementedError, "constant"),
+    (lambda x: x.pad(((0, 2 - Variable("i", 1, 10).bind(3)), None)), ValueError, "negative for some values"),
+    (lambda x: x.pad(((-1, Variable("i", 1, 10).bind(3)), None)), NotImplementedError, "negative"),
     (lambda x: Tensor.zeros(10, 6)[:Variable("i", 1, 10).bind(3)].assign(x[:3]), NotImplementedError, "assign with"),
     (lambda x: x[:Variable("i", 1, 10).bind(3)][[0, 1]], NotImplementedError, "indexing a symbolic"),
     (lambda x: Tensor.rand(Variable("i", 1, 10).bind(3)), NotImplementedError, "only supported by full/zeros/ones"),
@@ -221,6 +222,22 @@ def test_gpu_kernels_compile_with_nvrtc(nvrtc: Any) -> None:
 def test_unsupported_and_wrong_uses_are_clear_errors(x: Tensor, make, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         make(x)
+
+
+@pytest.mark.parametrize("n", [1, 4, 10])
+def test_symbolic_cat_and_pad_against_numpy(x: Tensor, n: int) -> None:
+    """cat along a symbolic dim and pad by symbolic amounts (used to raise NotImplementedError): the values of a
+    symbolic-length slice joined to the whole, then padded back to a fixed length."""
+    v = Variable("i", 1, 10).bind(n)
+    data = x.numpy()
+    joined = x[:v].cat(x * 2)
+    assert sint_eval(joined.shape[0]) == n + 10
+    np.testing.assert_array_equal(joined.numpy(), np.concatenate([data[:n], data * 2]))
+    padded = joined.pad(((1, 20 - v), None), value=-1.0)
+    assert padded.shape == (31, 6)
+    expect = np.full((31, 6), -1.0, np.float32)
+    expect[1:n + 11] = np.concatenate([data[:n], data * 2])
+    np.testing.assert_array_equal(padded.numpy(), expect)
 
 
 def test_a_variable_bound_to_two_values_in_one_kernel_is_an_error(x: Tensor) -> None:

@@ -512,8 +512,8 @@ def test_a_write_through_a_same_size_bitcast_reaches_the_source() -> None:
 
 
 # ---------------------------------------------------------------------- second round: more of tinygrad's test files
-@pytest.mark.parametrize("make", [lambda: Tensor.ones(3) + 1, lambda: Tensor.ones(3).contiguous(),
-                                  lambda: Tensor.arange(3).float(), lambda: Tensor.linspace(0, 1, 3)])
+@pytest.mark.parametrize("make", [lambda: Tensor.ones(3) + 1, lambda: Tensor.arange(3).float(),
+                                  lambda: Tensor.linspace(0, 1, 3)])
 def test_backward_skips_equal_tensors_computed_from_constants_alone(make) -> None:  # type: ignore[no-untyped-def]
     """test/unit/test_function.py's test_grad_fxn_tuple: `x = Tensor.ones(3).contiguous()` and an equal y were one
     (hash-consed) node, and tinygrad's backward rule gave each the sum of both gradients (x.grad = y.grad = 3 for
@@ -529,6 +529,25 @@ def test_backward_skips_equal_tensors_computed_from_constants_alone(make) -> Non
     (x * 3).sum().backward()
     assert x.grad is not None and x.grad.tolist() == [3.0, 3.0, 3.0]
     assert (x * 5).sum().gradient(x)[0].tolist() == [5.0, 5.0, 5.0]
+
+
+@pytest.mark.parametrize("realize", [False, True])
+def test_contiguous_constant_tensors_get_their_own_gradients(realize: bool) -> None:
+    """test_function.py's test_grad_fxn_tuple and TestFunctionGrad: `Tensor.ones(3).contiguous()` made twice was one
+    hash-consed node (and, realized, one shared buffer), so backward gave neither a gradient. contiguous() of a
+    constants-only graph now makes a buffer of its own, as tinygrad's does: each gets its own gradient."""
+    x, y, ref = (Tensor.ones(3, 3).contiguous() for _ in range(3))
+    if realize:
+        Tensor.realize(x, y, ref)
+    assert x.uop is not y.uop
+    ((x @ (y * 2)) - ref * 3).square().mean().backward()
+    assert x.grad is not None and y.grad is not None and ref.grad is not None
+    if torch is not None:
+        tx, ty, tref = (torch.ones(3, 3, requires_grad=True) for _ in range(3))
+        ((tx @ (ty * 2)) - tref * 3).square().mean().backward()
+        for t, tt in ((x, tx), (y, ty), (ref, tref)):
+            np.testing.assert_allclose(t.grad.numpy(), tt.grad.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(x.numpy(), np.ones((3, 3), np.float32))  # the values are unchanged
 
 
 def test_constant_tensors_with_requires_grad_get_their_own_gradients() -> None:
@@ -739,18 +758,3 @@ def test_backward_after_failed_ones_keeps_randn_leaves_differentiable() -> None:
     d_out = 2 * (a_np @ b_np @ c_np - ref_np) / ref_np.size
     np.testing.assert_allclose(a.grad.numpy(), d_out @ (b_np @ c_np).T, rtol=1e-4, atol=1e-5)
     assert len(kept) == 2 and all("no tensor" in str(e) for e in kept)
-
-
-def test_equal_constant_tensors_realized_into_one_buffer_raise_not_sum() -> None:
-    """test_function.py's TestFunctionGrad: `Tensor.ones(n, n).contiguous()` made four times and realized are one
-    shared buffer (equal graphs are one node), and tinygrad's backward rule gave x, w1, w2 each the sum of all their
-    gradients (a wrong number, silently). They are skipped now, so with nothing else to differentiate backward()
-    raises, saying why; requires_grad=True gives each its own buffer and its own gradient."""
-    x, w, ref = (Tensor.ones(4, 4).contiguous() for _ in range(3))
-    Tensor.realize(x, w, ref)
-    with pytest.raises(RuntimeError, match="constants alone"):
-        ((x @ w) - ref * 0).square().mean().backward()
-    x.requires_grad, w.requires_grad = True, True
-    (x @ (w * 2)).sum().backward()
-    assert x.grad is not None and w.grad is not None
-    assert (x.grad.tolist(), w.grad.tolist()) == ([[8.0] * 4] * 4, [[8.0] * 4] * 4)

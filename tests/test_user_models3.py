@@ -212,7 +212,6 @@ def test_seq2seq_attention_ignores_padded_sources() -> None:
 
 @needs_torch
 def test_seq2seq_trains_like_torch() -> None:
-    Tensor.manual_seed(0)  # (the weights: not whatever draws other tests in this worker left the generator at)
     src, src_len, tgt = _seq2seq_batch()
     model, tmodel = Seq2Seq(), _torch_seq2seq()
     _copy_weights(model, tmodel)
@@ -232,11 +231,13 @@ def test_seq2seq_trains_like_torch() -> None:
             tloss.backward()
             topt.step()
             assert loss.item() == pytest.approx(tloss.item(), rel=1e-5)
-    # Adam divides each gradient by its own scale, so a weight whose gradient is near eps (1e-8) moves by an amount
-    # that float32 rounding of that gradient changes in the third digit. In some full-suite runs (2 of 4, by
-    # which tests shared the worker; never alone, nor with 12 other seeds) one weight ended 3e-5 from PyTorch's. The
-    # cause of the order dependence was not found: suspected, a different fusion around nodes earlier tests realized
-    _assert_same_state(model, tmodel, atol=1e-4)
+    # Adam divides each gradient by its own scale, so a weight whose gradient is near or below eps (1e-8) moves by
+    # an amount that float32 rounding of that gradient changes in the third digit. The weights are PyTorch's
+    # initial ones, drawn from its global generator (seeded per test in conftest.py): unseeded, they depended on
+    # the tests run before in the worker, and for 4 draws in 30 Wa's gradients (4e-10 to 7e-6) left one weight
+    # 1.5e-5 to 2.6e-5 from PyTorch's after two steps, the same with and without other tests run first. With this
+    # draw the largest difference is 1e-7.
+    _assert_same_state(model, tmodel)
 
 
 # ---------------------------------------------------------------------- VAE and GAN

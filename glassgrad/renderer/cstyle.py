@@ -89,6 +89,11 @@ class CStyleLanguage:
     float_functions: dict[Ops, str] = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin",
                                        Ops.TRUNC: "trunc", Ops.POW: "pow", Ops.MOD: "fmod"}
 
+    def supported_dtypes(self) -> set[DType]:
+        """The dtypes this device's kernels can compute with (tinygrad's `renderer.supported_dtypes()`, which its
+        stable diffusion code asks before casting to float16): every one the language has a type for."""
+        return set(self.type_names)
+
     # ---------- pieces a backend overrides ----------
     def render_dtype(self, dtype: DType) -> str:
         return self.type_names[dtype]

@@ -302,6 +302,9 @@ class UOp:
     def __sub__(self, x: UOp | ConstType) -> UOp:
         return self.alu(Ops.ADD, -self._wrap(x)) if _operand(x) else NotImplemented
 
+    def __rsub__(self, x: UOp | ConstType) -> UOp:  # (`max_len - pos` with a bound Variable pos)
+        return self._wrap(x).alu(Ops.ADD, -self) if _operand(x) else NotImplemented
+
     def __mul__(self, x: UOp | ConstType) -> UOp:
         return self.alu(Ops.MUL, self._wrap(x)) if _operand(x) else NotImplemented
 
