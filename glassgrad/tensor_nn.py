@@ -25,6 +25,7 @@ from glassgrad.errors import ArgumentError, ShapeError
 
 if TYPE_CHECKING:
     from glassgrad.tensor import Tensor
+    from glassgrad.uop.ops import UOp
 
 INTERPOLATE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear")
 
@@ -51,6 +52,47 @@ def attention_output(scores: Tensor, value: Tensor, head_dim: int, factors: DTyp
     out = (x - fixed).exp().cast(weights_dtype or scores.dtype) @ value
     zero = out.detach().cast(x.dtype) * (fixed - lse)
     return out + zero.cast(out.dtype)
+
+
+def _window_nodes(u: UOp, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]) -> UOp | None:
+    """`_windows`' node made on the nodes themselves, without a Tensor per step (a convolution's windows were two
+    thirds of its build on the host): the same movement ops in the same order, so the same node (tested). None
+    where a window does not fit (the Tensor path raises its error)."""
+    n = len(kernel)
+    batch = len(u.shape) - n
+    x: UOp | None = u
+    for i in reversed(range(n)):
+        assert x is not None
+        order = tuple(d for d in range(len(x.shape)) if d != batch + i) + (batch + i,)
+        x = _window_last_node(x.permute(order), kernel[i], stride[i], dilation[i])
+        if x is None:
+            return None
+    assert x is not None
+    pair = {i: batch + 2 * (n - 1 - i) for i in range(n)}
+    return x.permute((*range(batch), *(pair[i] for i in range(n)), *(pair[i] + 1 for i in range(n))))
+
+
+def _window_last_node(t: UOp, kernel: int, stride: int, dilation: int) -> UOp | None:
+    """`NNOps._window_last` on a node: (..., H) -> (..., O, K)."""
+    size = t.shape[-1]
+    out = (size - dilation * (kernel - 1) - 1) // stride + 1
+    if out <= 0:
+        return None
+    lead = t.shape[:-1]
+    keep = tuple((0, s) for s in lead)
+    if dilation == 1 and kernel <= stride:
+        row = t.pad(((0, 0),) * len(lead) + ((0, max(0, out * stride - size)),))
+        row = row.shrink((*keep, (0, out * stride))).reshape((*lead, out, stride))
+        return row.shrink((*keep, (0, out), (0, kernel)))
+    copies = t.reshape((*lead, 1, size)).expand((*lead, kernel, size)).reshape((*lead, kernel * size))
+    rows = copies.pad(((0, 0),) * len(lead) + ((0, kernel * dilation),)).reshape((*lead, kernel, size + dilation))
+    rows = rows.shrink((*keep, (0, kernel), (0, (out - 1) * stride + 1)))
+    if stride > 1:
+        rows = rows.pad(((0, 0),) * (len(lead) + 1) + ((0, out * stride - ((out - 1) * stride + 1)),))
+        rows = rows.reshape((*lead, kernel, out, stride)).shrink((*keep, (0, kernel), (0, out), (0, 1))) \
+            .reshape((*lead, kernel, out))
+    last = len(rows.shape) - 1
+    return rows.permute((*range(last - 1), last, last - 1))
 
 
 def _tensor_class() -> type[Tensor]:
@@ -193,6 +235,9 @@ class NNOps:
         n = len(kernel)
         if t.ndim < n:
             raise ValueError(f"a {n}-D window needs at least {n} dims, got shape {t.shape}")
+        node = _window_nodes(t.uop, kernel, stride, dilation) if all(type(d) is int for d in t.shape) else None
+        if node is not None:
+            return t._view(node)
         batch = t.ndim - n
         x = t
         for i in reversed(range(n)):  # move spatial dim i to the end, window it: (..., O_i, K_i) appended

@@ -268,3 +268,29 @@ def test_matmul_errors_are_the_general_paths() -> None:
         Tensor.empty(2, 4) @ Tensor.empty(3, 5)
     with pytest.raises(Exception, match="cannot be broadcast"):
         Tensor.empty(2, 3, 4) @ Tensor.empty(5, 4, 6)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 9, 11), (1, 1, 5, 5), (2, 4, 7), (1, 2, 6, 5, 4), (3, 8)])
+def test_windows_node_is_the_tensor_paths(shape: tuple[int, ...]) -> None:
+    """A convolution's (and pool's) sliding windows are made on the nodes (`tensor_nn._window_nodes`), without a
+    Tensor per movement op; they are the node of the Tensor spelling, and a window that does not fit raises the
+    Tensor path's error. Every kernel, stride and dilation up to 5, 3, 2."""
+    import itertools
+
+    import glassgrad.tensor_nn as tn
+    dims = {4: 2, 3: 1, 5: 3, 2: 1}[len(shape)]
+    for k, s, d in itertools.product((1, 2, 3, 5), (1, 2, 3), (1, 2)):
+        t = Tensor.empty(*shape)
+        args = ((k,) * dims, (s,) * dims, (d,) * dims)
+        outcomes = []
+        for direct in (True, False):
+            saved = tn._window_nodes
+            if not direct:
+                tn._window_nodes = lambda *a: None  # type: ignore[assignment]
+            try:
+                outcomes.append(t._windows(*args).uop)
+            except Exception as e:  # noqa: BLE001 (the same error either way)
+                outcomes.append(str(e))
+            finally:
+                tn._window_nodes = saved
+        assert outcomes[0] is outcomes[1] or outcomes[0] == outcomes[1], (k, s, d)
