@@ -266,6 +266,10 @@ CASES: dict[str, tuple[Callable[[], Tensor], list[Opt]]] = {
     "vector runs, a warp over rows that continue": (  # 64-wide bf16 heads: 8 runs a row, 4 rows a warp
         lambda: (E(8, 12, 256, 64, dtype=dtypes.bfloat16).float() * (E(8, 12, 256, 1) + 1)).cast(dtypes.bfloat16),
         [Opt(U, 3, 8), Opt(L, 3, 0), Opt(L, 2, 32)]),
+    "transposed copy, vector loads": (lambda: E(1024, 1024).T + 1, [Opt(U, 0, 4), Opt(L, 1, 32), Opt(L, 0, 8)]),
+    "permuted bf16 heads, vector loads": (
+        lambda: E(2, 3, 64, 1024, dtype=dtypes.bfloat16).permute(0, 1, 3, 2).contiguous(),
+        [Opt(U, 2, 8), Opt(L, 3, 32), Opt(L, 2, 8)]),
     "vector runs, halved for a warp": (
         lambda: ((E(32, 50304, dtype=dtypes.bfloat16).float() - E(32, 1)) * E(32, 1)).cast(dtypes.bfloat16),
         [Opt(U, 1, 4), Opt(L, 1, 32), Opt(L, 0, 8)]),
@@ -278,7 +282,9 @@ CASES: dict[str, tuple[Callable[[], Tensor], list[Opt]]] = {
     (lambda: E(32, 1032)[:, 8:] * 3, [Opt(U, 1, 4), Opt(L, 1, 0)], 1, 1),
     (lambda: E(32, 1025)[:, 1:] * 3, [Opt(U, 1, 4), Opt(L, 1, 0)], 0, 1),  # (row starts 1 element off 16 bytes)
     (lambda: E(64, 256, dtype=dtypes.float16) * 2, [Opt(U, 1, 2), Opt(L, 1, 128)], 1, 1),  # 4-byte runs
-    (lambda: E(1024, 1024).T + 1, None, 0, 0),  # a transposed read keeps the flat shape (scalar accesses)
+    # a transposed read: each thread loads 4 floats along the read's rows (one vector), a warp 32 neighbouring
+    # columns, and stores one element per column (coalesced across the warp); it was the flat shape, scalar loads
+    (lambda: E(1024, 1024).T + 1, None, 1, 0),
     # a row of 50304 bfloat16 (GPT-2's logits): 8-element runs leave 6288 a row, 16 of them dividing it, so the
     # heuristic takes runs of 4 (8 bytes), 32 threads along the row; it was the flat shape, one element a thread
     (lambda: ((E(32, 50304, dtype=dtypes.bfloat16).float() - E(32, 1)) * E(32, 1)).cast(dtypes.bfloat16), None, 1, 1),

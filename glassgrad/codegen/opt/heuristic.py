@@ -521,7 +521,7 @@ def gpu_launch_opts(k: Kernel) -> list[Opt]:
         return []  # symbolic sizes: gpudims' flat shape checks the real count in the kernel
     shape = automatic_shape(k.ast)
     opts = (_warp_rows(k) or _group_opts(k)) if shape == "grouped" else \
-        (_lane_group_opts(k) or _vector_opts(k) or _local_opts(k)) if shape == "flat" else []
+        (_lane_group_opts(k) or _vector_opts(k) or _transpose_opts(k) or _local_opts(k)) if shape == "flat" else []
     try:
         k.copy().apply_opts(opts)
     except KernelOptError:
@@ -628,6 +628,37 @@ def _vector_opts(k: Kernel) -> list[Opt]:
             if local := _run_threads(k.copy().apply_opts(upcast)):
                 return [*upcast, *local]
         lanes //= 2
+    return []
+
+
+def _transpose_opts(k: Kernel) -> list[Opt]:
+    """A large elementwise kernel that stores along its innermost output axis A and loads a buffer that runs along
+    another output axis B instead (`x.T.contiguous()`, attention's dV transposed back, any permute's copy): each
+    thread takes 16 bytes of that load along B (`UPCAST`, a vector load), a warp 32 neighbours along A (`LOCAL`),
+    so that each of the thread's stores is one of 32 neighbouring elements of the warp. One element a thread, a
+    warp's load touched 32 sectors for 64 bytes (bf16); now each 32-byte sector it touches gives it 16."""
+    if not k.renderer.vector_runs or k.has_reduce or k.axes_of("local", "group", "upcast", "unroll"):
+        return []
+    outputs = [a for a in k.axes_of("global") if (k.size(a) or 1) > 1]
+    if len(outputs) < 2 or prod(k.size(a) or 1 for a in outputs) < MANY_ELEMENTS:
+        return []
+    inner, nodes = outputs[-1], k.ast.toposort()
+    accesses = [u for u in nodes if u.op in (Ops.LOAD, Ops.STORE)]
+    if any(u.op is Ops.LOAD and len(u.src) == 3 or u.op is Ops.STORE and len(u.src) == 4 for u in accesses) or \
+            any(index_stride(u.src[1], k.axes[inner]) != 1 for u in accesses if u.op is Ops.STORE):
+        return []
+    for load in (u for u in accesses if u.op is Ops.LOAD and index_stride(u.src[1], k.axes[inner]) not in (0, 1)):
+        along = next((a for a in outputs[:-1] if index_stride(load.src[1], k.axes[a]) == 1), None)
+        lanes = VECTOR_BYTES // load.src[0].dtype.itemsize
+        if along is None or (k.size(along) or 1) % lanes or (k.size(inner) or 1) % WARP:
+            continue
+        upcast = [Opt(OptOps.UPCAST, along, lanes)]
+        runs = k.copy().apply_opts(upcast)
+        rest = (runs.size(along) or 1)
+        threads = [Opt(OptOps.LOCAL, inner, WARP)]  # (innermost first: a LOCAL moves only the axes after it)
+        if (across := math.gcd(rest, LOCAL_SIZE // WARP)) > 1:
+            threads.append(Opt(OptOps.LOCAL, along, 0 if across == rest else across))
+        return [*upcast, *threads]
     return []
 
 
