@@ -348,6 +348,28 @@ def test_noopt_uses_no_opts() -> None:
     assert get_program(item.ast, CPU.renderer).opts != ()
 
 
+
+def test_switching_noopt_or_beam_builds_the_kernel_again(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel built with the heuristic's opts is not reused under `Context(NOOPT=1)` or `Context(BEAM=1)` (the
+    kernel cache's key has the flags that choose the opts): the same matmul realized again runs an unoptimised
+    kernel, and a BEAM search's. Both silently reused the heuristic's kernel (a benchmark comparing BEAM with the
+    heuristic in one process compared the heuristic with itself)."""
+    from glassgrad.engine import realize
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    a, b = (Tensor(np.random.default_rng(i).standard_normal((40, 40)).astype(np.float32)).realize() for i in (0, 1))
+    (a @ b).realize()
+    built = set(realize._kernel_cache)
+    with Context(NOOPT=1):
+        np.testing.assert_allclose((a @ b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5, atol=1e-5)
+    fresh = [realize._kernel_cache[k] for k in set(realize._kernel_cache) - built]
+    assert [k.spec.opts for k in fresh if k.spec.name.startswith("r_")] == [()]
+    searched: list[int] = []
+    monkeypatch.setattr(realize, "beam_search", lambda ast, device, width: searched.append(width) or [])
+    with Context(BEAM=1):
+        (a @ b).realize()
+    assert searched == [1]
+
+
 # ---------------------------------------------------------------------------------------------- BEAM
 
 def test_actions_are_legal_or_rejected() -> None:

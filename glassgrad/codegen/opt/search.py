@@ -39,7 +39,7 @@ from glassgrad.helpers import (
     IGNORE_BEAM_CACHE,
     atomic_write,
     cache_dir,
-    kernel_flags,
+    codegen_flags,
 )
 from glassgrad.uop.ops import Ops, UOp, pretty
 
@@ -145,7 +145,7 @@ def _cache_path(ast: UOp, dev: Compiled, width: int) -> Any:
     """The disk cache's file for `ast`'s search: keyed by the whole graph, every node (`repr(ast)` abbreviates a graph
     of more than 40 nodes to its root and node count, so kernels of one size shared a file and got each other's opts:
     a KernelOptError, or another kernel's tiling)."""
-    flags = f"\nflags {kernel_flags()}" if any(kernel_flags()) else ""  # (the default keeps its old keys)
+    flags = f"\nflags {codegen_flags()}" if any(codegen_flags()) else ""  # (the default keeps its old keys)
     graph = pretty(ast, max_nodes=len(ast.toposort()))
     key = hashlib.sha256(f"{dev.name}\n{dev.compiler.cache_key}\n{width}{flags}\n{graph}".encode()).hexdigest()
     return cache_dir() / "beam" / f"{key}.json"
