@@ -86,6 +86,9 @@ MIN_PACKED_REDUCE = 64       # packed channel lanes pay for reductions this long
 MIN_PACKED_REDUCE_STORED = 8  # ... or this long where the lanes' outputs are contiguous (one vector store a row)
 CHANNEL_LANES = (16, 8)      # lanes of a packed channel tile: 16 where they divide the channels, else 8 (24 channels)
 MIN_THREAD_BLOCKS = 8        # iterations the threads' (outermost) loop keeps when the blocking axis moves inside
+CACHE_LINE, L2_SETS, L2_WAYS = 64, 2048, 8  # a 1 MB 8-way L2 (Zen 4): where a matmul's panel of B stays cached
+L1_SETS, L1_WAYS = 64, 8     # a 32 KB 8-way L1: where a transposed read's lines stay until their neighbours are read
+TRANSPOSE_ROWS = 8           # rows of an elementwise transpose tile (16 measured slower: 2048^2 x.T + x 5.6 -> 8.8 ms)
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     if k.renderer.has_local:
         return gpu_launch_opts(k)
     if not k.has_reduce:
-        return _scatter_lanes(k)
+        return _scatter_lanes(k) or _transposed_rows(k)
     k = k.copy()
     opts: list[Opt] = []
     vector = _vector_axis(k)
@@ -144,11 +147,19 @@ def _register_rows(k: Kernel) -> list[Opt]:
     fitting = [r for r in (STAGED_BLOCK_SPLITS if staged else BLOCK_SPLITS) if
                r * tile <= (register_budget(k).staged_tile_max if staged else TILE_MAX) and
                (block != k.axes_of("global")[0] or size // r >= 2)]
-    rows = next((r for r in fitting if size % r == 0), None) or _padded_split(size, fitting)
+    # the most rows that divide the axis; where fewer than 8 do, the most that pad it by at most 1/PAD_WASTE (308 ->
+    # 312 for 8 rows, not 4: a transformer's linear layer over 2 x 77 x 2 tokens, 308x384 @ 384x1536, one thread
+    # 5.2 -> 3.2 ms)
+    rows = next((r for r in fitting if size % r == 0), None)
+    if rows is None or rows < BLOCK_SPLITS[0]:
+        rows = _padded_split(size, [r for r in fitting if r > (rows or 1)]) or rows
     if rows is None:
         return []
     opts = _upcast(k, block, rows)
     global_axes = k.axes_of("global")
+    if not staged and rows < size and _panel_stays_cached(k, block):
+        opts.append(Opt(OptOps.SWAP, block, global_axes[-1]))
+        return opts
     # the blocks innermost: one copy serves them all. The threads share the outermost loop, so the blocking axis
     # leaves it only for an innermost axis of enough blocks (a matmul of padded columns, 1000x77 @ 77x1023: its
     # column blocks outermost copy each padded block of the right factor once, not once per 8 rows: 18.7 -> 8.3 ms)
@@ -163,6 +174,65 @@ def _register_rows(k: Kernel) -> list[Opt]:
             k.apply_opts(rotation)
             opts += rotation
     return opts
+
+
+def _cache_lines(step_bytes: int, sets: int, ways: int) -> int:
+    """How many lines of a cache of `sets` x `ways` lines a walk with this step can keep: a step of a multiple of a
+    line maps to only `sets / gcd(sets, step / line)` sets (a 4 KB step: to one set of a 32 KB L1)."""
+    if step_bytes % CACHE_LINE:
+        return sets * ways
+    return sets // math.gcd(sets, step_bytes // CACHE_LINE) * ways
+
+
+def _transposed_rows(k: Kernel) -> list[Opt]:
+    """An elementwise kernel that reads a load across its rows along the innermost output axis (`x.T + x`, a
+    permute copy) reads one float of each line it touches; the neighbouring floats are read by the next iteration of
+    the output axis along which that load is contiguous, by then evicted when the inner loop touched more lines than
+    the L1 cache keeps at that stride (`_cache_lines`: a stride of 8 KB keeps 8). That axis is upcast by
+    TRANSPOSE_ROWS: each line is then read for 8 neighbours at once. One thread: `x.T * 2` of 1024^2 3.3 -> 0.45 ms,
+    of 2048x1000 6.3 -> 0.96 ms, `x.T + x` 2048^2 22 -> 5.6 ms; a permute whose inner loop stays in L1 (64 channels,
+    `x.permute(0, 2, 3, 1)`) is left alone (upcast it measured 2x slower)."""
+    global_axes = k.axes_of("global")
+    if len(global_axes) < 2 or (inner := k.size(global_axes[-1])) is None:
+        return []
+    inner_strides = k.strides(global_axes[-1])
+    for i, load in enumerate(k.loads):
+        stride = inner_strides[i]
+        if stride is None or abs(stride) <= 1 or inner <= _cache_lines(abs(stride) * load.dtype.itemsize, L1_SETS,
+                                                                        L1_WAYS):
+            continue
+        for axis in reversed(global_axes[:-1]):
+            size = k.size(axis)
+            if k.strides(axis)[i] == 1 and size is not None and size % TRANSPOSE_ROWS == 0 and \
+                    (axis != global_axes[0] or size // TRANSPOSE_ROWS >= 2):
+                return [Opt(OptOps.UPCAST, axis, TRANSPOSE_ROWS)]
+    return []
+
+
+def _panel_stays_cached(k: Kernel, block: int) -> bool:
+    """Whether a matmul's column blocks should be its outermost loop (`SWAP` of the blocking axis, outermost, with the
+    vector axis, innermost): then each block's panel of the right factor (the reduction's length times one vector)
+    is read from the cache by every block of rows, and the left factor is swept once per column block, where rows
+    outermost sweep the whole right factor once per block of 8 rows (twice the traffic for a 8 x 16 tile). Only for
+    one reduce axis, enough column blocks for the threads, and a panel the L2 cache can hold at its row stride: a
+    stride of a multiple of 4 KB maps every row of the panel to the same few cache sets (`L2_SETS`, `L2_WAYS`:
+    1024 x 1024 @ 1024 x 1024 is slower swapped, 1000 x 1000 @ 1000 x 1000 twice as fast)."""
+    global_axes, reduce_axes = k.axes_of("global"), k.axes_of("reduce")
+    vector = k.axes.index(k.upcast[-1])
+    blocks = k.size(global_axes[-1]) or 0
+    if len(reduce_axes) != 1 or block != global_axes[0] or len(global_axes) < 2 or blocks < MIN_THREAD_BLOCKS:
+        return False
+    steps = k.size(reduce_axes[0])
+    panel = [i for i, s in enumerate(k.strides(vector)) if s == 1]
+    if steps is None or not panel:
+        return False
+    for i in panel:
+        stride = k.strides(reduce_axes[0])[i]
+        if stride is None:
+            return False
+        if stride and steps > _cache_lines(abs(stride) * k.loads[i].dtype.itemsize, L2_SETS, L2_WAYS):
+            return False
+    return True
 
 
 def _packed_channel_tile(k: Kernel, vector: tuple[int, int] | None) -> list[Opt]:
@@ -207,11 +277,16 @@ def _channel_lanes(k: Kernel, axis: int, fit: str, lanes: int = VECTOR_WIDTH) ->
     size, strides = k.size(axis), k.strides(axis)
     # the strided loads, by position (not by buffer: attention's q and k are one fused qkv buffer, q stays put)
     packed = {i for i, s in enumerate(strides) if s != 0 and s != 1}
-    if size is None or size % lanes or not packed or _pack_fit(k, packed) != fit:
+    # (an odd axis read with a stride of 2 is `_strided_lanes`' instead: two shuffles per vector, nothing packed)
+    if size is None or (size % lanes and (not _padded_split(size, (lanes,)) or 2 in strides)) or not packed or \
+            _pack_fit(k, packed) != fit:
         return None
     if axis == k.axes_of("global")[0] and size // lanes < 2:  # (the outermost loop is kept for the threads)
         return None
-    opts = [Opt(OptOps.UPCAST, axis, lanes if size > lanes else 0)]
+    # an odd size is padded to whole lanes where that adds at most 1/PAD_WASTE: `x[::3, ::2] @ y.T` of 683 x 683
+    # outputs (no axis reads either factor contiguously), one thread 21 -> 1.5 ms
+    opts = [Opt(OptOps.PADTO, axis, lanes)] if size % lanes else []
+    opts.append(Opt(OptOps.UPCAST, axis, lanes if size > lanes else 0))
     tile = k.copy().apply_opts(opts)
     budget = register_budget(k).packed_rows if fit == "whole" else PACKED_ROWS
     shift = _shift_axis(tile, packed)
@@ -246,7 +321,7 @@ def _channel_lanes(k: Kernel, axis: int, fit: str, lanes: int = VECTOR_WIDTH) ->
             break
     if fit == "per step" and tile.register_tile() < PACK_REUSE * lanes:
         return None
-    return opts if len(opts) > 1 else []
+    return opts if sum(o.op is OptOps.UPCAST for o in opts) > 1 else []
 
 
 def _padded_rows(size: int, limit: int) -> int | None:
@@ -429,6 +504,9 @@ def _vector_axis(k: Kernel) -> tuple[int, int] | None:
         elif size <= VECTOR_WHOLE_MAX and axis != global_axes[0]:  # the outermost loop is kept for the threads
             # a row of 17..31 lanes takes two registers, one partly filled: a last resort (measured 2x slower than 5)
             candidates.append((axis, 0, size if size <= VECTOR_WIDTH else 1))
+        elif _tile_reduces_along(k, axis) and _padded_split(size, (VECTOR_WIDTH,)) and \
+                _blocking_axis(k, axis) is not None:  # 1000 -> 1008: whole registers, where rows share the vector
+            candidates.append((axis, VECTOR_WIDTH, VECTOR_WIDTH))
         elif (amount := next((f for f in VECTOR_SPLITS if size % f == 0 and size > f), None)) is not None:
             candidates.append((axis, amount, amount))
         elif _tile_reduces_along(k, axis) and _blocking_axis(k, axis) is None and \
