@@ -11,11 +11,14 @@ call each, in an order that rotates round by round, so a machine whose load drif
 glassgrad configurations are one process with `Context(BEAM=...)`: the kernel cache keys on BEAM, so each has its
 own kernels. PyTorch gets as many threads as glassgrad's CPU device (`THREADS`, default the core count) and
 `OMP_WAIT_POLICY=PASSIVE` (unless set), so its threads do not spin on the cores during glassgrad's calls.
+`--clock process` times CPU time instead of wall time: with `THREADS=1`, a comparison that a loaded machine's time
+slicing does not disturb (with threads it also counts the workers' spinning).
 
 Out: per workload the minimum and median time of each configuration, heuristic/BEAM and heuristic/PyTorch speed
 ratios (time of the other / time of the heuristic: above 1.00 the heuristic is faster), and the load average.
 
     PYTHONPATH=. python bench/shapes.py [--rounds 15] [--only conv] [--budget 20] [--cachedir DIR] [--json F]
+    THREADS=1 PYTHONPATH=. python bench/shapes.py --clock process
 """
 from __future__ import annotations
 
@@ -184,16 +187,19 @@ def all_work() -> list[Work]:
 CONFIGS = ("heuristic", "beam2", "torch")
 
 
+CLOCK: Callable[[], float] = time.perf_counter
+
+
 def call(work: Work, config: str) -> float:
-    """One timed call of `work` under `config` (seconds)."""
+    """One timed call of `work` under `config` (seconds of CLOCK)."""
     if config == "torch":
-        start = time.perf_counter()
+        start = CLOCK()
         work.tt()
-        return time.perf_counter() - start
+        return CLOCK() - start
     with Context(BEAM=2 if config == "beam2" else 0):
-        start = time.perf_counter()
+        start = CLOCK()
         work.gg()
-        return time.perf_counter() - start
+        return CLOCK() - start
 
 
 def kernels_differing(work: Work) -> tuple[int, int]:
@@ -231,7 +237,12 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=20, help="BEAM_BUDGET: seconds of search per kernel")
     parser.add_argument("--cachedir", default="", help="CACHEDIR for this run (BEAM's winners and compiled kernels)")
     parser.add_argument("--json", default="", help="also write the times here")
+    parser.add_argument("--clock", default="wall", choices=("wall", "process"),
+                        help="process: CPU time of the whole process (with THREADS=1, what a loaded machine's "
+                             "time slicing does not change; with threads it counts every thread's work)")
     args = parser.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "process" else time.perf_counter
     if args.cachedir:
         os.environ["CACHEDIR"] = args.cachedir
     from glassgrad.runtime.ops_cpu import THREADS
@@ -239,7 +250,7 @@ def main() -> None:
     load = os.getloadavg()
     print(f"glassgrad THREADS={THREADS}, torch {torch.__version__} threads={torch.get_num_threads()}, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, CC={os.environ.get('CC', 'default')}; "
-          f"load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; {args.rounds} rotating rounds")
+          f"load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; {args.rounds} rotating rounds, {args.clock} clock")
     head = f"{'workload':<46} {'heuristic':>18} {'BEAM=2':>18} {'torch':>18} {'h/BEAM':>7} {'h/torch':>7} differ"
     print(head + "\n" + "-" * len(head))
     print(f"{'':<46} {'min / median ms':>18}")
