@@ -456,9 +456,14 @@ def _lanes_for_reduction(k: Kernel, axis: int | None = None) -> list[Opt]:
         # the innermost of a longer reduction (`mean((0, 2, 3))` of 32x64x28x28, rows of 28: 0.80 -> 0.29 ms; a
         # lone row of 28 keeps 4 lanes: 11 us, whole 17 us)
         return [Opt(OptOps.UNROLL, axis, 0)]
-    lanes = lanes or next((n for n in VECTOR_SPLITS if size % n == 0 and size > n), None)
-    if lanes is None:  # (a row of 77 or 1023: no lanes divide it, it stays one scalar or `omp simd` chain)
+    # a sum's lanes fill whole registers or there are none: gcc and clang vectorise its plain `omp simd` loop
+    # themselves, and 8 or 4 lanes measured slower (rows of 1000, one thread, gcc/clang: 50/50 -> 37/42 us; rows of
+    # 1004 and 4 lanes: 110/124 -> 41/35 us). A max keeps them: clang leaves its NaN-aware select scalar without lanes
+    if lanes == 8 and not _reduces_by(k, axis, Ops.MAX):
         return []
+    lanes = lanes or next((n for n in VECTOR_SPLITS if size % n == 0 and size > n), None)
+    if lanes is None or (lanes < 8 and not _reduces_by(k, axis, Ops.MAX)):
+        return []  # (a row of 77 or 1023: no lanes divide it, it stays one scalar or `omp simd` chain)
     opts = [Opt(OptOps.UNROLL, axis, lanes)]
     chains = next((c for c in (CHAINS, 2) if (size // lanes) % c == 0 and size >= lanes * c * MIN_CHAIN_STEPS), None)
     if chains is not None:
@@ -482,6 +487,12 @@ def _column_chains(k: Kernel, axis: int, amount: int) -> list[Opt]:
         return _upcast(k, axis, 0)
     chains = _largest_divisor(blocks, min(COLUMN_CHAINS, blocks // 2 if outermost else blocks))
     return [] if chains is None else _upcast(k, axis, chains)
+
+
+def _reduces_by(k: Kernel, axis: int, op: Ops) -> bool:
+    """Whether a reduction over reduce `axis` is an `op` reduction (Ops.MAX: a max)."""
+    rng = k.axes[axis]
+    return any(u.op is Ops.REDUCE and rng in u.src[1:] and u.arg is op for u in k.ast.toposort())
 
 
 def _inside_longer_reduction(k: Kernel, axis: int) -> bool:
