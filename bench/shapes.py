@@ -215,18 +215,21 @@ def kernels_differing(work: Work) -> tuple[int, int]:
     return differ, len(beam)
 
 
-def measure(work: Work, rounds: int) -> tuple[dict[str, list[float]], tuple[int, int]]:
+def measure(work: Work, rounds: int, configs: tuple[str, ...] = CONFIGS) -> tuple[dict[str, list[float]],
+                                                                                  tuple[int, int]]:
     """Each configuration's call times over `rounds` rotating rounds, after two warm-up calls each; and (kernels
-    whose BEAM=2 source differs from the heuristic's, kernels)."""
-    differ = kernels_differing(work)
-    for config in CONFIGS:
+    whose BEAM=2 source differs from the heuristic's, kernels), (0, 0) without BEAM=2."""
+    differ = kernels_differing(work) if "beam2" in configs else (0, 0)
+    for config in configs:
         for _ in range(2):
             call(work, config)
-    times: dict[str, list[float]] = {c: [] for c in CONFIGS}
+    times: dict[str, list[float]] = {c: [] for c in configs}
     for r in range(rounds):
-        for i in range(len(CONFIGS)):
-            config = CONFIGS[(r + i) % len(CONFIGS)]
+        for i in range(len(configs)):
+            config = configs[(r + i) % len(configs)]
             times[config].append(call(work, config))
+    for config in CONFIGS:
+        times.setdefault(config, [float("nan")])
     return times, differ
 
 
@@ -237,6 +240,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=20, help="BEAM_BUDGET: seconds of search per kernel")
     parser.add_argument("--cachedir", default="", help="CACHEDIR for this run (BEAM's winners and compiled kernels)")
     parser.add_argument("--json", default="", help="also write the times here")
+    parser.add_argument("--no-beam", action="store_true", help="time the heuristic and PyTorch only")
     parser.add_argument("--clock", default="wall", choices=("wall", "process"),
                         help="process: CPU time of the whole process (with THREADS=1, what a loaded machine's "
                              "time slicing does not change; with threads it counts every thread's work)")
@@ -259,7 +263,8 @@ def main() -> None:
         for work in all_work():
             if args.only.lower() not in work.name.lower():
                 continue
-            t, (differ, kernels) = measure(work, args.rounds)
+            configs = tuple(c for c in CONFIGS if not (args.no_beam and c == "beam2"))
+            t, (differ, kernels) = measure(work, args.rounds, configs)
             mins = {c: min(v) for c, v in t.items()}
             meds = {c: statistics.median(v) for c, v in t.items()}
             cols = " ".join(f"{mins[c] * 1e3:8.3f}/{meds[c] * 1e3:8.3f}" for c in CONFIGS)
