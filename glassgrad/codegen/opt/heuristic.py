@@ -16,10 +16,20 @@ In: a `Kernel`. Out: a list of `Opt`s (`NOOPT=1` skips this: no opts at all). Fo
 *Odd sizes*: where no vector width (16, 8, 4) divides the vector axis (1023, 77), or no row count divides the
 blocking axis (513), the axis is first padded (`PADTO`) to a multiple of the first width or row count whose padding
 adds at most 1/PAD_WASTE (1/8) of its iterations (`_padded_split`), then upcast by it as usual: 1023 -> 1024 and
-77 -> 80 for 16 lanes, 513 -> 528 for 16 rows, 27 -> 28 for 4 rows. A size some split divides is never padded, nor
-a vector axis that no reduction moves along (a softmax's row: its loop is elementwise SIMD already), nor one whose
+77 -> 80 for 16 lanes, 513 -> 528 for 16 rows, 27 -> 28 for 4 rows. Whole registers are preferred to a smaller
+split that divides: a vector axis of 1000 with rows to share it is padded to 1008 for 16 lanes (not 8 lanes), a
+blocking axis of 308 to 312 for 8 rows (not 4), packed channel lanes of 77 or 683 to 80 or 688. A vector axis
+that no reduction moves along is never padded (a softmax's row: its loop is elementwise SIMD already), nor one whose
 tile would have no rows when 16 to 32 lanes divide it (a column sum of 1023: 31 lanes, `_exact_lanes`; padded, all
 its loads were gated and staged for no reuse).
+
+*Loop order and more accumulators*: a matmul's column blocks go outermost when the panel of B one block reads stays
+in the L2 at its row stride (`_panel_stays_cached`: not at 4 KB strides, whose rows share a few cache sets); a
+tile with no rows (a column sum or max) takes up to 8 of its vector blocks as independent chains (`_column_chains`);
+output axes that no load moves along (the input gradient of `conv(x).sum()`) are upcast whole (`_invariant_rows`).
+A row sum's accumulator lanes fill whole registers (16) or there are none; a short row is unrolled whole where it
+is the innermost loop of a longer reduction or 4 lanes do not divide it. An elementwise transpose whose column reads
+outrun the L1 at their stride upcasts the contiguous axis by 8 (`_transposed_rows`).
 
 Three other tile shapes come first where they fit (the first opt is always the tile's SIMD loop):
 
@@ -37,8 +47,8 @@ Three other tile shapes come first where they fit (the first opt is always the t
 
 A kernel with no vector axis that reduces over a contiguous row gets 16 accumulator lanes (`UNROLL`), one SIMD
 register, and 4 such registers for a long row (independent chains). Elementwise kernels vectorise as they are
-(the C renderer marks their innermost loop `omp simd`); a scatter's outermost (output) axis becomes SIMD lanes
-inside its token loop (`_scatter_lanes`).
+(the C renderer marks their innermost loop `omp simd`), a transpose's aside; a scatter's outermost (output) axis
+becomes SIMD lanes inside its token loop (`_scatter_lanes`).
 
 GPU kernels (`gpu_launch_opts`): the *flat* and *grouped* launch shapes of `codegen/gpudims.py`, written as opts where
 their sizes divide exactly: `LOCAL`s of the innermost output axes making 256 threads (and an `UPCAST` of 4 for large
@@ -264,14 +274,14 @@ def _panel_stays_cached(k: Kernel, block: int) -> bool:
 
 
 def _packed_channel_tile(k: Kernel, vector: tuple[int, int] | None) -> list[Opt]:
-    """Channels as SIMD lanes: when the contiguous vector axis does not fill whole registers (a convolution's
-    output row of 24, 20, 10, 8 or 6 columns), an output axis of a multiple of 16 along which the loads that move
-    are ungated and small enough to be packed whole (`codegen/stage.py`: a convolution's weight, copied once with the
-    channels contiguous) becomes the vector, 16 lanes, and the innermost output axes along which the packed loads
+    """Channels as SIMD lanes: when the contiguous vector axis does not fill whole registers (a convolution's output row
+    of 24, 20, 10, 8 or 6 columns), an output axis of a multiple of 16 (or padded to one) along which the loads that
+    move are ungated and small enough to be packed whole (`codegen/stage.py`: a convolution's weight, copied once with
+    the channels contiguous) becomes the vector, 16 lanes, and the innermost output axes along which the packed loads
     stay put become up to `RegisterBudget.packed_rows` rows: for each step of the reduction, one vector load of the
     packed weight and a multiply-add per row with one input value. MNIST's second conv at batch 128, 2 threads: 24.5 ->
-    15.6 ms; its input gradient (24 columns): 26.9 -> 22.3 ms; the third and fourth convs' input gradients:
-    7.5 -> 4.7 ms and 7.8 -> 5.2 ms."""
+    15.6 ms; its input gradient (24 columns): 26.9 -> 22.3 ms; the third and fourth convs' input gradients: 7.5 -> 4.7
+    ms and 7.8 -> 5.2 ms."""
     if vector is not None and (vector[1] or k.size(vector[0]) or VECTOR_WIDTH) % VECTOR_WIDTH == 0:
         return []
     reduce_size = prod(k.size(a) or MIN_PACKED_REDUCE for a in k.axes_of("reduce"))
