@@ -125,7 +125,12 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         return gpu_launch_opts(k)
     if not k.has_reduce:
         return _scatter_lanes(k) or _transposed_rows(k)
-    k = k.copy()
+    tile = _reduction_tile(k.copy())  # (its steps apply some of their opts to the kernel they are given)
+    return tile + _hoisted_axis(k.copy().apply_opts(tile))
+
+
+def _reduction_tile(k: Kernel) -> list[Opt]:
+    """The tile of a CPU kernel with a reduction (the opts, applied to `k` where the steps say so)."""
     opts: list[Opt] = []
     vector = _vector_axis(k)
     if (packed := _packed_channel_tile(k, vector)):
@@ -188,6 +193,25 @@ def _register_rows(k: Kernel) -> list[Opt]:
     return opts
 
 
+def _hoisted_axis(k: Kernel) -> list[Opt]:
+    """An output axis along which no load moves and no reduction's value changes (the output channels of the weight
+    gradient of `conv(x).sum()`, whose incoming gradient is a constant; the batch of its input gradient) is swapped,
+    after the tile is made, with the innermost output loop (the opt applied to `k`): the linearizer computes each
+    value at the outermost loop it depends on, so the reduction then runs once for all its iterations, which only
+    store. Of several, the longest."""
+    global_axes = k.axes_of("global")
+    if len(global_axes) < 2:
+        return []
+    hoistable = [a for a in global_axes if (k.size(a) or 0) >= 2 and all(s == 0 for s in k.strides(a)) and
+                 not _tile_reduces_along(k, a)]
+    if not hoistable or global_axes[-1] in hoistable:
+        return []
+    axis = max(hoistable, key=lambda a: k.size(a) or 0)
+    opts = [Opt(OptOps.SWAP, axis, global_axes[-1])]
+    k.apply_opts(opts)
+    return opts
+
+
 def _invariant_rows(k: Kernel) -> list[Opt]:
     """Output axes along which no load moves (stride 0 for every load: only gates or index arithmetic tell their
     outputs apart), upcast whole while the tile stays within INVARIANT_TILE_MAX accumulators, the innermost first,
@@ -204,7 +228,8 @@ def _invariant_rows(k: Kernel) -> list[Opt]:
         axes = k.axes_of("global")
         axis = next(a for a in axes if k.axes[a].arg[0] == loop)
         size = k.size(axis)
-        if size is None or size < 2 or any(s != 0 for s in k.strides(axis)) or tile * size > INVARIANT_TILE_MAX:
+        if size is None or size < 2 or any(s != 0 for s in k.strides(axis)) or tile * size > INVARIANT_TILE_MAX or \
+                not _tile_reduces_along(k, axis):  # (one no reduction depends on is `_hoisted_axis`')
             continue
         if not any((k.size(a) or 0) >= 2 for a in axes if a != axis):
             continue  # (the threads' loop needs an output axis left)
@@ -468,11 +493,14 @@ def _lanes_for_reduction(k: Kernel, axis: int | None = None) -> list[Opt]:
         return [Opt(OptOps.UNROLL, axis, 0)]
     # a sum's lanes fill whole registers or there are none: gcc and clang vectorise its plain `omp simd` loop
     # themselves, and 8 or 4 lanes measured slower (rows of 1000, one thread, gcc/clang: 50/50 -> 37/42 us; rows of
-    # 1004 and 4 lanes: 110/124 -> 41/35 us). A max keeps them: clang leaves its NaN-aware select scalar without lanes
-    if lanes == 8 and not _reduces_by(k, axis, Ops.MAX):
+    # 1004 and 4 lanes: 110/124 -> 41/35 us). A max keeps them where the compiler needs them (`max_lanes`: clang
+    # leaves its NaN-aware select scalar without, 470 -> 224 us; gcc does not, 62 -> 265 us with 8 lanes)
+    partial_lanes = _reduces_by(k, axis, Ops.MAX) and (getattr(k.renderer, "max_lanes", True) or
+                                                       size < LANES * MIN_CHAIN_STEPS)  # (gcc, rows of 28: 239 -> 166)
+    if lanes == 8 and not partial_lanes:
         return []
     lanes = lanes or next((n for n in VECTOR_SPLITS if size % n == 0 and size > n), None)
-    if lanes is None or (lanes < 8 and not _reduces_by(k, axis, Ops.MAX)):
+    if lanes is None or (lanes < 8 and not partial_lanes):
         return []  # (a row of 77 or 1023: no lanes divide it, it stays one scalar or `omp simd` chain)
     opts = [Opt(OptOps.UNROLL, axis, lanes)]
     chains = next((c for c in (CHAINS, 2) if (size // lanes) % c == 0 and size >= lanes * c * MIN_CHAIN_STEPS), None)
@@ -488,7 +516,8 @@ def _column_chains(k: Kernel, axis: int, amount: int) -> list[Opt]:
     independent chains (its largest divisor up to that, or all of them). One thread: `max(1)` of 32x512x77 0.65 ->
     0.21 ms (5 registers over 80 padded columns), `sum(1)` 0.34 -> 0.15 ms, `sum(0)` of 1000x1024 0.14 -> 0.06 ms."""
     reduce_size = prod(k.size(a) or MIN_REDUCE for a in k.axes_of("reduce"))
-    if not amount or reduce_size < MIN_REDUCE * COLUMN_CHAINS or k.axes[axis].arg[1] != "global":
+    if not amount or reduce_size < MIN_REDUCE * COLUMN_CHAINS or k.axes[axis].arg[1] != "global" or \
+            not _tile_reduces_along(k, axis):  # (a softmax's row is elementwise: no accumulators to add)
         return []
     blocks, outermost = k.size(axis), axis == k.axes_of("global")[0]
     if blocks is None or blocks < 2 or k.register_tile() * min(blocks, COLUMN_CHAINS) > TILE_MAX:
