@@ -802,3 +802,31 @@ def test_weight_gradient_of_a_summed_conv_runs_once_for_every_output_channel() -
     taps = np.array([[padded[:, :, i:i + 11:2, j:j + 11:2].sum((0, 2, 3)) for j in range(3)] for i in range(3)])
     np.testing.assert_allclose(w.grad.numpy(), np.broadcast_to(taps.transpose(2, 0, 1), (16, 4, 3, 3)), rtol=1e-4,
                                atol=1e-4)
+
+
+def test_beam_keeps_the_heuristics_kernel_unless_the_winner_beats_it_again(tmp_path: object,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate whose timing during the search was lucky (0.1 s once, 1.0 s on every run after) does not replace
+    the heuristic's kernel (0.5 s every time): the winner is run again in turn with it, and loses. Before, BEAM kept
+    such a candidate (on a loaded machine: kernels slower than the heuristic's)."""
+    from glassgrad.codegen.opt import search
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    ast = last_kernel(matmul(64, 64, 64)).ast
+    heuristic = hand_coded_optimizations(Kernel(kernel_ast(ast, CPU.renderer), CPU.renderer))
+    sources = {"unoptimised": get_program(ast, CPU.renderer, []).source,
+               "heuristic": get_program(ast, CPU.renderer, heuristic).source}
+    original_run = search.run_program
+    runs: dict[str, int] = {}
+
+    def lucky_once(dev, spec, binary, inputs, outputs=(0,), best=float("inf")):  # type: ignore[no-untyped-def]
+        _, out = original_run(dev, spec, binary, inputs, outputs, best)
+        runs[spec.source] = runs.get(spec.source, 0) + 1
+        if spec.source == sources["unoptimised"]:
+            return 2.0, out
+        if spec.source == sources["heuristic"]:
+            return 0.5, out
+        return (0.1 if runs[spec.source] == 1 else 1.0), out
+    monkeypatch.setattr(search, "run_program", lucky_once)
+    with Context(IGNORE_BEAM_CACHE=1, BEAM_BUDGET=20):
+        assert beam_search(ast, "CPU", 1) == heuristic
+    assert max(runs[s] for s in runs if s not in sources.values()) > 1  # the winner was run again
