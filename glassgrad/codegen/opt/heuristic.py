@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from glassgrad.codegen.gpudims import ELEMENTS_PER_THREAD, LOCAL_SIZE, MANY_ELEMENTS, automatic_shape
 from glassgrad.codegen.linearize import Scopes
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
-from glassgrad.codegen.opt.kernel import Kernel
+from glassgrad.codegen.opt.kernel import MAX_UPCAST, Kernel
 from glassgrad.codegen.stage import PACK_REUSE, STAGE_MAX, stages_before_reduction
 from glassgrad.helpers import prod
 from glassgrad.renderer.cstyle import index_stride
@@ -228,7 +228,8 @@ def _invariant_rows(k: Kernel) -> list[Opt]:
         axes = k.axes_of("global")
         axis = next(a for a in axes if k.axes[a].arg[0] == loop)
         size = k.size(axis)
-        if size is None or size < 2 or any(s != 0 for s in k.strides(axis)) or tile * size > INVARIANT_TILE_MAX or \
+        if size is None or not 2 <= size <= MAX_UPCAST or any(s != 0 for s in k.strides(axis)) or \
+                tile * size > INVARIANT_TILE_MAX or \
                 not _tile_reduces_along(k, axis):  # (one no reduction depends on is `_hoisted_axis`')
             continue
         if not any((k.size(a) or 0) >= 2 for a in axes if a != axis):
