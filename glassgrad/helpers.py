@@ -85,11 +85,18 @@ FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0)
 WINO = ContextVar("WINO", 0)
 
 
-def kernel_flags() -> tuple[int, ...]:
-    """The flags that change the kernel codegen builds for an AST (read when the kernel is built): part of the key
-    of every cache of built kernels (engine/realize.py's, BEAM's, the JIT's captures), so that switching one never
-    reuses a kernel built under the other setting. The compile cache is keyed by the source, which they change."""
+def codegen_flags() -> tuple[int, ...]:
+    """The flags that change how codegen renders a kernel with given opts (ALLOW_TF32, WGMMA): part of BEAM's disk
+    cache key (its other key parts are the search width and the kernel)."""
     return (int(ALLOW_TF32), int(WGMMA))
+
+
+def kernel_flags() -> tuple[int, ...]:
+    """The flags that change the kernel codegen builds for an AST (read when the kernel is built): `codegen_flags`
+    and the choice of opts (BEAM's width, NOOPT). Part of the key of every cache of built kernels
+    (engine/realize.py's, the JIT's captures), so that switching one (`with Context(BEAM=2):`) never reuses a kernel
+    built under the other setting. The compile cache is keyed by the source, which they change."""
+    return (*codegen_flags(), int(BEAM), int(NOOPT))
 
 # tinygrad's flags that glassgrad has under another name: tinygrad's name -> (glassgrad's, value conversion)
 FLAG_ALIASES: dict[str, tuple[str, Callable[[int], int]]] = {

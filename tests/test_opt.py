@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -272,7 +273,8 @@ def test_heuristic_matmul_register_tile() -> None:
     #                                                                           column blocks outermost (see below)
     (24, 77, [Opt(P, 1, 16), Opt(U, 1, 16), Opt(U, 0, 8)]),                   # 77 -> 80 (5 blocks: rows stay outer)
     (27, 1023, [Opt(P, 1, 16), Opt(U, 1, 16), Opt(P, 0, 4), Opt(U, 0, 4), Opt(S, 0, 1)]),  # and 27 -> 28 rows
-    (24, 100, [Opt(U, 1, 4), Opt(U, 0, 8)]),                                  # 4 divides 100: no padding
+    (24, 100, [Opt(P, 1, 16), Opt(U, 1, 16), Opt(U, 0, 8)]),                  # 100 -> 112: whole registers beat
+    #                                      the 4 lanes that divide 100 where rows share them (240x256 @ 256x100 2.3x)
     (24, 33, [Opt(P, 1, 4), Opt(U, 1, 4), Opt(U, 0, 8)]),                     # 33 -> 36; 48 would waste 15
 ])
 def test_heuristic_pads_odd_vector_and_row_axes(n: int, m: int, expected: list[Opt]) -> None:
@@ -297,13 +299,14 @@ def test_a_column_sum_whose_lanes_take_the_whole_width_compiles(rows: int, cols:
     (1000, 1023, [Opt(U, 0, 31)]),              # 33 x 31 lanes: no gate, nothing staged
     (64, 1023, [Opt(U, 0, 31)]),
     (300, 77, [Opt(P, 0, 16), Opt(U, 0, 16)]),  # no divisor from 16 to 32: padded to 80 (11 lanes were no faster)
-    (1000, 1000, [Opt(U, 0, 8)]),               # 8 divides it: as before
+    (1000, 1000, [Opt(U, 0, 8), Opt(U, 0, 5)]),  # 8 divides it; 5 of its 125 blocks as independent chains
 ])
 def test_a_column_sum_takes_lanes_that_divide_its_width(rows: int, cols: int, expected: list[Opt]) -> None:
     """A tile with no rows (a column sum: no other output axis shares its loads) pads nothing when 16 to 32 lanes
     divide the axis: padded, every load is gated, and `codegen/stage.py` copies them all first for no reuse (sum(axis=0)
     of 1000 x 1023, one thread: 0.46 -> 0.25 ms; 2048 x 1023: 4.4 -> 1.0 ms). A matmul of the same width keeps its
-    padded lanes (above: rows reuse them). Values as numpy's."""
+    padded lanes (above: rows reuse them). With no rows, more of the axis' blocks join the tile as independent
+    accumulators (`_column_chains`: 1000 x 1000, one thread 68 -> 40 us). Values as numpy's."""
     x = np.random.default_rng(rows + cols).standard_normal((rows, cols), dtype=np.float32)
     out = Tensor(x).sum(axis=0)
     assert hand_coded_optimizations(kernel_of(out)) == expected
@@ -346,6 +349,28 @@ def test_noopt_uses_no_opts() -> None:
         from glassgrad.engine.realize import compile_kernel
         assert compile_kernel("CPU", item.ast).spec.opts == ()
     assert get_program(item.ast, CPU.renderer).opts != ()
+
+
+
+def test_switching_noopt_or_beam_builds_the_kernel_again(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel built with the heuristic's opts is not reused under `Context(NOOPT=1)` or `Context(BEAM=1)` (the
+    kernel cache's key has the flags that choose the opts): the same matmul realized again runs an unoptimised
+    kernel, and a BEAM search's. Both silently reused the heuristic's kernel (a benchmark comparing BEAM with the
+    heuristic in one process compared the heuristic with itself)."""
+    from glassgrad.engine import realize
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    a, b = (Tensor(np.random.default_rng(i).standard_normal((40, 40)).astype(np.float32)).realize() for i in (0, 1))
+    (a @ b).realize()
+    built = set(realize._kernel_cache)
+    with Context(NOOPT=1):
+        np.testing.assert_allclose((a @ b).numpy(), a.numpy() @ b.numpy(), rtol=1e-5, atol=1e-5)
+    fresh = [realize._kernel_cache[k] for k in set(realize._kernel_cache) - built]
+    assert [k.spec.opts for k in fresh if k.spec.name.startswith("r_")] == [()]
+    searched: list[int] = []
+    monkeypatch.setattr(realize, "beam_search", lambda ast, device, width: searched.append(width) or [])
+    with Context(BEAM=1):
+        (a @ b).realize()
+    assert searched == [1]
 
 
 # ---------------------------------------------------------------------------------------------- BEAM
@@ -638,3 +663,170 @@ def test_rows_over_a_load_with_no_constant_stride() -> None:
     assert opts[:2] == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 8)], opts
     ref = g.transpose(1, 3, 0, 2, 4).reshape(b * t, 3 * h * d).T @ x.reshape(b * t, h * d)
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def _strided_product() -> Tensor:
+    return Tensor.empty(2048, 2048)[::3, ::2][:, :77] @ Tensor.empty(683, 77).T
+
+
+@pytest.mark.parametrize("make, expected", [
+    # 8 rows padded (308 -> 312) where only 4 divide, and the column blocks outermost (the 384 x 16 panel of B cached)
+    (lambda: Tensor.empty(308, 384) @ Tensor.empty(384, 1536),
+     [Opt(U, 1, 16), Opt(P, 0, 8), Opt(U, 0, 8), Opt(S, 0, 1)]),
+    # 16 padded lanes (1000 -> 1008) where 8 divide, rows share them; swapped: a row stride of 4000 bytes spreads the
+    # panel over the whole L2
+    (lambda: Tensor.empty(1000, 1000) @ Tensor.empty(1000, 1000),
+     [Opt(P, 1, 16), Opt(U, 1, 16), Opt(U, 0, 8), Opt(S, 0, 1)]),
+    # not swapped: a row stride of 4 KB maps the panel's 1024 rows to 32 sets of the L2
+    (lambda: Tensor.empty(1024, 1024) @ Tensor.empty(1024, 1024), [Opt(U, 1, 16), Opt(U, 0, 8)]),
+    # packed lanes padded (77 -> 80): attention scores q @ k.T over 77 tokens
+    (lambda: Tensor.empty(24, 77, 64) @ Tensor.empty(24, 77, 64).transpose(-1, -2),
+     [Opt(P, 2, 16), Opt(U, 2, 16), Opt(U, 1, 11), Opt(S, 1, 2)]),
+    # neither factor contiguous along an output axis: y's columns packed (683 -> 688 lanes), rows padded to 700
+    (_strided_product, [Opt(P, 1, 16), Opt(U, 1, 16), Opt(P, 0, 25), Opt(U, 0, 25), Opt(S, 0, 1)]),
+    # an elementwise transpose whose column reads (4 KB apart) outrun the L1: 8 rows a line
+    (lambda: Tensor.empty(1024, 1024).T * 2, [Opt(U, 0, 8)]),
+    (lambda: Tensor.empty(8, 64, 32, 32).permute(0, 2, 3, 1).contiguous(), [Opt(U, 2, 8)]),
+    # one whose 64 channels' reads stay in the L1 (3136 bytes apart), or with no 8 rows dividing: left alone
+    (lambda: Tensor.empty(32, 64, 28, 28).permute(0, 2, 3, 1).contiguous(), []),
+    (lambda: Tensor.empty(1000, 1023).T + 1, []),
+])
+def test_heuristic_on_untuned_shapes(make: Callable[[], Tensor], expected: list[Opt]) -> None:
+    """The heuristic's tiles for shapes nobody tuned for (bench/shapes.py; docs/OPTIMIZER.md "Hidden-style
+    shapes"). Each was measured against the previous choice, one thread (kernel alone): 308x384 @ 384x1536 6.5 ->
+    2.0 ms; 1000^3 21.9 -> 9.8 ms; q @ k.T 0.68 -> 0.14 ms; the strided product 21 -> 1.6 ms; the transposes 3.3 ->
+    0.41 ms and 0.87 -> 0.22 ms."""
+    assert hand_coded_optimizations(kernel_of(make())) == expected
+
+
+@pytest.mark.parametrize("shapes", [((13, 21), (21, 37)), ((100, 9), (9, 1000)), ((5, 77, 24), (5, 24, 77))])
+def test_padded_tiles_of_untuned_shapes_agree_with_numpy(shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    """Values of the tiles above at sizes that pad: 8 rows over 13 (-> 16, gated), 16 lanes over 1000 (-> 1008),
+    packed lanes over 77 (-> 80) of a transposed factor, and the strided and transposed elementwise reads."""
+    rng = np.random.default_rng(5)
+    a, b = (rng.standard_normal(s, dtype=np.float32) for s in shapes)
+    np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    bt = np.ascontiguousarray(np.swapaxes(b, -1, -2))
+    np.testing.assert_allclose((Tensor(a) @ Tensor(bt).transpose(-1, -2)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    big = rng.standard_normal((3 * a.shape[-2], 2 * a.shape[-1]), dtype=np.float32)
+    np.testing.assert_allclose((Tensor(big)[::3, ::2] @ Tensor(bt).transpose(-1, -2)).numpy(),
+                               big[::3, ::2] @ b, rtol=1e-4, atol=1e-4)
+    t = rng.standard_normal((64, 1024), dtype=np.float32)
+    np.testing.assert_array_equal((Tensor(t).T * 2).numpy(), t.T * 2)
+
+
+@pytest.mark.parametrize("groups, stride, expected", [
+    # x' and y' (the polyphase quotients, gated) upcast whole; the batch, which nothing depends on, innermost
+    (1, 2, [Opt(U, 5, 0), Opt(U, 4, 0), Opt(S, 0, 3)]),
+    (8, 1, [Opt(U, 3, 0), Opt(S, 0, 2)]),   # depthwise: x whole, the batch innermost
+])
+def test_input_gradient_of_a_summed_conv_shares_each_weight(groups: int, stride: int, expected: list[Opt]) -> None:
+    """`conv(x).sum()`'s input gradient reads only the weight (the incoming gradient is a constant): the output axes
+    no load moves along but the gates do are upcast whole, so each weight value serves all of them, and the batch,
+    which no value depends on, becomes the innermost loop, so the reduction runs once for every image (it had no
+    opts: 100 ms for a stride-2 8x64x28^2 -> 128, one thread; 1.0 ms now). Values as a numpy sum of taps."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 8, 28, 24), dtype=np.float32)
+    w = rng.standard_normal((16 if groups == 1 else 8, 8 // groups, 3, 3), dtype=np.float32)
+    tx = Tensor(x, requires_grad=True)
+    tx.conv2d(Tensor(w), stride=stride, padding=1, groups=groups).sum().backward()
+    assert tx.grad is not None
+    assert hand_coded_optimizations(kernel_of(tx.grad)) == expected
+    # the gradient of a sum: each input position gets the sum of the weights whose taps reach it
+    xp_shape = (x.shape[0], x.shape[1], x.shape[2] + 2, x.shape[3] + 2)
+    oh, ow = (xp_shape[2] - 3) // stride + 1, (xp_shape[3] - 3) // stride + 1
+    cog = w.shape[0] // groups
+    grad_p = np.zeros(xp_shape, np.float64)
+    for g in range(groups):
+        for i in range(3):
+            for j in range(3):
+                tap = w[g * cog:(g + 1) * cog, :, i, j].sum(0)  # (cin per group,)
+                grad_p[:, g * (8 // groups):(g + 1) * (8 // groups), i:i + stride * (oh - 1) + 1:stride,
+                       j:j + stride * (ow - 1) + 1:stride] += tap[None, :, None, None]
+    expected_grad = grad_p[:, :, 1:-1, 1:-1]
+    np.testing.assert_allclose(tx.grad.numpy(), expected_grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("make, expected", [
+    # a column max over 80 padded columns: all 5 vector blocks in the tile (independent chains)
+    (lambda x: x.max(1), [Opt(P, 1, 16), Opt(U, 1, 16), Opt(U, 1, 0)]),
+    # the innermost row of a longer reduction, 28 long, no 16 or 8 dividing it: unrolled whole (not 4 lanes)
+    (lambda x: x.reshape(32, 64, 7, 88)[:, :, :, :28].mean((0, 2, 3)), [Opt(OptOps.UNROLL, 3, 0)]),
+])
+def test_reductions_of_untuned_shapes(make: Callable[[Tensor], Tensor], expected: list[Opt]) -> None:
+    """A column reduction with no rows takes more of its vector blocks (`max(1)` of 32x512x77, one thread 0.65 ->
+    0.21 ms); a short innermost row of a longer reduction is unrolled whole (`mean((0, 2, 3))` with rows of 28:
+    0.80 -> 0.29 ms). Values as numpy's."""
+    x = np.random.default_rng(4).standard_normal((32, 512, 77), dtype=np.float32)
+    out = make(Tensor(x))
+    assert hand_coded_optimizations(kernel_of(out)) == expected
+    np.testing.assert_allclose(out.numpy(), make(x), rtol=1e-4, atol=1e-5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("width, op, max_lanes, expected", [
+    (1000, "sum", True, []),                # 8 lanes: gcc/clang vectorise the plain loop faster (50 -> 37/42 us)
+    (1004, "sum", True, []),                # 4 lanes: 110 -> 41 us
+    (1000, "max", True, [Opt(OptOps.UNROLL, 1, 8)]),  # clang needs them for a max: 470 us without, 224 with
+    (1000, "max", False, []),               # gcc does not: 62 us without, 265 with
+    (1024, "sum", False, [Opt(OptOps.UNROLL, 1, 16), Opt(OptOps.UNROLL, 1, 4)]),  # whole registers, as before
+    (1024, "max", False, [Opt(OptOps.UNROLL, 1, 16), Opt(OptOps.UNROLL, 1, 4)]),
+])
+def test_row_reduction_lanes_fill_whole_registers(width: int, op: str, max_lanes: bool, expected: list[Opt]) -> None:
+    """A row sum gets accumulator lanes only of 16 (whole registers); a row max gets 8 or 4 only for a compiler that
+    needs them (`ClangRenderer.max_lanes`: clang). Values as numpy's, with this machine's compiler."""
+    from glassgrad.renderer.cstyle import ClangRenderer
+    x = np.random.default_rng(width).standard_normal((64, width), dtype=np.float32)
+    out = getattr(Tensor(x), op)(1)
+    renderer = ClangRenderer(max_lanes=max_lanes)
+    ast = last_kernel(out).ast
+    assert hand_coded_optimizations(Kernel(kernel_ast(ast, renderer), renderer)) == expected
+    np.testing.assert_allclose(out.numpy(), getattr(x, op)(1), rtol=1e-4, atol=1e-4)
+
+
+def test_weight_gradient_of_a_summed_conv_runs_once_for_every_output_channel() -> None:
+    """The weight gradient of `conv(x).sum()` does not depend on the output channel (the incoming gradient is a
+    constant): that axis is swapped innermost, and the reduction is computed outside its loop, once for all 16
+    channels (30 ms -> 0.31 ms for 8x64x28^2 -> 128, stride 2, one thread). Values as numpy's."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 4, 12, 12), dtype=np.float32)
+    w = Tensor(rng.standard_normal((16, 4, 3, 3), dtype=np.float32), requires_grad=True)
+    Tensor(x).conv2d(w, stride=2, padding=1).sum().backward()
+    assert w.grad is not None
+    k = kernel_of(w.grad)
+    opts = hand_coded_optimizations(k)
+    assert opts[-1].op is OptOps.SWAP and opts[-1].axis == 0, opts  # the channels (axis 0) innermost
+    source = get_program(k.ast, CPU.renderer, opts).source
+    accumulate, channel_loop = re.search(r"acc0\[\w+\] = acc0", source), re.search(r"< 16; ridx\d+\+\+", source)
+    assert accumulate and channel_loop and accumulate.start() < channel_loop.start(), source  # summed before it
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    taps = np.array([[padded[:, :, i:i + 11:2, j:j + 11:2].sum((0, 2, 3)) for j in range(3)] for i in range(3)])
+    np.testing.assert_allclose(w.grad.numpy(), np.broadcast_to(taps.transpose(2, 0, 1), (16, 4, 3, 3)), rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_beam_keeps_the_heuristics_kernel_unless_the_winner_beats_it_again(tmp_path: object,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate whose timing during the search was lucky (0.1 s once, 1.0 s on every run after) does not replace
+    the heuristic's kernel (0.5 s every time): the winner is run again in turn with it, and loses. Before, BEAM kept
+    such a candidate (on a loaded machine: kernels slower than the heuristic's)."""
+    from glassgrad.codegen.opt import search
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    ast = last_kernel(matmul(64, 64, 64)).ast
+    heuristic = hand_coded_optimizations(Kernel(kernel_ast(ast, CPU.renderer), CPU.renderer))
+    sources = {"unoptimised": get_program(ast, CPU.renderer, []).source,
+               "heuristic": get_program(ast, CPU.renderer, heuristic).source}
+    original_run = search.run_program
+    runs: dict[str, int] = {}
+
+    def lucky_once(dev, spec, binary, inputs, outputs=(0,), best=float("inf")):  # type: ignore[no-untyped-def]
+        _, out = original_run(dev, spec, binary, inputs, outputs, best)
+        runs[spec.source] = runs.get(spec.source, 0) + 1
+        if spec.source == sources["unoptimised"]:
+            return 2.0, out
+        if spec.source == sources["heuristic"]:
+            return 0.5, out
+        return (0.1 if runs[spec.source] == 1 else 1.0), out
+    monkeypatch.setattr(search, "run_program", lucky_once)
+    with Context(IGNORE_BEAM_CACHE=1, BEAM_BUDGET=20):
+        assert beam_search(ast, "CPU", 1) == heuristic
+    assert max(runs[s] for s in runs if s not in sources.values()) > 1  # the winner was run again

@@ -234,4 +234,6 @@ def test_cpu_row_max_of_77_is_a_simd_reduction() -> None:
     source = kernels(x.max(-1), device="CPU")[0].source
     assert "reduction(max:" in source and "= NAN;" in source
     source = kernels(Tensor(np.zeros((64, 1000), np.float32), device="CPU").max(-1), device="CPU")[0].source
-    assert "reduction(max:" not in source  # 8 lanes instead
+    # 8 lanes instead where the compiler needs them (clang); gcc vectorises the plain reduction, 4x faster
+    from glassgrad import Device
+    assert ("reduction(max:" not in source) == Device["CPU"].renderer.max_lanes  # type: ignore[attr-defined]

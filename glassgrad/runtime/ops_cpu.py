@@ -107,7 +107,7 @@ class ClangCompiler(Compiler):
         if self.info is None:
             return ClangRenderer()
         return ClangRenderer(native_half=self.info.native_half, omp_simd=self.info.omp_simd,
-                             vector_bytes=self.info.vector_bytes)
+                             vector_bytes=self.info.vector_bytes, max_lanes="-mllvm" in self.info.flags)
 
     def describe(self) -> str:
         return self.info.describe() if self.info else "no C compiler"

@@ -16,10 +16,20 @@ In: a `Kernel`. Out: a list of `Opt`s (`NOOPT=1` skips this: no opts at all). Fo
 *Odd sizes*: where no vector width (16, 8, 4) divides the vector axis (1023, 77), or no row count divides the
 blocking axis (513), the axis is first padded (`PADTO`) to a multiple of the first width or row count whose padding
 adds at most 1/PAD_WASTE (1/8) of its iterations (`_padded_split`), then upcast by it as usual: 1023 -> 1024 and
-77 -> 80 for 16 lanes, 513 -> 528 for 16 rows, 27 -> 28 for 4 rows. A size some split divides is never padded, nor
-a vector axis that no reduction moves along (a softmax's row: its loop is elementwise SIMD already), nor one whose
+77 -> 80 for 16 lanes, 513 -> 528 for 16 rows, 27 -> 28 for 4 rows. Whole registers are preferred to a smaller
+split that divides: a vector axis of 1000 with rows to share it is padded to 1008 for 16 lanes (not 8 lanes), a
+blocking axis of 308 to 312 for 8 rows (not 4), packed channel lanes of 77 or 683 to 80 or 688. A vector axis
+that no reduction moves along is never padded (a softmax's row: its loop is elementwise SIMD already), nor one whose
 tile would have no rows when 16 to 32 lanes divide it (a column sum of 1023: 31 lanes, `_exact_lanes`; padded, all
 its loads were gated and staged for no reuse).
+
+*Loop order and more accumulators*: a matmul's column blocks go outermost when the panel of B one block reads stays
+in the L2 at its row stride (`_panel_stays_cached`: not at 4 KB strides, whose rows share a few cache sets); a
+tile with no rows (a column sum or max) takes up to 8 of its vector blocks as independent chains (`_column_chains`);
+output axes that no load moves along (the input gradient of `conv(x).sum()`) are upcast whole (`_invariant_rows`).
+A row sum's accumulator lanes fill whole registers (16) or there are none; a short row is unrolled whole where it
+is the innermost loop of a longer reduction or 4 lanes do not divide it. An elementwise transpose whose column reads
+outrun the L1 at their stride upcasts the contiguous axis by 8 (`_transposed_rows`).
 
 Three other tile shapes come first where they fit (the first opt is always the tile's SIMD loop):
 
@@ -37,8 +47,8 @@ Three other tile shapes come first where they fit (the first opt is always the t
 
 A kernel with no vector axis that reduces over a contiguous row gets 16 accumulator lanes (`UNROLL`), one SIMD
 register, and 4 such registers for a long row (independent chains). Elementwise kernels vectorise as they are
-(the C renderer marks their innermost loop `omp simd`); a scatter's outermost (output) axis becomes SIMD lanes
-inside its token loop (`_scatter_lanes`).
+(the C renderer marks their innermost loop `omp simd`), a transpose's aside; a scatter's outermost (output) axis
+becomes SIMD lanes inside its token loop (`_scatter_lanes`).
 
 GPU kernels (`gpu_launch_opts`): the *flat* and *grouped* launch shapes of `codegen/gpudims.py`, written as opts where
 their sizes divide exactly: `LOCAL`s of the innermost output axes making 256 threads (and an `UPCAST` of 4 for large
@@ -59,7 +69,7 @@ from dataclasses import dataclass
 from glassgrad.codegen.gpudims import ELEMENTS_PER_THREAD, LOCAL_SIZE, MANY_ELEMENTS, automatic_shape
 from glassgrad.codegen.linearize import Scopes
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
-from glassgrad.codegen.opt.kernel import Kernel
+from glassgrad.codegen.opt.kernel import MAX_UPCAST, Kernel
 from glassgrad.codegen.stage import PACK_REUSE, STAGE_MAX, stages_before_reduction
 from glassgrad.helpers import prod
 from glassgrad.renderer.cstyle import index_stride
@@ -86,6 +96,11 @@ MIN_PACKED_REDUCE = 64       # packed channel lanes pay for reductions this long
 MIN_PACKED_REDUCE_STORED = 8  # ... or this long where the lanes' outputs are contiguous (one vector store a row)
 CHANNEL_LANES = (16, 8)      # lanes of a packed channel tile: 16 where they divide the channels, else 8 (24 channels)
 MIN_THREAD_BLOCKS = 8        # iterations the threads' (outermost) loop keeps when the blocking axis moves inside
+CACHE_LINE, L2_SETS, L2_WAYS = 64, 2048, 8  # a 1 MB 8-way L2 (Zen 4): where a matmul's panel of B stays cached
+L1_SETS, L1_WAYS = 64, 8     # a 32 KB 8-way L1: where a transposed read's lines stay until their neighbours are read
+INVARIANT_TILE_MAX = 256     # accumulators of a tile of output axes no load moves along (`_invariant_rows`)
+COLUMN_CHAINS = 8            # registers of independent accumulators in a tile with no rows (`_column_chains`)
+TRANSPOSE_ROWS = 8           # rows of an elementwise transpose tile (16 measured slower: 2048^2 x.T + x 5.6 -> 8.8 ms)
 
 
 @dataclass(frozen=True)
@@ -109,8 +124,13 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     if k.renderer.has_local:
         return gpu_launch_opts(k)
     if not k.has_reduce:
-        return _scatter_lanes(k)
-    k = k.copy()
+        return _scatter_lanes(k) or _transposed_rows(k)
+    tile = _reduction_tile(k.copy())  # (its steps apply some of their opts to the kernel they are given)
+    return tile + _hoisted_axis(k.copy().apply_opts(tile))
+
+
+def _reduction_tile(k: Kernel) -> list[Opt]:
+    """The tile of a CPU kernel with a reduction (the opts, applied to `k` where the steps say so)."""
     opts: list[Opt] = []
     vector = _vector_axis(k)
     if (packed := _packed_channel_tile(k, vector)):
@@ -118,7 +138,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     if vector is None:  # (lanes along a lone short reduction would only add a horizontal sum)
         lanes = _lanes_for_reduction(k) or (_reduce_lane_tile(k) if len(k.axes_of("reduce")) > 1 else [])
         if lanes or not (strided := _strided_lanes(k)):
-            return lanes
+            return lanes or _invariant_rows(k)
         return strided + _register_rows(k)
     axis, amount = vector
     if (amount or k.size(axis) or VECTOR_WIDTH) < MIN_OUTPUT_LANES and (lanes := _reduce_lane_tile(k)):
@@ -126,7 +146,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     opts += _upcast(k, axis, amount)
     if (row_lanes := _row_reduction_lanes(k)):
         return opts + row_lanes
-    return opts + _register_rows(k)
+    return opts + (_register_rows(k) or _column_chains(k, axis, amount))
 
 
 def _register_rows(k: Kernel) -> list[Opt]:
@@ -144,11 +164,19 @@ def _register_rows(k: Kernel) -> list[Opt]:
     fitting = [r for r in (STAGED_BLOCK_SPLITS if staged else BLOCK_SPLITS) if
                r * tile <= (register_budget(k).staged_tile_max if staged else TILE_MAX) and
                (block != k.axes_of("global")[0] or size // r >= 2)]
-    rows = next((r for r in fitting if size % r == 0), None) or _padded_split(size, fitting)
+    # the most rows that divide the axis; where fewer than 8 do, the most that pad it by at most 1/PAD_WASTE (308 ->
+    # 312 for 8 rows, not 4: a transformer's linear layer over 2 x 77 x 2 tokens, 308x384 @ 384x1536, one thread
+    # 5.2 -> 3.2 ms)
+    rows = next((r for r in fitting if size % r == 0), None)
+    if rows is None or rows < BLOCK_SPLITS[0]:
+        rows = _padded_split(size, [r for r in fitting if r > (rows or 1)]) or rows
     if rows is None:
         return []
     opts = _upcast(k, block, rows)
     global_axes = k.axes_of("global")
+    if not staged and rows < size and _panel_stays_cached(k, block):
+        opts.append(Opt(OptOps.SWAP, block, global_axes[-1]))
+        return opts
     # the blocks innermost: one copy serves them all. The threads share the outermost loop, so the blocking axis
     # leaves it only for an innermost axis of enough blocks (a matmul of padded columns, 1000x77 @ 77x1023: its
     # column blocks outermost copy each padded block of the right factor once, not once per 8 rows: 18.7 -> 8.3 ms)
@@ -165,15 +193,121 @@ def _register_rows(k: Kernel) -> list[Opt]:
     return opts
 
 
+def _hoisted_axis(k: Kernel) -> list[Opt]:
+    """An output axis along which no load moves and no reduction's value changes (the output channels of the weight
+    gradient of `conv(x).sum()`, whose incoming gradient is a constant; the batch of its input gradient) is swapped,
+    after the tile is made, with the innermost output loop (the opt applied to `k`): the linearizer computes each
+    value at the outermost loop it depends on, so the reduction then runs once for all its iterations, which only
+    store. Of several, the longest."""
+    global_axes = k.axes_of("global")
+    if len(global_axes) < 2:
+        return []
+    hoistable = [a for a in global_axes if (k.size(a) or 0) >= 2 and all(s == 0 for s in k.strides(a)) and
+                 not _tile_reduces_along(k, a)]
+    if not hoistable or global_axes[-1] in hoistable:
+        return []
+    axis = max(hoistable, key=lambda a: k.size(a) or 0)
+    opts = [Opt(OptOps.SWAP, axis, global_axes[-1])]
+    k.apply_opts(opts)
+    return opts
+
+
+def _invariant_rows(k: Kernel) -> list[Opt]:
+    """Output axes along which no load moves (stride 0 for every load: only gates or index arithmetic tell their
+    outputs apart), upcast whole while the tile stays within INVARIANT_TILE_MAX accumulators, the innermost first,
+    then from the outermost in (a batch axis, which no gate reads, before the other spatial axis): each loaded value
+    then serves all of them. The input gradient of `conv(x).sum()` reads only the weight (its incoming gradient is a
+    constant): one thread, a stride-2 conv 8x64x28^2 -> 128 100 -> 1.9 ms (x' and the batch), a depthwise 8x96x28^2
+    3.4 -> 0.065 ms (x and the batch; BEAM=2 found 0.13 ms)."""
+    k = k.copy()
+    global_axes = k.axes_of("global")
+    order = [k.axes[a].arg[0] for a in (global_axes[-1:] + global_axes[:-1])]
+    opts: list[Opt] = []
+    tile = 1
+    for loop in order:
+        axes = k.axes_of("global")
+        axis = next(a for a in axes if k.axes[a].arg[0] == loop)
+        size = k.size(axis)
+        if size is None or not 2 <= size <= MAX_UPCAST or any(s != 0 for s in k.strides(axis)) or \
+                tile * size > INVARIANT_TILE_MAX or \
+                not _tile_reduces_along(k, axis):  # (one no reduction depends on is `_hoisted_axis`')
+            continue
+        if not any((k.size(a) or 0) >= 2 for a in axes if a != axis):
+            continue  # (the threads' loop needs an output axis left)
+        opts.append(Opt(OptOps.UPCAST, axis, 0))
+        k.apply_opt(opts[-1])
+        tile *= size
+    return opts
+
+
+def _cache_lines(step_bytes: int, sets: int, ways: int) -> int:
+    """How many lines of a cache of `sets` x `ways` lines a walk with this step can keep: a step of a multiple of a
+    line maps to only `sets / gcd(sets, step / line)` sets (a 4 KB step: to one set of a 32 KB L1)."""
+    if step_bytes % CACHE_LINE:
+        return sets * ways
+    return sets // math.gcd(sets, step_bytes // CACHE_LINE) * ways
+
+
+def _transposed_rows(k: Kernel) -> list[Opt]:
+    """An elementwise kernel that reads a load across its rows along the innermost output axis (`x.T + x`, a
+    permute copy) reads one float of each line it touches; the neighbouring floats are read by the next iteration of
+    the output axis along which that load is contiguous, by then evicted when the inner loop touched more lines than
+    the L1 cache keeps at that stride (`_cache_lines`: a stride of 8 KB keeps 8). That axis is upcast by
+    TRANSPOSE_ROWS: each line is then read for 8 neighbours at once. One thread: `x.T * 2` of 1024^2 3.3 -> 0.45 ms,
+    of 2048x1000 6.3 -> 0.96 ms, `x.T + x` 2048^2 22 -> 5.6 ms; a permute whose inner loop stays in L1 (64 channels,
+    `x.permute(0, 2, 3, 1)`) is left alone (upcast it measured 2x slower)."""
+    global_axes = k.axes_of("global")
+    if len(global_axes) < 2 or (inner := k.size(global_axes[-1])) is None:
+        return []
+    inner_strides = k.strides(global_axes[-1])
+    for i, load in enumerate(k.loads):
+        stride = inner_strides[i]
+        if stride is None or abs(stride) <= 1 or inner <= _cache_lines(abs(stride) * load.dtype.itemsize, L1_SETS,
+                                                                        L1_WAYS):
+            continue
+        for axis in reversed(global_axes[:-1]):
+            size = k.size(axis)
+            if k.strides(axis)[i] == 1 and size is not None and size % TRANSPOSE_ROWS == 0 and \
+                    (axis != global_axes[0] or size // TRANSPOSE_ROWS >= 2):
+                return [Opt(OptOps.UPCAST, axis, TRANSPOSE_ROWS)]
+    return []
+
+
+def _panel_stays_cached(k: Kernel, block: int) -> bool:
+    """Whether a matmul's column blocks should be its outermost loop (`SWAP` of the blocking axis, outermost, with the
+    vector axis, innermost): then each block's panel of the right factor (the reduction's length times one vector)
+    is read from the cache by every block of rows, and the left factor is swept once per column block, where rows
+    outermost sweep the whole right factor once per block of 8 rows (twice the traffic for a 8 x 16 tile). Only for
+    one reduce axis, enough column blocks for the threads, and a panel the L2 cache can hold at its row stride: a
+    stride of a multiple of 4 KB maps every row of the panel to the same few cache sets (`L2_SETS`, `L2_WAYS`:
+    1024 x 1024 @ 1024 x 1024 is slower swapped, 1000 x 1000 @ 1000 x 1000 twice as fast)."""
+    global_axes, reduce_axes = k.axes_of("global"), k.axes_of("reduce")
+    vector = k.axes.index(k.upcast[-1])
+    blocks = k.size(global_axes[-1]) or 0
+    if len(reduce_axes) != 1 or block != global_axes[0] or len(global_axes) < 2 or blocks < MIN_THREAD_BLOCKS:
+        return False
+    steps = k.size(reduce_axes[0])
+    panel = [i for i, s in enumerate(k.strides(vector)) if s == 1]
+    if steps is None or steps < MIN_REDUCE * COLUMN_CHAINS or not panel:  # (a short panel: either order is cached)
+        return False
+    for i in panel:
+        stride = k.strides(reduce_axes[0])[i]
+        if stride is None:
+            return False
+        if stride and steps > _cache_lines(abs(stride) * k.loads[i].dtype.itemsize, L2_SETS, L2_WAYS):
+            return False
+    return True
+
+
 def _packed_channel_tile(k: Kernel, vector: tuple[int, int] | None) -> list[Opt]:
-    """Channels as SIMD lanes: when the contiguous vector axis does not fill whole registers (a convolution's
-    output row of 24, 20, 10, 8 or 6 columns), an output axis of a multiple of 16 along which the loads that move
-    are ungated and small enough to be packed whole (`codegen/stage.py`: a convolution's weight, copied once with the
-    channels contiguous) becomes the vector, 16 lanes, and the innermost output axes along which the packed loads
+    """Channels as SIMD lanes: when the contiguous vector axis does not fill whole registers (a convolution's output row
+    of 24, 20, 10, 8 or 6 columns), an output axis of a multiple of 16 (or padded to one) along which the loads that
+    move are ungated and small enough to be packed whole (`codegen/stage.py`: a convolution's weight, copied once with
+    the channels contiguous) becomes the vector, 16 lanes, and the innermost output axes along which the packed loads
     stay put become up to `RegisterBudget.packed_rows` rows: for each step of the reduction, one vector load of the
     packed weight and a multiply-add per row with one input value. MNIST's second conv at batch 128, 2 threads: 24.5 ->
-    15.6 ms; its input gradient (24 columns): 26.9 -> 22.3 ms; the third and fourth convs' input gradients:
-    7.5 -> 4.7 ms and 7.8 -> 5.2 ms."""
+    15.6 ms; its input gradient (24 columns): 26.9 -> 22.3 ms; the third and fourth convs' input gradients: 7.5 -> 4.7
+    ms and 7.8 -> 5.2 ms."""
     if vector is not None and (vector[1] or k.size(vector[0]) or VECTOR_WIDTH) % VECTOR_WIDTH == 0:
         return []
     reduce_size = prod(k.size(a) or MIN_PACKED_REDUCE for a in k.axes_of("reduce"))
@@ -207,11 +341,16 @@ def _channel_lanes(k: Kernel, axis: int, fit: str, lanes: int = VECTOR_WIDTH) ->
     size, strides = k.size(axis), k.strides(axis)
     # the strided loads, by position (not by buffer: attention's q and k are one fused qkv buffer, q stays put)
     packed = {i for i, s in enumerate(strides) if s != 0 and s != 1}
-    if size is None or size % lanes or not packed or _pack_fit(k, packed) != fit:
+    # (an odd axis read with a stride of 2 is `_strided_lanes`' instead: two shuffles per vector, nothing packed)
+    if size is None or (size % lanes and (not _padded_split(size, (lanes,)) or 2 in strides)) or not packed or \
+            _pack_fit(k, packed) != fit:
         return None
     if axis == k.axes_of("global")[0] and size // lanes < 2:  # (the outermost loop is kept for the threads)
         return None
-    opts = [Opt(OptOps.UPCAST, axis, lanes if size > lanes else 0)]
+    # an odd size is padded to whole lanes where that adds at most 1/PAD_WASTE: `x[::3, ::2] @ y.T` of 683 x 683
+    # outputs (no axis reads either factor contiguously), one thread 21 -> 1.5 ms
+    opts = [Opt(OptOps.PADTO, axis, lanes)] if size % lanes else []
+    opts.append(Opt(OptOps.UPCAST, axis, lanes if size > lanes else 0))
     tile = k.copy().apply_opts(opts)
     budget = register_budget(k).packed_rows if fit == "whole" else PACKED_ROWS
     shift = _shift_axis(tile, packed)
@@ -246,7 +385,7 @@ def _channel_lanes(k: Kernel, axis: int, fit: str, lanes: int = VECTOR_WIDTH) ->
             break
     if fit == "per step" and tile.register_tile() < PACK_REUSE * lanes:
         return None
-    return opts if len(opts) > 1 else []
+    return opts if sum(o.op is OptOps.UPCAST for o in opts) > 1 else []
 
 
 def _padded_rows(size: int, limit: int) -> int | None:
@@ -346,14 +485,61 @@ def _lanes_for_reduction(k: Kernel, axis: int | None = None) -> list[Opt]:
     size = k.size(axis)
     if any(s not in (0, 1) for s in strides) or 1 not in strides or size is None or size <= LANES:
         return []  # (a row of one register or less: the horizontal sum of lanes would cost more than it saves)
-    lanes = next((n for n in (LANES, *VECTOR_SPLITS) if size % n == 0 and size > n), None)
-    if lanes is None:  # (a row of 77 or 1023: no lanes divide it, it stays one scalar or `omp simd` chain)
+    lanes = next((n for n in (LANES, 8) if size % n == 0 and size > n), None)
+    if lanes is None and size <= VECTOR_WHOLE_MAX and (size % 4 or _inside_longer_reduction(k, axis)):
+        # a short row no 16 or 8 divide, unrolled whole (two registers, one partly filled): where 4 lanes do not
+        # divide it either (a row sum of 17 or 31, one thread: 23 -> 11 us, 33 -> 20 us for 4000 rows), or it is
+        # the innermost of a longer reduction (`mean((0, 2, 3))` of 32x64x28x28, rows of 28: 0.80 -> 0.29 ms; a
+        # lone row of 28 keeps 4 lanes: 11 us, whole 17 us)
+        return [Opt(OptOps.UNROLL, axis, 0)]
+    # a sum's lanes fill whole registers or there are none: gcc and clang vectorise its plain `omp simd` loop
+    # themselves, and 8 or 4 lanes measured slower (rows of 1000, one thread, gcc/clang: 50/50 -> 37/42 us; rows of
+    # 1004 and 4 lanes: 110/124 -> 41/35 us). A max keeps them where the compiler needs them (`max_lanes`: clang
+    # leaves its NaN-aware select scalar without, 470 -> 224 us; gcc does not, 62 -> 265 us with 8 lanes)
+    partial_lanes = _reduces_by(k, axis, Ops.MAX) and (getattr(k.renderer, "max_lanes", True) or
+                                                       size < LANES * MIN_CHAIN_STEPS)  # (gcc, rows of 28: 239 -> 166)
+    if lanes == 8 and not partial_lanes:
         return []
+    lanes = lanes or next((n for n in VECTOR_SPLITS if size % n == 0 and size > n), None)
+    if lanes is None or (lanes < 8 and not partial_lanes):
+        return []  # (a row of 77 or 1023: no lanes divide it, it stays one scalar or `omp simd` chain)
     opts = [Opt(OptOps.UNROLL, axis, lanes)]
     chains = next((c for c in (CHAINS, 2) if (size // lanes) % c == 0 and size >= lanes * c * MIN_CHAIN_STEPS), None)
     if chains is not None:
         opts.append(Opt(OptOps.UNROLL, axis, chains))
     return opts
+
+
+def _column_chains(k: Kernel, axis: int, amount: int) -> list[Opt]:
+    """A tile with no rows (no output axis shares its vector loads: a column sum or max, `x.sum(1)` of 32x512x77)
+    has one register of accumulators per vector, one add or max per step waiting on the last: more of the vector
+    axis' blocks (the outer part of `axis`, split by `amount`) go into the tile, up to COLUMN_CHAINS registers of
+    independent chains (its largest divisor up to that, or all of them). One thread: `max(1)` of 32x512x77 0.65 ->
+    0.21 ms (5 registers over 80 padded columns), `sum(1)` 0.34 -> 0.15 ms, `sum(0)` of 1000x1024 0.14 -> 0.06 ms."""
+    reduce_size = prod(k.size(a) or MIN_REDUCE for a in k.axes_of("reduce"))
+    if not amount or reduce_size < MIN_REDUCE * COLUMN_CHAINS or k.axes[axis].arg[1] != "global" or \
+            not _tile_reduces_along(k, axis):  # (a softmax's row is elementwise: no accumulators to add)
+        return []
+    blocks, outermost = k.size(axis), axis == k.axes_of("global")[0]
+    if blocks is None or blocks < 2 or k.register_tile() * min(blocks, COLUMN_CHAINS) > TILE_MAX:
+        return []
+    if blocks <= COLUMN_CHAINS and not outermost:
+        return _upcast(k, axis, 0)
+    chains = _largest_divisor(blocks, min(COLUMN_CHAINS, blocks // 2 if outermost else blocks))
+    return [] if chains is None else _upcast(k, axis, chains)
+
+
+def _reduces_by(k: Kernel, axis: int, op: Ops) -> bool:
+    """Whether a reduction over reduce `axis` is an `op` reduction (Ops.MAX: a max)."""
+    rng = k.axes[axis]
+    return any(u.op is Ops.REDUCE and rng in u.src[1:] and u.arg is op for u in k.ast.toposort())
+
+
+def _inside_longer_reduction(k: Kernel, axis: int) -> bool:
+    """Whether a reduction over reduce `axis` also reduces over other axes (`mean((0, 2, 3))`: its row of 28 is the
+    innermost loop of 32 x 28 x 28)."""
+    rng = k.axes[axis]
+    return any(u.op is Ops.REDUCE and rng in u.src[1:] and len(u.src) > 2 for u in k.ast.toposort())
 
 
 def _reduce_lane_tile(k: Kernel) -> list[Opt]:
@@ -429,6 +615,9 @@ def _vector_axis(k: Kernel) -> tuple[int, int] | None:
         elif size <= VECTOR_WHOLE_MAX and axis != global_axes[0]:  # the outermost loop is kept for the threads
             # a row of 17..31 lanes takes two registers, one partly filled: a last resort (measured 2x slower than 5)
             candidates.append((axis, 0, size if size <= VECTOR_WIDTH else 1))
+        elif _tile_reduces_along(k, axis) and _padded_split(size, (VECTOR_WIDTH,)) and \
+                _blocking_axis(k, axis) is not None:  # 1000 -> 1008: whole registers, where rows share the vector
+            candidates.append((axis, VECTOR_WIDTH, VECTOR_WIDTH))
         elif (amount := next((f for f in VECTOR_SPLITS if size % f == 0 and size > f), None)) is not None:
             candidates.append((axis, amount, amount))
         elif _tile_reduces_along(k, axis) and _blocking_axis(k, axis) is None and \
