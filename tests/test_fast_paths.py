@@ -167,8 +167,10 @@ def test_where_fast_path_is_the_general_path(dtype: str, x: object, y: object, c
     fast = c.where(x_, y_)  # type: ignore[arg-type]
     assert fast.uop is general.uop and fast.dtype == general.dtype
     if not isinstance(x_, Tensor) or not isinstance(y_, Tensor) or fast.dtype.is_float:
-        xa = x_.numpy() if isinstance(x_, Tensor) else x_
-        ya = y_.numpy() if isinstance(y_, Tensor) else y_
+        # (a Python scalar as a 0-d array of its own kind: numpy versions differ on a Python int that the other
+        # operand's dtype cannot hold, 2**40 beside int32; some raise OverflowError in np.where)
+        xa = x_.numpy() if isinstance(x_, Tensor) else np.asarray(x_)
+        ya = y_.numpy() if isinstance(y_, Tensor) else np.asarray(y_)
         with np.errstate(all="ignore"):
             want = np.broadcast_to(np.where(ca.astype(bool), xa, ya), fast.shape).astype(fast.dtype.np)  # type: ignore
         np.testing.assert_array_equal(fast.numpy(), want)
