@@ -49,6 +49,8 @@ WORKLOADS: dict[str, Callable[[], Tensor]] = {
     "vector runs": lambda: rand(32, 64) * rand(32, 64, seed=1) + 1,
     "vector runs, half": lambda: (rand(16, 64).cast(dtypes.float16) * 2).cast(dtypes.float16),
     "vector runs, a misaligned view": lambda: rand(8, 65)[:, 1:] * 3,
+    "transposed copy": lambda: rand(64, 96).T + 1,
+    "rows of 64 that continue": lambda: rand(4, 3, 16, 64).cast(dtypes.float16) * 3,
 }
 
 
@@ -90,6 +92,8 @@ def check(metal: Compiled, ast: UOp, opts: list[Opt]) -> None:
     ("int max", [Opt(L, 0, 4), Opt(G, 2, 16)]),
     ("softmax (two reductions, one reads the other)", [Opt(L, 0, 4), Opt(G, 3, 16)]),
     ("sum of two axes", [Opt(L, 0, 2), Opt(G, 3, 8)]),
+    ("transposed copy", [Opt(U, 0, 4), Opt(L, 1, 32), Opt(L, 0, 8)]),  # a vector load along the read's rows
+    ("rows of 64 that continue", [Opt(U, 3, 8), Opt(L, 3, 0), Opt(L, 2, 16)]),  # a group over several rows
 ])
 def test_launch_opts_keep_results(metal: Compiled, name: str, opts: list[Opt]) -> None:
     ast = last_ast(WORKLOADS[name]())
