@@ -29,112 +29,81 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from wide import Maker, Pair, grads_gg, grads_torch  # noqa: E402  (bench/ is the script's directory)
 
-from glassgrad import Context, Tensor  # noqa: E402
-
-
-@dataclass
-class Work:
-    """One workload: the glassgrad call (realizes its result) and the PyTorch call computing the same thing."""
-    name: str
-    gg: Callable[[], object]
-    tt: Callable[[], object]
+from glassgrad import Context  # noqa: E402
 
 
-class Maker:
-    def __init__(self) -> None:
-        self.rng = np.random.default_rng(0)
-
-    def pair(self, *shape: int, grad: bool = False) -> tuple[Tensor, Any]:
-        a = self.rng.standard_normal(shape, dtype=np.float32)
-        return Tensor(a, requires_grad=grad).realize(), torch.from_numpy(a).requires_grad_(grad)
-
-
-def _backward_gg(loss: Tensor, params: list[Tensor]) -> None:
-    for p in params:
-        p.grad = None
-    loss.backward()
-    Tensor.realize_all(*[p.grad for p in params if p.grad is not None])
-
-
-def _backward_tt(loss: Any, params: list[Any]) -> None:
-    for p in params:
-        p.grad = None
-    loss.backward()
-
-
-def matmul_work(m: Maker) -> list[Work]:
+def matmul_work(m: Maker) -> list[Pair]:
     out = []
     for (rows, k, cols) in ((1000, 77, 1023), (1000, 1000, 1000), (3, 1000, 77), (308, 384, 1536)):
         a, b = m.pair(rows, k), m.pair(k, cols)
-        out.append(Work(f"matmul {rows}x{k} @ {k}x{cols}", lambda a=a, b=b: (a[0] @ b[0]).realize(),
+        out.append(Pair(f"matmul {rows}x{k} @ {k}x{cols}", lambda a=a, b=b: (a[0] @ b[0]).realize(),
                         lambda a=a, b=b: a[1] @ b[1]))
     v, w = m.pair(1, 1024), m.pair(1000, 1024)
-    out.append(Work("linear batch 1: 1x1024 @ W.T (1000x1024)", lambda: (v[0] @ w[0].T).realize(),
+    out.append(Pair("linear batch 1: 1x1024 @ W.T (1000x1024)", lambda: (v[0] @ w[0].T).realize(),
                     lambda: v[1] @ w[1].T))
     at, bt = m.pair(1023, 513), m.pair(1023, 257)
-    out.append(Work("x.T @ y (1023 reduced, 513x257)", lambda: (at[0].T @ bt[0]).realize(), lambda: at[1].T @ bt[1]))
+    out.append(Pair("x.T @ y (1023 reduced, 513x257)", lambda: (at[0].T @ bt[0]).realize(), lambda: at[1].T @ bt[1]))
     x, wt = m.pair(308, 384), m.pair(1536, 384)
-    out.append(Work("x @ W.T 308x384 @ (1536x384).T", lambda: (x[0] @ wt[0].T).realize(), lambda: x[1] @ wt[1].T))
+    out.append(Pair("x @ W.T 308x384 @ (1536x384).T", lambda: (x[0] @ wt[0].T).realize(), lambda: x[1] @ wt[1].T))
     q, kk = m.pair(24, 77, 64), m.pair(24, 77, 64)
-    out.append(Work("attention scores (24,77,64) @ k.T", lambda: (q[0] @ kk[0].transpose(-1, -2)).realize(),
+    out.append(Pair("attention scores (24,77,64) @ k.T", lambda: (q[0] @ kk[0].transpose(-1, -2)).realize(),
                     lambda: q[1] @ kk[1].transpose(-1, -2)))
     big = m.pair(2048, 2048)
     y = m.pair(683, 77)
-    out.append(Work("strided x[::3, ::2] @ y (683x1024 @ ...)", lambda: (big[0][::3, ::2][:, :77] @ y[0].T).realize(),
+    out.append(Pair("strided x[::3, ::2] @ y (683x1024 @ ...)", lambda: (big[0][::3, ::2][:, :77] @ y[0].T).realize(),
                     lambda: big[1][::3, ::2][:, :77] @ y[1].T))
     return out
 
 
-def layout_work(m: Maker) -> list[Work]:
+def layout_work(m: Maker) -> list[Pair]:
     img = m.pair(32, 64, 28, 28)
     big = m.pair(2048, 2048)
     return [
-        Work("permute(0,2,3,1).contiguous() 32x64x28x28", lambda: img[0].permute(0, 2, 3, 1).contiguous().realize(),
+        Pair("permute(0,2,3,1).contiguous() 32x64x28x28", lambda: img[0].permute(0, 2, 3, 1).contiguous().realize(),
              lambda: img[1].permute(0, 2, 3, 1).contiguous()),
-        Work("x[::2, ::3] * 2 + 1 (2048^2)", lambda: (big[0][::2, ::3] * 2 + 1).realize(),
+        Pair("x[::2, ::3] * 2 + 1 (2048^2)", lambda: (big[0][::2, ::3] * 2 + 1).realize(),
              lambda: big[1][::2, ::3] * 2 + 1),
-        Work("x.T + x (2048^2)", lambda: (big[0].T + big[0]).realize(), lambda: big[1].T + big[1]),
+        Pair("x.T + x (2048^2)", lambda: (big[0].T + big[0]).realize(), lambda: big[1].T + big[1]),
     ]
 
 
-def reduce_work(m: Maker) -> list[Work]:
+def reduce_work(m: Maker) -> list[Pair]:
     x = m.pair(32, 512, 77)
-    out = [Work(f"sum axis {ax} of 32x512x77", lambda ax=ax: x[0].sum(ax).realize(), lambda ax=ax: x[1].sum(ax))
+    out = [Pair(f"sum axis {ax} of 32x512x77", lambda ax=ax: x[0].sum(ax).realize(), lambda ax=ax: x[1].sum(ax))
            for ax in (0, 1, 2)]
-    out.append(Work("max axis 1 of 32x512x77", lambda: x[0].max(1).realize(), lambda: x[1].amax(1)))
+    out.append(Pair("max axis 1 of 32x512x77", lambda: x[0].max(1).realize(), lambda: x[1].amax(1)))
     img = m.pair(32, 64, 28, 28)
-    out.append(Work("mean over (0,2,3) 32x64x28x28", lambda: img[0].mean((0, 2, 3)).realize(),
+    out.append(Pair("mean over (0,2,3) 32x64x28x28", lambda: img[0].mean((0, 2, 3)).realize(),
                     lambda: img[1].mean((0, 2, 3))))
     col = m.pair(1000, 1023)
-    out.append(Work("sum axis 0 of 1000x1023", lambda: col[0].sum(0).realize(), lambda: col[1].sum(0)))
+    out.append(Pair("sum axis 0 of 1000x1023", lambda: col[0].sum(0).realize(), lambda: col[1].sum(0)))
     return out
 
 
-def norm_work(m: Maker) -> list[Work]:
+def norm_work(m: Maker) -> list[Pair]:
     out = []
     for rows, width in ((4096, 77), (1000, 1000), (512, 1023), (64, 30000)):
         x = m.pair(rows, width)
-        out.append(Work(f"softmax rows of {width} ({rows}x{width})", lambda x=x: x[0].softmax(-1).realize(),
+        out.append(Pair(f"softmax rows of {width} ({rows}x{width})", lambda x=x: x[0].softmax(-1).realize(),
                         lambda x=x: x[1].softmax(-1)))
     x = m.pair(1000, 1000)
-    out.append(Work("softmax axis 0 (1000x1000)", lambda: x[0].softmax(0).realize(), lambda: x[1].softmax(0)))
+    out.append(Pair("softmax axis 0 (1000x1000)", lambda: x[0].softmax(0).realize(), lambda: x[1].softmax(0)))
     for rows, width in ((4096, 77), (1000, 1023), (308, 384)):
         x = m.pair(rows, width)
-        out.append(Work(f"layernorm {rows}x{width}", lambda x=x: x[0].layernorm(-1).realize(),
+        out.append(Pair(f"layernorm {rows}x{width}", lambda x=x: x[0].layernorm(-1).realize(),
                         lambda x=x, w=width: F.layer_norm(x[1], (w,))))
     return out
 
 
-def conv_work(m: Maker) -> list[Work]:
+def conv_work(m: Maker) -> list[Pair]:
     # (batch, cin, size, cout, kernel, stride, padding, dilation, groups)
     specs = [(8, 64, 28, 128, 3, 2, 1, 1, 1), (8, 256, 14, 64, 1, 1, 0, 1, 1), (8, 96, 28, 96, 3, 1, 1, 1, 96),
              (4, 32, 32, 32, 3, 1, 2, 2, 1), (4, 64, 28, 64, 3, 1, 1, 1, 4), (1, 3, 224, 64, 7, 2, 3, 1, 1),
@@ -143,24 +112,24 @@ def conv_work(m: Maker) -> list[Work]:
     for n, cin, size, cout, k, s, p, d, g in specs:
         x, w = m.pair(n, cin, size, size), m.pair(cout, cin // g, k, k)
         kw = dict(stride=s, padding=p, dilation=d, groups=g)
-        out.append(Work(f"conv {n}x{cin}x{size}^2->{cout} k{k} s{s} p{p} d{d} g{g}",
+        out.append(Pair(f"conv {n}x{cin}x{size}^2->{cout} k{k} s{s} p{p} d{d} g{g}",
                         lambda x=x, w=w, kw=kw: x[0].conv2d(w[0], **kw).realize(),
                         lambda x=x, w=w, kw=kw: F.conv2d(x[1], w[1], **kw)))
     x, w = m.pair(8, 64, 28, 28, grad=True), m.pair(128, 64, 3, 3, grad=True)
-    out.append(Work("conv 8x64x28^2->128 s2 backward (dx, dw)",
-                    lambda: _backward_gg(x[0].conv2d(w[0], stride=2, padding=1).sum(), [x[0], w[0]]),
-                    lambda: _backward_tt(F.conv2d(x[1], w[1], stride=2, padding=1).sum(), [x[1], w[1]])))
+    out.append(Pair("conv 8x64x28^2->128 s2 backward (dx, dw)",
+                    lambda: grads_gg(x[0].conv2d(w[0], stride=2, padding=1).sum(), [x[0], w[0]]),
+                    lambda: grads_torch(F.conv2d(x[1], w[1], stride=2, padding=1).sum(), [x[1], w[1]])))
     xd, wd = m.pair(8, 96, 28, 28, grad=True), m.pair(96, 1, 3, 3, grad=True)
-    out.append(Work("depthwise 8x96x28^2 backward (dx, dw)",
-                    lambda: _backward_gg(xd[0].conv2d(wd[0], padding=1, groups=96).sum(), [xd[0], wd[0]]),
-                    lambda: _backward_tt(F.conv2d(xd[1], wd[1], padding=1, groups=96).sum(), [xd[1], wd[1]])))
+    out.append(Pair("depthwise 8x96x28^2 backward (dx, dw)",
+                    lambda: grads_gg(xd[0].conv2d(wd[0], padding=1, groups=96).sum(), [xd[0], wd[0]]),
+                    lambda: grads_torch(F.conv2d(xd[1], wd[1], padding=1, groups=96).sum(), [xd[1], wd[1]])))
     pool = m.pair(8, 64, 56, 56)
-    out.append(Work("max_pool2d 3x3 s2 p1 8x64x56^2", lambda: pool[0].max_pool2d(3, 2, padding=1).realize(),
+    out.append(Pair("max_pool2d 3x3 s2 p1 8x64x56^2", lambda: pool[0].max_pool2d(3, 2, padding=1).realize(),
                     lambda: F.max_pool2d(pool[1], 3, 2, padding=1)))
     return out
 
 
-def model_work(m: Maker) -> list[Work]:
+def model_work(m: Maker) -> list[Pair]:
     b, t, c, heads = 2, 77, 192, 3
     x = m.pair(b, t, c)
     ws = [m.pair(*s) for s in ((c, 3 * c), (c, c), (c, 4 * c), (4 * c, c))]
@@ -176,11 +145,11 @@ def model_work(m: Maker) -> list[Work]:
         h = xx + att.transpose(1, 2).reshape(b, t, c) @ wo
         up = ln(h) @ w1
         return h + (up.gelu() if lib == 0 else F.gelu(up, approximate="tanh")) @ w2
-    return [Work(f"transformer block forward b{b} t{t} c{c}", lambda: block(0).realize(), lambda: block(1))]
+    return [Pair(f"transformer block forward b{b} t{t} c{c}", lambda: block(0).realize(), lambda: block(1))]
 
 
-def all_work() -> list[Work]:
-    m = Maker()
+def all_work() -> list[Pair]:
+    m = Maker("CPU")
     return matmul_work(m) + layout_work(m) + reduce_work(m) + norm_work(m) + conv_work(m) + model_work(m)
 
 
@@ -190,19 +159,19 @@ CONFIGS = ("heuristic", "beam2", "torch")
 CLOCK: Callable[[], float] = time.perf_counter
 
 
-def call(work: Work, config: str) -> float:
+def call(work: Pair, config: str) -> float:
     """One timed call of `work` under `config` (seconds of CLOCK)."""
     if config == "torch":
         start = CLOCK()
-        work.tt()
+        work.torch()
         return CLOCK() - start
     with Context(BEAM=2 if config == "beam2" else 0):
         start = CLOCK()
-        work.gg()
+        work.glassgrad()
         return CLOCK() - start
 
 
-def kernels_differing(work: Work) -> tuple[int, int]:
+def kernels_differing(work: Pair) -> tuple[int, int]:
     """(kernels whose BEAM=2 source differs from the heuristic's, kernels BEAM=2 built) for one call of each."""
     from glassgrad.engine import realize
     call(work, "heuristic")
@@ -215,7 +184,7 @@ def kernels_differing(work: Work) -> tuple[int, int]:
     return differ, len(beam)
 
 
-def measure(work: Work, rounds: int, configs: tuple[str, ...] = CONFIGS) -> tuple[dict[str, list[float]],
+def measure(work: Pair, rounds: int, configs: tuple[str, ...] = CONFIGS) -> tuple[dict[str, list[float]],
                                                                                   tuple[int, int]]:
     """Each configuration's call times over `rounds` rotating rounds, after two warm-up calls each; and (kernels
     whose BEAM=2 source differs from the heuristic's, kernels), (0, 0) without BEAM=2."""

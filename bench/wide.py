@@ -59,14 +59,14 @@ class Maker:
         return Tensor(a, device=self.device).realize(), torch.from_numpy(a).long().to(self.tdev)
 
 
-def _grads_gg(loss: Tensor, params: list[Tensor]) -> None:
+def grads_gg(loss: Tensor, params: list[Tensor]) -> None:
     for p in params:
         p.grad = None
     loss.backward()
     Tensor.realize_all(loss, *[p.grad for p in params if p.grad is not None])
 
 
-def _grads_torch(loss: Any, params: list[Any]) -> None:
+def grads_torch(loss: Any, params: list[Any]) -> None:
     for p in params:
         p.grad = None
     loss.backward()
@@ -101,8 +101,8 @@ def transformer_pairs(m: Maker) -> list[Pair]:
     params_gg = [v[0] for v in (*weights.values(), *ln.values())]
     params_t = [v[1] for v in (*weights.values(), *ln.values())]
     return [Pair(f"transformer block fwd+bwd b{b} t{t} c{c}",
-                 lambda: _grads_gg(block(0, x[0]).sum(), params_gg),
-                 lambda: _grads_torch(block(1, x[1]).sum(), params_t))]
+                 lambda: grads_gg(block(0, x[0]).sum(), params_gg),
+                 lambda: grads_torch(block(1, x[1]).sum(), params_t))]
 
 
 def cnn_pairs(m: Maker) -> list[Pair]:
@@ -117,12 +117,12 @@ def cnn_pairs(m: Maker) -> list[Pair]:
     def gg() -> None:
         h = x[0].conv2d(w1[0], stride=2, padding=2).relu().conv2d(w2[0]).relu()
         h = h.conv2d(w3[0], stride=2, padding=1).relu().mean((2, 3))
-        _grads_gg((h @ fc[0]).cross_entropy(labels[0]), [w1[0], w2[0], w3[0], fc[0]])
+        grads_gg((h @ fc[0]).cross_entropy(labels[0]), [w1[0], w2[0], w3[0], fc[0]])
 
     def tt() -> None:
         h = F.relu(F.conv2d(F.relu(F.conv2d(x[1], w1[1], stride=2, padding=2)), w2[1]))
         h = F.relu(F.conv2d(h, w3[1], stride=2, padding=1)).mean((2, 3))
-        _grads_torch(F.cross_entropy(h @ fc[1], labels[1]), [w1[1], w2[1], w3[1], fc[1]])
+        grads_torch(F.cross_entropy(h @ fc[1], labels[1]), [w1[1], w2[1], w3[1], fc[1]])
     return [Pair("CNN fwd+bwd 8x3x64x64 5x5s2,1x1,3x3s2", gg, tt)]
 
 
