@@ -73,7 +73,7 @@ from glassgrad.codegen.opt.kernel import MAX_UPCAST, Kernel
 from glassgrad.codegen.stage import PACK_REUSE, STAGE_MAX, stages_before_reduction
 from glassgrad.helpers import prod
 from glassgrad.renderer.cstyle import index_stride
-from glassgrad.uop.ops import Ops
+from glassgrad.uop.ops import Ops, UOp
 
 VECTOR_WIDTH = 16            # floats in one AVX-512 register: a vector axis of a multiple of this is split by it
 VECTOR_WHOLE_MAX = 32        # else a vector axis up to this long is upcast whole
@@ -797,15 +797,10 @@ def _vector_opts(k: Kernel) -> list[Opt]:
     Where a warp's threads cannot all take a 16-byte run of the innermost axis (GPT-2's 50304-wide logits: 6288 runs
     of 8 bfloat16, only 16 of them dividing it), the runs are halved until they can (4 bfloat16, 32 threads): the
     flat shape instead computed every element's row and column with a division and a remainder."""
-    if not k.renderer.vector_runs or k.has_reduce or k.axes_of("local", "group", "upcast", "unroll"):
+    if (found := _large_elementwise(k)) is None:
         return []
-    outputs = [a for a in k.axes_of("global") if (k.size(a) or 1) > 1]
-    if not outputs or prod(k.size(a) or 1 for a in outputs) < MANY_ELEMENTS:
-        return []
-    axis, nodes = outputs[-1], k.ast.toposort()
-    accesses = [u for u in nodes if u.op in (Ops.LOAD, Ops.STORE)]
-    if any(u.op is Ops.LOAD and len(u.src) == 3 or u.op is Ops.STORE and len(u.src) == 4 for u in accesses):
-        return []  # (gated: a pad's or a masked store's elements are not whole runs)
+    outputs, accesses = found
+    axis = outputs[-1]
     strides = {u: index_stride(u.src[1], k.axes[axis]) for u in accesses}
     if any(st not in (0, 1) for st in strides.values()) or \
             any(strides[u] != 1 for u in accesses if u.op is Ops.STORE):
@@ -826,29 +821,38 @@ def _transpose_opts(k: Kernel) -> list[Opt]:
     thread takes 16 bytes of that load along B (`UPCAST`, a vector load), a warp 32 neighbours along A (`LOCAL`),
     so that each of the thread's stores is one of 32 neighbouring elements of the warp. One element a thread, a
     warp's load touched 32 sectors for 64 bytes (bf16); now each 32-byte sector it touches gives it 16."""
-    if not k.renderer.vector_runs or k.has_reduce or k.axes_of("local", "group", "upcast", "unroll"):
+    if (found := _large_elementwise(k)) is None or len(found[0]) < 2:
         return []
-    outputs = [a for a in k.axes_of("global") if (k.size(a) or 1) > 1]
-    if len(outputs) < 2 or prod(k.size(a) or 1 for a in outputs) < MANY_ELEMENTS:
-        return []
-    inner, nodes = outputs[-1], k.ast.toposort()
-    accesses = [u for u in nodes if u.op in (Ops.LOAD, Ops.STORE)]
-    if any(u.op is Ops.LOAD and len(u.src) == 3 or u.op is Ops.STORE and len(u.src) == 4 for u in accesses) or \
-            any(index_stride(u.src[1], k.axes[inner]) != 1 for u in accesses if u.op is Ops.STORE):
+    outputs, accesses = found
+    inner = outputs[-1]
+    if any(index_stride(u.src[1], k.axes[inner]) != 1 for u in accesses if u.op is Ops.STORE):
         return []
     for load in (u for u in accesses if u.op is Ops.LOAD and index_stride(u.src[1], k.axes[inner]) not in (0, 1)):
         along = next((a for a in outputs[:-1] if index_stride(load.src[1], k.axes[a]) == 1), None)
         lanes = VECTOR_BYTES // load.src[0].dtype.itemsize
         if along is None or (k.size(along) or 1) % lanes or (k.size(inner) or 1) % WARP:
             continue
-        upcast = [Opt(OptOps.UPCAST, along, lanes)]
-        runs = k.copy().apply_opts(upcast)
-        rest = (runs.size(along) or 1)
+        rest = (k.size(along) or 1) // lanes  # (the runs along the load's axis, after the UPCAST)
         threads = [Opt(OptOps.LOCAL, inner, WARP)]  # (innermost first: a LOCAL moves only the axes after it)
         if (across := math.gcd(rest, LOCAL_SIZE // WARP)) > 1:
             threads.append(Opt(OptOps.LOCAL, along, 0 if across == rest else across))
-        return [*upcast, *threads]
+        return [Opt(OptOps.UPCAST, along, lanes), *threads]
     return []
+
+
+def _large_elementwise(k: Kernel) -> tuple[list[int], list[UOp]] | None:
+    """(the output axes longer than 1, the loads and stores) of a GPU kernel the vector-run shapes apply to: no
+    reduction, no opts yet, at least MANY_ELEMENTS outputs, and no gated access (a pad's or a masked store's elements
+    are not whole runs). None for any other."""
+    if not k.renderer.vector_runs or k.has_reduce or k.axes_of("local", "group", "upcast", "unroll"):
+        return None
+    outputs = [a for a in k.axes_of("global") if (k.size(a) or 1) > 1]
+    if not outputs or prod(k.size(a) or 1 for a in outputs) < MANY_ELEMENTS:
+        return None
+    accesses = [u for u in k.ast.toposort() if u.op in (Ops.LOAD, Ops.STORE)]
+    if any(u.op is Ops.LOAD and len(u.src) == 3 or u.op is Ops.STORE and len(u.src) == 4 for u in accesses):
+        return None
+    return outputs, accesses
 
 
 def _run_threads(k: Kernel) -> list[Opt]:
