@@ -24,7 +24,7 @@ from typing import Any, ClassVar, NamedTuple, cast, overload
 import numpy as np
 
 from glassgrad.device import Buffer, Device, canonical_devices
-from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper_dtype, to_dtype
+from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper_dtype, sum_acc_dtype, to_dtype
 from glassgrad.engine.realize import capture_hooks, schedule_and_run
 from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
@@ -2079,11 +2079,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
     def _sum_dtype(self) -> DType:
-        if self.dtype.is_unsigned:
-            return least_upper_dtype(self.dtype, dtypes.uint32)
-        if self.dtype.is_int or self.dtype.is_bool:
-            return least_upper_dtype(self.dtype, dtypes.int32)
-        return least_upper_dtype(self.dtype, dtypes.float32)
+        return sum_acc_dtype(self.dtype)
 
     @accepts_dim
     def sum(self, axis: AxisArg = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:

@@ -28,11 +28,11 @@ import urllib.request
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, cast
 
 import numpy as np
 
-from glassgrad.helpers import cache_dir, prod
+from glassgrad.helpers import cache_dir, prod, tqdm
 from glassgrad.tensor import Tensor
 
 MIRRORS: tuple[str, ...] = (
@@ -274,22 +274,17 @@ def _copy_checked(src: IO[bytes], out: IO[bytes], file: RemoteFile, url: str) ->
 
 
 class _progress:
-    """A tqdm progress bar when tqdm is installed, else nothing. Used as `with _progress(n, name) as update:`."""
+    """A byte-counting progress bar (`helpers.tqdm`: tqdm's when installed, else silent). Used as `with
+    _progress(n, name) as update:`."""
 
     def __init__(self, total: int, name: str) -> None:
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            self.bar: Any = None
-        else:
-            self.bar = tqdm(total=total, desc=name, unit="B", unit_scale=True, leave=False)
+        self.bar = tqdm(total=total, desc=name, unit="B", unit_scale=True, leave=False)
 
     def __enter__(self) -> Callable[[int], object]:
-        return self.bar.update if self.bar is not None else (lambda n: None)
+        return cast(Callable[[int], object], self.bar.update)
 
     def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
 
 
 # ---------------------------------------------------------------------------------------------- IDX files
