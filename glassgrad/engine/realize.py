@@ -100,6 +100,16 @@ def _pool() -> ThreadPoolExecutor:
     return _compile_pool[1]
 
 
+def _forget_compile_pool() -> None:
+    """In a forked child: the parent's compile threads do not exist here (a future given to their pool would never
+    finish, and the child hang), so the next compile makes a new pool."""
+    global _compile_pool
+    _compile_pool = None
+
+
+os.register_at_fork(after_in_child=_forget_compile_pool)
+
+
 def _distinct_name(spec: ProgramSpec, taken: set[str], device: str) -> ProgramSpec:
     """`spec`, or the same kernel rendered under a name not in `taken`: its name with a hash of its source added,
     so the new source (the compile cache's key) depends on the kernel alone, not on what else is in its batch."""

@@ -161,6 +161,16 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
+def _forget_pool() -> None:
+    """In a forked child: the parent's threads do not exist here, so the next launch that wants them makes a new pool
+    (work given to the parent's would never be done). The C pool resets itself (`runtime/cpu_pool.py`)."""
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _load_library(binary: bytes) -> ctypes.CDLL:
     """dlopen needs a file: keep it in the cache directory, or (CACHELEVEL=0) in a temporary file removed at once."""
     if CACHELEVEL < 1:
