@@ -12,9 +12,10 @@ import os
 import pathlib
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 
 @functools.cache
@@ -202,10 +203,38 @@ def cache_dir() -> pathlib.Path:
 
 
 def atomic_write(path: pathlib.Path, data: bytes) -> None:
-    """Write a file so that readers see either nothing or all of it (safe for two processes at once)."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{id(data)}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """Write a file so that readers see either nothing or all of it (safe for two processes, or threads, at once):
+    a temporary file of this process and thread, renamed over `path`. A failed write (a full disk) leaves no
+    temporary file behind."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------- threads and forks
+# glassgrad's process-wide state (the realized-node table, lineage, pending assigns and gradients, the random state,
+# buffer versions, the kernel and schedule caches, a TinyJit capture's hooks) changes only under this lock: a
+# realize, backward(), assign(), a random draw and a TinyJit call each hold it from start to end, so several threads
+# can use glassgrad at once (building graphs side by side; each of these steps runs whole, one at a time). Re-entrant:
+# these steps call each other. A fork waits for the step in progress (so the child never inherits one half done).
+GLOBAL_LOCK = threading.RLock()
+os.register_at_fork(before=GLOBAL_LOCK.acquire, after_in_parent=GLOBAL_LOCK.release,
+                    after_in_child=GLOBAL_LOCK.release)
+
+FnType = TypeVar("FnType", bound=Callable[..., Any])
+
+
+def locked(fn: FnType) -> FnType:
+    """`fn`, run holding `GLOBAL_LOCK`."""
+    @functools.wraps(fn)
+    def run_locked(*args: Any, **kwargs: Any) -> Any:
+        with GLOBAL_LOCK:
+            return fn(*args, **kwargs)
+    return run_locked  # type: ignore[return-value]
 
 
 def normalize_axis(axis: int, ndim: int, name: str = "axis") -> int:

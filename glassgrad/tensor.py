@@ -16,6 +16,7 @@ import gc
 import math
 import os
 import pathlib
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper
 from glassgrad.engine.realize import capture_hooks, schedule_and_run
 from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
-from glassgrad.helpers import TRAINING, normalize_axis, prod, shape_args
+from glassgrad.helpers import GLOBAL_LOCK, TRAINING, locked, normalize_axis, prod, shape_args
 from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
 from glassgrad.schedule import REALIZED, buffer_view, is_buffer_view, view_versions
@@ -81,26 +82,45 @@ class _LazyTensors:
     def __init__(self) -> None:
         self.refs: list[weakref.ref[Tensor]] = []
         self.limit = 4096
-        self.no_grad_blocks: list[list[weakref.ref[Tensor]]] = []  # per open `no_grad()` block: the results made in it
 
     def add(self, t: Tensor) -> None:
         ref = weakref.ref(t)
         self.refs.append(ref)
-        if self.no_grad_blocks:
-            self.no_grad_blocks[-1].append(ref)
+        if _OPEN_NO_GRAD_BLOCKS[0] and (blocks := _MODES.no_grad_blocks):  # (an open no_grad() block, this thread's)
+            blocks[-1].append(ref)
         if len(self.refs) > self.limit:
             self.tensors()
 
+    @locked
     def tensors(self) -> list[Tensor]:
-        """The live, unsettled tensors, each once."""
+        """The live, unsettled tensors, each once. (Another thread may append meanwhile: the entries looked at are
+        replaced in place, so those appended after them stay.)"""
+        refs = self.refs
+        seen = len(refs)
         alive: dict[int, tuple[Tensor, weakref.ref[Tensor]]] = {}
-        for ref in self.refs:
+        for ref in refs[:seen]:
             t = ref()
             if t is not None and not _settled(t):
                 alive[id(t)] = (t, ref)
-        self.refs = [ref for _, ref in alive.values()]
-        self.limit = max(4096, 2 * len(self.refs))
+        refs[:seen] = [ref for _, ref in alive.values()]
+        self.limit = max(4096, 2 * len(refs))
         return [t for t, _ in alive.values()]
+
+
+class _ThreadModes(threading.local):
+    """This thread's open `with no_grad()` and `with Tensor.train(mode)` blocks. They are per thread, as PyTorch's grad
+    mode is: a block in one thread does not change what another computes (a global flag set by interleaved blocks of
+    two threads was left set after both, and a block cut the gradients of the tensors another thread made meanwhile).
+    `Tensor.no_grad = ...`, `Tensor.training = ...` and `Context(TRAINING=...)` set the process-wide flags."""
+
+    def __init__(self) -> None:
+        self.no_grad_blocks: list[list[weakref.ref[Tensor]]] = []  # per open block: the results made in it
+        self.training: list[bool] = []  # the modes of the open train() blocks, innermost last
+
+
+_MODES = _ThreadModes()
+_OPEN_NO_GRAD_BLOCKS = [0]  # open no_grad() blocks in every thread (changed under GLOBAL_LOCK): 0 in most programs
+_NO_GRAD = [False]  # `Tensor.no_grad = True`: tinygrad's process-wide switch
 
 
 # the assign targets that may hold a pending write: every tensor of ASSIGN_TARGETS whose node is an ASSIGN is in here
@@ -307,6 +327,7 @@ class _RNG:
     pending: dict[str, int] = {}     # device -> numbers drawn since its count was last advanced
 
     @staticmethod
+    @locked
     def bits(count: int, device: str) -> Tensor:
         """`count` random uint32 values (a lazy tensor of shape (count,))."""
         state = _RNG.states.get(device)
@@ -387,43 +408,68 @@ class _CastShortcuts:
 _UINT_OF_SIZE = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}  # for bitcast
 
 
-class _TrainingFlag:
-    """`t.training` on a tensor: reads the TRAINING flag, as `Tensor.training` does (tinygrad's `training` was a class
-    attribute, so both spellings read it). Writing it on one tensor raises: the flag is process-wide, so it is set on
-    the class (`Tensor.training = True`, `with Tensor.train():`, `Context(TRAINING=1)`)."""
+def _training() -> bool:
+    """Training mode in this thread: the innermost open `with Tensor.train(mode)` block's mode, else TRAINING."""
+    blocks = _MODES.training
+    return blocks[-1] if blocks else bool(TRAINING)
+
+
+def _no_grad() -> bool:
+    """Whether gradient bookkeeping is off in this thread: `Tensor.no_grad = True`, or an open `no_grad()` block."""
+    return _NO_GRAD[0] or bool(_OPEN_NO_GRAD_BLOCKS[0] and _MODES.no_grad_blocks)
+
+
+class _ModeFlag:
+    """`t.training` / `t.no_grad` on a tensor: reads the mode, as `Tensor.training` does (tinygrad's were class
+    attributes, so both spellings read them). Writing it on one tensor raises: a mode is not a tensor's, so it is set
+    on the class (`Tensor.training = True`, `with Tensor.train():`, `Context(TRAINING=1)`)."""
+
+    def __init__(self, name: str, read: Callable[[], bool]) -> None:
+        self.name, self.read = name, read
 
     def __get__(self, obj: object, owner: type | None = None) -> bool:
-        return bool(TRAINING)
+        return self.read()
 
     def __set__(self, obj: object, mode: bool) -> None:
-        raise AttributeError("training is one flag for every tensor: set Tensor.training (or use "
-                             "`with Tensor.train():` / `Context(TRAINING=1)`), not t.training on one tensor")
+        raise AttributeError(f"{self.name} is a mode, not a tensor's: set Tensor.{self.name} (or use a with-block: "
+                             f"`with Tensor.train():`, `with no_grad():`), not t.{self.name} on one tensor")
 
 
 class _TensorType(type):
-    """Tensor's metaclass, for one class-level property: `Tensor.training` is a view of the TRAINING flag, so
-    `Tensor.training = True`, `with Tensor.train():` and tinygrad's `Context(TRAINING=1)` set one state. (A
+    """Tensor's metaclass, for class-level properties: `Tensor.training` is a view of the TRAINING flag, so
+    `Tensor.training = True` and tinygrad's `Context(TRAINING=1)` set one state, and `with Tensor.train(mode):` sets
+    it in its thread while it is open; `Tensor.no_grad` likewise (`no_grad()` blocks: see `_ThreadModes`). (A
     metaclass property wins over the class's own attribute for reads and writes on the class; instances read
-    `Tensor.__dict__['training']`, a `_TrainingFlag`.)"""
+    `Tensor.__dict__['training']`, a `_ModeFlag`.)"""
 
     @property
     def training(cls) -> bool:
-        return bool(TRAINING)
+        return _training()
 
     @training.setter
     def training(cls, mode: bool) -> None:
         TRAINING.value = int(mode)
+        if _MODES.training:  # inside this thread's train() block: the block's mode too (read back as set)
+            _MODES.training[-1] = bool(mode)
+
+    @property
+    def no_grad(cls) -> bool:
+        return _no_grad()
+
+    @no_grad.setter
+    def no_grad(cls, value: bool) -> None:
+        _NO_GRAD[0] = bool(value)
 
 
 class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPlaceOps, TorchOps, TorchNames,
              metaclass=_TensorType):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "_requires_grad", "grad", "_view_of", "__weakref__")
-    no_grad: ClassVar[bool] = False
+    no_grad = _ModeFlag("no_grad", _no_grad)  # instances read the mode; the class reads and writes it (_TensorType)
     # numpy on the left (`np_array * t`, `np.float32(2) * t`) defers to Tensor's reflected operators, as with
     # PyTorch's tensors: the result is a Tensor (in the graph), not a numpy array of the values
     __array_priority__: ClassVar[int] = 1000
-    training = _TrainingFlag()  # instances read the flag; the class reads and writes it through _TensorType
+    training = _ModeFlag("training", _training)  # (as no_grad)
     uop: UOp
     grad: Tensor | None
     # (the tensor a movement op made this from, its node then, this view's movement node over it): assign writes
@@ -595,6 +641,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         array = self.numpy()
         return array if dtype is None else array.astype(dtype, copy=False)
 
+    @locked
     def requires_grad_(self, value: bool = True) -> Tensor:
         if value and not self.dtype.is_float:
             raise RuntimeError(f"only floating point tensors can require gradients, this one is {self.dtype}")
@@ -646,6 +693,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return self
 
     @staticmethod
+    @locked
     def realize_all(*tensors: Tensor) -> None:
         pending = [t for t in tensors if not is_realized(t.uop)]
         if not pending:
@@ -696,12 +744,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         shape = tuple(sint_eval(d) for d in self.shape)
         if prod(shape) == 0:
             return np.zeros(shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else self.dtype.np)
-        if capture_hooks and os.environ.get("UNSAFE_ALLOW_JIT_BUFFER", "0") in ("", "0"):
-            from glassgrad.engine.jit import JitError  # (jit imports this module)
-            raise JitError("cannot read a tensor's values (numpy(), item(), tolist(), float()) while a TinyJit "
-                           "captures: a replay runs only the kernels, so the value would be baked in; compute with "
-                           "tensors instead (x.where, x.maximum), or read it outside the jitted function")
-        flat = self._buffer().numpy()[:prod(shape)]
+        with GLOBAL_LOCK:  # (a capture holds it: one in another thread is waited for, not this thread's)
+            if capture_hooks and os.environ.get("UNSAFE_ALLOW_JIT_BUFFER", "0") in ("", "0"):
+                from glassgrad.engine.jit import JitError  # (jit imports this module)
+                raise JitError("cannot read a tensor's values (numpy(), item(), tolist(), float()) while a TinyJit "
+                               "captures: a replay runs only the kernels, so the value would be baked in; compute "
+                               "with tensors instead (x.where, x.maximum), or read it outside the jitted function")
+            flat = self._buffer().numpy()[:prod(shape)]
         if self.dtype == dtypes.bfloat16:
             flat = bf16_to_f32(flat)
         return flat.reshape(shape)
@@ -761,6 +810,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         memo[id(self)] = out
         return out
 
+    @locked
     def assign(self, x: Tensor | Scalar | list[Any] | tuple[Any, ...] | np.ndarray) -> Tensor:
         """Write `x` into this tensor's own buffer, in place (lazily, like everything else): whatever holds this
         tensor sees the new values after the next realize, and the buffer keeps its identity, which optimisers and
@@ -912,6 +962,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return self._wrap(self.uop)
 
     # ------------------------------------------------------------------ autograd
+    @locked
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
         """Gradients of this tensor with respect to `targets` (a scalar, unless `gradient` is given). A target must
         be a float tensor that reads memory: a bare constant (`Tensor(2.0)`, `Tensor.full`) is a node every equal
@@ -951,6 +1002,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         grads = compute_gradient(root, gradient.cast(self.dtype).uop, {u for u in nodes if u is not None}, order)
         return [None if u is None or (g := grads.get(u)) is None else Tensor(g) for u in nodes]
 
+    @locked
     def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
                  create_graph: bool = False) -> Tensor:
         """Accumulate d(self)/d(t) into `t.grad` for every tensor `t` with requires_grad=True that self depends on
@@ -1009,6 +1061,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     # ------------------------------------------------------------------ creation
     @staticmethod
+    @locked
     def manual_seed(seed: int = 0) -> None:
         """Start the random numbers over from `seed` (on every device): runs with one seed repeat."""
         _RNG.seed, _RNG.states, _RNG.pending = int(seed), {}, {}
@@ -2416,12 +2469,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     @staticmethod
     @contextlib.contextmanager
     def train(mode: bool = True) -> Iterator[None]:
-        """`with Tensor.train():` turns on training behaviour (dropout, batchnorm statistics)."""
-        previous, Tensor.training = Tensor.training, mode
+        """`with Tensor.train():` turns on training behaviour (dropout, batchnorm statistics) in this thread while it
+        is open (`Tensor.training = True` sets it for every thread)."""
+        _MODES.training.append(bool(mode))
         try:
             yield
         finally:
-            Tensor.training = previous
+            _MODES.training.pop()
 
     @staticmethod
     @contextlib.contextmanager
@@ -2501,15 +2555,18 @@ def no_grad() -> Iterator[None]:
     the float results made inside that are still lazy at the end are detached (a later backward() does not reach
     the tensors they were computed from: `with no_grad(): y = w * 2` then `(y * w).sum().backward()` gives w.grad
     = y, not 2y)."""
-    previous, Tensor.no_grad = Tensor.no_grad, True
     made: list[weakref.ref[Tensor]] = []
-    _LAZY.no_grad_blocks.append(made)
+    with GLOBAL_LOCK:
+        _MODES.no_grad_blocks.append(made)
+        _OPEN_NO_GRAD_BLOCKS[0] += 1
     try:
         yield
     finally:
-        Tensor.no_grad = previous
-        _LAZY.no_grad_blocks.remove(made)
-        _detach_lazy_results(made)
+        with GLOBAL_LOCK:
+            blocks = _MODES.no_grad_blocks  # (found by identity: list.remove compared the tensors, elementwise)
+            del blocks[max(i for i, block in enumerate(blocks) if block is made)]
+            _OPEN_NO_GRAD_BLOCKS[0] -= 1
+            _detach_lazy_results(made)
 
 
 def _detach_lazy_results(made: list[weakref.ref[Tensor]]) -> None:
@@ -2739,7 +2796,8 @@ def _rebuild_chain(chain: list[UOp], bottom: UOp) -> UOp:
 def mark_trainable(t: Tensor) -> Tensor:
     """A layer's parameter (requires_grad None, as in tinygrad, until an optimizer turns it on): `backward()` fills
     its `.grad` too, as tinygrad's backward does for the tensors of the graph."""
-    _REQUIRES_GRAD[id(t)] = t
+    with GLOBAL_LOCK:  # (backward lists these)
+        _REQUIRES_GRAD[id(t)] = t
     return t
 
 
@@ -2945,7 +3003,7 @@ def _reaches_a_grad_leaf(t: Tensor) -> bool:
     """Whether `t`'s graph (lineage substituted; not behind a DETACH) holds a tensor other than `t` that backward()
     fills (requires_grad=True, or a layer's parameter), for a `t` not made in an open no_grad() block: PyTorch's
     requires_grad of an op's result."""
-    if not _REQUIRES_GRAD or (Tensor.no_grad and any(r() is t for block in _LAZY.no_grad_blocks for r in block)):
+    if not _REQUIRES_GRAD or (Tensor.no_grad and any(r() is t for block in _MODES.no_grad_blocks for r in block)):
         return False
     root = _with_lineage(t.uop)
     nodes = set(root.toposort(stop=lambda n: n.op is Ops.DETACH))
