@@ -219,3 +219,223 @@ def test_cuda_in_a_forked_child_raises_a_clear_error() -> None:
     print(in_child(child))
     """)
     assert out.split() == ["0", "all", "raised", "0"]
+
+
+# ---------------------------------------------------------------------- Python threads
+THREADS = """
+import threading, time
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np
+from glassgrad import Tensor, TinyJit, no_grad
+from glassgrad.nn.optim import SGD
+
+def train(seed, steps=15, jit=False):
+    rng = np.random.default_rng(seed)
+    w1 = Tensor(rng.standard_normal((8, 16)).astype(np.float32) * 0.3, requires_grad=True)
+    w2 = Tensor(rng.standard_normal((16, 1)).astype(np.float32) * 0.3, requires_grad=True)
+    opt = SGD([w1, w2], lr=0.01, momentum=0.5)
+    def step(x, y):
+        opt.zero_grad()
+        loss = (((x @ w1).relu() @ w2 - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+    step = TinyJit(step) if jit else step
+    losses = []
+    with Tensor.train():
+        for _ in range(steps):
+            n = 4 + seed % 3  # (each thread its own shapes: its own kernels, compiled side by side)
+            x = Tensor(rng.standard_normal((n, 8)).astype(np.float32))
+            y = Tensor(rng.standard_normal((n, 1)).astype(np.float32))
+            losses.append(step(x, y).item())
+    return losses
+"""
+
+
+def test_threads_each_training_a_model_match_sequential_runs() -> None:
+    """Four threads, each training its own model (eager, then TinyJit; momentum SGD, so assigns and in-place state):
+    every thread's losses equal those of the same training run alone."""
+    out = run_script(THREADS, """
+    for jit in (False, True):
+        alone = [train(seed, jit=jit) for seed in range(4)]
+        assert np.isfinite(alone).all()
+        for _ in range(3):
+            with ThreadPoolExecutor(4) as pool:
+                together = list(pool.map(lambda seed: train(seed, jit=jit), range(4)))
+            np.testing.assert_array_equal(together, alone)
+    print("ok")
+    """)
+    assert out.split() == ["ok"]
+
+
+def test_random_draws_from_threads_take_each_number_once() -> None:
+    """Threads drawing random numbers at once: together they draw exactly the numbers one thread would have (the
+    counter ranges neither overlap nor leave gaps), and none raises."""
+    out = run_script(THREADS, """
+    def draws(count):
+        return [Tensor.rand(50).numpy() for _ in range(count)]
+    Tensor.manual_seed(7)
+    alone = np.sort(np.concatenate(draws(4 * 25)))
+    Tensor.manual_seed(7)
+    with ThreadPoolExecutor(4) as pool:
+        together = np.sort(np.concatenate([d for ds in pool.map(lambda _: draws(25), range(4)) for d in ds]))
+    np.testing.assert_array_equal(together, alone)
+    print("ok")
+    """)
+    assert out.split() == ["ok"]
+
+
+def test_prefetch_thread_while_training_with_dropout() -> None:
+    """A loader thread makes and realizes each batch while the main thread trains (dropout draws random numbers;
+    eager and TinyJit): the losses equal a run that makes the batches itself."""
+    out = run_script(THREADS, """
+    import queue
+    def run(prefetch, jit):
+        Tensor.manual_seed(0)
+        rng = np.random.default_rng(0)
+        w = Tensor(rng.standard_normal((8, 4)).astype(np.float32) * 0.3, requires_grad=True)
+        opt = SGD([w], lr=0.05)
+        def step(x):
+            opt.zero_grad()
+            loss = (x @ w).dropout(0.3).square().mean()
+            loss.backward()
+            opt.step()
+            return loss
+        step = TinyJit(step) if jit else step
+        batches = [np.random.default_rng(i).standard_normal((6, 8)).astype(np.float32) for i in range(40)]
+        ready = queue.Queue(3)
+        loader = threading.Thread(target=lambda: [ready.put(Tensor(b).realize() if prefetch else b) for b in batches])
+        loader.start()
+        losses = []
+        with Tensor.train():
+            for _ in batches:
+                x = ready.get()
+                losses.append(step(x if prefetch else Tensor(x).realize()).item())
+        loader.join()
+        return losses
+    for jit in (False, True):
+        np.testing.assert_array_equal(run(True, jit), run(False, jit))
+    print("ok")
+    """)
+    assert out.split() == ["ok"]
+
+
+def test_no_grad_block_in_another_thread() -> None:
+    """A `with no_grad()` block open in an evaluation thread while the main thread builds its training graph: the
+    main thread's gradients are whole (the block's exit detached the tensors every thread had made meanwhile, and the
+    process-wide flag kept the main thread's realizes from recording lineage)."""
+    out = run_script(THREADS, """
+    entered, built = threading.Event(), threading.Event()
+    def evaluate():
+        with no_grad():
+            entered.set()
+            built.wait()
+            (Tensor.ones(3) * 2).realize()
+    worker = threading.Thread(target=evaluate)
+    worker.start()
+    entered.wait()
+    w = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    assert not Tensor.no_grad  # (the other thread's block)
+    h = (w * w).realize()  # realized here: the gradient flows through its lineage
+    loss = (h * 3).sum()
+    built.set()
+    worker.join()
+    loss.backward()
+    np.testing.assert_allclose(w.grad.numpy(), [6.0, 12.0, 18.0])
+    print("ok")
+    """)
+    assert out.split() == ["ok"]
+
+
+def test_train_and_no_grad_blocks_in_threads_leave_the_modes() -> None:
+    """Two evaluation threads whose `with Tensor.test():` / `no_grad()` blocks interleave (enter A, enter B, leave A,
+    leave B): the main thread's modes are what it set, during and after (a process-wide flag was left at the second
+    block's saved value: training off for the rest of the run)."""
+    out = run_script(THREADS, """
+    Tensor.training = True
+    steps = [threading.Event() for _ in range(4)]
+    def block(first, last):
+        steps[first].wait()
+        with Tensor.test(), no_grad():
+            assert not Tensor.training and Tensor.no_grad
+            steps[first + 1].set()
+            steps[last].wait()
+        if last + 1 < 4:
+            steps[last + 1].set()
+    a = threading.Thread(target=block, args=(0, 2))
+    b = threading.Thread(target=block, args=(1, 3))
+    a.start(); b.start()
+    steps[0].set()
+    a.join(); b.join()
+    assert Tensor.training and not Tensor.no_grad
+    print("ok")
+    """)
+    assert out.split() == ["ok"]
+
+
+def test_tinyjit_capture_in_one_thread_leaves_other_threads_alone() -> None:
+    """A TinyJit captures in one thread while another realizes and reads values: the other thread's kernel is not
+    captured (a replay would run it again), and its numpy() does not raise the capture's JitError; it waits."""
+    out = run_script(THREADS, """
+    from glassgrad import GlobalCounters
+    capturing = threading.Event()
+    calls = [0]
+    @TinyJit
+    def f(x):
+        y = (x * 2).realize()
+        calls[0] += 1
+        if calls[0] == 2:  # the capture: let the other thread try now
+            capturing.set()
+            time.sleep(0.3)
+        return y + 1
+    other = []
+    def elsewhere():
+        capturing.wait()
+        other.append((Tensor(np.arange(4, dtype=np.float32)) * 5).numpy())
+    worker = threading.Thread(target=elsewhere)
+    worker.start()
+    x = Tensor(np.ones(4, np.float32))
+    for _ in range(3):
+        f(x)
+    worker.join()
+    np.testing.assert_array_equal(other[0], np.arange(4) * 5)
+    GlobalCounters.reset()
+    np.testing.assert_array_equal(f(Tensor(np.full(4, 3.0, np.float32))).numpy(), np.full(4, 7.0))
+    assert GlobalCounters.kernel_count == 2, GlobalCounters.kernel_count  # f's two kernels, nothing else
+    print("ok")
+    """)
+    assert out.split() == ["ok"]
+
+
+def test_allocator_counts_from_threads() -> None:
+    """Threads making and dropping tensors (buffers freed in whichever thread drops them last): the live-bytes count
+    comes back to where it started."""
+    out = run_script(THREADS, """
+    from glassgrad import GlobalCounters
+    data = np.ones((64, 64), np.float32)
+    def churn(_):
+        for _ in range(300):
+            t = Tensor(data)
+            t.realize()
+            del t
+    before = GlobalCounters.mem_used
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(churn, range(4)))
+    import gc; gc.collect()
+    assert GlobalCounters.mem_used == before, (GlobalCounters.mem_used, before)
+    print("ok")
+    """)
+    assert out.split() == ["ok"]
+
+
+def test_nested_no_grad_blocks() -> None:
+    """`no_grad()` inside `no_grad()` (an optimizer step inside the caller's block): leaving the inner one raised
+    "the truth value of a tensor ... is ambiguous" (the blocks were compared as lists of tensors)."""
+    from glassgrad import Tensor, no_grad
+    with no_grad():
+        a = Tensor([1.0, 2.0]) * 2
+        with no_grad():
+            b = Tensor([3.0, 4.0]) * 2
+        assert Tensor.no_grad
+    assert not Tensor.no_grad
+    assert a.tolist() == [2.0, 4.0] and b.tolist() == [6.0, 8.0]
