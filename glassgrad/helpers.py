@@ -55,6 +55,45 @@ class ContextVar:
         return self.value <= other
 
 
+class ThreadModeVar(ContextVar):
+    """A flag that a with-block sets for the thread that opened it (`push`/`pop`, as `with Tensor.train():`), the way
+    PyTorch's grad mode is per thread: outside such a block a thread reads (and writes) the process-wide value;
+    inside one, the block's (writing it, `Context(TRAINING=0)` inside `with Tensor.train():`, changes the block's).
+    Blocks of two threads then neither see each other nor, entered and left interleaved, leave the flag changed."""
+
+    def __init__(self, key: str, default: int) -> None:
+        self._blocks = threading.local()
+        self._shared = 0
+        super().__init__(key, default)
+
+    def _open(self) -> list[int]:
+        blocks: list[int] | None = getattr(self._blocks, "values", None)
+        if blocks is None:
+            blocks = self._blocks.values = []
+        return blocks
+
+    @property  # type: ignore[override]
+    def value(self) -> int:
+        blocks: list[int] | None = getattr(self._blocks, "values", None)
+        return blocks[-1] if blocks else self._shared
+
+    @value.setter
+    def value(self, value: int) -> None:
+        blocks: list[int] | None = getattr(self._blocks, "values", None)
+        if blocks:
+            blocks[-1] = value
+        else:
+            self._shared = value
+
+    def push(self, value: int) -> None:
+        """Open a block of this thread, with `value`."""
+        self._open().append(value)
+
+    def pop(self) -> None:
+        """Close this thread's innermost block."""
+        self._open().pop()
+
+
 DEBUG = ContextVar("DEBUG", 0)
 NOOPT = ContextVar("NOOPT", 0)
 BEAM = ContextVar("BEAM", 0)  # search this many kernels wide for the fastest opts (timed on the device, cached)
@@ -70,8 +109,9 @@ BEAM_BUDGET = ContextVar("BEAM_BUDGET", 60)  # seconds one kernel's BEAM search 
 # mantissa bits; float32 range and accumulation): several times faster, ~1e-3 relative error. Opt-in, as in tinygrad
 ALLOW_TF32 = ContextVar("ALLOW_TF32", 0)
 # training mode: dropout drops, BatchNorm uses (and updates) batch statistics, Optimizer.step is allowed. tinygrad's
-# `Context(TRAINING=1)`; `Tensor.training` and `with Tensor.train():` read and set this same flag
-TRAINING = ContextVar("TRAINING", 0)
+# `Context(TRAINING=1)`; `Tensor.training` and `with Tensor.train():` read and set this same flag (a train() block's
+# value is its thread's: ThreadModeVar)
+TRAINING = ThreadModeVar("TRAINING", 0)
 # scaled_dot_product_attention without a T x T buffer: softmax(s) @ v spelled exp(s - logsumexp(s)) @ v, whose scores
 # the scheduler recomputes inside the kernels that reduce over them (`schedule._chained`). 1: everywhere, 0: never,
 # -1 (default): where a GPU renders those kernels on its tensor cores (codegen/gpudims.py, "chained")

@@ -13,13 +13,14 @@ import contextlib
 import copy
 import functools
 import gc
+import itertools
 import math
 import os
 import pathlib
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, cast, overload
 
 import numpy as np
@@ -76,46 +77,72 @@ class ValuesIndices(NamedTuple):
 class _LazyTensors:
     """The tensors that may still be lazy: before an assign overwrites a buffer, those that read its old contents are
     realized (a tensor keeps the value it had when it was built; see schedule/versions.py). Every op's result joins,
-    so adding is one weak reference appended to a list; dead and settled entries (realized into a buffer that is
-    never written in place) are dropped whenever the list doubles, and whenever it is read."""
+    so adding is one weak reference appended to a list (one list per thread: `tensors(everyone=False)` is the
+    calling thread's only); dead and settled entries (realized into a buffer that is never written in place) are
+    dropped whenever a list doubles, and whenever it is read."""
 
     def __init__(self) -> None:
-        self.refs: list[weakref.ref[Tensor]] = []
+        # every thread's list, with its thread (an ended thread's list stays while it holds tensors)
+        self.lists: dict[int, tuple[threading.Thread, list[weakref.ref[Tensor]]]] = {}
         self.limit = 4096
+        self.local = threading.local()  # this thread's list
+        self.made = itertools.count()
+
+    def _own(self) -> list[weakref.ref[Tensor]]:
+        refs: list[weakref.ref[Tensor]] = []
+        with GLOBAL_LOCK:
+            self.lists[next(self.made)] = (threading.current_thread(), refs)
+            self.local.refs = refs
+        return refs
 
     def add(self, t: Tensor) -> None:
         ref = weakref.ref(t)
-        self.refs.append(ref)
+        try:
+            refs = self.local.refs
+        except AttributeError:  # (a thread's first)
+            refs = self._own()
+        refs.append(ref)
         if _OPEN_NO_GRAD_BLOCKS[0] and (blocks := _MODES.no_grad_blocks):  # (an open no_grad() block, this thread's)
             blocks[-1].append(ref)
-        if len(self.refs) > self.limit:
+        if len(refs) > self.limit:
             self.tensors()
 
     @locked
-    def tensors(self) -> list[Tensor]:
-        """The live, unsettled tensors, each once. (Another thread may append meanwhile: the entries looked at are
-        replaced in place, so those appended after them stay.)"""
-        refs = self.refs
-        seen = len(refs)
+    def tensors(self, everyone: bool = True) -> list[Tensor]:
+        """The live, unsettled tensors, each once: every thread's, or (`everyone` False) the calling thread's. (A
+        list's thread may append meanwhile: the entries looked at are replaced in place, so those appended after
+        them stay. The empty list of a thread that ended is dropped.)"""
+        if everyone:
+            lists = list(self.lists.items())
+        else:
+            own = getattr(self.local, "refs", None)
+            lists = [(-1, (threading.current_thread(), own))] if own is not None else []
         alive: dict[int, tuple[Tensor, weakref.ref[Tensor]]] = {}
-        for ref in refs[:seen]:
-            t = ref()
-            if t is not None and not _settled(t):
-                alive[id(t)] = (t, ref)
-        refs[:seen] = [ref for _, ref in alive.values()]
-        self.limit = max(4096, 2 * len(refs))
+        longest = 0
+        for key, (thread, refs) in lists:
+            seen = len(refs)
+            kept: dict[int, weakref.ref[Tensor]] = {}
+            for ref in refs[:seen]:
+                t = ref()
+                if t is not None and not _settled(t):
+                    alive[id(t)] = (t, ref)
+                    kept[id(t)] = ref
+            refs[:seen] = list(kept.values())
+            if not refs and key >= 0 and not thread.is_alive():
+                del self.lists[key]
+            longest = max(longest, len(refs))
+        self.limit = max(4096, 2 * longest)
         return [t for t, _ in alive.values()]
 
 
 class _ThreadModes(threading.local):
-    """This thread's open `with no_grad()` and `with Tensor.train(mode)` blocks. They are per thread, as PyTorch's grad
-    mode is: a block in one thread does not change what another computes (a global flag set by interleaved blocks of
-    two threads was left set after both, and a block cut the gradients of the tensors another thread made meanwhile).
-    `Tensor.no_grad = ...`, `Tensor.training = ...` and `Context(TRAINING=...)` set the process-wide flags."""
+    """This thread's open `with no_grad()` blocks. They are per thread, as PyTorch's grad mode is: a block in one
+    thread does not change what another computes (a global flag set by interleaved blocks of two threads was left
+    set after both, and a block cut the gradients of the tensors another thread made meanwhile). `Tensor.no_grad =
+    ...` sets the process-wide flag. (`with Tensor.train():` blocks are per thread too: `helpers.ThreadModeVar`.)"""
 
     def __init__(self) -> None:
         self.no_grad_blocks: list[list[weakref.ref[Tensor]]] = []  # per open block: the results made in it
-        self.training: list[bool] = []  # the modes of the open train() blocks, innermost last
 
 
 _MODES = _ThreadModes()
@@ -144,6 +171,10 @@ class _LazyGradients:
     grads: list[weakref.ref[Tensor]]    # those gradients, in order
     root: weakref.ref[Tensor]           # the tensor backward() was called on
     nodes: set[UOp]
+    # the thread that ran the backward: another thread's realize does not compute them along (graphs of two threads
+    # share nodes, the random state's among them, without being one computation; inside a TinyJit capture that
+    # would record another thread's gradients as the step's kernels)
+    thread: int = field(default_factory=threading.get_ident)
 
     def unrealized(self) -> list[Tensor]:
         """The gradients still held by their tensors (not zeroed, replaced or accumulated into since) and the
@@ -180,9 +211,9 @@ def _gradients_realized_with(pending: list[Tensor]) -> list[Tensor]:
     and backward once per parameter. PyTorch's backward computes every gradient at once, as this does then."""
     live = [entry for entry in _LAZY_GRADIENTS if entry.unrealized()]
     _LAZY_GRADIENTS[:] = live
-    chosen, extra = {id(t) for t in pending}, list[Tensor]()
+    chosen, extra, me = {id(t) for t in pending}, list[Tensor](), threading.get_ident()
     for entry in live:
-        if any(_reaches(t.uop, entry.nodes) for t in pending):
+        if entry.thread == me and any(_reaches(t.uop, entry.nodes) for t in pending):
             for g in entry.unrealized():
                 if id(g) not in chosen:
                     chosen.add(id(g))
@@ -321,10 +352,20 @@ class _RNG:
     next realize adds what they took to `count` in place (an assign, in the same schedule, after every draw that reads
     the old count: see "What a tensor means" in docs/ARCHITECTURE.md). So the k-th number drawn is the same whatever
     was realized in between, and a TinyJit capture holds that assign, so each replay draws the next numbers.
-    `Tensor.manual_seed(n)` starts over: the same seed and the same draws give the same numbers."""
+    `Tensor.manual_seed(n)` starts over: the same seed and the same draws give the same numbers.
+
+    The lazy draws that read the count being overwritten are realized first (as any reader of a buffer written in
+    place), but a graph can still hold that old version without a tensor of its own: the lineage of a realized
+    result (`loss.item()` then `loss.backward()` through a dropout mask), or, from several threads (which share the
+    count, as PyTorch's threads share its generator; each draw takes the next range under `GLOBAL_LOCK`), an op
+    another thread is half way through, or its draws while this thread captures a TinyJit step. So each advance
+    first copies the state as it is (16 bytes, on the device), and graphs that read that version later read the
+    copy (`RealizedMap.keep`; a stale-read error before). During a capture the copy is registered when the capture
+    ends: a captured kernel must read the state itself, which every replay advances."""
     seed = 0
     states: dict[str, Tensor] = {}   # device -> its [seed, count] buffer
     pending: dict[str, int] = {}     # device -> numbers drawn since its count was last advanced
+    deferred: list[tuple[UOp, UOp]] = []  # copies made during a capture: (state version's node, copy's view)
 
     @staticmethod
     @locked
@@ -354,9 +395,35 @@ class _RNG:
         for device, drawn in list(_RNG.pending.items()):
             del _RNG.pending[device]  # first: an advance still pending is realized by the assign below
             if drawn and (state := _RNG.states.get(device)) is not None:
+                if is_buffer_view(state.uop):
+                    _RNG.keep_current(state)
                 state.assign(state + Tensor(np.array([0, drawn], np.uint64), device=device))
                 out.append(state)
         return out
+
+    @staticmethod
+    def keep_current(state: Tensor) -> None:
+        """A copy of the state's current version that graphs still reading that version read once it is overwritten
+        (see the class docstring)."""
+        node = state.uop.base
+        buf: Buffer = node.arg[0]
+        copy = Buffer(buf.device, buf.size, buf.dtype)
+        allocator = Device[buf.device].allocator
+        if hasattr(allocator, "copy_device"):  # (on the device, ordered after the kernels that wrote it)
+            allocator.copy_device(copy.handle, buf.handle, buf.nbytes)
+        else:
+            copy.copyin(buf.numpy())
+        if capture_hooks:
+            _RNG.deferred.append((node, buffer_view(copy, (buf.size,))))
+        else:
+            REALIZED.keep(node, buffer_view(copy, (buf.size,)))
+
+    @staticmethod
+    def register_deferred() -> None:
+        """After a capture: the copies made during it, readable from now on."""
+        for node, view in _RNG.deferred:
+            REALIZED.keep(node, view)
+        _RNG.deferred.clear()
 
 
 def _draws_random(t: Tensor) -> bool:
@@ -409,9 +476,8 @@ _UINT_OF_SIZE = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.
 
 
 def _training() -> bool:
-    """Training mode in this thread: the innermost open `with Tensor.train(mode)` block's mode, else TRAINING."""
-    blocks = _MODES.training
-    return blocks[-1] if blocks else bool(TRAINING)
+    """Training mode in this thread: the innermost open `with Tensor.train(mode)` block's mode, else TRAINING's."""
+    return bool(TRAINING)
 
 
 def _no_grad() -> bool:
@@ -449,8 +515,6 @@ class _TensorType(type):
     @training.setter
     def training(cls, mode: bool) -> None:
         TRAINING.value = int(mode)
-        if _MODES.training:  # inside this thread's train() block: the block's mode too (read back as set)
-            _MODES.training[-1] = bool(mode)
 
     @property
     def no_grad(cls) -> bool:
@@ -700,6 +764,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             return
         if _LAZY_GRADIENTS:
             pending += _gradients_realized_with(pending)
+        if _RNG.deferred and not capture_hooks:  # (a capture ended: the copies it made are readable now)
+            _RNG.register_deferred()
         if _RNG.pending:  # (the guards of the next two calls, inline: every realize)
             pending += _RNG.advances()
         readers = _readers_of_overwritten(pending) if _PENDING_ASSIGNS else []
@@ -2471,11 +2537,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def train(mode: bool = True) -> Iterator[None]:
         """`with Tensor.train():` turns on training behaviour (dropout, batchnorm statistics) in this thread while it
         is open (`Tensor.training = True` sets it for every thread)."""
-        _MODES.training.append(bool(mode))
+        TRAINING.push(int(mode))
         try:
             yield
         finally:
-            _MODES.training.pop()
+            TRAINING.pop()
 
     @staticmethod
     @contextlib.contextmanager
@@ -2935,16 +3001,18 @@ def realize_readers_of(overwritten: set[tuple[Buffer, int]], writers: list[Tenso
     the lazy tensors that read them. `writers`: the tensors that own those buffers and move to the new versions."""
     readers = StaleReaders(overwritten, REALIZED.get, set(), REALIZED.owned_epoch)
     if found := _lazy_readers(readers, {id(t) for t in writers}):
-        with no_grad():
-            Tensor.realize_all(*found)
+        # (with their lineage, as the readers a realize finds: a loss built before the replay, realized here because
+        # the replay advances the random state its dropout read, still differentiates)
+        Tensor.realize_all(*found)
 
 
 def _lazy_readers(readers: StaleReaders, skip: set[int]) -> list[Tensor]:
     """The tensors of `_LAZY` (but those in `skip`, which the found ones join) whose graphs read an overwritten
     version. A tensor that is a mere view of such a version (an alias of the old contents) is given a copy of its
-    own."""
+    own. While this thread captures a TinyJit step, its own tensors only: the capture records what it realizes, and
+    another thread's tensors are not the step's (a draw of theirs reads the random state's kept copy: `_RNG`)."""
     found = []
-    for t in _LAZY.tensors():
+    for t in _LAZY.tensors(everyone=not capture_hooks):
         if id(t) not in skip and readers.reads_old(t.uop):
             if is_buffer_view(t.uop) or _stale_view(t.uop, None):
                 # (a node computed before, whose view is the old version: realizing it reads nothing, it would

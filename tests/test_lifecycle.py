@@ -223,7 +223,8 @@ def test_cuda_in_a_forked_child_raises_a_clear_error() -> None:
 
 # ---------------------------------------------------------------------- Python threads
 THREADS = """
-import threading, time
+import sys, threading, time
+sys.setswitchinterval(1e-5)  # (threads switch far more often than by default: a race shows in a short run)
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from glassgrad import Tensor, TinyJit, no_grad

@@ -190,9 +190,9 @@ def _tensors_viewing(buffers: list[Buffer]) -> dict[int, list[weakref.ref[Tensor
     wanted = {id(b) for b in buffers}
     found: dict[int, list[weakref.ref[Tensor]]] = {}
     if wanted:
-        for o in gc.get_objects():
-            if type(o) is Tensor and is_realized(o.uop):
-                for part in view_parts(o.uop):
+        for o in gc.get_objects():  # (a Tensor another thread is still constructing has no node yet)
+            if type(o) is Tensor and (uop := getattr(o, "uop", None)) is not None and is_realized(uop):
+                for part in view_parts(uop):
                     if id(part.base.arg[0]) in wanted:
                         found.setdefault(id(part.base.arg[0]), []).append(weakref.ref(o))
     return found
