@@ -11,6 +11,7 @@ import sys
 import tempfile
 import textwrap
 
+import numpy as np
 import pytest
 
 from glassgrad import Device
@@ -440,3 +441,85 @@ def test_nested_no_grad_blocks() -> None:
         assert Tensor.no_grad
     assert not Tensor.no_grad
     assert a.tolist() == [2.0, 4.0] and b.tolist() == [6.0, 8.0]
+
+
+# ---------------------------------------------------------------------- the random state's old versions
+def _dropout_grad_check(between: object) -> None:
+    """A dropout output y = (3w).dropout(0.5) built, then `between()` run (something that advances the random state),
+    then a backward: w.grad is y / w (the same mask as y's), in PyTorch as here."""
+    from glassgrad import Tensor
+    w = Tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], requires_grad=True)
+    with Tensor.train():
+        y = (w * 3).dropout(0.5)
+        loss = (y * 1).sum()
+        between(loss)  # type: ignore[operator]
+        loss.backward()
+    values = y.numpy()
+    assert (values == 0).any() and (values != 0).any()  # (seeded: some kept, some dropped)
+    np.testing.assert_allclose(w.grad.numpy(), values / w.numpy())
+
+
+def test_backward_after_reading_a_dropout_loss() -> None:
+    """`print(loss.item())` before `loss.backward()` with dropout: the read advanced the random state, and the
+    backward, recomputing the mask from the state's old version, raised a stale-read RuntimeError."""
+    from glassgrad import Tensor
+    Tensor.manual_seed(3)
+    _dropout_grad_check(lambda loss: loss.item())
+
+
+def test_backward_after_another_random_draw() -> None:
+    """Another random tensor realized between a dropout forward and its backward (noise for the next step)."""
+    from glassgrad import Tensor
+    Tensor.manual_seed(4)
+    _dropout_grad_check(lambda loss: Tensor.rand(5).realize())
+
+
+def test_backward_after_a_tinyjit_replay_that_draws() -> None:
+    """A TinyJit step that draws random numbers replayed between a dropout forward and its backward: the replay
+    realized the lazy loss (it read the state the replay advances) without its lineage, so backward() raised."""
+    from glassgrad import Tensor, TinyJit
+
+    @TinyJit
+    def noise() -> Tensor:
+        return (Tensor.rand(4) + 1).realize()
+    for _ in range(3):
+        noise()
+    Tensor.manual_seed(5)
+    _dropout_grad_check(lambda loss: noise())
+
+
+def test_eager_thread_and_capturing_thread_both_drawing() -> None:
+    """Thread A builds a dropout forward; thread B captures a TinyJit step that draws (which advances the shared
+    random state); A then differentiates, and B keeps replaying after A's tensors are gone. A's forward was realized
+    inside B's capture without its lineage (A's backward raised), and B's capture recorded A's kernels (B's replays
+    raised JitError once A's input was gone)."""
+    out = run_script(THREADS, """
+    built, captured = threading.Event(), threading.Event()
+    result = {}
+    def eager():
+        w = Tensor(np.arange(1, 9, dtype=np.float32), requires_grad=True)
+        with Tensor.train():
+            y = (w * 3).dropout(0.5)
+            loss = (y * 1).sum()
+            built.set()
+            captured.wait()
+            loss.backward()
+        result["grad"], result["want"] = w.grad.numpy(), y.numpy() / w.numpy()
+    @TinyJit
+    def step(x):
+        return (x * Tensor.rand(4)).realize()
+    def capturing():
+        built.wait()
+        for _ in range(3):
+            step(Tensor(np.ones(4, np.float32)))
+        captured.set()
+    threads = [threading.Thread(target=eager), threading.Thread(target=capturing)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    np.testing.assert_allclose(result["grad"], result["want"])
+    import gc; gc.collect()
+    draws = [step(Tensor(np.ones(4, np.float32))).numpy() for _ in range(3)]
+    assert len({d.tobytes() for d in draws}) == 3  # fresh numbers on every replay
+    print("ok")
+    """)
+    assert out.split() == ["ok"]
