@@ -125,6 +125,15 @@ class Compiler:
         return [self.compile_cached(src) for src in sources]
 
 
+def ran(e: BaseException) -> None:
+    """For `e`, raised by a line whose only call is a kernel's launch (a C call): a Ctrl-C (KeyboardInterrupt, or
+    SystemExit from a signal handler) arriving during the call is raised when it returns, so the kernel has run, and
+    `e` is marked so (`glassgrad_ran`: engine/realize.py `note_unfinished` then counts the kernel's writes as done,
+    and a later realize does not run an in-place update a second time). An `Exception` is the call's own failure."""
+    if not isinstance(e, Exception):
+        e.glassgrad_ran = True  # type: ignore[attr-defined]
+
+
 @dataclass(slots=True)
 class Launch:
     """One kernel launch: a compiled program, its buffer handles, its grid, its Variable values and its work (the

@@ -772,11 +772,29 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         pending += readers
         outs = [t.uop for t in pending]
         lowered = lower(outs, REALIZED.get) if multi_in_use() else outs
-        views = schedule_and_run([p for u in lowered for p in (u.src if u.op is OP_MULTI else (u,))])
+        try:
+            views = schedule_and_run([p for u in lowered for p in (u.src if u.op is OP_MULTI else (u,))])
+        except BaseException as e:
+            # a Ctrl-C or a failed compile part way: what did run is recorded as realized (its kernels may have
+            # written buffers in place; recomputed from the old versions, a later realize raised a stale read)
+            if (computed := getattr(e, "glassgrad_views", None)) is not None:
+                Tensor._realized(pending, readers, outs, lowered, computed)
+            raise
+        Tensor._realized(pending, readers, outs, lowered, views)
+
+    @staticmethod
+    def _realized(pending: list[Tensor], readers: list[Tensor], outs: list[UOp], lowered: list[UOp],
+                  views: dict[UOp, UOp]) -> None:
+        """`realize_all`'s bookkeeping once the schedule of `outs` (`lowered`) ran: each computed node's view and
+        lineage recorded, each pending tensor moved to its view (all of them, or after an exception the ones
+        computed before it)."""
         for out, low in zip(outs, lowered):  # a tensor on several devices: the MULTI of its parts' buffer views
             if (low is not out or low.op is OP_MULTI) and out not in views:
-                views[out] = make_multi([views.get(p) or REALIZED.get(p) or p for p in low.src], low.arg) \
-                    if low.op is Ops.MULTI else views.get(low) or REALIZED.get(low) or low
+                parts = [views.get(p) or REALIZED.get(p) for p in low.src] if low.op is Ops.MULTI else []
+                if low.op is Ops.MULTI and all(part is not None for part in parts):
+                    views[out] = make_multi(parts, low.arg)  # type: ignore[arg-type]  # (none is None)
+                elif low.op is not Ops.MULTI and (part := views.get(low) or REALIZED.get(low)) is not None:
+                    views[out] = part
         # after lowering, only the logical graphs are lineage (gradients are taken on them, never per device)
         # (and not a node whose lowered form is a buffer view already: `x.to(d)` of a replicated x is its part on d)
         lineage_of = {o for o, low in zip(outs, lowered) if not is_realized(low)} if lowered is not outs else None

@@ -523,3 +523,80 @@ def test_eager_thread_and_capturing_thread_both_drawing() -> None:
     print("ok")
     """)
     assert out.split() == ["ok"]
+
+
+# ---------------------------------------------------------------------- interrupts and exceptions mid-step
+INTERRUPTS = """
+import _thread
+import numpy as np
+from glassgrad import Tensor
+from glassgrad.engine import realize
+from glassgrad.nn.optim import Adam
+
+def trainer():
+    rng = np.random.default_rng(0)
+    w = Tensor(rng.standard_normal((4, 3)).astype(np.float32), requires_grad=True)
+    x = Tensor(rng.standard_normal((5, 4)).astype(np.float32))
+    opt = Adam([w], lr=0.1)
+    def step():
+        opt.zero_grad()
+        loss = (x @ w).square().mean()
+        loss.backward()
+        opt.step()
+        return loss.item()
+    return w, step
+
+class Interrupting:
+    # a kernel's C function that, once its launch number comes, raises Ctrl-C's KeyboardInterrupt as a real one
+    # arrives: when the call returns (the kernel has run)
+    def __init__(self, fn, counter, at):
+        self.fn, self.counter, self.at, self.argtypes = fn, counter, at, fn.argtypes
+    def __call__(self, *args):
+        self.fn(*args)
+        self.counter[0] += 1
+        if self.counter[0] == self.at:
+            _thread.interrupt_main()
+
+def interrupt_at(at):
+    counter = [0]
+    for kernel in realize._kernel_cache.values():
+        program = kernel.program
+        if not isinstance(program.fn, Interrupting):
+            program.fn = Interrupting(program.fn, counter, at)
+        else:
+            program.fn.counter, program.fn.at = counter, at
+    return counter
+"""
+
+
+def test_ctrl_c_inside_an_optimizer_step() -> None:
+    """Ctrl-C arriving during each kernel of an Adam step in turn (the kernel runs; the interrupt is raised when it
+    returns): the step's writes that ran are kept, the next steps complete it, and the run ends where an
+    uninterrupted one does. (The tensors kept pointing at the versions the finished writes had overwritten: every
+    later step raised a stale-read RuntimeError.)"""
+    out = run_script(INTERRUPTS, """
+    w, step = trainer()
+    with Tensor.train():
+        want = [step() for _ in range(4)]
+        final = w.numpy()
+        launches = interrupt_at(0)
+        step()
+        per_step = launches[0]
+        assert per_step >= 4, per_step
+        for at in range(1, per_step + 1):
+            w, step = trainer()
+            step()
+            interrupt_at(at)
+            try:
+                step()
+            except KeyboardInterrupt:
+                pass
+            else:
+                raise AssertionError(f"launch {at}: no interrupt")
+            interrupt_at(0)
+            losses = [step(), step()]
+            np.testing.assert_allclose(losses, want[2:], rtol=1e-6)
+            np.testing.assert_allclose(w.numpy(), final, rtol=1e-6)
+    print("ok", per_step)
+    """, env={"THREADS": "1"})
+    assert out.split()[0] == "ok"

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from glassgrad.device import Allocator, Compiled, Compiler
+from glassgrad.device import Allocator, Compiled, Compiler, ran
 from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir, getenv
 from glassgrad.renderer.cstyle import ClangRenderer
 from glassgrad.runtime.ccompiler import CCompilerError, CCompilerInfo, find_c_compiler
@@ -231,12 +231,20 @@ class CPUProgram:
                 addresses = [_ADDRESSES[id(h)][1] for h in bufs]
             except KeyError:
                 addresses = _addresses(bufs)
-            fn(*addresses, *vals, 0, outer)
+            try:
+                fn(*addresses, *vals, 0, outer)
+            except BaseException as e:
+                ran(e)
+                raise
         elif self.entry is not None and self.pool is not None and (pool := self.pool.get()) is not None:
             pool.start(threads - 1)
             pointers = (ctypes.c_void_p * len(bufs))(*_addresses(bufs))
             ints = (ctypes.c_longlong * max(1, len(vals)))(*vals)
-            pool.run(self.entry, pointers, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
+            try:
+                pool.run(self.entry, pointers, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
+            except BaseException as e:
+                ran(e)
+                raise
         else:
             self._python_threads(_addresses(bufs) + list(vals), outer, threads)
         return time.perf_counter() - start
@@ -252,9 +260,18 @@ class CPUProgram:
         ints = (ctypes.c_longlong * max(1, len(vals)))(*vals)
         if threads > 1 and self.pool is not None and (pool := self.pool.get()) is not None:
             pool.start(threads - 1)
-            pool.run(self.entry, addresses, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
+            try:
+                pool.run(self.entry, addresses, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
+            except BaseException as e:
+                ran(e)
+                raise
         else:
-            _ENTRY_TYPE(self.entry)(ctypes.addressof(addresses), ctypes.addressof(ints), 0, outer)
+            entry = _ENTRY_TYPE(self.entry)
+            try:
+                entry(ctypes.addressof(addresses), ctypes.addressof(ints), 0, outer)
+            except BaseException as e:
+                ran(e)
+                raise
         return time.perf_counter() - start
 
     def _python_threads(self, args: list[int], outer: int, threads: int) -> None:

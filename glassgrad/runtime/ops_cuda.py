@@ -27,7 +27,7 @@ try:
 except ImportError as e:  # glassgrad itself imports fine without it; only Device["CUDA"] needs it
     raise ImportError("the CUDA backend needs NVIDIA's cuda-bindings: pip install 'glassgrad[cuda]'") from e
 
-from glassgrad.device import Allocator, Compiled, Compiler, Launch
+from glassgrad.device import Allocator, Compiled, Compiler, Launch, ran
 
 
 class CUDAError(RuntimeError):
@@ -366,7 +366,11 @@ class CUDAProgram:
             grid, block = _pad3(global_size), _pad3(local_size)
         # (no cuCtxSetCurrent per launch: a function launched while another context is current fails with an
         # invalid-context or invalid-handle status, and is then launched again with its own context made current)
-        status = driver.cuLaunchKernel(self.function, *grid, *block, 0, 0, ctypes.addressof(pointers), 0)[0]
+        try:
+            status = driver.cuLaunchKernel(self.function, *grid, *block, 0, 0, ctypes.addressof(pointers), 0)[0]
+        except BaseException as e:
+            ran(e)
+            raise
         if status != _SUCCESS:
             if status not in _OTHER_CONTEXT:
                 raise CUDAError(f"cuLaunchKernel of {self.name} failed: {driver.CUresult(status).name}", status)
