@@ -600,3 +600,82 @@ def test_ctrl_c_inside_an_optimizer_step() -> None:
     print("ok", per_step)
     """, env={"THREADS": "1"})
     assert out.split()[0] == "ok"
+
+
+def test_failed_compile_part_way_through_a_step(tmp_path: pathlib.Path) -> None:
+    """The C compiler failing on one batch of a step's kernels (after earlier kernels of the step, in-place writes
+    among them, ran): the realize raises the compiler's error, nothing half-written stays in the disk cache, and once
+    the compiler works again every later step computes what an uninterrupted run does."""
+    out = run_script(INTERRUPTS, """
+    import os
+    from glassgrad.device import Device
+    compiler = Device["CPU"].compiler
+    w, step = trainer()
+    with Tensor.train():
+        want = [step() for _ in range(4)]
+    final = w.numpy()
+    w, step = trainer()
+    with Tensor.train():
+        step()
+        realize._kernel_cache.clear()  # (the step's kernels compile again, and the third compile fails)
+        compiler._memory.clear()
+        for name in os.listdir(os.environ["CACHEDIR"] + "/kernels"):
+            os.unlink(os.environ["CACHEDIR"] + "/kernels/" + name)
+        real = type(compiler)._try_compile
+        calls = [0]
+        def failing(self, src):
+            calls[0] += 1
+            if calls[0] == 3:
+                raise RuntimeError("the compiler failed")
+            return real(self, src)
+        type(compiler)._try_compile = failing
+        realize.COMPILE_THREADS = 1  # (one kernel after another)
+        realize.MAX_BATCH = 1
+        try:
+            step()
+        except RuntimeError as e:
+            assert "the compiler failed" in str(e)
+        else:
+            raise AssertionError("no compile failed")
+        type(compiler)._try_compile = real
+        np.testing.assert_allclose([step(), step()], want[2:], rtol=1e-6)
+        np.testing.assert_allclose(w.numpy(), final, rtol=1e-6)
+    leftovers = [n for n in os.listdir(os.environ["CACHEDIR"] + "/kernels") if not n.endswith(".bin")]
+    assert not leftovers, leftovers
+    print("ok")
+    """, env={"CACHEDIR": str(tmp_path), "THREADS": "1"})
+    assert out.split() == ["ok"]
+
+
+def test_tinyjit_captures_again_after_an_exception_in_its_capture() -> None:
+    """A jitted step that raises during its capture (the second call: a shape error, then a Ctrl-C): the next call
+    captures again, and replays compute the right values."""
+    from glassgrad import Tensor, TinyJit
+    from glassgrad.engine import realize
+    fail = ["shape"]
+
+    @TinyJit
+    def f(x: Tensor) -> Tensor:
+        y = (x * 2).realize()
+        if fail and fail[0] == "shape":
+            fail.pop()
+            return y.reshape(7)  # (x has 6 elements)
+        if fail:
+            fail.pop()
+            raise KeyboardInterrupt
+        return y + 1
+
+    x = Tensor(np.arange(6, dtype=np.float32))
+    fail.clear()
+    assert f(x).tolist() == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]  # call 1: eager
+    fail.append("shape")
+    with pytest.raises(ValueError):
+        f(x)  # call 2: its capture raises
+    fail.append("interrupt")
+    with pytest.raises(KeyboardInterrupt):
+        f(x)  # it captures again, and is interrupted
+    assert not realize.capture_hooks
+    for i in range(3):
+        xi = Tensor(np.arange(6, dtype=np.float32) + i)
+        np.testing.assert_array_equal(f(xi).numpy(), (np.arange(6) + i) * 2 + 1)
+    assert f.captures == 1
