@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from glassgrad.dtype import DType, dtypes
-from glassgrad.helpers import CACHELEVEL, GLOBAL_LOCK, STATE_FLAGS, atomic_write, cache_dir
+from glassgrad.helpers import CACHELEVEL, GLOBAL_LOCK, STATE_FLAGS, cache_dir, read_checked, write_checked
 
 
 class Allocator:
@@ -92,18 +92,18 @@ class Compiler:
         return hashlib.sha256(f"{self.cache_key}\n{src}".encode()).hexdigest()
 
     def _cached(self, key: str) -> bytes | None:
+        """The binary of `key` from memory, else from disk (checked whole: `read_checked`), else None."""
         if key not in self._memory:
-            path = cache_dir() / "kernels" / f"{key}.bin"
-            if CACHELEVEL < 1 or not path.exists():
+            if CACHELEVEL < 1 or (binary := read_checked(cache_dir() / "kernels" / f"{key}.bin")) is None:
                 return None
-            self._memory[key] = path.read_bytes()
+            self._memory[key] = binary
         return self._memory[key]
 
     def _store(self, key: str, binary: bytes) -> None:
-        if CACHELEVEL >= 1:
+        if CACHELEVEL >= 1:  # (several processes may write one key at once: each file is written whole, then renamed)
             path = cache_dir() / "kernels" / f"{key}.bin"
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, binary)
+            write_checked(path, binary)
         self._memory[key] = binary
 
     def compile_cached(self, src: str) -> bytes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import getpass
+import hashlib
 import math
 import os
 import pathlib
@@ -253,6 +254,29 @@ def atomic_write(path: pathlib.Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+_CHECKED = b"glassgrad checked 1\n"  # a checked cache file: this line, the SHA-256 of the data, the data
+
+
+def write_checked(path: pathlib.Path, data: bytes) -> None:
+    """`atomic_write` of `data` with its SHA-256 in front, for `read_checked`."""
+    atomic_write(path, _CHECKED + hashlib.sha256(data).digest() + data)
+
+
+def read_checked(path: pathlib.Path) -> bytes | None:
+    """The data `write_checked` stored at `path`; None when there is none, or what is there is not whole (cut short
+    by a full disk or a killed writer of an older version, damaged, or of another format): that file is removed, and
+    the caller builds the data again (loading a damaged shared library raised OSError on every run, or could crash)."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    start = len(_CHECKED) + 32
+    if raw.startswith(_CHECKED) and hashlib.sha256(raw[start:]).digest() == raw[len(_CHECKED):start]:
+        return raw[start:]
+    path.unlink(missing_ok=True)
+    return None
 
 
 # ---------------------------------------------------------------------- threads and forks

@@ -738,3 +738,71 @@ def test_long_training_loop_holds_no_more_as_it_goes(mode: str) -> None:
     slack = {"objects": 30}
     grown = {k: (counts[40][k], counts[140][k]) for k in counts[40] if counts[140][k] > counts[40][k] + slack.get(k, 0)}
     assert not grown, f"grew from step 40 to step 140: {grown}"
+
+
+# ---------------------------------------------------------------------- several processes, one compile cache
+CACHE_USER = """
+import os, sys
+import numpy as np
+from glassgrad import Tensor
+from glassgrad.device import Device
+compiles = [0]
+compiler = type(Device["CPU"].compiler)
+real = compiler._try_compile
+def counted(self, src):
+    compiles[0] += 1
+    return real(self, src)
+compiler._try_compile = counted
+x = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
+t = Tensor(x)
+got = ((t * 2).exp().sum(1) + (t @ t.T).max(1)).numpy()  # (big enough for the thread pool's library too)
+want = np.exp(x * 2).sum(1) + (x @ x.T).max(1)
+np.testing.assert_allclose(got, want, rtol=2e-4)
+from glassgrad.runtime import ops_cpu
+assert ops_cpu._COMPILER[0][1].get() is not None  # the C thread pool loaded
+print("compiles", compiles[0])
+"""
+
+
+def _fresh_cache(tmp_path: pathlib.Path) -> dict[str, str]:
+    """An empty cache directory but for the C compiler's probe (copied: probing again takes many compiler runs)."""
+    import shutil
+
+    from glassgrad.helpers import cache_dir
+    if (cache_dir() / "ccompiler").is_dir():
+        shutil.copytree(cache_dir() / "ccompiler", tmp_path / "ccompiler")
+    return {"CACHEDIR": str(tmp_path), "THREADS": "2"}
+
+
+@cpu_only
+def test_damaged_cache_files_are_built_again(tmp_path: pathlib.Path) -> None:
+    """Every file of the compile cache cut short (a full disk, a process killed while writing with an older
+    version) or overwritten with other bytes of the same length: the next process builds what it needs again and
+    computes the right values (a damaged kernel or library failed to load on every run, or could crash)."""
+    env = _fresh_cache(tmp_path)
+    assert int(run_script(CACHE_USER, env=env).split()[1]) > 0
+    assert int(run_script(CACHE_USER, env=env).split()[1]) == 0  # (all from the cache)
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.parent.name in ("kernels", "lib")]
+    assert any(p.name.startswith("pool-") for p in files) and any(p.suffix == ".bin" for p in files)
+    for i, path in enumerate(files):
+        data = path.read_bytes()
+        path.write_bytes(data[:len(data) // 3] if i % 2 else bytes(b ^ 0x5A for b in data))
+    assert int(run_script(CACHE_USER, env=env).split()[1]) > 0
+    assert int(run_script(CACHE_USER, env=env).split()[1]) == 0  # (whole again)
+
+
+@cpu_only
+def test_processes_compiling_into_one_cache_at_once(tmp_path: pathlib.Path) -> None:
+    """Four processes (pytest -n, DataLoader workers, two scripts) compile the same kernels into one empty cache at
+    once: each computes the right values, no temporary file is left, and a fifth finds everything cached."""
+    env = _fresh_cache(tmp_path)
+    script = tmp_path / "user.py"
+    script.write_text(textwrap.dedent(CACHE_USER))
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **env}
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=environ, cwd=ROOT) for _ in range(4)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+    assert not [p for p in tmp_path.rglob("*.tmp")]
+    assert int(run_script(CACHE_USER, env=env).split()[1]) == 0

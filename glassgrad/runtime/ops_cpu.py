@@ -18,6 +18,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import pathlib
 import platform
 import subprocess
 import tempfile
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from glassgrad.device import Allocator, Compiled, Compiler, ran
-from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir, getenv
+from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir, getenv, read_checked, write_checked
 from glassgrad.renderer.cstyle import ClangRenderer
 from glassgrad.runtime.ccompiler import CCompilerError, CCompilerInfo, find_c_compiler
 from glassgrad.runtime.cpu_guard import check_guards, guarded_alloc, release
@@ -179,10 +180,22 @@ def _load_library(binary: bytes) -> ctypes.CDLL:
             f.flush()
             return ctypes.CDLL(f.name)  # the mapping outlives the unlinked file
     path = cache_dir() / "lib" / f"{hashlib.sha256(binary).hexdigest()}.so"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if str(path) not in _CHECKED_LIBRARIES and not _holds(path, binary):  # (missing, or damaged: written again whole,
+        path.parent.mkdir(parents=True, exist_ok=True)                     # then renamed into place)
         atomic_write(path, binary)
+    _CHECKED_LIBRARIES.add(str(path))
     return ctypes.CDLL(str(path))
+
+
+_CHECKED_LIBRARIES: set[str] = set()  # the library files this process found whole (a batch's, once for its kernels)
+
+
+def _holds(path: pathlib.Path, binary: bytes) -> bool:
+    """Whether the file at `path` is `binary` (a library cut short or damaged on disk must not be loaded)."""
+    try:
+        return path.stat().st_size == len(binary) and path.read_bytes() == binary
+    except OSError:
+        return False
 
 
 def _address(handle: np.ndarray) -> int:
@@ -302,12 +315,12 @@ def _build_pool(compiler: ClangCompiler, src: str) -> bytes:
     not through the kernel cache, whose compiles tests count)."""
     key = hashlib.sha256(f"{compiler.cache_key}\n{src}".encode()).hexdigest()
     path = cache_dir() / "lib" / f"pool-{key}.so"
-    if CACHELEVEL >= 1 and path.exists():
-        return path.read_bytes()
+    if CACHELEVEL >= 1 and (binary := read_checked(path)) is not None:
+        return binary
     binary = compiler.compile(src)
     if CACHELEVEL >= 1:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, binary)
+        write_checked(path, binary)
     return binary
 
 
