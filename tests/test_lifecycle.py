@@ -806,3 +806,32 @@ def test_processes_compiling_into_one_cache_at_once(tmp_path: pathlib.Path) -> N
         assert proc.returncode == 0, err
     assert not [p for p in tmp_path.rglob("*.tmp")]
     assert int(run_script(CACHE_USER, env=env).split()[1]) == 0
+
+
+# ---------------------------------------------------------------------- deep graphs
+def test_deep_graphs_need_no_recursion() -> None:
+    """A chain of 20,000 ops and a sum accumulated over 10,000 Python-loop steps, realized and differentiated with
+    Python's recursion limit at 200: every walk of the graph is a loop, not a recursion (no RecursionError)."""
+    from glassgrad import Tensor
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(200)
+    try:
+        x = Tensor(np.full(3, 0.5, np.float32), requires_grad=True)
+        y, want, slope = x, np.full(3, 0.5, np.float32), 1.0
+        for i in range(20_000):
+            if i % 2:
+                y, want, slope = y * 1.0001, want * np.float32(1.0001), slope * float(np.float32(1.0001))
+            else:
+                y, want = y + 0.0001, want + np.float32(0.0001)
+        y.sum().backward()
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-4)
+        np.testing.assert_allclose(x.grad.numpy(), np.full(3, slope), rtol=1e-4)
+        w = Tensor(np.arange(3, dtype=np.float32), requires_grad=True)
+        s = Tensor.zeros(3)
+        for _ in range(10_000):
+            s = s + w
+        s.sum().backward()
+        np.testing.assert_array_equal(s.numpy(), np.arange(3) * 10_000)
+        np.testing.assert_array_equal(w.grad.numpy(), np.full(3, 10_000))
+    finally:
+        sys.setrecursionlimit(limit)
