@@ -94,14 +94,14 @@ class Compiler:
     def _cached(self, key: str) -> bytes | None:
         """The binary of `key` from memory, else from disk (checked whole: `read_checked`), else None."""
         if key not in self._memory:
-            if CACHELEVEL < 1 or (binary := read_checked(cache_dir() / "kernels" / f"{key}.bin")) is None:
+            if CACHELEVEL < 1 or (binary := read_checked(cache_dir() / "kernels" / f"{key}.checked")) is None:
                 return None
             self._memory[key] = binary
         return self._memory[key]
 
     def _store(self, key: str, binary: bytes) -> None:
         if CACHELEVEL >= 1:  # (several processes may write one key at once: each file is written whole, then renamed)
-            path = cache_dir() / "kernels" / f"{key}.bin"
+            path = cache_dir() / "kernels" / f"{key}.checked"  # (not .bin: an older version reads those raw)
             path.parent.mkdir(parents=True, exist_ok=True)
             write_checked(path, binary)
         self._memory[key] = binary

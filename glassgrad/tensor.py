@@ -778,22 +778,23 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             # a Ctrl-C or a failed compile part way: what did run is recorded as realized (its kernels may have
             # written buffers in place; recomputed from the old versions, a later realize raised a stale read)
             if (computed := getattr(e, "glassgrad_views", None)) is not None:
-                Tensor._realized(pending, readers, outs, lowered, computed)
+                Tensor._realized(pending, readers, outs, lowered, computed, partial=True)
             raise
         Tensor._realized(pending, readers, outs, lowered, views)
 
     @staticmethod
     def _realized(pending: list[Tensor], readers: list[Tensor], outs: list[UOp], lowered: list[UOp],
-                  views: dict[UOp, UOp]) -> None:
+                  views: dict[UOp, UOp], partial: bool = False) -> None:
         """`realize_all`'s bookkeeping once the schedule of `outs` (`lowered`) ran: each computed node's view and
-        lineage recorded, each pending tensor moved to its view (all of them, or after an exception the ones
-        computed before it)."""
+        lineage recorded, each pending tensor moved to its view (all of them, or, `partial`, after an exception the
+        ones computed before it)."""
         for out, low in zip(outs, lowered):  # a tensor on several devices: the MULTI of its parts' buffer views
             if (low is not out or low.op is OP_MULTI) and out not in views:
-                parts = [views.get(p) or REALIZED.get(p) for p in low.src] if low.op is Ops.MULTI else []
+                # (a part not computed, after an exception, leaves the tensor lazy)
+                parts = [_computed(p, views, partial) for p in low.src] if low.op is Ops.MULTI else []
                 if low.op is Ops.MULTI and all(part is not None for part in parts):
                     views[out] = make_multi(parts, low.arg)  # type: ignore[arg-type]  # (none is None)
-                elif low.op is not Ops.MULTI and (part := views.get(low) or REALIZED.get(low)) is not None:
+                elif low.op is not Ops.MULTI and (part := _computed(low, views, partial)) is not None:
                     views[out] = part
         # after lowering, only the logical graphs are lineage (gradients are taken on them, never per device)
         # (and not a node whose lowered form is a buffer view already: `x.to(d)` of a replicated x is its part on d)
@@ -2913,6 +2914,12 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
                     REALIZED.set_assigned_value(node.src[1], view)
         elif keep_lineage and not is_buffer_view(node) and (lineage_of is None or node in lineage_of):
             LINEAGE[view] = node  # (movement ops of a buffer are computed too)
+
+
+def _computed(u: UOp, views: dict[UOp, UOp], partial: bool) -> UOp | None:
+    """What holds `u`'s value after a realize (`views`, its results): its view, one realized before, or `u` itself;
+    after an exception (`partial`) `u` itself only when it is a buffer view, else None (not computed)."""
+    return views.get(u) or REALIZED.get(u) or (u if not partial or is_realized(u) else None)
 
 
 def _is_bare_constant(u: UOp) -> bool:

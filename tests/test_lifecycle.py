@@ -640,7 +640,7 @@ def test_failed_compile_part_way_through_a_step(tmp_path: pathlib.Path) -> None:
         type(compiler)._try_compile = real
         np.testing.assert_allclose([step(), step()], want[2:], rtol=1e-6)
         np.testing.assert_allclose(w.numpy(), final, rtol=1e-6)
-    leftovers = [n for n in os.listdir(os.environ["CACHEDIR"] + "/kernels") if not n.endswith(".bin")]
+    leftovers = [n for n in os.listdir(os.environ["CACHEDIR"] + "/kernels") if not n.endswith(".checked")]
     assert not leftovers, leftovers
     print("ok")
     """, env={"CACHEDIR": str(tmp_path), "THREADS": "1"})
@@ -724,8 +724,9 @@ def test_long_training_loop_holds_no_more_as_it_goes(mode: str) -> None:
     for i in range(141):
         ready: queue.Queue[Tensor] = queue.Queue()
         n = 4 + i % 2
-        loader = threading.Thread(target=lambda: ready.put(Tensor(rng.standard_normal((n, 8)).astype(np.float32))
-                                                           .realize()))
+        def load(ready: queue.Queue[Tensor] = ready, n: int = n) -> None:
+            ready.put(Tensor(rng.standard_normal((n, 8)).astype(np.float32)).realize())
+        loader = threading.Thread(target=load)
         loader.start()
         loader.join()
         with Tensor.train():
@@ -783,7 +784,7 @@ def test_damaged_cache_files_are_built_again(tmp_path: pathlib.Path) -> None:
     assert int(run_script(CACHE_USER, env=env).split()[1]) > 0
     assert int(run_script(CACHE_USER, env=env).split()[1]) == 0  # (all from the cache)
     files = [p for p in tmp_path.rglob("*") if p.is_file() and p.parent.name in ("kernels", "lib")]
-    assert any(p.name.startswith("pool-") for p in files) and any(p.suffix == ".bin" for p in files)
+    assert any(p.name.startswith("pool-") for p in files) and any(p.suffix == ".checked" for p in files)
     for i, path in enumerate(files):
         data = path.read_bytes()
         path.write_bytes(data[:len(data) // 3] if i % 2 else bytes(b ^ 0x5A for b in data))

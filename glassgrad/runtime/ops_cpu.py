@@ -314,7 +314,7 @@ def _build_pool(compiler: ClangCompiler, src: str) -> bytes:
     """The thread pool's library, built by the kernels' compiler (kept in the cache directory, so once per machine;
     not through the kernel cache, whose compiles tests count)."""
     key = hashlib.sha256(f"{compiler.cache_key}\n{src}".encode()).hexdigest()
-    path = cache_dir() / "lib" / f"pool-{key}.so"
+    path = cache_dir() / "lib" / f"pool-{key}.checked"  # (not .so: an older version loads those raw)
     if CACHELEVEL >= 1 and (binary := read_checked(path)) is not None:
         return binary
     binary = compiler.compile(src)
