@@ -61,6 +61,8 @@ CACHELEVEL = ContextVar("CACHELEVEL", 2)
 JIT = ContextVar("JIT", 1)  # JIT=0: TinyJit functions run eagerly on every call
 CUDAGRAPH = ContextVar("CUDAGRAPH", 1)  # CUDAGRAPH=0: TinyJit replays launch kernel by kernel, not as device graphs
 MEMPLAN = ContextVar("MEMPLAN", 1)  # intermediates of a schedule share memory when their lifetimes do not overlap
+# float32 constants become kernel parameters (uop/params.py): a changed Python number reuses the built kernel
+LIFT_CONSTANTS = ContextVar("LIFT_CONSTANTS", 1)
 SCACHE = ContextVar("SCACHE", 1)  # reuse the schedule of a graph with the structure of one seen before
 TIMING = ContextVar("TIMING", 0)  # time every kernel on the device (adds a sync per kernel); DEBUG>=2 implies it
 IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0)  # BEAM searches again instead of reading its disk cache

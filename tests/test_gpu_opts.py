@@ -89,6 +89,7 @@ def test_launch_opts_need_a_gpu(op: OptOps) -> None:
 
 # ---------------------------------------------------------------------------------------------- launch shapes
 
+@pytest.mark.usefixtures("literal_constants")
 def test_local_launch() -> None:
     """Two LOCALs: the work-group's 256 threads span 4 rows of 64 (the thread id flattens them as the loops would
     nest: row-major); the 64 / 4 row blocks are the work-groups."""

@@ -25,6 +25,9 @@ from glassgrad.uop.ops import UOp
 
 CPU = Device["CPU"]
 
+# these tests run schedules' kernel ASTs by hand, or count the kernels that distinct constants make
+pytestmark = pytest.mark.usefixtures("literal_constants")
+
 
 def last_kernel(out: Tensor) -> ScheduleItem:
     """Schedule `out`, run every kernel but the last, return the last (its inputs are then realized)."""
@@ -453,8 +456,8 @@ def test_beam_times_the_heuristics_kernel_first(tmp_path: object, monkeypatch: p
                "heuristic": get_program(ast, CPU.renderer, heuristic).source}
     original_run = search.run_program
 
-    def timed_by_kind(dev, spec, binary, inputs, outputs=(0,), best=float("inf")):  # type: ignore[no-untyped-def]
-        _, out = original_run(dev, spec, binary, inputs, outputs, best)
+    def timed_by_kind(dev, spec, binary, inputs, outputs=(0,), best=float("inf"), vals=None):  # type: ignore[no-untyped-def]
+        _, out = original_run(dev, spec, binary, inputs, outputs, best, vals)
         if spec.source == sources["heuristic"]:
             return 0.5, out
         if spec.source == sources["unoptimised"]:
@@ -818,8 +821,8 @@ def test_beam_keeps_the_heuristics_kernel_unless_the_winner_beats_it_again(tmp_p
     original_run = search.run_program
     runs: dict[str, int] = {}
 
-    def lucky_once(dev, spec, binary, inputs, outputs=(0,), best=float("inf")):  # type: ignore[no-untyped-def]
-        _, out = original_run(dev, spec, binary, inputs, outputs, best)
+    def lucky_once(dev, spec, binary, inputs, outputs=(0,), best=float("inf"), vals=None):  # type: ignore[no-untyped-def]
+        _, out = original_run(dev, spec, binary, inputs, outputs, best, vals)
         runs[spec.source] = runs.get(spec.source, 0) + 1
         if spec.source == sources["unoptimised"]:
             return 2.0, out

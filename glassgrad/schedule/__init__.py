@@ -34,21 +34,24 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import struct
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import DType, dtypes
 from glassgrad.engine.memory import SchedulePlan
-from glassgrad.helpers import FLASH_ATTENTION, SCACHE, prod
-from glassgrad.schedule.cache import GraphKey, ScheduleCache, ScheduleTemplate, walk_graph
+from glassgrad.helpers import FLASH_ATTENTION, LIFT_CONSTANTS, SCACHE, prod
+from glassgrad.schedule.cache import LITERAL_VALUES, SEEN_ONCE, GraphKey, ScheduleCache, ScheduleTemplate, walk_graph
 from glassgrad.schedule.gather import gather_one_hot
 from glassgrad.schedule.indexing import KernelBuilder
 from glassgrad.schedule.rewrite import merge_nested_reduce, rebuild
 from glassgrad.schedule.scatter import scatter_one_hot
 from glassgrad.uop.ops import OP_ASSIGN, OP_BUFFER, OP_RESHAPE, OP_SHRINK, GroupOp, Ops, UOp, sint
+from glassgrad.uop.params import PARAM_PREFIX, float_bits, lift_constants
+from glassgrad.uop.pattern import substitute
 from glassgrad.uop.sint import max_size, sint_prod
 from glassgrad.uop.symbolic import simplify
 
@@ -573,13 +576,25 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
 BUFFER_MARGIN = 2  # argument slots kept free under a device's buffer limit (a kernel's symbolic sizes)
 
 
-def _max_kernel_inputs(device: Any) -> int | None:
-    """How many buffers one kernel may read on `device` (its renderer's `max_buffers`, less the output and a
-    margin), or None where there is no limit worth checking (CPU, CUDA)."""
+def _argument_limit(device: Any) -> int | None:
+    """How many arguments one kernel may take on `device` (its renderer's `max_buffers`: Metal's argument table),
+    or None where there is no limit worth checking (CPU, CUDA)."""
     from glassgrad.kernels import renderer_class  # (kernels.py imports the scheduler)
     name = device[0] if isinstance(device, tuple) else device
-    limit = renderer_class(name).max_buffers if isinstance(name, str) else None
+    return renderer_class(name).max_buffers if isinstance(name, str) else None
+
+
+def _max_kernel_inputs(device: Any) -> int | None:
+    """How many buffers one kernel may read on `device` (its argument limit, less the output and a margin)."""
+    limit = _argument_limit(device)
     return None if limit is None else limit - 1 - BUFFER_MARGIN
+
+
+def _parameter_room(device: Any, builder: KernelBuilder) -> int | None:
+    """How many lifted constants (uop/params.py) a kernel's arguments have room for beside its buffers and
+    Variables, where the device limits them (Metal), else None."""
+    limit = _argument_limit(device)
+    return None if limit is None else max(0, limit - len(builder.buffers) - len(builder.var_vals))
 
 
 def _split_for_buffer_limit(roots: dict[UOp, None], nodes: list[UOp]) -> set[UOp]:
@@ -698,10 +713,15 @@ def find_schedule(outs: list[UOp]) -> CachedSchedule | tuple[list[ScheduleItem],
     (which goes into the cache) as `create_schedule` returns it."""
     originals = tuple([without_reshapes(o) for o in outs])
     # the walk (stopping at materialised nodes) and the structure key in one pass
-    nodes, _, key = walk_graph(originals, outs, REALIZED.get, REALIZED.id_tables(), bool(SCACHE))
-    graph_key = (FLASH_ATTENTION.value, key.graph) if key is not None else ()  # (the flag changes the fusion)
-    if key is not None and (template := SCHEDULE_CACHE.get(graph_key)) is not None:
-        return CachedSchedule(template, key, nodes, outs)
+    lift = bool(LIFT_CONSTANTS.value)
+    nodes, _, key = walk_graph(originals, outs, REALIZED.get, REALIZED.id_tables(), bool(SCACHE), lift)
+    # (the flags change the fusion, and the kernels' parameters)
+    graph_key: tuple[Any, ...] = (FLASH_ATTENTION.value, lift, key.graph) if key is not None else ()
+    marker = None
+    if key is not None:
+        found, marker = SCHEDULE_CACHE.lookup(graph_key, key.values())
+        if found is not None:
+            return CachedSchedule(found, key, nodes, outs)
     sink = UOp(Ops.SINK, dtypes.void, originals)
     nodes.append(sink)  # (the scheduler's node list ends with the SINK, as `sink.toposort` lists it)
     created: list[Buffer] = []
@@ -720,8 +740,85 @@ def find_schedule(outs: list[UOp]) -> CachedSchedule | tuple[list[ScheduleItem],
     plan.place(created)
     if key is not None and (template := ScheduleTemplate.capture((schedule, views), key, created, outs,
                                                                  plan)) is not None:
-        SCHEDULE_CACHE.put(graph_key, template)
+        _cache_template(graph_key, key, template, marker, schedule, outs)
     return schedule, views
+
+
+def _cache_template(graph_key: tuple[Any, ...], key: GraphKey, template: ScheduleTemplate, marker: str | None,
+                    schedule: list[ScheduleItem], outs: list[UOp]) -> None:
+    """Put a new schedule's template in the cache. A structure without lifted constants: under its key. With
+    them: per value (under the key with the values) the first time; the second time, with other values, the probe
+    (`_constant_slots`) decides whether one template serves every value (then under the structure's key alone) or
+    the structure stays cached per value (LITERAL_VALUES). A structure seen once never pays for the probe."""
+    if not key.consts:
+        SCHEDULE_CACHE.put(graph_key, template)
+        return
+    if marker is SEEN_ONCE and (slots := _constant_slots(schedule, key, outs)) is not None:
+        SCHEDULE_CACHE.put(graph_key, replace(template, param_slots=slots))
+        return
+    SCHEDULE_CACHE.put(graph_key, LITERAL_VALUES if marker is not None else SEEN_ONCE)
+    SCHEDULE_CACHE.put((*graph_key, key.values()), template)
+
+
+def _sentinels(values: tuple[float, ...]) -> list[float] | None:
+    """For each value, another float32 a few ulps further from 0: finite, not special (0, ±1), and unlike every
+    value and every other sentinel. None where that fails (values near the float32 maximum)."""
+    out: list[float] = []
+    taken = set(values)
+    for k, v in enumerate(values):
+        bits = float_bits(v)
+        magnitude = (bits & 0x7FFFFFFF) + 3 * (k + 1)
+        if magnitude >= 0x7F800000:
+            return None
+        s = struct.unpack("<f", struct.pack("<I", magnitude | (bits & 0x80000000) & 0xFFFFFFFF))[0]
+        if s in taken or s in (0.0, 1.0, -1.0):
+            return None
+        taken.add(s)
+        out.append(s)
+    return out
+
+
+def _constant_slots(schedule: list[ScheduleItem], key: GraphKey, outs: list[UOp]
+                    ) -> tuple[tuple[tuple[str, int], ...], ...] | None:
+    """Which kernel parameter takes which graph constant, per item (the template's `param_slots`), or None when the
+    schedule depends on the constants' values otherwise (then the cache keys it with them).
+
+    The graph is scheduled a second time with each lifted constant moved by a few ulps (`_sentinels`). Every item
+    must come out with the same AST, and each parameter either keeps its value (a constant of the structure, e.g.
+    a mean's 1/n) or takes exactly one constant's sentinel where the first schedule took that constant's value.
+    Anything else (a constant folded into another, a kernel that keeps its constants as literals, a value that
+    changed a decision) shows up as a difference, and the structure's schedule is then cached per value."""
+    values = key.values()
+    sentinels = _sentinels(values)
+    if sentinels is None:
+        return None
+    mapping = {c: UOp(c.op, c.dtype, c.src, s) for c, s in zip(key.consts, sentinels)}
+    outs_b = [substitute(o, mapping) for o in outs]
+    originals_b = tuple([without_reshapes(o) for o in outs_b])
+    nodes_b, _, _ = walk_graph(originals_b, outs_b, REALIZED.get, REALIZED.id_tables(), False)
+    sink_b = UOp(Ops.SINK, dtypes.void, originals_b)
+    nodes_b.append(sink_b)
+    try:
+        schedule_b, _ = _schedule_graph(outs_b, list(originals_b), sink_b, nodes_b, [])
+    except Exception:  # (the first schedule was made; this one is only a probe)
+        return None
+    if len(schedule_b) != len(schedule):
+        return None
+    slot_of = {float_bits(s): k for k, s in enumerate(sentinels)}
+    slots: list[tuple[tuple[str, int], ...]] = []
+    for a, b in zip(schedule, schedule_b):
+        if a.ast is not b.ast or a.var_vals.keys() != b.var_vals.keys() or len(a.bufs) != len(b.bufs):
+            return None
+        item: list[tuple[str, int]] = []
+        for name, value in a.var_vals.items():
+            if b.var_vals[name] == value:
+                continue  # a size's Variable, or a constant of the structure
+            k = slot_of.get(b.var_vals[name])
+            if k is None or not name.startswith(PARAM_PREFIX) or float_bits(values[k]) != value:
+                return None
+            item.append((name, k))
+        slots.append(tuple(item))
+    return tuple(slots)
 
 
 def _schedule_graph(outs: list[UOp], originals: list[UOp], sink: UOp, nodes: list[UOp],
@@ -1152,8 +1249,9 @@ def _kernel_item(node: UOp, out: Buffer, version: int, view_of: Callable[[UOp], 
     in-place write making that buffer's next version, or a new buffer's version 0)."""
     builder = KernelBuilder(view_of)
     ast = builder.build(node, out, [(n, buf) for n, buf, _ in also])
+    ast, params = lift_constants(ast, _parameter_room(node.device, builder))
     writes = ((out, version), *((buf, v) for _, buf, v in also))
-    return ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), writes, builder.var_vals)
+    return ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), writes, {**builder.var_vals, **params})
 
 
 def _scatter_items(node: UOp, out: Buffer, view_of: Callable[[UOp], UOp | None]) -> list[ScheduleItem]:
@@ -1164,8 +1262,10 @@ def _scatter_items(node: UOp, out: Buffer, view_of: Callable[[UOp], UOp | None])
     fill_ast = fill.build_fill(out, node.size)
     builder = KernelBuilder(view_of)
     ast = builder.build_scatter(node, out, outer_kept=not _thread_per_output(node.device))
+    ast, params = lift_constants(ast, _parameter_room(node.device, builder))
     return [ScheduleItem(fill_ast, tuple(fill.buffers), frozenset(), ((out, 0),)),
-            ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), ((out, 0),), builder.var_vals)]
+            ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), ((out, 0),),
+                         {**builder.var_vals, **params})]
 
 
 def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None], created: list[Buffer],

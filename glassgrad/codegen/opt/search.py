@@ -44,6 +44,7 @@ from glassgrad.helpers import (
     codegen_flags,
 )
 from glassgrad.uop.ops import Ops, UOp, pretty
+from glassgrad.uop.params import PARAM_PREFIX, float_bits, is_const_param
 
 UPCAST_AMOUNTS = (0, 2, 3, 4, 8, 16, 32)
 UNROLL_AMOUNTS = (0, 2, 4, 8)
@@ -117,18 +118,28 @@ class Candidate:
 
 
 def run_program(dev: Compiled, spec: ProgramSpec, binary: bytes, inputs: list[tuple[DType, np.ndarray]],
-                outputs: Sequence[int] = (0,), best: float = float("inf")) -> tuple[float, list[np.ndarray]]:
+                outputs: Sequence[int] = (0,), best: float = float("inf"),
+                vals: tuple[int, ...] | None = None) -> tuple[float, list[np.ndarray]]:
     """Run a compiled candidate on fresh copies of `inputs`: (best time of a few runs, what the first run wrote to
-    the buffers numbered `outputs`). A first run over SLOW x `best` is the only one."""
+    the buffers numbered `outputs`). A first run over SLOW x `best` is the only one. `vals`: the kernel's int
+    parameters (`spec.vars`: its lifted constants' bits; a kernel with symbolic sizes is not run here)."""
+    if vals is None and spec.vars:
+        raise ValueError(f"kernel {spec.name} takes the parameters {spec.vars}: pass their values as `vals`")
     program = dev.program(spec.name, binary)
     bufs = [Buffer(dev.name, a.size, dtype).copyin(a) for dtype, a in inputs]
     handles = [b.handle for b in bufs]
     kwargs: dict[str, Any] = {"global_size": spec.global_size, "local_size": spec.local_size, "work": spec.work,
-                              "wait": True}
+                              "wait": True, "vals": vals or ()}
     first = program(*handles, **kwargs)
     out = [bufs[i].numpy() for i in outputs]
     runs = 1 if first > SLOW * best else TIMING_RUNS
     return min([first, *(program(*handles, **kwargs) for _ in range(runs - 1))]), out
+
+
+def test_values(spec: ProgramSpec) -> tuple[int, ...]:
+    """Values for a candidate's lifted constants (uop/params.py; BEAM has the AST, not the values): 1.5 for each,
+    the same for every candidate of one kernel, so they still compute the same outputs."""
+    return tuple(float_bits(1.5) for name in spec.vars if name.startswith(PARAM_PREFIX))
 
 
 def _agrees(outs: list[np.ndarray], references: list[np.ndarray]) -> bool:
@@ -156,7 +167,7 @@ def _cache_path(ast: UOp, dev: Compiled, width: int) -> Any:
 
 def beam_search(ast: UOp, device: str, width: int) -> list[Opt]:
     dev = Device[device]
-    if any(u.op is Ops.DEFINE_VAR for u in ast.toposort()):  # symbolic sizes: no one launch to time
+    if any(u.op is Ops.DEFINE_VAR and not is_const_param(u) for u in ast.toposort()):  # symbolic sizes: no one launch
         return hand_coded_optimizations(Kernel(kernel_ast(ast, dev.renderer), dev.renderer))
     path = _cache_path(ast, dev, width)
     if CACHELEVEL >= 1 and not IGNORE_BEAM_CACHE and path.exists():
@@ -172,7 +183,8 @@ def _search(ast: UOp, dev: Compiled, width: int) -> list[Opt]:
     deadline = time.monotonic() + int(BEAM_BUDGET)
     inputs, outputs = random_inputs(ast), stored_buffers(ast)
     base = get_program(ast, dev.renderer, [])
-    reference_time, reference = run_program(dev, base, dev.compiler.compile(base.source), inputs, outputs)
+    reference_time, reference = run_program(dev, base, dev.compiler.compile(base.source), inputs, outputs,
+                                             vals=test_values(base))
     start = Kernel(kernel_ast(ast, dev.renderer), dev.renderer)
     beam = [Candidate([], base, reference_time)]
     seen = {base.source}
@@ -209,7 +221,7 @@ def _confirmed(winner: Candidate, heuristic: Candidate, dev: Compiled, inputs: l
     best = {id(c): float("inf") for c, _ in programs}  # (the search's own times left out: one of them was lucky)
     for _ in range(CONFIRM_ROUNDS):
         for cand, binary in programs:
-            seconds, _ = run_program(dev, cand.spec, binary, inputs, outputs)
+            seconds, _ = run_program(dev, cand.spec, binary, inputs, outputs, vals=test_values(cand.spec))
             best[id(cand)] = min(best[id(cand)], seconds)
     return winner if best[id(winner)] < best[id(heuristic)] else heuristic
 
@@ -233,7 +245,7 @@ def _time_candidates(fresh: list[Candidate], best: float, pool: ThreadPoolExecut
     for cand, binary in zip(fresh, binaries):
         if binary is None or time.monotonic() > deadline:
             continue
-        seconds, out = run_program(dev, cand.spec, binary, inputs, outputs, best)
+        seconds, out = run_program(dev, cand.spec, binary, inputs, outputs, best, test_values(cand.spec))
         if _agrees(out, reference):
             cand.seconds = seconds
             best = min(best, seconds)
