@@ -327,6 +327,7 @@ def test_launch_opts_compile_for_sm_90(name: str, nvrtc: Any) -> None:
 
 
 @pytest.mark.parametrize("name", CASES)
+@pytest.mark.usefixtures("literal_constants")  # (kernel ASTs run by hand)
 def test_launch_opts_on_gpu(cuda: str, name: str) -> None:
     """On a GPU: the kernel with the opts computes what the unoptimised kernel computes on the CPU."""
     make, opts = CASES[name]
