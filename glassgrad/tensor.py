@@ -2271,6 +2271,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if dtype is None and self.ndim >= 2 and w.ndim >= 2 and (direct := _matmul_node(self.uop, w.uop)) is not None:
             return Tensor(direct)
         # (..., n, 1, k) * (..., 1, m, k) summed over k
+        x, y = x._product_operand(dtype), y._product_operand(dtype)
         products = x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)
         out = products.sum(-1, dtype=dtype)
         if dtype is None and products.dtype.is_int:  # int8 @ int8 is int8 (wrapping), as in PyTorch and tinygrad;
@@ -2280,6 +2281,17 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if w.ndim == 1:
             out = out.squeeze(-1)
         return out
+
+    def _product_operand(self, dtype: DType | str | None) -> Tensor:
+        """An operand of a sum of products accumulated in `dtype` (matmul, einsum, conv2d's `dtype=`): an int or bool
+        operand is cast to it before the product, so each product is exact in the accumulator (numpy's
+        `matmul(dtype=)`); multiplied in its own dtype first, int8 products wrapped mod 256 before an int32 sum
+        (quantized int8 @ int8 with dtype=int32 was silently wrong). Mod 2**bits, a narrower dtype's result is the
+        same either way; float operands are left as they are (a float32 sum of half products is made exact by the
+        simplifier, `_exact_half_products`)."""
+        if dtype is None or self.dtype.is_float:
+            return self
+        return self.cast(dtype)
 
     def linear(self, weight: Tensor, bias: Tensor | None = None, dtype: DType | str | None = None) -> Tensor:
         """`self @ weight + bias` (`dtype`: the matmul's accumulation and result dtype, as in `matmul`)."""
