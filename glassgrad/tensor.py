@@ -2185,7 +2185,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     @accepts_dim
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
-        """Index of the first maximum (over the flattened tensor when axis is None); NaN counts as the maximum."""
+        """Index of the first maximum (over the flattened tensor when axis is None); NaN counts as the maximum.
+        int32 (tinygrad's dtype), or int64 over more than 2**31 positions."""
         if axis is None:
             flat = self.flatten().argmax(0)
             return flat.reshape((1,) * self.ndim) if keepdim else flat
@@ -2200,7 +2201,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if self.dtype.is_float:  # a NaN is the maximum (max propagates it), as in numpy and PyTorch
             is_max = is_max | (x != x)
         countdown = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - a - 1))
-        return (n - (is_max * countdown).max(a, keepdim)).cast(dtypes.int32)
+        index_dtype = dtypes.int64 if n - 1 > dtypes.int32.max else dtypes.int32  # (int32 wrapped to negatives)
+        return (n - (is_max * countdown).max(a, keepdim)).cast(index_dtype)
 
     @accepts_dim
     def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
