@@ -2034,7 +2034,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             k = index.shape[d]
             order = Tensor.arange(k, device=self.device).reshape((k,) + (1,) * (self.ndim - d))
             hit = hit & (order == hit.where(order, -1).max(d, keepdim=True))
-        summed = onto_self(hit.where(values.unsqueeze(-1), 0).sum(d, keepdim=True, dtype=self.dtype), 0)
+        acc = None if self.dtype.is_float else self.dtype  # halves accumulate in float32, as `sum` (scatter_reduce)
+        summed = onto_self(hit.where(values.unsqueeze(-1), 0).sum(d, keepdim=True, dtype=acc), 0)
         return self + summed if reduce == "add" else any_hit.where(summed, self)
 
     def _scatter_source(self, d: int, index: Tensor, src: Tensor | Scalar) -> Tensor:
