@@ -441,10 +441,11 @@ class CStyleLanguage:
                     nan_flags[u] = (max_acc.src[0], flag)
                     # OpenMP's max identity may be the lowest finite value (clang's) rather than -inf: a row of -infs
                     # would then come out as -FLT_MAX, so the start value is kept and restored if no element is above
-                    # -inf (and NaNs are flagged apart)
+                    # -inf (and NaNs are flagged apart). The flag starts set when the accumulator already holds a
+                    # NaN (from an earlier pass of an outer loop): OpenMP's max combine would drop it
                     acc_name = names[max_acc.src[0]]
-                    line(f"int {flag} = 0, {flag}_above = 0; {self.render_dtype(max_acc.dtype)} {flag}_start = "
-                         f"{acc_name};")
+                    line(f"int {flag} = {acc_name} != {acc_name}, {flag}_above = 0; "
+                         f"{self.render_dtype(max_acc.dtype)} {flag}_start = {acc_name};")
                     line(f"#pragma omp simd reduction(max:{acc_name}) reduction(|:{flag}) reduction(|:{flag}_above)")
                     line(f"for ({self.loop_var_type(u.dtype)} {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
                 else:

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from glassgrad.codegen.linearize import reduce_identity
 from glassgrad.device import Buffer
 from glassgrad.dtype import DType, dtypes
 from glassgrad.engine.memory import SchedulePlan
@@ -1209,14 +1210,32 @@ def _thread_per_output(device: str) -> bool:
 def _split_factor(u: UOp) -> int | None:
     """The number of parts: at most 256 (and SPLIT_GROUPS or SPLIT_PARTIALS first-stage outputs), at least 16; one
     that divides the outermost reduced axis where there is one (the parts are then whole slices of it: simpler
-    indices), else the whole."""
+    indices), else the whole. Where no divisor of at least a quarter of that limit exists (a prime length, or 2**31
+    + 77 = 25 x 85899349), the limit itself, the reduction padded with its identity to a multiple (`_split_reduce`):
+    with 25 parts, or unsplit, a GPU reduced 2**31 bytes in 25 work-groups (one for a prime length), each of whose
+    threads summed 335,000 values in float32, past 2**24 (the mean of 2**31 uint8 values ~125 came out 124.72)."""
     sizes = [u.src[0].shape[a] for a in u.arg[1]]
     size = max(1, u.size)
     limit = min(256, (SPLIT_GROUPS if size <= SPLIT_MAX_OUTPUTS else SPLIT_PARTIALS) // size)
+    if limit < 16:
+        return None
     for n in (sizes[0], prod(sizes)):
-        if (k := next((k for k in range(limit, 15, -1) if n % k == 0), None)) is not None:
+        if (k := next((k for k in range(limit, 15, -1) if n % k == 0), None)) is not None and k >= limit // 4:
             return k
-    return None
+    return limit
+
+
+def _pad_with_identity(u: UOp, op: Ops, extra: int) -> UOp:
+    """`u` with `extra` more elements at the end of its last axis, each the identity of the reduction `op` (0 for
+    ADD, 1 for MUL, the dtype's lowest value for MAX), so that a split's parts need not divide the reduction."""
+    pads = ((0, 0),) * (len(u.shape) - 1) + ((0, extra),)
+    padded = u.pad(pads)
+    identity = reduce_identity(op, u.dtype)
+    if identity == 0:
+        return padded
+    ones = (1,) * len(u.shape)
+    inside = UOp.const(dtypes.bool, True, u.device).reshape(ones).expand(u.shape).pad(pads)
+    return inside.where(padded, UOp.const(u.dtype, identity, u.device).reshape(ones).expand(padded.shape))
 
 
 def _split_reduce(u: UOp, factor: int, batch: bool) -> UOp:
@@ -1229,8 +1248,17 @@ def _split_reduce(u: UOp, factor: int, batch: bool) -> UOp:
     sizes = [src.shape[a] for a in axes]
     # parts of the outermost reduced axis keep the others as they are (the kernel's indices stay affine in each);
     # otherwise the reduced axes are flattened first
-    inner = (sizes[0] // factor, *sizes[1:]) if sizes[0] % factor == 0 else (prod(sizes) // factor,)
-    grouped = src.permute(tuple(keep + list(axes))).reshape(tuple(src.shape[i] for i in keep) + (factor, *inner))
+    kept = tuple(src.shape[i] for i in keep)
+    moved = src.permute(tuple(keep + list(axes)))
+    if sizes[0] % factor == 0:
+        inner: tuple[sint, ...] = (sizes[0] // factor, *sizes[1:])
+    else:  # the reduced axes flattened, padded with the identity where the parts do not divide them
+        total = prod(sizes)
+        inner = (-(-total // factor),)
+        moved = moved.reshape(kept + (total,))
+        if total % factor:
+            moved = _pad_with_identity(moved, op, factor * inner[0] - total)
+    grouped = moved.reshape(kept + (factor, *inner))
     n = len(keep)
     if batch:  # the parts outermost: the CPU's threads and loops go image by image
         grouped = grouped.permute((n, *range(n), *range(n + 1, n + 1 + len(inner))))
