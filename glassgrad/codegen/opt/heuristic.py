@@ -71,7 +71,7 @@ from glassgrad.codegen.linearize import Scopes
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
 from glassgrad.codegen.opt.kernel import MAX_UPCAST, Kernel
 from glassgrad.codegen.stage import PACK_REUSE, STAGE_MAX, stages_before_reduction
-from glassgrad.helpers import prod
+from glassgrad.helpers import CPU_OPT_LEVEL, prod
 from glassgrad.renderer.cstyle import index_stride
 from glassgrad.uop.ops import Ops, UOp
 
@@ -101,6 +101,14 @@ L1_SETS, L1_WAYS = 64, 8     # a 32 KB 8-way L1: where a transposed read's lines
 INVARIANT_TILE_MAX = 256     # accumulators of a tile of output axes no load moves along (`_invariant_rows`)
 COLUMN_CHAINS = 8            # registers of independent accumulators in a tile with no rows (`_column_chains`)
 TRANSPOSE_ROWS = 8           # rows of an elementwise transpose tile (16 measured slower: 2048^2 x.T + x 5.6 -> 8.8 ms)
+WINDOW_TAPS = 3              # an innermost reduce loop this short is a window's taps (`kernel_kind`)
+SHORT_REDUCTION = 128        # reductions over rows shorter than this, untiled, are 'short row' kernels
+# the kernel kinds built at -O3, by compiler family (the rest at -O2): gcc 12 completely unrolls and peels a 3x3
+# window's loops at -O3 (one thread: convolutions 1.2-2.0x faster, a depthwise one 2x) and vectorises rows of 77 with
+# an epilogue (softmax 1.8x, layernorm 1.6x); where -O3 slowed kernels (a 7x7 window 0.78x, max-pool 0.91x, some matmul
+# tiles 0.66x) they keep -O2. clang 14's -O3 gained and lost by a few percent on the same kinds (3x3 convolutions
+# 0.94-1.22x): -O2 throughout. docs/OPTIMIZER.md, "Per-kernel optimisation level"; bench/opt_levels.py
+O3_KINDS: dict[str, tuple[str, ...]] = {"gcc": ("window", "short row")}
 
 
 @dataclass(frozen=True)
@@ -124,9 +132,47 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     if k.renderer.has_local:
         return gpu_launch_opts(k)
     if not k.has_reduce:
-        return _scatter_lanes(k) or _transposed_rows(k)
-    tile = _reduction_tile(k.copy())  # (its steps apply some of their opts to the kernel they are given)
-    return tile + _hoisted_axis(k.copy().apply_opts(tile))
+        opts = _scatter_lanes(k) or _transposed_rows(k)
+    else:
+        tile = _reduction_tile(k.copy())  # (its steps apply some of their opts to the kernel they are given)
+        opts = tile + _hoisted_axis(k.copy().apply_opts(tile))
+    return opts + _opt_level(k.copy().apply_opts(opts))
+
+
+def _opt_level(k: Kernel) -> list[Opt]:
+    """The C compiler's optimisation level for a CPU kernel (`k`, its tile applied): CPU_OPT_LEVEL's when set, else
+    the level its kind measured fastest at (docs/OPTIMIZER.md, "Per-kernel optimisation level"); no opt for the
+    renderer's default level."""
+    level = int(CPU_OPT_LEVEL) or _level_for_kind(k)
+    if level == k.renderer.default_opt_level or level not in k.renderer.opt_levels:
+        return []
+    return [Opt(OptOps.OPTLEVEL, 0, level)]
+
+
+def kernel_kind(k: Kernel) -> str:
+    """What `_level_for_kind` tells apart (`k` with its tile applied):
+
+    * 'window': a sum whose innermost reduce loop (not tiled) has at most WINDOW_TAPS iterations: a convolution's
+      (or a pool's sum, a depthwise convolution's) 3x3 or smaller window of taps, inside its channel loop if any;
+    * 'short row': reductions over rows of fewer than SHORT_REDUCTION elements, no register tile (a softmax or
+      layernorm over rows of 77);
+    * 'reduction' (another kernel with a reduction) and 'elementwise'."""
+    reductions = [u for u in k.ast.toposort() if u.op is Ops.REDUCE]
+    if not reductions:
+        return "elementwise"
+    sizes = [k.size(axis) for axis in k.axes_of("reduce")]
+    if sizes and (sizes[-1] or WINDOW_TAPS + 1) <= WINDOW_TAPS and all(u.arg is Ops.ADD for u in reductions):
+        return "window"
+    if not k.upcast and all(size is not None and size < SHORT_REDUCTION for size in sizes):
+        return "short row"
+    return "reduction"
+
+
+def _level_for_kind(k: Kernel) -> int:
+    """The optimisation level of `k`'s kind (`kernel_kind`) for the renderer's compiler (`O3_KINDS`), else the
+    default level."""
+    return 3 if kernel_kind(k) in O3_KINDS.get(getattr(k.renderer, "family", ""), ()) else \
+        k.renderer.default_opt_level
 
 
 def _reduction_tile(k: Kernel) -> list[Opt]:
