@@ -67,12 +67,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from glassgrad.codegen.gpudims import ELEMENTS_PER_THREAD, LOCAL_SIZE, MANY_ELEMENTS, automatic_shape
-from glassgrad.codegen.linearize import Scopes
+from glassgrad.codegen.linearize import Scopes, loop_iterations
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
 from glassgrad.codegen.opt.kernel import MAX_UPCAST, Kernel
 from glassgrad.codegen.stage import PACK_REUSE, STAGE_MAX, stages_before_reduction
 from glassgrad.helpers import CPU_OPT_LEVEL, prod
-from glassgrad.renderer.cstyle import index_stride
+from glassgrad.renderer.cstyle import TINY_KERNEL_ITERATIONS, index_stride
 from glassgrad.uop.ops import Ops, UOp
 
 VECTOR_WIDTH = 16            # floats in one AVX-512 register: a vector axis of a multiple of this is split by it
@@ -146,6 +146,9 @@ def _opt_level(k: Kernel) -> list[Opt]:
     level = int(CPU_OPT_LEVEL) or _level_for_kind(k)
     if level == k.renderer.default_opt_level or level not in k.renderer.opt_levels:
         return []
+    iterations = loop_iterations(k.ast)
+    if isinstance(iterations, int) and iterations <= TINY_KERNEL_ITERATIONS:
+        return []  # (gcc builds a tiny kernel without optimisation whatever the level: `ClangRenderer.render`)
     return [Opt(OptOps.OPTLEVEL, 0, level)]
 
 
