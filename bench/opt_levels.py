@@ -12,8 +12,13 @@ Out: per kernel its median time at each level, the speed-up of -O3 (-O2 time / -
 the level the heuristic picks for it (`codegen/opt/heuristic.py`, `_level_for_kind`) and the kernel's kind as the rule
 sees it; then the geometric mean of the speed-ups, and of the heuristic's choice against -O2 everywhere.
 
-    PYTHONPATH=. python bench/opt_levels.py [--rounds 7] [--only conv]
+`--whole` times each workload's glassgrad call instead, under CPU_OPT_LEVEL=0 (the heuristic's level for each
+kernel), 2 and 3 (every kernel at that level) in rotating rounds, by the process's CPU time (`--clock wall` for wall
+time): whether the per-kernel choice makes any workload slower than -O2 everywhere (what glassgrad built before).
+
+    PYTHONPATH=. python bench/opt_levels.py [--rounds 7] [--only conv] [--kernel r_16]
     CC=clang PYTHONPATH=. python bench/opt_levels.py
+    THREADS=1 PYTHONPATH=. python bench/opt_levels.py --whole --rounds 9
 """
 from __future__ import annotations
 
@@ -105,6 +110,37 @@ def time_levels(ast: UOp, specs: dict[int, ProgramSpec], rounds: int) -> tuple[d
     return {level: statistics.median(t) for level, t in times.items()}, same
 
 
+def whole_workloads(work: list[Pair], rounds: int, clock: Callable[[], float]) -> None:
+    """`--whole`: each workload's glassgrad call under CPU_OPT_LEVEL=0 (the heuristic's level per kernel), =2 and =3
+    (every kernel at that level), in rotating order round by round (the kernel cache keys on the setting, so each
+    has its own kernels); the median of each, and the speed of the per-kernel choice against each fixed level."""
+    settings = (0, 2, 3)
+    print(f"{'workload':<46} {'per kernel':>10} {'all -O2':>10} {'all -O3':>10}  vs -O2  vs -O3  (median ms)")
+    ratios: dict[int, list[float]] = {2: [], 3: []}
+    for pair in work:
+        times: dict[int, list[float]] = {level: [] for level in settings}
+        for level in settings:
+            with Context(CPU_OPT_LEVEL=level):
+                pair.glassgrad()
+                pair.glassgrad()
+        for r in range(rounds):
+            for i in range(len(settings)):
+                level = settings[(r + i) % len(settings)]
+                with Context(CPU_OPT_LEVEL=level):
+                    start = clock()
+                    pair.glassgrad()
+                    times[level].append(clock() - start)
+        med = {level: statistics.median(t) for level, t in times.items()}
+        for level in (2, 3):
+            ratios[level].append(med[level] / med[0])
+        print(f"{pair.name[:46]:<46} {med[0] * 1e3:10.3f} {med[2] * 1e3:10.3f} {med[3] * 1e3:10.3f} "
+              f"{med[2] / med[0]:6.2f}x {med[3] / med[0]:6.2f}x", flush=True)
+    for level in (2, 3):
+        if ratios[level]:
+            print(f"geometric mean speed of the per-kernel levels against -O{level} everywhere: "
+                  f"{math.exp(statistics.mean(map(math.log, ratios[level]))):.3f}x")
+
+
 def describe(k: Kernel) -> str:
     """What the rule reads of a kernel, in short."""
     return " ".join(f"{r.arg[1][0]}{r.src[0].arg}" for r in k.axes if r.src[0].op.name == "CONST")
@@ -116,18 +152,25 @@ def main() -> None:
     parser.add_argument("--only", default="", help="workloads whose name contains this (any case)")
     parser.add_argument("--kernel", default="", help="only kernels whose name starts with this")
     parser.add_argument("--min-us", type=float, default=20.0, help="skip kernels faster than this at -O2")
+    parser.add_argument("--whole", action="store_true", help="time whole workloads under each CPU_OPT_LEVEL instead")
+    parser.add_argument("--clock", default="process", choices=("wall", "process"),
+                        help="--whole's clock: the process's CPU time (default; THREADS=1 for a loaded machine), or "
+                             "wall time")
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"CC={os.environ.get('CC', 'default')} ({Device['CPU'].compiler.describe()}); load {load[0]:.1f} "
           f"{load[1]:.1f} {load[2]:.1f}; {args.rounds} rounds, one thread, thread CPU time")
     m = Maker("CPU")
-    work = bench_pairs(m) + all_work() + wide_pairs("CPU")
+    work = [p for p in bench_pairs(m) + all_work() + wide_pairs("CPU") if args.only.lower() in p.name.lower()]
+    if args.whole:
+        whole_workloads(work, args.rounds, time.process_time if args.clock == "process" else time.perf_counter)
+        load = os.getloadavg()
+        print(f"load at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+        return
     done: set[str] = set()
     speedups, chosen = [], []
     print(f"{'workload':<44} {'kernel':<30} {'-O2 ms':>8} {'-O3 ms':>8} {'O3 speed':>8} pick  axes")
     for pair in work:
-        if args.only.lower() not in pair.name.lower():
-            continue
         with Context(CPU_OPT_LEVEL=2):
             asts = kernels_of(pair.glassgrad)
         for ast in asts:
