@@ -50,6 +50,10 @@ register, and 4 such registers for a long row (independent chains). Elementwise 
 (the C renderer marks their innermost loop `omp simd`), a transpose's aside; a scatter's outermost (output) axis
 becomes SIMD lanes inside its token loop (`_scatter_lanes`).
 
+Last, a CPU kernel's C optimisation level (`_opt_level`): `OPTLEVEL 3` where its kind (`kernel_kind`: a sum over a 3x3
+or smaller window, a short untiled row) measured faster at -O3 with the renderer's compiler (`O3_KINDS`: gcc's), no
+opt (-O2) elsewhere; `CPU_OPT_LEVEL=2/3` fixes it for every kernel.
+
 GPU kernels (`gpu_launch_opts`): the *flat* and *grouped* launch shapes of `codegen/gpudims.py`, written as opts where
 their sizes divide exactly: `LOCAL`s of the innermost output axes making 256 threads (and an `UPCAST` of 4 for large
 elementwise kernels: 4 elements per thread, a block apart), or a `GROUP` of 256 threads on the innermost reduce axis;
