@@ -1,10 +1,11 @@
 """The C compiler's -O2 against -O3, kernel by kernel: the measurements behind the heuristic's OPTLEVEL rule.
 
-In: the workloads of bench/shapes.py and the wide suite (bench/wide.py), plus bench.py's conv2d and row sum
-(`--only` filters by name), on the CPU with the compiler `CC` names. Every distinct kernel they run gets the
-heuristic's tile; its source is built once at each level (an `OPTLEVEL` opt, `runtime/ops_cpu.py`'s flags), and the
-builds run on the same random inputs (`codegen/opt/search.py`'s) one after another, `--rounds` rounds, each round the
-best of 3 calls, on one thread (the kernel's whole outer loop in the calling thread) timed by that thread's CPU clock:
+In: the workloads of bench/shapes.py and the wide suite (bench/wide.py), plus bench.py's conv2d, row sum and MNIST
+training step (`--only` filters by name), on the CPU with the compiler `CC` names. Every distinct kernel they run
+gets the heuristic's tile; its source is built once at each level (an `OPTLEVEL` opt, `runtime/ops_cpu.py`'s
+flags), and the builds run on the same random inputs (`codegen/opt/search.py`'s) one after another, `--rounds` rounds,
+each round the best of 3 calls, on one thread (the kernel's whole outer loop in the calling thread) timed by that
+thread's CPU clock:
 a loaded machine's time slicing does not count. Both builds must write the same outputs (the level changes no value:
 the flags keep -ffp-contract=off and no -ffast-math); a difference is printed as DIFF.
 
@@ -35,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from shapes import all_work  # noqa: E402
 from wide import Maker, Pair, wide_pairs  # noqa: E402
 
+from bench import mnist_glassgrad_step  # noqa: E402
 from glassgrad import Context, Device  # noqa: E402
 from glassgrad.codegen import ProgramSpec, get_program, kernel_ast  # noqa: E402
 from glassgrad.codegen.opt import Opt, OptOps  # noqa: E402
@@ -50,11 +52,13 @@ LEVELS = (2, 3)
 
 
 def bench_pairs(m: Maker) -> list[Pair]:
-    """bench.py's CPU rows of issue 18 that these levels are for: the conv2d and the row sum."""
+    """bench.py's CPU rows of issue 18 that these levels are for, the conv2d and the row sum; and its MNIST training
+    step (5x5 and 3x3 convolutions, their gradients, batch norm, max-pools, Adam) at batch 128."""
     x, w = m.pair(16, 32, 32, 32), m.pair(64, 32, 3, 3)
     s = m.pair(2048, 2048)
     return [Pair("bench conv2d 16x32x32^2->64 3x3", lambda: x[0].conv2d(w[0], padding=1).realize(), lambda: None),
-            Pair("bench sum(axis=1) 2048^2", lambda: s[0].sum(axis=1).realize(), lambda: None)]
+            Pair("bench sum(axis=1) 2048^2", lambda: s[0].sum(axis=1).realize(), lambda: None),
+            Pair("MNIST train step b128", mnist_glassgrad_step(128, "CPU"), lambda: None)]
 
 
 def kernels_of(work: Callable[[], object]) -> list[UOp]:

@@ -65,7 +65,8 @@ WORKLOADS: dict[str, Callable[[], Tensor]] = {
     "matmul 40x70 @ 70x33": lambda: Tensor(arr(40, 70)) @ Tensor(arr(70, 33)),
     "max_pool 3x3": lambda: Tensor(arr(2, 8, 20, 20)).max_pool2d(3, 2, padding=1),
     "avg_pool 2x2": lambda: Tensor(arr(2, 8, 20, 20)).avg_pool2d(2),
-    "gelu": lambda: Tensor(arr(300, 70)).gelu(),
+    "gelu": lambda: Tensor(arr(30, 700)).gelu(),
+    "relu of 20x20 maps": lambda: Tensor(arr(2, 64, 20, 20)).relu() * 2,
     "row sum float16": lambda: Tensor(arr(96, 77).astype(np.float16)).sum(axis=1),
 }
 
@@ -296,7 +297,7 @@ def test_beams_cache_key_has_the_heuristics_level() -> None:
 @pytest.mark.parametrize("name, kind", [
     ("conv 3x3 padded", "window"), ("conv 3x3 stride 2", "window"), ("avg_pool 2x2", "window"),
     ("max_pool 3x3", "reduction"), ("softmax rows of 77", "short row"), ("layernorm rows of 77", "short row"),
-    ("matmul 40x70 @ 70x33", "reduction"), ("gelu", "elementwise")])
+    ("matmul 40x70 @ 70x33", "reduction"), ("gelu", "elementwise"), ("relu of 20x20 maps", "short row")])
 def test_kernel_kinds(name: str, kind: str) -> None:
     ast = last_ast(WORKLOADS[name]())
     k = kernel_for(ast)

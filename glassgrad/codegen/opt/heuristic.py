@@ -51,7 +51,7 @@ register, and 4 such registers for a long row (independent chains). Elementwise 
 becomes SIMD lanes inside its token loop (`_scatter_lanes`).
 
 Last, a CPU kernel's C optimisation level (`_opt_level`): `OPTLEVEL 3` where its kind (`kernel_kind`: a sum over a 3x3
-or smaller window, a short untiled row) measured faster at -O3 with the renderer's compiler (`O3_KINDS`: gcc's), no
+or smaller window, short untiled rows) measured faster at -O3 with the renderer's compiler (`O3_KINDS`: gcc's), no
 opt (-O2) elsewhere; `CPU_OPT_LEVEL=2/3` fixes it for every kernel.
 
 GPU kernels (`gpu_launch_opts`): the *flat* and *grouped* launch shapes of `codegen/gpudims.py`, written as opts where
@@ -106,12 +106,13 @@ INVARIANT_TILE_MAX = 256     # accumulators of a tile of output axes no load mov
 COLUMN_CHAINS = 8            # registers of independent accumulators in a tile with no rows (`_column_chains`)
 TRANSPOSE_ROWS = 8           # rows of an elementwise transpose tile (16 measured slower: 2048^2 x.T + x 5.6 -> 8.8 ms)
 WINDOW_TAPS = 3              # an innermost reduce loop this short is a window's taps (`kernel_kind`)
-SHORT_REDUCTION = 128        # reductions over rows shorter than this, untiled, are 'short row' kernels
+SHORT_LOOP = 128             # untiled rows shorter than this make 'short row' kernels (`kernel_kind`)
 # the kernel kinds built at -O3, by compiler family (the rest at -O2): gcc 12 completely unrolls and peels a 3x3
-# window's loops at -O3 (one thread: convolutions 1.2-2.0x faster, a depthwise one 2x) and vectorises rows of 77 with
-# an epilogue (softmax 1.8x, layernorm 1.6x); where -O3 slowed kernels (a 7x7 window 0.78x, max-pool 0.91x, some matmul
-# tiles 0.66x) they keep -O2. clang 14's -O3 gained and lost by a few percent on the same kinds (3x3 convolutions
-# 0.94-1.22x): -O2 throughout. docs/OPTIMIZER.md, "Per-kernel optimisation level"; bench/opt_levels.py
+# window's loops at -O3 (one thread: convolutions 1.2-2.0x faster, a depthwise one 2x) and short rows (softmax of rows
+# of 77 1.8x, layernorm 1.6x, MNIST's elementwise gradients over 20x20 maps 1.45x); where -O3 slowed kernels (a 7x7
+# window 0.78x, max-pool 0.91x, some matmul tiles 0.66x, an elementwise kernel over rows of 1000 0.92x) they keep -O2.
+# clang 14's -O3 gained and lost by a few percent on the same kinds (3x3 convolutions 0.94-1.22x): -O2 throughout.
+# docs/OPTIMIZER.md, "Per-kernel optimisation level"; bench/opt_levels.py
 O3_KINDS: dict[str, tuple[str, ...]] = {"gcc": ("window", "short row")}
 
 
@@ -161,18 +162,19 @@ def kernel_kind(k: Kernel) -> str:
 
     * 'window': a sum whose innermost reduce loop (not tiled) has at most WINDOW_TAPS iterations: a convolution's
       (or a pool's sum, a depthwise convolution's) 3x3 or smaller window of taps, inside its channel loop if any;
-    * 'short row': reductions over rows of fewer than SHORT_REDUCTION elements, no register tile (a softmax or
-      layernorm over rows of 77);
+    * 'short row': no register tile, and loops over rows of fewer than SHORT_LOOP elements: every reduce loop of a
+      reduction (a softmax or layernorm over rows of 77), the innermost output loop of an elementwise kernel (a
+      batch norm's gradient over 20x20 maps, a permute into 64 channels);
     * 'reduction' (another kernel with a reduction) and 'elementwise'."""
     reductions = [u for u in k.ast.toposort() if u.op is Ops.REDUCE]
-    if not reductions:
-        return "elementwise"
-    sizes = [k.size(axis) for axis in k.axes_of("reduce")]
-    if sizes and (sizes[-1] or WINDOW_TAPS + 1) <= WINDOW_TAPS and all(u.arg is Ops.ADD for u in reductions):
+    rows = k.axes_of("reduce") if reductions else k.axes_of("global")[-1:]  # (a reduction's loops, or the innermost)
+    loops = [k.size(axis) for axis in rows]
+    if reductions and loops and (loops[-1] or WINDOW_TAPS + 1) <= WINDOW_TAPS and \
+            all(u.arg is Ops.ADD for u in reductions):
         return "window"
-    if not k.upcast and all(size is not None and size < SHORT_REDUCTION for size in sizes):
+    if not k.upcast and loops and all(size is not None and size < SHORT_LOOP for size in loops):
         return "short row"
-    return "reduction"
+    return "reduction" if reductions else "elementwise"
 
 
 def _level_for_kind(k: Kernel) -> int:
