@@ -162,8 +162,9 @@ def main() -> None:
                              "wall time")
     args = parser.parse_args()
     load = os.getloadavg()
+    timing = f"whole workloads, {args.clock} clock" if args.whole else "kernels on one thread, thread CPU time"
     print(f"CC={os.environ.get('CC', 'default')} ({Device['CPU'].compiler.describe()}); load {load[0]:.1f} "
-          f"{load[1]:.1f} {load[2]:.1f}; {args.rounds} rounds, one thread, thread CPU time")
+          f"{load[1]:.1f} {load[2]:.1f}; {args.rounds} rounds, {timing}")
     m = Maker("CPU")
     work = [p for p in bench_pairs(m) + all_work() + wide_pairs("CPU") if args.only.lower() in p.name.lower()]
     if args.whole:
