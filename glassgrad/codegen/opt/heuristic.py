@@ -109,10 +109,10 @@ WINDOW_TAPS = 3              # an innermost reduce loop this short is a window's
 SHORT_LOOP = 128             # untiled rows shorter than this make 'short row' kernels (`kernel_kind`)
 # the kernel kinds built at -O3, by compiler family (the rest at -O2): gcc 12 completely unrolls and peels a 3x3
 # window's loops at -O3 (one thread: convolutions 1.2-2.0x faster, a depthwise one 2x) and short rows (softmax of rows
-# of 77 1.8x, layernorm 1.6x, MNIST's elementwise gradients over 20x20 maps 1.45x); where -O3 slowed kernels (a 7x7
-# window 0.78x, max-pool 0.91x, some matmul tiles 0.66x, an elementwise kernel over rows of 1000 0.92x) they keep -O2.
-# clang 14's -O3 gained and lost by a few percent on the same kinds (3x3 convolutions 0.94-1.22x): -O2 throughout.
-# docs/OPTIMIZER.md, "Per-kernel optimisation level"; bench/opt_levels.py
+# of 77 1.8x, layernorm 1.6x, MNIST's elementwise backward kernels over 20x20 maps 1.45x); where -O3 slowed kernels
+# (a 7x7 window 0.78x, max-pool 0.91x, some matmul tiles 0.66x, an elementwise kernel over rows of 1000 0.92x) they
+# keep -O2. clang 14's -O3 gained and lost by a few percent on the same kinds (3x3 convolutions 0.94-1.22x): -O2
+# throughout. docs/OPTIMIZER.md, "Per-kernel optimisation level"; bench/opt_levels.py
 O3_KINDS: dict[str, tuple[str, ...]] = {"gcc": ("window", "short row")}
 
 
@@ -164,7 +164,7 @@ def kernel_kind(k: Kernel) -> str:
       (or a pool's sum, a depthwise convolution's) 3x3 or smaller window of taps, inside its channel loop if any;
     * 'short row': no register tile, and loops over rows of fewer than SHORT_LOOP elements: every reduce loop of a
       reduction (a softmax or layernorm over rows of 77), the innermost output loop of an elementwise kernel (a
-      batch norm's gradient over 20x20 maps, a permute into 64 channels);
+      backward kernel over 20x20 maps, a permute into 64 channels);
     * 'reduction' (another kernel with a reduction) and 'elementwise'."""
     reductions = [u for u in k.ast.toposort() if u.op is Ops.REDUCE]
     rows = k.axes_of("reduce") if reductions else k.axes_of("global")[-1:]  # (a reduction's loops, or the innermost)
