@@ -42,7 +42,7 @@ from glassgrad.codegen import ProgramSpec, get_program, kernel_ast  # noqa: E402
 from glassgrad.codegen.opt import Opt, OptOps  # noqa: E402
 from glassgrad.codegen.opt.heuristic import _level_for_kind, hand_coded_optimizations  # noqa: E402
 from glassgrad.codegen.opt.kernel import Kernel  # noqa: E402
-from glassgrad.codegen.opt.search import random_inputs, stored_buffers  # noqa: E402
+from glassgrad.codegen.opt.search import random_inputs, stored_buffers, test_values  # noqa: E402
 from glassgrad.device import Buffer  # noqa: E402
 from glassgrad.engine import realize  # noqa: E402
 from glassgrad.schedule import ScheduleItem  # noqa: E402
@@ -96,9 +96,10 @@ def time_levels(ast: UOp, specs: dict[int, ProgramSpec], rounds: int) -> tuple[d
     results: dict[int, list[Any]] = {}
     times: dict[int, list[float]] = {level: [] for level in specs}
     bufs = {level: [Buffer("CPU", a.size, dtype).copyin(a) for dtype, a in inputs] for level in specs}
+    vals = test_values(specs[LEVELS[0]])  # (lifted constants: 1.5 each, as BEAM runs them)
     for level, program in programs.items():
         spec = specs[level]
-        program(*[b.handle for b in bufs[level]], global_size=spec.global_size, vals=(), work=0)
+        program(*[b.handle for b in bufs[level]], global_size=spec.global_size, vals=vals, work=0)
         results[level] = [bufs[level][i].numpy() for i in outputs]
     first = results[LEVELS[0]]
     same = all(all(a.tobytes() == b.tobytes() for a, b in zip(first, r)) for r in results.values())
@@ -108,7 +109,7 @@ def time_levels(ast: UOp, specs: dict[int, ProgramSpec], rounds: int) -> tuple[d
             best = float("inf")
             for _ in range(3):
                 start = time.thread_time()
-                program(*handles, global_size=spec.global_size, vals=(), work=0)
+                program(*handles, global_size=spec.global_size, vals=vals, work=0)
                 best = min(best, time.thread_time() - start)
             times[level].append(best)
     return {level: statistics.median(t) for level, t in times.items()}, same

@@ -120,13 +120,15 @@ def test_the_level_is_the_sources_first_line_and_survives_a_rename() -> None:
 # ---------------------------------------------------------------------------------------------- values
 
 def run_levels(ast: UOp, opts: list[Opt]) -> dict[int, list[np.ndarray]]:
-    """The kernel's outputs on fixed random inputs, built at each CPU level with `opts`."""
+    """The kernel's outputs on fixed random inputs (its lifted constants all 1.5, as BEAM runs them), built at each
+    CPU level with `opts`."""
     inputs, outputs = random_inputs(ast, seed=5), stored_buffers(ast)
     results = {}
     for level in CPU.renderer.opt_levels:
         spec = get_program(ast, CPU.renderer, [*opts, *([Opt(OptOps.OPTLEVEL, 0, level)] if level != 2 else [])])
         assert opt_level_of(spec.source) == (None if level == 2 else level)
-        results[level] = run_program(CPU, spec, CPU.compiler.compile(spec.source), inputs, outputs)[1]
+        results[level] = run_program(CPU, spec, CPU.compiler.compile(spec.source), inputs, outputs,
+                                     vals=search.test_values(spec))[1]
     return results
 
 
@@ -262,8 +264,8 @@ def test_beam_chooses_a_level_and_caches_it(tmp_path: pathlib.Path, monkeypatch:
     ast = last_ast(Tensor(a) @ Tensor(b))
     original_run = search.run_program
 
-    def o3_is_fast(dev, spec, binary, inputs, outputs=(0,), best=float("inf")):  # type: ignore[no-untyped-def]
-        _, out = original_run(dev, spec, binary, inputs, outputs, best)
+    def o3_is_fast(dev, spec, binary, inputs, outputs=(0,), best=float("inf"), vals=None):  # type: ignore[no-untyped-def]
+        _, out = original_run(dev, spec, binary, inputs, outputs, best, vals)
         return (0.1 if spec.opt_level == 3 else 1.0), out
     monkeypatch.setattr(search, "run_program", o3_is_fast)
     with Context(IGNORE_BEAM_CACHE=1):
