@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from glassgrad.codegen import ProgramSpec, get_program
@@ -108,7 +108,7 @@ def _distinct_name(spec: ProgramSpec, taken: set[str], device: str) -> ProgramSp
     if spec.name not in taken:
         return spec
     name = f"{spec.name}_{hashlib.sha256(spec.source.encode()).hexdigest()[:8]}"
-    return replace(spec, name=name, source=Device[device].renderer.render(name, list(spec.uops)))
+    return spec.renamed(name, Device[device].renderer)
 
 
 @dataclass

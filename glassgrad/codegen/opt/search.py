@@ -37,6 +37,7 @@ from glassgrad.helpers import (
     ALLOW_TF32,
     BEAM_BUDGET,
     CACHELEVEL,
+    CPU_OPT_LEVEL,
     DEBUG,
     IGNORE_BEAM_CACHE,
     atomic_write,
@@ -68,6 +69,8 @@ def actions(k: Kernel) -> list[Opt]:
         out += [Opt(OptOps.GROUP, axis, amount) for axis in k.axes_of("reduce") for amount in GROUP_AMOUNTS]
     else:  # odd sizes (1023, 77): padded to a multiple of the UPCAST that the next round may try
         out += [Opt(OptOps.PADTO, axis, amount) for axis in global_axes for amount in PADTO_AMOUNTS]
+    # the C compiler's optimisation level (the CPU's -O2 or -O3; `Kernel.apply_opt` rejects the kernel's own)
+    out += [Opt(OptOps.OPTLEVEL, 0, level) for level in k.renderer.opt_levels]
     return out
 
 
@@ -160,6 +163,10 @@ def _cache_path(ast: UOp, dev: Compiled, width: int) -> Any:
     of more than 40 nodes to its root and node count, so kernels of one size shared a file and got each other's opts:
     a KernelOptError, or another kernel's tiling)."""
     flags = f"\nflags {codegen_flags()}" if any(codegen_flags()) else ""  # (the default keeps its old keys)
+    # a renderer with optimisation levels: searched since OPTLEVEL was added (winners from before it are not reused),
+    # and the heuristic's candidate depends on CPU_OPT_LEVEL
+    if dev.renderer.opt_levels:
+        flags += f"\nopt levels {dev.renderer.opt_levels} heuristic {int(CPU_OPT_LEVEL)}"
     graph = pretty(ast, max_nodes=len(ast.toposort()))
     key = hashlib.sha256(f"{dev.name}\n{dev.compiler.cache_key}\n{width}{flags}\n{graph}".encode()).hexdigest()
     return cache_dir() / "beam" / f"{key}.json"
