@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import itertools
 import os
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,25 +20,29 @@ from typing import Any, Protocol
 import numpy as np
 
 from glassgrad.dtype import DType, dtypes
-from glassgrad.helpers import CACHELEVEL, STATE_FLAGS, atomic_write, cache_dir
+from glassgrad.helpers import CACHELEVEL, GLOBAL_LOCK, STATE_FLAGS, cache_dir, read_checked, write_checked
 
 
 class Allocator:
     """Device memory: alloc/free plus host copies. Freed blocks are kept and reused by size (an LRU cache).
 
     Accounting: `live_bytes` is the memory held by buffers now (blocks in the reuse cache do not count),
-    `peak_bytes` the most it has been since the last `reset_peak()`."""
+    `peak_bytes` the most it has been since the last `reset_peak()`. Safe from several threads (a buffer is freed in
+    whichever thread drops it last): the counts and the reuse cache change under a lock of the allocator's own."""
 
     def __init__(self) -> None:
         self._free: defaultdict[int, list[Any]] = defaultdict(list)
         self.live_bytes = 0
         self.peak_bytes = 0
+        # re-entrant: a garbage collection inside (a new list for a size) may free a buffer in this very thread
+        self._lock = threading.RLock()
 
     def alloc(self, nbytes: int) -> Any:
-        self.live_bytes += nbytes
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-        if self._free[nbytes]:
-            return self._free[nbytes].pop()
+        with self._lock:
+            self.live_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            if free := self._free.get(nbytes):
+                return free.pop()
         try:
             return self._alloc(nbytes)
         except MemoryError:
@@ -45,18 +50,20 @@ class Allocator:
             return self._alloc(nbytes)
 
     def free(self, handle: Any, nbytes: int) -> None:
-        self.live_bytes -= nbytes
-        self._free[nbytes].append(handle)
+        with self._lock:
+            self.live_bytes -= nbytes
+            self._free[nbytes].append(handle)
 
     def reset_peak(self) -> None:
         """Start measuring the peak again from what is live now."""
         self.peak_bytes = self.live_bytes
 
     def clear_cache(self) -> None:
-        for nbytes, handles in self._free.items():
+        with self._lock:
+            free, self._free = self._free, defaultdict(list)
+        for nbytes, handles in free.items():
             for h in handles:
                 self._release(h, nbytes)
-        self._free.clear()
 
     # backends implement these
     def _alloc(self, nbytes: int) -> Any: raise NotImplementedError  # noqa: E704
@@ -90,18 +97,18 @@ class Compiler:
         return hashlib.sha256(f"{self.cache_key}\n{src}".encode()).hexdigest()
 
     def _cached(self, key: str) -> bytes | None:
+        """The binary of `key` from memory, else from disk (checked whole: `read_checked`), else None."""
         if key not in self._memory:
-            path = cache_dir() / "kernels" / f"{key}.bin"
-            if CACHELEVEL < 1 or not path.exists():
+            if CACHELEVEL < 1 or (binary := read_checked(cache_dir() / "kernels" / f"{key}.checked")) is None:
                 return None
-            self._memory[key] = path.read_bytes()
+            self._memory[key] = binary
         return self._memory[key]
 
     def _store(self, key: str, binary: bytes) -> None:
-        if CACHELEVEL >= 1:
-            path = cache_dir() / "kernels" / f"{key}.bin"
+        if CACHELEVEL >= 1:  # (several processes may write one key at once: each file is written whole, then renamed)
+            path = cache_dir() / "kernels" / f"{key}.checked"  # (not .bin: an older version reads those raw)
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, binary)
+            write_checked(path, binary)
         self._memory[key] = binary
 
     def compile_cached(self, src: str) -> bytes:
@@ -123,6 +130,15 @@ class Compiler:
                 for src in group:
                     self._store(self._key(src), binary)
         return [self.compile_cached(src) for src in sources]
+
+
+def ran(e: BaseException) -> None:
+    """For `e`, raised by a line whose only call is a kernel's launch (a C call): a Ctrl-C (KeyboardInterrupt, or
+    SystemExit from a signal handler) arriving during the call is raised when it returns, so the kernel has run, and
+    `e` is marked so (`glassgrad_ran`: engine/realize.py `note_unfinished` then counts the kernel's writes as done,
+    and a later realize does not run an in-place update a second time). An `Exception` is the call's own failure."""
+    if not isinstance(e, Exception):
+        e.glassgrad_ran = True  # type: ignore[attr-defined]
 
 
 @dataclass(slots=True)
@@ -224,12 +240,23 @@ class _DeviceRegistry:
     def __getitem__(self, name: str) -> Compiled:
         name = self.canonicalize(name)
         if name not in self._devices:
-            module = importlib.import_module(f"glassgrad.runtime.ops_{name.split(':')[0].lower()}")
-            self._devices[name] = module.create_device(name)
+            with GLOBAL_LOCK:  # (two threads asking at once get one device)
+                if name not in self._devices:
+                    module = importlib.import_module(f"glassgrad.runtime.ops_{name.split(':')[0].lower()}")
+                    self._devices[name] = module.create_device(name)
         return self._devices[name]
 
 
 Device = _DeviceRegistry()
+
+
+def _new_allocator_locks() -> None:
+    """In a forked child: the allocators' locks made new (a parent's thread may have held one at the fork)."""
+    for dev in Device._devices.values():
+        dev.allocator._lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_allocator_locks)
 
 
 def _set_default(name: str) -> None:

@@ -7,14 +7,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import getpass
+import hashlib
 import math
 import os
 import pathlib
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 
 @functools.cache
@@ -54,6 +56,45 @@ class ContextVar:
         return self.value <= other
 
 
+class ThreadModeVar(ContextVar):
+    """A flag that a with-block sets for the thread that opened it (`push`/`pop`, as `with Tensor.train():`), the way
+    PyTorch's grad mode is per thread: outside such a block a thread reads (and writes) the process-wide value;
+    inside one, the block's (writing it, `Context(TRAINING=0)` inside `with Tensor.train():`, changes the block's).
+    Blocks of two threads then neither see each other nor, entered and left interleaved, leave the flag changed."""
+
+    def __init__(self, key: str, default: int) -> None:
+        self._blocks = threading.local()
+        self._shared = 0
+        super().__init__(key, default)
+
+    def _open(self) -> list[int]:
+        blocks: list[int] | None = getattr(self._blocks, "values", None)
+        if blocks is None:
+            blocks = self._blocks.values = []
+        return blocks
+
+    @property  # type: ignore[override]
+    def value(self) -> int:
+        blocks: list[int] | None = getattr(self._blocks, "values", None)
+        return blocks[-1] if blocks else self._shared
+
+    @value.setter
+    def value(self, value: int) -> None:
+        blocks: list[int] | None = getattr(self._blocks, "values", None)
+        if blocks:
+            blocks[-1] = value
+        else:
+            self._shared = value
+
+    def push(self, value: int) -> None:
+        """Open a block of this thread, with `value`."""
+        self._open().append(value)
+
+    def pop(self) -> None:
+        """Close this thread's innermost block."""
+        self._open().pop()
+
+
 DEBUG = ContextVar("DEBUG", 0)
 NOOPT = ContextVar("NOOPT", 0)
 BEAM = ContextVar("BEAM", 0)  # search this many kernels wide for the fastest opts (timed on the device, cached)
@@ -74,8 +115,9 @@ BEAM_BUDGET = ContextVar("BEAM_BUDGET", 60)  # seconds one kernel's BEAM search 
 # mantissa bits; float32 range and accumulation): several times faster, ~1e-3 relative error. Opt-in, as in tinygrad
 ALLOW_TF32 = ContextVar("ALLOW_TF32", 0)
 # training mode: dropout drops, BatchNorm uses (and updates) batch statistics, Optimizer.step is allowed. tinygrad's
-# `Context(TRAINING=1)`; `Tensor.training` and `with Tensor.train():` read and set this same flag
-TRAINING = ContextVar("TRAINING", 0)
+# `Context(TRAINING=1)`; `Tensor.training` and `with Tensor.train():` read and set this same flag (a train() block's
+# value is its thread's: ThreadModeVar)
+TRAINING = ThreadModeVar("TRAINING", 0)
 # scaled_dot_product_attention without a T x T buffer: softmax(s) @ v spelled exp(s - logsumexp(s)) @ v, whose scores
 # the scheduler recomputes inside the kernels that reduce over them (`schedule._chained`). 1: everywhere, 0: never,
 # -1 (default): where a GPU renders those kernels on its tensor cores (codegen/gpudims.py, "chained")
@@ -207,10 +249,61 @@ def cache_dir() -> pathlib.Path:
 
 
 def atomic_write(path: pathlib.Path, data: bytes) -> None:
-    """Write a file so that readers see either nothing or all of it (safe for two processes at once)."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{id(data)}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """Write a file so that readers see either nothing or all of it (safe for two processes, or threads, at once):
+    a temporary file of this process and thread, renamed over `path`. A failed write (a full disk) leaves no
+    temporary file behind."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+_CHECKED = b"glassgrad checked 1\n"  # a checked cache file: this line, the SHA-256 of the data, the data
+
+
+def write_checked(path: pathlib.Path, data: bytes) -> None:
+    """`atomic_write` of `data` with its SHA-256 in front, for `read_checked`."""
+    atomic_write(path, _CHECKED + hashlib.sha256(data).digest() + data)
+
+
+def read_checked(path: pathlib.Path) -> bytes | None:
+    """The data `write_checked` stored at `path`; None when there is none, or what is there is not whole (cut short
+    by a full disk or a killed writer of an older version, damaged, or of another format): that file is removed, and
+    the caller builds the data again (loading a damaged shared library raised OSError on every run, or could crash)."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    start = len(_CHECKED) + 32
+    if raw.startswith(_CHECKED) and hashlib.sha256(raw[start:]).digest() == raw[len(_CHECKED):start]:
+        return raw[start:]
+    path.unlink(missing_ok=True)
+    return None
+
+
+# ---------------------------------------------------------------------- threads and forks
+# glassgrad's process-wide state (the realized-node table, lineage, pending assigns and gradients, the random state,
+# buffer versions, the kernel and schedule caches, a TinyJit capture's hooks) changes only under this lock: a
+# realize, backward(), assign(), a random draw and a TinyJit call each hold it from start to end, so several threads
+# can use glassgrad at once (building graphs side by side; each of these steps runs whole, one at a time). Re-entrant:
+# these steps call each other. A fork waits for the step in progress (so the child never inherits one half done).
+GLOBAL_LOCK = threading.RLock()
+os.register_at_fork(before=GLOBAL_LOCK.acquire, after_in_parent=GLOBAL_LOCK.release,
+                    after_in_child=GLOBAL_LOCK.release)
+
+FnType = TypeVar("FnType", bound=Callable[..., Any])
+
+
+def locked(fn: FnType) -> FnType:
+    """`fn`, run holding `GLOBAL_LOCK`."""
+    @functools.wraps(fn)
+    def run_locked(*args: Any, **kwargs: Any) -> Any:
+        with GLOBAL_LOCK:
+            return fn(*args, **kwargs)
+    return run_locked  # type: ignore[return-value]
 
 
 def normalize_axis(axis: int, ndim: int, name: str = "axis") -> int:

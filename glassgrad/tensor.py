@@ -13,12 +13,14 @@ import contextlib
 import copy
 import functools
 import gc
+import itertools
 import math
 import os
 import pathlib
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, cast, overload
 
 import numpy as np
@@ -28,7 +30,7 @@ from glassgrad.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16, least_upper
 from glassgrad.engine.realize import capture_hooks, schedule_and_run
 from glassgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError, UnknownModeError
 from glassgrad.gradient import compute_gradient
-from glassgrad.helpers import TRAINING, normalize_axis, prod, shape_args
+from glassgrad.helpers import GLOBAL_LOCK, TRAINING, locked, normalize_axis, prod, shape_args
 from glassgrad.multi import in_use as multi_in_use
 from glassgrad.multi import is_realized, lower, make_multi, shard_bounds
 from glassgrad.schedule import REALIZED, buffer_view, is_buffer_view, view_versions
@@ -75,32 +77,77 @@ class ValuesIndices(NamedTuple):
 class _LazyTensors:
     """The tensors that may still be lazy: before an assign overwrites a buffer, those that read its old contents are
     realized (a tensor keeps the value it had when it was built; see schedule/versions.py). Every op's result joins,
-    so adding is one weak reference appended to a list; dead and settled entries (realized into a buffer that is
-    never written in place) are dropped whenever the list doubles, and whenever it is read."""
+    so adding is one weak reference appended to a list (one list per thread: `tensors(everyone=False)` is the
+    calling thread's only); dead and settled entries (realized into a buffer that is never written in place) are
+    dropped whenever a list doubles, and whenever it is read."""
 
     def __init__(self) -> None:
-        self.refs: list[weakref.ref[Tensor]] = []
+        # every thread's list, with its thread (an ended thread's list stays while it holds tensors)
+        self.lists: dict[int, tuple[threading.Thread, list[weakref.ref[Tensor]]]] = {}
         self.limit = 4096
-        self.no_grad_blocks: list[list[weakref.ref[Tensor]]] = []  # per open `no_grad()` block: the results made in it
+        self.local = threading.local()  # this thread's list
+        self.made = itertools.count()
+
+    def _own(self) -> list[weakref.ref[Tensor]]:
+        refs: list[weakref.ref[Tensor]] = []
+        with GLOBAL_LOCK:
+            self.lists[next(self.made)] = (threading.current_thread(), refs)
+            self.local.refs = refs
+        return refs
 
     def add(self, t: Tensor) -> None:
         ref = weakref.ref(t)
-        self.refs.append(ref)
-        if self.no_grad_blocks:
-            self.no_grad_blocks[-1].append(ref)
-        if len(self.refs) > self.limit:
+        try:
+            refs = self.local.refs
+        except AttributeError:  # (a thread's first)
+            refs = self._own()
+        refs.append(ref)
+        if _OPEN_NO_GRAD_BLOCKS[0] and (blocks := _MODES.no_grad_blocks):  # (an open no_grad() block, this thread's)
+            blocks[-1].append(ref)
+        if len(refs) > self.limit:
             self.tensors()
 
-    def tensors(self) -> list[Tensor]:
-        """The live, unsettled tensors, each once."""
+    @locked
+    def tensors(self, everyone: bool = True) -> list[Tensor]:
+        """The live, unsettled tensors, each once: every thread's, or (`everyone` False) the calling thread's. (A
+        list's thread may append meanwhile: the entries looked at are replaced in place, so those appended after
+        them stay. The empty list of a thread that ended is dropped.)"""
+        if everyone:
+            lists = list(self.lists.items())
+        else:
+            own = getattr(self.local, "refs", None)
+            lists = [(-1, (threading.current_thread(), own))] if own is not None else []
         alive: dict[int, tuple[Tensor, weakref.ref[Tensor]]] = {}
-        for ref in self.refs:
-            t = ref()
-            if t is not None and not _settled(t):
-                alive[id(t)] = (t, ref)
-        self.refs = [ref for _, ref in alive.values()]
-        self.limit = max(4096, 2 * len(self.refs))
+        longest = 0
+        for key, (thread, refs) in lists:
+            seen = len(refs)
+            kept: dict[int, weakref.ref[Tensor]] = {}
+            for ref in refs[:seen]:
+                t = ref()
+                if t is not None and not _settled(t):
+                    alive[id(t)] = (t, ref)
+                    kept[id(t)] = ref
+            refs[:seen] = list(kept.values())
+            if not refs and key >= 0 and not thread.is_alive():
+                del self.lists[key]
+            longest = max(longest, len(refs))
+        self.limit = max(4096, 2 * longest)
         return [t for t, _ in alive.values()]
+
+
+class _ThreadModes(threading.local):
+    """This thread's open `with no_grad()` blocks. They are per thread, as PyTorch's grad mode is: a block in one
+    thread does not change what another computes (a global flag set by interleaved blocks of two threads was left
+    set after both, and a block cut the gradients of the tensors another thread made meanwhile). `Tensor.no_grad =
+    ...` sets the process-wide flag. (`with Tensor.train():` blocks are per thread too: `helpers.ThreadModeVar`.)"""
+
+    def __init__(self) -> None:
+        self.no_grad_blocks: list[list[weakref.ref[Tensor]]] = []  # per open block: the results made in it
+
+
+_MODES = _ThreadModes()
+_OPEN_NO_GRAD_BLOCKS = [0]  # open no_grad() blocks in every thread (changed under GLOBAL_LOCK): 0 in most programs
+_NO_GRAD = [False]  # `Tensor.no_grad = True`: tinygrad's process-wide switch
 
 
 # the assign targets that may hold a pending write: every tensor of ASSIGN_TARGETS whose node is an ASSIGN is in here
@@ -124,6 +171,10 @@ class _LazyGradients:
     grads: list[weakref.ref[Tensor]]    # those gradients, in order
     root: weakref.ref[Tensor]           # the tensor backward() was called on
     nodes: set[UOp]
+    # the thread that ran the backward: another thread's realize does not compute them along (graphs of two threads
+    # share nodes, the random state's among them, without being one computation; inside a TinyJit capture that
+    # would record another thread's gradients as the step's kernels)
+    thread: int = field(default_factory=threading.get_ident)
 
     def unrealized(self) -> list[Tensor]:
         """The gradients still held by their tensors (not zeroed, replaced or accumulated into since) and the
@@ -160,9 +211,9 @@ def _gradients_realized_with(pending: list[Tensor]) -> list[Tensor]:
     and backward once per parameter. PyTorch's backward computes every gradient at once, as this does then."""
     live = [entry for entry in _LAZY_GRADIENTS if entry.unrealized()]
     _LAZY_GRADIENTS[:] = live
-    chosen, extra = {id(t) for t in pending}, list[Tensor]()
+    chosen, extra, me = {id(t) for t in pending}, list[Tensor](), threading.get_ident()
     for entry in live:
-        if any(_reaches(t.uop, entry.nodes) for t in pending):
+        if entry.thread == me and any(_reaches(t.uop, entry.nodes) for t in pending):
             for g in entry.unrealized():
                 if id(g) not in chosen:
                     chosen.add(id(g))
@@ -301,12 +352,23 @@ class _RNG:
     next realize adds what they took to `count` in place (an assign, in the same schedule, after every draw that reads
     the old count: see "What a tensor means" in docs/ARCHITECTURE.md). So the k-th number drawn is the same whatever
     was realized in between, and a TinyJit capture holds that assign, so each replay draws the next numbers.
-    `Tensor.manual_seed(n)` starts over: the same seed and the same draws give the same numbers."""
+    `Tensor.manual_seed(n)` starts over: the same seed and the same draws give the same numbers.
+
+    The lazy draws that read the count being overwritten are realized first (as any reader of a buffer written in
+    place), but a graph can still hold that old version without a tensor of its own: the lineage of a realized
+    result (`loss.item()` then `loss.backward()` through a dropout mask), or, from several threads (which share the
+    count, as PyTorch's threads share its generator; each draw takes the next range under `GLOBAL_LOCK`), an op
+    another thread is half way through, or its draws while this thread captures a TinyJit step. So each advance
+    first copies the state as it is (16 bytes, on the device), and graphs that read that version later read the
+    copy (`RealizedMap.keep`; a stale-read error before). During a capture the copy is registered when the capture
+    ends: a captured kernel must read the state itself, which every replay advances."""
     seed = 0
     states: dict[str, Tensor] = {}   # device -> its [seed, count] buffer
     pending: dict[str, int] = {}     # device -> numbers drawn since its count was last advanced
+    deferred: list[tuple[UOp, UOp]] = []  # copies made during a capture: (state version's node, copy's view)
 
     @staticmethod
+    @locked
     def bits(count: int, device: str) -> Tensor:
         """`count` random uint32 values (a lazy tensor of shape (count,))."""
         state = _RNG.states.get(device)
@@ -333,9 +395,35 @@ class _RNG:
         for device, drawn in list(_RNG.pending.items()):
             del _RNG.pending[device]  # first: an advance still pending is realized by the assign below
             if drawn and (state := _RNG.states.get(device)) is not None:
+                if is_buffer_view(state.uop):
+                    _RNG.keep_current(state)
                 state.assign(state + Tensor(np.array([0, drawn], np.uint64), device=device))
                 out.append(state)
         return out
+
+    @staticmethod
+    def keep_current(state: Tensor) -> None:
+        """A copy of the state's current version that graphs still reading that version read once it is overwritten
+        (see the class docstring)."""
+        node = state.uop.base
+        buf: Buffer = node.arg[0]
+        copy = Buffer(buf.device, buf.size, buf.dtype)
+        allocator = Device[buf.device].allocator
+        if hasattr(allocator, "copy_device"):  # (on the device, ordered after the kernels that wrote it)
+            allocator.copy_device(copy.handle, buf.handle, buf.nbytes)
+        else:
+            copy.copyin(buf.numpy())
+        if capture_hooks:
+            _RNG.deferred.append((node, buffer_view(copy, (buf.size,))))
+        else:
+            REALIZED.keep(node, buffer_view(copy, (buf.size,)))
+
+    @staticmethod
+    def register_deferred() -> None:
+        """After a capture: the copies made during it, readable from now on."""
+        for node, view in _RNG.deferred:
+            REALIZED.keep(node, view)
+        _RNG.deferred.clear()
 
 
 def _draws_random(t: Tensor) -> bool:
@@ -387,43 +475,65 @@ class _CastShortcuts:
 _UINT_OF_SIZE = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}  # for bitcast
 
 
-class _TrainingFlag:
-    """`t.training` on a tensor: reads the TRAINING flag, as `Tensor.training` does (tinygrad's `training` was a class
-    attribute, so both spellings read it). Writing it on one tensor raises: the flag is process-wide, so it is set on
-    the class (`Tensor.training = True`, `with Tensor.train():`, `Context(TRAINING=1)`)."""
+def _training() -> bool:
+    """Training mode in this thread: the innermost open `with Tensor.train(mode)` block's mode, else TRAINING's."""
+    return bool(TRAINING)
+
+
+def _no_grad() -> bool:
+    """Whether gradient bookkeeping is off in this thread: `Tensor.no_grad = True`, or an open `no_grad()` block."""
+    return _NO_GRAD[0] or bool(_OPEN_NO_GRAD_BLOCKS[0] and _MODES.no_grad_blocks)
+
+
+class _ModeFlag:
+    """`t.training` / `t.no_grad` on a tensor: reads the mode, as `Tensor.training` does (tinygrad's were class
+    attributes, so both spellings read them). Writing it on one tensor raises: a mode is not a tensor's, so it is set
+    on the class (`Tensor.training = True`, `with Tensor.train():`, `Context(TRAINING=1)`)."""
+
+    def __init__(self, name: str, read: Callable[[], bool]) -> None:
+        self.name, self.read = name, read
 
     def __get__(self, obj: object, owner: type | None = None) -> bool:
-        return bool(TRAINING)
+        return self.read()
 
     def __set__(self, obj: object, mode: bool) -> None:
-        raise AttributeError("training is one flag for every tensor: set Tensor.training (or use "
-                             "`with Tensor.train():` / `Context(TRAINING=1)`), not t.training on one tensor")
+        raise AttributeError(f"{self.name} is a mode, not a tensor's: set Tensor.{self.name} (or use a with-block: "
+                             f"`with Tensor.train():`, `with no_grad():`), not t.{self.name} on one tensor")
 
 
 class _TensorType(type):
-    """Tensor's metaclass, for one class-level property: `Tensor.training` is a view of the TRAINING flag, so
-    `Tensor.training = True`, `with Tensor.train():` and tinygrad's `Context(TRAINING=1)` set one state. (A
+    """Tensor's metaclass, for class-level properties: `Tensor.training` is a view of the TRAINING flag, so
+    `Tensor.training = True` and tinygrad's `Context(TRAINING=1)` set one state, and `with Tensor.train(mode):` sets
+    it in its thread while it is open; `Tensor.no_grad` likewise (`no_grad()` blocks: see `_ThreadModes`). (A
     metaclass property wins over the class's own attribute for reads and writes on the class; instances read
-    `Tensor.__dict__['training']`, a `_TrainingFlag`.)"""
+    `Tensor.__dict__['training']`, a `_ModeFlag`.)"""
 
     @property
     def training(cls) -> bool:
-        return bool(TRAINING)
+        return _training()
 
     @training.setter
     def training(cls, mode: bool) -> None:
         TRAINING.value = int(mode)
+
+    @property
+    def no_grad(cls) -> bool:
+        return _no_grad()
+
+    @no_grad.setter
+    def no_grad(cls, value: bool) -> None:
+        _NO_GRAD[0] = bool(value)
 
 
 class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPlaceOps, TorchOps, TorchNames,
              metaclass=_TensorType):
     """A lazy tensor. `Tensor([1, 2, 3])`, `Tensor(np.ones((2, 2)))`, `Tensor.rand(3, 4)`."""
     __slots__ = ("uop", "_requires_grad", "grad", "_view_of", "__weakref__")
-    no_grad: ClassVar[bool] = False
+    no_grad = _ModeFlag("no_grad", _no_grad)  # instances read the mode; the class reads and writes it (_TensorType)
     # numpy on the left (`np_array * t`, `np.float32(2) * t`) defers to Tensor's reflected operators, as with
     # PyTorch's tensors: the result is a Tensor (in the graph), not a numpy array of the values
     __array_priority__: ClassVar[int] = 1000
-    training = _TrainingFlag()  # instances read the flag; the class reads and writes it through _TensorType
+    training = _ModeFlag("training", _training)  # (as no_grad)
     uop: UOp
     grad: Tensor | None
     # (the tensor a movement op made this from, its node then, this view's movement node over it): assign writes
@@ -595,6 +705,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         array = self.numpy()
         return array if dtype is None else array.astype(dtype, copy=False)
 
+    @locked
     def requires_grad_(self, value: bool = True) -> Tensor:
         if value and not self.dtype.is_float:
             raise RuntimeError(f"only floating point tensors can require gradients, this one is {self.dtype}")
@@ -646,23 +757,45 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return self
 
     @staticmethod
+    @locked
     def realize_all(*tensors: Tensor) -> None:
         pending = [t for t in tensors if not is_realized(t.uop)]
         if not pending:
             return
         if _LAZY_GRADIENTS:
             pending += _gradients_realized_with(pending)
+        if _RNG.deferred and not capture_hooks:  # (a capture ended: the copies it made are readable now)
+            _RNG.register_deferred()
         if _RNG.pending:  # (the guards of the next two calls, inline: every realize)
             pending += _RNG.advances()
         readers = _readers_of_overwritten(pending) if _PENDING_ASSIGNS else []
         pending += readers
         outs = [t.uop for t in pending]
         lowered = lower(outs, REALIZED.get) if multi_in_use() else outs
-        views = schedule_and_run([p for u in lowered for p in (u.src if u.op is OP_MULTI else (u,))])
+        try:
+            views = schedule_and_run([p for u in lowered for p in (u.src if u.op is OP_MULTI else (u,))])
+        except BaseException as e:
+            # a Ctrl-C or a failed compile part way: what did run is recorded as realized (its kernels may have
+            # written buffers in place; recomputed from the old versions, a later realize raised a stale read)
+            if (computed := getattr(e, "glassgrad_views", None)) is not None:
+                Tensor._realized(pending, readers, outs, lowered, computed, partial=True)
+            raise
+        Tensor._realized(pending, readers, outs, lowered, views)
+
+    @staticmethod
+    def _realized(pending: list[Tensor], readers: list[Tensor], outs: list[UOp], lowered: list[UOp],
+                  views: dict[UOp, UOp], partial: bool = False) -> None:
+        """`realize_all`'s bookkeeping once the schedule of `outs` (`lowered`) ran: each computed node's view and
+        lineage recorded, each pending tensor moved to its view (all of them, or, `partial`, after an exception the
+        ones computed before it)."""
         for out, low in zip(outs, lowered):  # a tensor on several devices: the MULTI of its parts' buffer views
             if (low is not out or low.op is OP_MULTI) and out not in views:
-                views[out] = make_multi([views.get(p) or REALIZED.get(p) or p for p in low.src], low.arg) \
-                    if low.op is Ops.MULTI else views.get(low) or REALIZED.get(low) or low
+                # (a part not computed, after an exception, leaves the tensor lazy)
+                parts = [_computed(p, views, partial) for p in low.src] if low.op is Ops.MULTI else []
+                if low.op is Ops.MULTI and all(part is not None for part in parts):
+                    views[out] = make_multi(parts, low.arg)  # type: ignore[arg-type]  # (none is None)
+                elif low.op is not Ops.MULTI and (part := _computed(low, views, partial)) is not None:
+                    views[out] = part
         # after lowering, only the logical graphs are lineage (gradients are taken on them, never per device)
         # (and not a node whose lowered form is a buffer view already: `x.to(d)` of a replicated x is its part on d)
         lineage_of = {o for o, low in zip(outs, lowered) if not is_realized(low)} if lowered is not outs else None
@@ -696,12 +829,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         shape = tuple(sint_eval(d) for d in self.shape)
         if prod(shape) == 0:
             return np.zeros(shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else self.dtype.np)
-        if capture_hooks and os.environ.get("UNSAFE_ALLOW_JIT_BUFFER", "0") in ("", "0"):
-            from glassgrad.engine.jit import JitError  # (jit imports this module)
-            raise JitError("cannot read a tensor's values (numpy(), item(), tolist(), float()) while a TinyJit "
-                           "captures: a replay runs only the kernels, so the value would be baked in; compute with "
-                           "tensors instead (x.where, x.maximum), or read it outside the jitted function")
-        flat = self._buffer().numpy()[:prod(shape)]
+        with GLOBAL_LOCK:  # (a capture holds it: one in another thread is waited for, not this thread's)
+            if capture_hooks and os.environ.get("UNSAFE_ALLOW_JIT_BUFFER", "0") in ("", "0"):
+                from glassgrad.engine.jit import JitError  # (jit imports this module)
+                raise JitError("cannot read a tensor's values (numpy(), item(), tolist(), float()) while a TinyJit "
+                               "captures: a replay runs only the kernels, so the value would be baked in; compute "
+                               "with tensors instead (x.where, x.maximum), or read it outside the jitted function")
+            flat = self._buffer().numpy()[:prod(shape)]
         if self.dtype == dtypes.bfloat16:
             flat = bf16_to_f32(flat)
         return flat.reshape(shape)
@@ -761,6 +895,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         memo[id(self)] = out
         return out
 
+    @locked
     def assign(self, x: Tensor | Scalar | list[Any] | tuple[Any, ...] | np.ndarray) -> Tensor:
         """Write `x` into this tensor's own buffer, in place (lazily, like everything else): whatever holds this
         tensor sees the new values after the next realize, and the buffer keeps its identity, which optimisers and
@@ -912,6 +1047,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         return self._wrap(self.uop)
 
     # ------------------------------------------------------------------ autograd
+    @locked
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
         """Gradients of this tensor with respect to `targets` (a scalar, unless `gradient` is given). A target must
         be a float tensor that reads memory: a bare constant (`Tensor(2.0)`, `Tensor.full`) is a node every equal
@@ -951,6 +1087,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         grads = compute_gradient(root, gradient.cast(self.dtype).uop, {u for u in nodes if u is not None}, order)
         return [None if u is None or (g := grads.get(u)) is None else Tensor(g) for u in nodes]
 
+    @locked
     def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
                  create_graph: bool = False) -> Tensor:
         """Accumulate d(self)/d(t) into `t.grad` for every tensor `t` with requires_grad=True that self depends on
@@ -1009,6 +1146,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     # ------------------------------------------------------------------ creation
     @staticmethod
+    @locked
     def manual_seed(seed: int = 0) -> None:
         """Start the random numbers over from `seed` (on every device): runs with one seed repeat."""
         _RNG.seed, _RNG.states, _RNG.pending = int(seed), {}, {}
@@ -2431,12 +2569,13 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     @staticmethod
     @contextlib.contextmanager
     def train(mode: bool = True) -> Iterator[None]:
-        """`with Tensor.train():` turns on training behaviour (dropout, batchnorm statistics)."""
-        previous, Tensor.training = Tensor.training, mode
+        """`with Tensor.train():` turns on training behaviour (dropout, batchnorm statistics) in this thread while it
+        is open (`Tensor.training = True` sets it for every thread)."""
+        TRAINING.push(int(mode))
         try:
             yield
         finally:
-            Tensor.training = previous
+            TRAINING.pop()
 
     @staticmethod
     @contextlib.contextmanager
@@ -2516,15 +2655,18 @@ def no_grad() -> Iterator[None]:
     the float results made inside that are still lazy at the end are detached (a later backward() does not reach
     the tensors they were computed from: `with no_grad(): y = w * 2` then `(y * w).sum().backward()` gives w.grad
     = y, not 2y)."""
-    previous, Tensor.no_grad = Tensor.no_grad, True
     made: list[weakref.ref[Tensor]] = []
-    _LAZY.no_grad_blocks.append(made)
+    with GLOBAL_LOCK:
+        _MODES.no_grad_blocks.append(made)
+        _OPEN_NO_GRAD_BLOCKS[0] += 1
     try:
         yield
     finally:
-        Tensor.no_grad = previous
-        _LAZY.no_grad_blocks.remove(made)
-        _detach_lazy_results(made)
+        with GLOBAL_LOCK:
+            blocks = _MODES.no_grad_blocks  # (found by identity: list.remove compared the tensors, elementwise)
+            del blocks[max(i for i, block in enumerate(blocks) if block is made)]
+            _OPEN_NO_GRAD_BLOCKS[0] -= 1
+            _detach_lazy_results(made)
 
 
 def _detach_lazy_results(made: list[weakref.ref[Tensor]]) -> None:
@@ -2754,7 +2896,8 @@ def _rebuild_chain(chain: list[UOp], bottom: UOp) -> UOp:
 def mark_trainable(t: Tensor) -> Tensor:
     """A layer's parameter (requires_grad None, as in tinygrad, until an optimizer turns it on): `backward()` fills
     its `.grad` too, as tinygrad's backward does for the tensors of the graph."""
-    _REQUIRES_GRAD[id(t)] = t
+    with GLOBAL_LOCK:  # (backward lists these)
+        _REQUIRES_GRAD[id(t)] = t
     return t
 
 
@@ -2786,6 +2929,12 @@ def _record_realized(views: dict[UOp, UOp], keep_lineage: bool, lineage_of: set[
                     REALIZED.set_assigned_value(node.src[1], view)
         elif keep_lineage and not is_buffer_view(node) and (lineage_of is None or node in lineage_of):
             LINEAGE[view] = node  # (movement ops of a buffer are computed too)
+
+
+def _computed(u: UOp, views: dict[UOp, UOp], partial: bool) -> UOp | None:
+    """What holds `u`'s value after a realize (`views`, its results): its view, one realized before, or `u` itself;
+    after an exception (`partial`) `u` itself only when it is a buffer view, else None (not computed)."""
+    return views.get(u) or REALIZED.get(u) or (u if not partial or is_realized(u) else None)
 
 
 def _is_bare_constant(u: UOp) -> bool:
@@ -2892,16 +3041,18 @@ def realize_readers_of(overwritten: set[tuple[Buffer, int]], writers: list[Tenso
     the lazy tensors that read them. `writers`: the tensors that own those buffers and move to the new versions."""
     readers = StaleReaders(overwritten, REALIZED.get, set(), REALIZED.owned_epoch)
     if found := _lazy_readers(readers, {id(t) for t in writers}):
-        with no_grad():
-            Tensor.realize_all(*found)
+        # (with their lineage, as the readers a realize finds: a loss built before the replay, realized here because
+        # the replay advances the random state its dropout read, still differentiates)
+        Tensor.realize_all(*found)
 
 
 def _lazy_readers(readers: StaleReaders, skip: set[int]) -> list[Tensor]:
     """The tensors of `_LAZY` (but those in `skip`, which the found ones join) whose graphs read an overwritten
     version. A tensor that is a mere view of such a version (an alias of the old contents) is given a copy of its
-    own."""
+    own. While this thread captures a TinyJit step, its own tensors only: the capture records what it realizes, and
+    another thread's tensors are not the step's (a draw of theirs reads the random state's kept copy: `_RNG`)."""
     found = []
-    for t in _LAZY.tensors():
+    for t in _LAZY.tensors(everyone=not capture_hooks):
         if id(t) not in skip and readers.reads_old(t.uop):
             if is_buffer_view(t.uop) or _stale_view(t.uop, None):
                 # (a node computed before, whose view is the old version: realizing it reads nothing, it would
@@ -2960,7 +3111,7 @@ def _reaches_a_grad_leaf(t: Tensor) -> bool:
     """Whether `t`'s graph (lineage substituted; not behind a DETACH) holds a tensor other than `t` that backward()
     fills (requires_grad=True, or a layer's parameter), for a `t` not made in an open no_grad() block: PyTorch's
     requires_grad of an op's result."""
-    if not _REQUIRES_GRAD or (Tensor.no_grad and any(r() is t for block in _LAZY.no_grad_blocks for r in block)):
+    if not _REQUIRES_GRAD or (Tensor.no_grad and any(r() is t for block in _MODES.no_grad_blocks for r in block)):
         return False
     root = _with_lineage(t.uop)
     nodes = set(root.toposort(stop=lambda n: n.op is Ops.DETACH))

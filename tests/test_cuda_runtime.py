@@ -76,7 +76,7 @@ def test_cache_key_has_arch_and_nvrtc_version(compiler: CUDACompiler) -> None:
 def test_disk_cache(compiler: CUDACompiler, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CACHEDIR", str(tmp_path))
     binary = CUDACompiler("sm_90").compile_cached(ADD_SRC)
-    assert len(list((tmp_path / "kernels").glob("*.bin"))) == 1
+    assert len(list((tmp_path / "kernels").glob("*.checked"))) == 1
 
     fresh = CUDACompiler("sm_90")  # empty memory cache: must read the file, not run NVRTC
 

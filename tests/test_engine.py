@@ -110,7 +110,7 @@ def _run(code: str, cachedir: pathlib.Path, **env: str) -> subprocess.CompletedP
 def test_disk_cache_is_written_and_reused(tmp_path: pathlib.Path) -> None:
     first = _run(_compile_script(1.25), tmp_path)
     assert first.returncode == 0, first.stderr
-    binaries = sorted((tmp_path / "kernels").glob("*.bin"))
+    binaries = sorted((tmp_path / "kernels").glob("*.checked"))
     assert binaries, "compiling must leave a cached binary"
     stamps = {p: p.stat().st_mtime_ns for p in binaries}
     second = _run(_compile_script(1.25), tmp_path)

@@ -56,7 +56,7 @@ from glassgrad.dtype import dtypes
 from glassgrad.engine import realize
 from glassgrad.engine.memory import allocate_blocks, plan_memory
 from glassgrad.engine.realize import compile_kernel, count_launch, run_allreduce, run_copy
-from glassgrad.helpers import CUDAGRAPH, DEBUG, JIT, TIMING, kernel_flags
+from glassgrad.helpers import CUDAGRAPH, DEBUG, JIT, TIMING, kernel_flags, locked
 from glassgrad.multi import at_current_versions, is_realized, view_parts
 from glassgrad.schedule import REALIZED, ScheduleItem, buffer_view, is_buffer_view
 from glassgrad.tensor import (
@@ -191,9 +191,9 @@ def _tensors_viewing(buffers: list[Buffer]) -> dict[int, list[weakref.ref[Tensor
     wanted = {id(b) for b in buffers}
     found: dict[int, list[weakref.ref[Tensor]]] = {}
     if wanted:
-        for o in gc.get_objects():
-            if type(o) is Tensor and is_realized(o.uop):
-                for part in view_parts(o.uop):
+        for o in gc.get_objects():  # (a Tensor another thread is still constructing has no node yet)
+            if type(o) is Tensor and (uop := getattr(o, "uop", None)) is not None and is_realized(uop):
+                for part in view_parts(uop):
                     if id(part.base.arg[0]) in wanted:
                         found.setdefault(id(part.base.arg[0]), []).append(weakref.ref(o))
     return found
@@ -669,6 +669,7 @@ class TinyJit(Generic[ReturnType]):
         """The capture that a call with these arguments would replay (None if there is none yet)."""
         return self._captures.get(_signature(args, kwargs)[0])
 
+    @locked  # (a capture's hooks and lineage watch, and a replay's buffers and versions, are process-wide state)
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
         if not JIT:
             return self._run_eagerly(args, kwargs)

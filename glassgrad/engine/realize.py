@@ -19,7 +19,7 @@ from glassgrad.device import Buffer, Device
 from glassgrad.engine.collectives import allreduce
 from glassgrad.helpers import BEAM, DEBUG, NOOPT, TIMING, getenv, kernel_flags
 from glassgrad.runtime.cpu_guard import BufferGuardError
-from glassgrad.schedule import CachedSchedule, ScheduleItem, find_schedule
+from glassgrad.schedule import CachedSchedule, ScheduleItem, find_schedule, view_versions
 from glassgrad.uop.ops import OP_ALLREDUCE, OP_COPY, Ops, UOp
 from glassgrad.uop.params import size_vars
 from glassgrad.uop.sint import sint_eval
@@ -100,6 +100,16 @@ def _pool() -> ThreadPoolExecutor:
         pool = ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="glassgrad-compile")
         _compile_pool = (COMPILE_THREADS, pool)
     return _compile_pool[1]
+
+
+def _forget_compile_pool() -> None:
+    """In a forked child: the parent's compile threads do not exist here (a future given to their pool would never
+    finish, and the child hang), so the next compile makes a new pool."""
+    global _compile_pool
+    _compile_pool = None
+
+
+os.register_at_fork(after_in_child=_forget_compile_pool)
 
 
 def _distinct_name(spec: ProgramSpec, taken: set[str], device: str) -> ProgramSpec:
@@ -246,8 +256,10 @@ capture_hooks: list[Callable[[ScheduleItem], None]] = []
 
 def run_schedule(schedule: list[ScheduleItem]) -> None:
     """Run the items in order. Each kernel runs as soon as its batch is compiled, while later batches still compile.
-    Whatever happens, every compile started here has finished when this returns or raises."""
+    Whatever happens, every compile started here has finished when this returns or raises; on an exception (a
+    Ctrl-C, a failed compile) the writes of the items not run go on it (`note_unfinished`)."""
     compiles = compile_schedule(schedule)
+    done = 0
     try:
         for item in schedule:
             if compiles.jobs:
@@ -255,10 +267,35 @@ def run_schedule(schedule: list[ScheduleItem]) -> None:
             run_item(item)
             for buf, version in item.writes:
                 buf.version = max(buf.version, version)
+            done += 1
             for hook in capture_hooks:
                 hook(item)
+    except BaseException as e:
+        note_unfinished(e, [item.writes for item in schedule], done)
+        raise
     finally:
         compiles.finish()
+
+
+def note_unfinished(e: BaseException, writes: list[tuple[tuple[Buffer, int], ...]], done: int) -> None:
+    """`e` was raised while running items whose writes are `writes`, after `done` of them finished. The item then in
+    progress finished too if its kernel call had returned (`e.glassgrad_ran`, set by the backend: a Ctrl-C is
+    raised after the C call it arrived during): its versions are recorded here. The writes of the items that did
+    not run go on `e` as `glassgrad_unwritten`, for `schedule_and_run` to keep the results that were computed."""
+    if getattr(e, "glassgrad_ran", False) and done < len(writes):
+        for buf, version in writes[done]:
+            buf.version = max(buf.version, version)
+        done += 1
+    e.glassgrad_unwritten = {w for item_writes in writes[done:] for w in item_writes}  # type: ignore[attr-defined]
+
+
+def _keep_finished(e: BaseException, views: dict[UOp, UOp]) -> None:
+    """On `e` (see `note_unfinished`): `glassgrad_views`, the views of `views` whose buffers were written (a
+    realize records those: a later one reads them instead of recomputing them from versions overwritten since)."""
+    unwritten = getattr(e, "glassgrad_unwritten", None)
+    if unwritten is not None:
+        e.glassgrad_views = {node: view for node, view in views.items()  # type: ignore[attr-defined]
+                             if unwritten.isdisjoint(view_versions(view))}
 
 
 def run_item(item: ScheduleItem) -> None:
@@ -326,7 +363,11 @@ def schedule_and_run(outs: list[UOp]) -> dict[UOp, UOp]:
             return views
         found = found.instantiate()
     schedule, views = found
-    run_schedule(schedule)
+    try:
+        run_schedule(schedule)
+    except BaseException as e:
+        _keep_finished(e, views)
+        raise
     return views
 
 
@@ -346,10 +387,17 @@ def replay(hit: CachedSchedule) -> dict[UOp, UOp] | None:
         else:
             return None
     values = hit.key.values()
-    for i, ((ast, refs, _, writes, _), kernel) in enumerate(zip(template.items, kernels)):
-        run_ast(ast, [bufs[r] for r in refs], template.var_vals(i, values), kernel)
-        for ref, offset in writes:
-            buf, version = bufs[ref], base_version[ref] + offset
-            if buf.version < version:
-                buf.version = version
+    done = 0
+    try:
+        for i, ((ast, refs, _, writes, _), kernel) in enumerate(zip(template.items, kernels)):
+            run_ast(ast, [bufs[r] for r in refs], template.var_vals(i, values), kernel)
+            for ref, offset in writes:
+                buf, version = bufs[ref], base_version[ref] + offset
+                if buf.version < version:
+                    buf.version = version
+            done += 1
+    except BaseException as e:
+        note_unfinished(e, [tuple((bufs[r], base_version[r] + k) for r, k in item[3]) for item in template.items], done)
+        _keep_finished(e, template.views_for(bufs, base_version, hit.nodes, hit.outs))
+        raise
     return template.views_for(bufs, base_version, hit.nodes, hit.outs)

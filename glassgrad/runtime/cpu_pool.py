@@ -15,7 +15,9 @@ backend keeps its Python thread pool.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+import weakref
 from collections.abc import Callable
 
 POOL_SOURCE = r"""
@@ -123,6 +125,20 @@ void gg_pool_run(gg_entry fn, void* const* bufs, const long long* vals, long lon
   }
   pthread_mutex_unlock(&run_lock);
 }
+
+/* In a forked child, where only the forking thread exists: no workers, none inside a job or asleep, no job being
+   written, and the mutexes and condition variable made new (a parent's thread may have held a mutex at the fork, and
+   the condition counts the parent's sleepers, whom a broadcast could wait for). The next gg_pool_start starts new
+   workers. */
+void gg_pool_after_fork(void) {
+  started = 0;
+  sleepers = 0;
+  atomic_store(&inside, 0);
+  atomic_store(&generation, (atomic_load(&generation) + 1u) & ~1u);
+  pthread_mutex_init(&run_lock, 0);
+  pthread_mutex_init(&wake_lock, 0);
+  pthread_cond_init(&wake, 0);
+}
 """
 
 class CPool:
@@ -135,12 +151,18 @@ class CPool:
         self.run = self.lib.gg_pool_run
         self.run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
         self.run.restype = None
+        self.lib.gg_pool_after_fork.restype = None
         self.workers = 0
 
     def start(self, workers: int) -> int:
         if workers > self.workers:
             self.workers = self.lib.gg_pool_start(workers)
         return self.workers
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's workers are gone; the pool's state is reset so `start` makes new ones."""
+        self.lib.gg_pool_after_fork()
+        self.workers = 0
 
 
 class LazyPool:
@@ -152,6 +174,13 @@ class LazyPool:
         self._pool: CPool | None = None
         self._tried = False
         self._lock = threading.Lock()
+        _LAZY_POOLS.add(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (a parent's thread may have held it at the fork), the loaded pool reset."""
+        self._lock = threading.Lock()
+        if self._pool is not None:
+            self._pool.after_fork()
 
     def get(self) -> CPool | None:
         if not self._tried:
@@ -163,3 +192,14 @@ class LazyPool:
                         self._pool = None
                     self._tried = True
         return self._pool
+
+
+_LAZY_POOLS: weakref.WeakSet[LazyPool] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for pool in list(_LAZY_POOLS):
+        pool.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

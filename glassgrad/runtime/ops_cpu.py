@@ -18,6 +18,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import pathlib
 import platform
 import subprocess
 import tempfile
@@ -27,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from glassgrad.device import Allocator, Compiled, Compiler
-from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir, getenv
+from glassgrad.device import Allocator, Compiled, Compiler, ran
+from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir, getenv, read_checked, write_checked
 from glassgrad.renderer.cstyle import ClangRenderer, opt_level_of
 from glassgrad.runtime.ccompiler import OPT_FLAG, CCompilerError, CCompilerInfo, find_c_compiler
 from glassgrad.runtime.cpu_guard import check_guards, guarded_alloc, release
@@ -183,6 +184,16 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
+def _forget_pool() -> None:
+    """In a forked child: the parent's threads do not exist here, so the next launch that wants them makes a new pool
+    (work given to the parent's would never be done). The C pool resets itself (`runtime/cpu_pool.py`)."""
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _load_library(binary: bytes) -> ctypes.CDLL:
     """dlopen needs a file: keep it in the cache directory, or (CACHELEVEL=0) in a temporary file removed at once."""
     if CACHELEVEL < 1:
@@ -191,10 +202,22 @@ def _load_library(binary: bytes) -> ctypes.CDLL:
             f.flush()
             return ctypes.CDLL(f.name)  # the mapping outlives the unlinked file
     path = cache_dir() / "lib" / f"{hashlib.sha256(binary).hexdigest()}.so"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if str(path) not in _CHECKED_LIBRARIES and not _holds(path, binary):  # (missing, or damaged: written again whole,
+        path.parent.mkdir(parents=True, exist_ok=True)                     # then renamed into place)
         atomic_write(path, binary)
+    _CHECKED_LIBRARIES.add(str(path))
     return ctypes.CDLL(str(path))
+
+
+_CHECKED_LIBRARIES: set[str] = set()  # the library files this process found whole (a batch's, once for its kernels)
+
+
+def _holds(path: pathlib.Path, binary: bytes) -> bool:
+    """Whether the file at `path` is `binary` (a library cut short or damaged on disk must not be loaded)."""
+    try:
+        return path.stat().st_size == len(binary) and path.read_bytes() == binary
+    except OSError:
+        return False
 
 
 def _address(handle: np.ndarray) -> int:
@@ -243,12 +266,20 @@ class CPUProgram:
                 addresses = [_ADDRESSES[id(h)][1] for h in bufs]
             except KeyError:
                 addresses = _addresses(bufs)
-            fn(*addresses, *vals, 0, outer)
+            try:
+                fn(*addresses, *vals, 0, outer)
+            except BaseException as e:
+                ran(e)
+                raise
         elif self.entry is not None and self.pool is not None and (pool := self.pool.get()) is not None:
             pool.start(threads - 1)
             pointers = (ctypes.c_void_p * len(bufs))(*_addresses(bufs))
             ints = (ctypes.c_longlong * max(1, len(vals)))(*vals)
-            pool.run(self.entry, pointers, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
+            try:
+                pool.run(self.entry, pointers, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
+            except BaseException as e:
+                ran(e)
+                raise
         else:
             self._python_threads(_addresses(bufs) + list(vals), outer, threads)
         return time.perf_counter() - start
@@ -264,9 +295,18 @@ class CPUProgram:
         ints = (ctypes.c_longlong * max(1, len(vals)))(*vals)
         if threads > 1 and self.pool is not None and (pool := self.pool.get()) is not None:
             pool.start(threads - 1)
-            pool.run(self.entry, addresses, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
+            try:
+                pool.run(self.entry, addresses, ints, outer, min(outer, threads * CHUNKS_PER_THREAD))
+            except BaseException as e:
+                ran(e)
+                raise
         else:
-            _ENTRY_TYPE(self.entry)(ctypes.addressof(addresses), ctypes.addressof(ints), 0, outer)
+            entry = _ENTRY_TYPE(self.entry)
+            try:
+                entry(ctypes.addressof(addresses), ctypes.addressof(ints), 0, outer)
+            except BaseException as e:
+                ran(e)
+                raise
         return time.perf_counter() - start
 
     def _python_threads(self, args: list[int], outer: int, threads: int) -> None:
@@ -296,13 +336,13 @@ def _build_pool(compiler: ClangCompiler, src: str) -> bytes:
     """The thread pool's library, built by the kernels' compiler (kept in the cache directory, so once per machine;
     not through the kernel cache, whose compiles tests count)."""
     key = hashlib.sha256(f"{compiler.cache_key}\n{src}".encode()).hexdigest()
-    path = cache_dir() / "lib" / f"pool-{key}.so"
-    if CACHELEVEL >= 1 and path.exists():
-        return path.read_bytes()
+    path = cache_dir() / "lib" / f"pool-{key}.checked"  # (not .so: an older version loads those raw)
+    if CACHELEVEL >= 1 and (binary := read_checked(path)) is not None:
+        return binary
     binary = compiler.compile(src)
     if CACHELEVEL >= 1:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, binary)
+        write_checked(path, binary)
     return binary
 
 

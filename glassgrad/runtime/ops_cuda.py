@@ -27,7 +27,7 @@ try:
 except ImportError as e:  # glassgrad itself imports fine without it; only Device["CUDA"] needs it
     raise ImportError("the CUDA backend needs NVIDIA's cuda-bindings: pip install 'glassgrad[cuda]'") from e
 
-from glassgrad.device import Allocator, Compiled, Compiler, Launch
+from glassgrad.device import Allocator, Compiled, Compiler, Launch, ran
 
 
 class CUDAError(RuntimeError):
@@ -97,6 +97,38 @@ def cuda_include_dirs() -> list[str]:
     return [d for d in candidates if os.path.exists(os.path.join(d, "cuda_fp16.h"))][:1]
 
 
+# ---------- fork: the driver cannot be used in a process forked from one that initialised it ----------
+
+_driver_pid: int | None = None  # the process whose cuInit succeeded, once one has
+_inherited = False  # this process was forked from one that had initialised the driver (set by the at-fork hook)
+
+
+class CUDAForkError(RuntimeError):
+    """CUDA used in a process forked after its parent had initialised the driver (which the driver does not allow)."""
+
+
+def _note_fork() -> None:
+    """After a fork, in the child: from now on CUDA raises here if the parent (or an ancestor) had initialised it."""
+    global _inherited
+    _inherited = _inherited or _driver_pid is not None
+
+
+os.register_at_fork(after_in_child=_note_fork)
+
+
+def check_not_forked() -> None:
+    """Raise `CUDAForkError` in a process forked from one that had initialised CUDA: the driver's state (contexts,
+    memory, modules) belongs to the parent, and a call here would fail or hang, not work. Checked before every driver
+    call that starts something (contexts, memory, copies, compiles' module loads, launches, graphs)."""
+    if _inherited:
+        raise CUDAForkError(
+            f"Cannot use CUDA in a forked subprocess: CUDA was initialised in the parent process (pid {_driver_pid}) "
+            f"before this process (pid {os.getpid()}) was forked from it, and the CUDA driver cannot be used after a "
+            "fork. Start worker processes with the 'spawn' (or 'forkserver') start method "
+            "(multiprocessing.get_context('spawn'), a DataLoader's multiprocessing_context='spawn'), or fork them "
+            "before the first use of CUDA.")
+
+
 # ---------- devices and contexts ----------
 
 @dataclass
@@ -109,6 +141,7 @@ class CUDAContext:
     _timing_events: tuple[Any, Any] | None = field(default=None, repr=False)
 
     def activate(self) -> None:
+        check_not_forked()
         check(driver.cuCtxSetCurrent, self.context)
 
     def synchronize(self) -> None:
@@ -124,16 +157,28 @@ class CUDAContext:
 
 
 def _init_driver() -> int:
-    """cuInit and the number of GPUs; RuntimeError when there is no driver or no GPU."""
+    """cuInit and the number of GPUs; RuntimeError when there is no driver or no GPU, `CUDAForkError` in a process
+    forked from one that had initialised the driver."""
+    global _driver_pid
+    check_not_forked()
     try:
         check(driver.cuInit, 0)
-        return int(check(driver.cuDeviceGetCount))
+        count = int(check(driver.cuDeviceGetCount))
     except Exception as e:  # no libcuda.so raises a cuda.pathfinder error, not a CUresult
         raise RuntimeError(f"CUDA is not available: cuInit failed ({e})") from e
+    _driver_pid = os.getpid()
+    return count
+
+
+def open_context(index: int) -> CUDAContext:
+    """GPU `index`'s `CUDAContext` (`_open_context`, once per GPU); `CUDAForkError` in a forked child, where the
+    parent's contexts cannot be used."""
+    check_not_forked()
+    return _open_context(index)
 
 
 @functools.cache  # one CUDAContext per GPU (a failure is not cached: the exception propagates)
-def open_context(index: int) -> CUDAContext:
+def _open_context(index: int) -> CUDAContext:
     """Retain GPU `index`'s primary context, make it current and read its compute capability."""
     count = _init_driver()
     if not 0 <= index < count:
@@ -308,6 +353,8 @@ class CUDAProgram:
 
     def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1,), local_size: tuple[int, ...] | None = None,
                  vals: tuple[int, ...] = (), work: int = 0, wait: bool = False) -> float:
+        if _inherited:
+            check_not_forked()
         slots, pointers = _KernelParams.packed(bufs, vals)
         if wait:
             self.ctx.activate()
@@ -319,7 +366,11 @@ class CUDAProgram:
             grid, block = _pad3(global_size), _pad3(local_size)
         # (no cuCtxSetCurrent per launch: a function launched while another context is current fails with an
         # invalid-context or invalid-handle status, and is then launched again with its own context made current)
-        status = driver.cuLaunchKernel(self.function, *grid, *block, 0, 0, ctypes.addressof(pointers), 0)[0]
+        try:
+            status = driver.cuLaunchKernel(self.function, *grid, *block, 0, 0, ctypes.addressof(pointers), 0)[0]
+        except BaseException as e:
+            ran(e)
+            raise
         if status != _SUCCESS:
             if status not in _OTHER_CONTEXT:
                 raise CUDAError(f"cuLaunchKernel of {self.name} failed: {driver.CUresult(status).name}", status)
@@ -384,6 +435,8 @@ class CUDAGraph:
         check(driver.cuGraphLaunch, self.executable, 0)
 
     def __del__(self) -> None:
+        if _inherited:  # (the parent's graph: nothing of it to destroy here)
+            return
         try:
             if hasattr(self, "executable"):
                 driver.cuGraphExecDestroy(self.executable)

@@ -89,6 +89,13 @@ class RealizedMap:
         self.owned_epoch += 1
         self._put(self._assigned, value, weakref.ref(view))
 
+    def keep(self, node: UOp, view: UOp) -> None:
+        """`node`'s value is at `view` (a copy in a buffer of its own, never written in place) for as long as the node
+        lives, through `isolated()` too: the random generator's state at a version that is about to be overwritten,
+        while another thread may still be building a graph that reads it (`tensor._RNG.advances`)."""
+        self.owned_epoch += 1
+        self._put(self._assigned, node, lambda: view)
+
     @staticmethod
     def _put(table: dict[int, tuple[weakref.ref[UOp], Callable[[], UOp | None]]], node: UOp,
              view: Callable[[], UOp | None]) -> None:

@@ -178,7 +178,10 @@ def beam_search(ast: UOp, device: str, width: int) -> list[Opt]:
         return hand_coded_optimizations(Kernel(kernel_ast(ast, dev.renderer), dev.renderer))
     path = _cache_path(ast, dev, width)
     if CACHELEVEL >= 1 and not IGNORE_BEAM_CACHE and path.exists():
-        return [Opt(OptOps[op], axis, amount) for op, axis, amount in json.loads(path.read_text())]
+        try:
+            return [Opt(OptOps[op], axis, amount) for op, axis, amount in json.loads(path.read_text())]
+        except (OSError, ValueError, KeyError, TypeError):  # cut short or damaged: searched (and written) again
+            pass
     best = _search(ast, dev, width)
     if CACHELEVEL >= 1:
         path.parent.mkdir(parents=True, exist_ok=True)
