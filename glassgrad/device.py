@@ -88,6 +88,11 @@ class Compiler:
         cannot be built together (then each source is compiled on its own). Compilers with `batches` implement it."""
         return None
 
+    def batch_groups(self, sources: list[str]) -> list[list[str]]:
+        """The sources split into the groups one `compile_batch` can build together (all of them, unless the compiler
+        builds some sources with other flags: the CPU's kernels of another optimisation level)."""
+        return [sources]
+
     def _key(self, src: str) -> str:
         return hashlib.sha256(f"{self.cache_key}\n{src}".encode()).hexdigest()
 
@@ -116,12 +121,14 @@ class Compiler:
 
     def compile_cached_many(self, sources: list[str]) -> list[bytes]:
         """`compile_cached` of each source. The ones not cached yet are built by one `compile_batch` where the
-        compiler can: for a C compiler, starting the process and linking cost more than a small kernel's code, so
-        one run for several kernels saves most of the time. Each source's cache entry is then that shared binary."""
+        compiler can (one per `batch_groups` group): for a C compiler, starting the process and linking cost more than
+        a small kernel's code, so one run for several kernels saves most of the time. Each source's cache entry is
+        then that shared binary."""
         missing = [src for src in sources if self._cached(self._key(src)) is None]
-        if len(missing) > 1 and (binary := self.compile_batch(missing)) is not None:
-            for src in missing:
-                self._store(self._key(src), binary)
+        for group in self.batch_groups(missing) if len(missing) > 1 else []:
+            if len(group) > 1 and (binary := self.compile_batch(group)) is not None:
+                for src in group:
+                    self._store(self._key(src), binary)
         return [self.compile_cached(src) for src in sources]
 
 

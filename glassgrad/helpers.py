@@ -102,9 +102,14 @@ CACHELEVEL = ContextVar("CACHELEVEL", 2)
 JIT = ContextVar("JIT", 1)  # JIT=0: TinyJit functions run eagerly on every call
 CUDAGRAPH = ContextVar("CUDAGRAPH", 1)  # CUDAGRAPH=0: TinyJit replays launch kernel by kernel, not as device graphs
 MEMPLAN = ContextVar("MEMPLAN", 1)  # intermediates of a schedule share memory when their lifetimes do not overlap
+# float32 constants become kernel parameters (uop/params.py): a changed Python number reuses the built kernel
+LIFT_CONSTANTS = ContextVar("LIFT_CONSTANTS", 1)
 SCACHE = ContextVar("SCACHE", 1)  # reuse the schedule of a graph with the structure of one seen before
 TIMING = ContextVar("TIMING", 0)  # time every kernel on the device (adds a sync per kernel); DEBUG>=2 implies it
 IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0)  # BEAM searches again instead of reading its disk cache
+# the C compiler's optimisation level of the CPU kernels the heuristic optimises: 0 (default) the heuristic's choice per
+# kernel (an OPTLEVEL opt, codegen/opt/heuristic.py), 2 or 3 that level for every one (to measure one against the other)
+CPU_OPT_LEVEL = ContextVar("CPU_OPT_LEVEL", 0)
 BEAM_BUDGET = ContextVar("BEAM_BUDGET", 60)  # seconds one kernel's BEAM search may take; then the best so far wins
 # float32 matmuls and convolutions on a GPU with tensor cores (sm_80+) round their factors to TensorFloat-32 (10
 # mantissa bits; float32 range and accumulation): several times faster, ~1e-3 relative error. Opt-in, as in tinygrad
@@ -135,10 +140,10 @@ def codegen_flags() -> tuple[int, ...]:
 
 def kernel_flags() -> tuple[int, ...]:
     """The flags that change the kernel codegen builds for an AST (read when the kernel is built): `codegen_flags`
-    and the choice of opts (BEAM's width, NOOPT). Part of the key of every cache of built kernels
-    (engine/realize.py's, the JIT's captures), so that switching one (`with Context(BEAM=2):`) never reuses a kernel
-    built under the other setting. The compile cache is keyed by the source, which they change."""
-    return (*codegen_flags(), int(BEAM), int(NOOPT))
+    and the choice of opts (the heuristic's CPU_OPT_LEVEL, BEAM's width, NOOPT). Part of the key of every cache of
+    built kernels (engine/realize.py's, the JIT's captures), so that switching one (`with Context(BEAM=2):`) never
+    reuses a kernel built under the other setting. The compile cache is keyed by the source, which they change."""
+    return (*codegen_flags(), int(CPU_OPT_LEVEL), int(BEAM), int(NOOPT))
 
 # tinygrad's flags that glassgrad has under another name: tinygrad's name -> (glassgrad's, value conversion)
 FLAG_ALIASES: dict[str, tuple[str, Callable[[int], int]]] = {

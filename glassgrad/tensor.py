@@ -2172,7 +2172,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             k = index.shape[d]
             order = Tensor.arange(k, device=self.device).reshape((k,) + (1,) * (self.ndim - d))
             hit = hit & (order == hit.where(order, -1).max(d, keepdim=True))
-        summed = onto_self(hit.where(values.unsqueeze(-1), 0).sum(d, keepdim=True, dtype=self.dtype), 0)
+        acc = None if self.dtype.is_float else self.dtype  # halves accumulate in float32, as `sum` (scatter_reduce)
+        summed = onto_self(hit.where(values.unsqueeze(-1), 0).sum(d, keepdim=True, dtype=acc), 0)
         return self + summed if reduce == "add" else any_hit.where(summed, self)
 
     def _scatter_source(self, d: int, index: Tensor, src: Tensor | Scalar) -> Tensor:
@@ -2323,7 +2324,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     @accepts_dim
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
-        """Index of the first maximum (over the flattened tensor when axis is None); NaN counts as the maximum."""
+        """Index of the first maximum (over the flattened tensor when axis is None); NaN counts as the maximum.
+        int32 (tinygrad's dtype), or int64 over more than 2**31 positions."""
         if axis is None:
             flat = self.flatten().argmax(0)
             return flat.reshape((1,) * self.ndim) if keepdim else flat
@@ -2338,7 +2340,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if self.dtype.is_float:  # a NaN is the maximum (max propagates it), as in numpy and PyTorch
             is_max = is_max | (x != x)
         countdown = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - a - 1))
-        return (n - (is_max * countdown).max(a, keepdim)).cast(dtypes.int32)
+        index_dtype = dtypes.int64 if n - 1 > dtypes.int32.max else dtypes.int32  # (int32 wrapped to negatives)
+        return (n - (is_max * countdown).max(a, keepdim)).cast(index_dtype)
 
     @accepts_dim
     def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
@@ -2409,6 +2412,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if dtype is None and self.ndim >= 2 and w.ndim >= 2 and (direct := _matmul_node(self.uop, w.uop)) is not None:
             return Tensor(direct)
         # (..., n, 1, k) * (..., 1, m, k) summed over k
+        x, y = x._product_operand(dtype), y._product_operand(dtype)
         products = x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)
         out = products.sum(-1, dtype=dtype)
         if dtype is None and products.dtype.is_int:  # int8 @ int8 is int8 (wrapping), as in PyTorch and tinygrad;
@@ -2418,6 +2422,17 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if w.ndim == 1:
             out = out.squeeze(-1)
         return out
+
+    def _product_operand(self, dtype: DType | str | None) -> Tensor:
+        """An operand of a sum of products accumulated in `dtype` (matmul, einsum, conv2d's `dtype=`): an int or bool
+        operand is cast to it before the product, so each product is exact in the accumulator (numpy's
+        `matmul(dtype=)`); multiplied in its own dtype first, int8 products wrapped mod 256 before an int32 sum
+        (quantized int8 @ int8 with dtype=int32 was silently wrong). Mod 2**bits, a narrower dtype's result is the
+        same either way; float operands are left as they are (a float32 sum of half products is made exact by the
+        simplifier, `_exact_half_products`)."""
+        if dtype is None or self.dtype.is_float:
+            return self
+        return self.cast(dtype)
 
     def linear(self, weight: Tensor, bias: Tensor | None = None, dtype: DType | str | None = None) -> Tensor:
         """`self @ weight + bias` (`dtype`: the matmul's accumulation and result dtype, as in `matmul`)."""

@@ -160,6 +160,7 @@ def _einsum(formula: str, xs: list[Tensor], dtype: DType | str | None) -> Tensor
     for spec, x in pairs:
         x = x.permute([spec.index(c) for c in sorted(spec)]) if spec else x
         aligned.append(x.reshape([x.shape[sorted(spec).index(c)] if c in spec else 1 for c in alphabet]))
+    aligned = [x._product_operand(dtype) for x in aligned] if len(aligned) > 1 else aligned
     product = aligned[0]
     for x in aligned[1:]:
         product = product * x

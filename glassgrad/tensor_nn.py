@@ -273,7 +273,8 @@ class NNOps:
         xs = windows.reshape(batch, groups, 1, cin_group, *out_sp, *kernel)
         ws = weight.reshape(1, groups, cout // groups, cin_group, *([1] * n), *kernel)
         axes = (3, *range(4 + n, 4 + 2 * n))
-        out = (xs * ws).sum(axes, dtype=dtype).reshape(batch, cout, *out_sp)
+        products = xs._product_operand(dtype) * ws._product_operand(dtype)
+        out = products.sum(axes, dtype=dtype).reshape(batch, cout, *out_sp)
         return out if bias is None else out + bias.reshape(1, cout, *([1] * n))
 
     def _pool(self, k_: Sequence[int], stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1) -> Tensor:

@@ -73,3 +73,12 @@ def _reference_generators_seeded() -> None:
     np.random.seed(0)
     if "torch" in sys.modules:
         sys.modules["torch"].manual_seed(0)
+
+
+@pytest.fixture
+def literal_constants() -> Any:
+    """Kernels keep their float constants as literals (`LIFT_CONSTANTS=0`): for tests that run a schedule's kernel
+    ASTs by hand (their own launch, without the item's `var_vals`, which carry lifted constants' values)."""
+    from glassgrad.helpers import Context
+    with Context(LIFT_CONSTANTS=0):
+        yield

@@ -1,9 +1,11 @@
 """A pytest plugin: also compile every kernel the tests run as CUDA, with NVRTC, for sm_90 (no GPU needed).
 
-Enabled with `CHECK_CUDA_COMPILE=1` (tests/conftest.py loads it). Each time the engine compiles a kernel for the
-device under test, the same kernel AST is rendered by `CUDARenderer` and compiled to an sm_90 CUBIN; a compile
-error fails the test that produced the kernel, with NVRTC's log and the source. At the end the number of distinct
-kernels compiled is printed, so a run that checked nothing is visible.
+Enabled with `CHECK_CUDA_COMPILE=1` (tests/conftest.py loads it). Each time the engine renders a new kernel for
+the device under test (`realize._render`: the one step every compile takes, a lone kernel through
+`compile_kernel` or a schedule's batch through `compile_schedule`, a TinyJit capture too), the same kernel AST is
+rendered by `CUDARenderer` and compiled to an sm_90 CUBIN; a compile error fails the test that produced the kernel,
+with NVRTC's log and the source. At the end the number of distinct kernels compiled is printed, so a run that
+checked nothing is visible.
 """
 from __future__ import annotations
 
@@ -22,13 +24,14 @@ def _compiler() -> Any:
     return CUDACompiler("sm_90")
 
 
-def install() -> None:
-    compiler = _compiler()
+def install(compiler: Any = None) -> None:
+    """Wrap `realize._render` (`compiler`: NVRTC for sm_90 unless given; anything with `compile_cached`)."""
+    compiler = compiler or _compiler()
     from glassgrad.renderer.cuda import CUDARenderer
     renderer = CUDARenderer()
-    original = realize.compile_kernel
+    original = realize._render
 
-    def compile_and_check(device: str, ast: Any) -> Any:
+    def render_and_check(device: str, ast: Any) -> Any:
         spec = get_program(ast, renderer)
         if spec.source not in _checked:
             binary = compiler.compile_cached(spec.source)
@@ -37,7 +40,7 @@ def install() -> None:
             _checked.add(spec.source)
         return original(device, ast)
 
-    realize.compile_kernel = compile_and_check  # type: ignore[assignment]
+    realize._render = render_and_check  # type: ignore[assignment]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:  # called from conftest.py

@@ -407,7 +407,7 @@ def test_only_a_product_used_once_is_fused() -> None:
 def test_the_probe_reads_the_simd_width_from_the_flags(flag: str, width: int) -> None:
     info = Device["CPU"].compiler.info
     base = tuple(f for f in info.flags if f != "-march=native")
-    assert ccompiler._vector_bytes(info.path, (*base, flag)) == width
+    assert ccompiler._vector_bytes(ccompiler._predefined_macros(info.path, (*base, flag))) == width
 
 
 def test_the_renderer_gets_the_probed_width() -> None:

@@ -22,6 +22,9 @@ from glassgrad.uop.ops import Ops
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
+# these tests run schedules' kernel ASTs by hand, or count the kernels that distinct constants make
+pytestmark = pytest.mark.usefixtures("literal_constants")
+
 
 def test_global_counters_count_kernels_flops_and_bytes() -> None:
     a, b = Tensor.rand(64, 64).realize(), Tensor.rand(64, 64).realize()

@@ -309,3 +309,15 @@ def test_cross_entropy_backward_has_no_loop_over_the_classes(smoothing: float, i
     target = np.eye(classes, dtype=np.float64)[labels] * (1 - smoothing) + smoothing / classes
     want = (p - target) * keep[:, None] / keep.sum()
     np.testing.assert_allclose(grad.numpy(), want, atol=1e-6)
+
+
+def test_argmax_past_int32_positions() -> None:
+    """argmax over more than 2**31 positions returns int64 indices: cast to int32 (tinygrad's dtype) the index
+    2**31 + 3 of a 2**31 + 10 element tensor came back as -2147483645. (A lazy comparison with an arange: no
+    memory, one pass over the positions.)"""
+    n = 2**31 + 10
+    hit = Tensor.arange(n) == 2**31 + 3
+    out = hit.argmax()
+    assert out.dtype == dtypes.int64 and out.item() == 2**31 + 3
+    assert hit.argmin().dtype == hit.max(dim=0).indices.dtype == dtypes.int64
+    assert Tensor.arange(2**31).argmax().dtype == dtypes.int32  # every index fits

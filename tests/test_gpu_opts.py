@@ -89,6 +89,7 @@ def test_launch_opts_need_a_gpu(op: OptOps) -> None:
 
 # ---------------------------------------------------------------------------------------------- launch shapes
 
+@pytest.mark.usefixtures("literal_constants")
 def test_local_launch() -> None:
     """Two LOCALs: the work-group's 256 threads span 4 rows of 64 (the thread id flattens them as the loops would
     nest: row-major); the 64 / 4 row blocks are the work-groups."""
@@ -326,6 +327,7 @@ def test_launch_opts_compile_for_sm_90(name: str, nvrtc: Any) -> None:
 
 
 @pytest.mark.parametrize("name", CASES)
+@pytest.mark.usefixtures("literal_constants")  # (kernel ASTs run by hand)
 def test_launch_opts_on_gpu(cuda: str, name: str) -> None:
     """On a GPU: the kernel with the opts computes what the unoptimised kernel computes on the CPU."""
     make, opts = CASES[name]

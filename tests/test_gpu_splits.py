@@ -66,3 +66,37 @@ def test_a_bf16_factor_read_by_two_matmuls_is_stored_once() -> None:
     programs = glassgrad.kernels(loss, *loss.gradient(x, w, b, weight), device="CUDA")
     stores = [p.name for p in programs if p.name == "E_8_64_96" and "__nv_bfloat16* __restrict__ data0" in p.source]
     assert len(stores) == 1, [p.name for p in programs]
+
+
+@pytest.mark.parametrize("n", [2**31 + 77, 1_000_003, 2 * 999_983, 17 * 65_537])
+def test_lengths_without_a_good_divisor_split_into_full_parts(n: int) -> None:
+    """Rendered for CUDA (no GPU needed): the sum of a length with no divisor in 64..256 is split into 256 parts,
+    the reduction padded with zeros to a multiple. The parts had to divide it: 2**31 + 77 = 25 x 85899349 gave 25
+    work-groups whose threads each summed 335,000 values in float32 (the mean of 2**31 uint8 values of ~125 came
+    out 124.72 on an H200), a prime length one work-group (one multiprocessor of 132)."""
+    import glassgrad
+    from glassgrad import dtypes
+    x = Tensor.empty(n, dtype=dtypes.uint8)
+    programs = glassgrad.kernels(x.float().mean(), device="CUDA")
+    assert [p.global_size[0] for p in programs] == [256, 1], [(p.name, p.global_size) for p in programs]
+
+
+PADDED = {  # each needs the padding to be its reduction's identity
+    "sum": (lambda t: t.sum(), lambda a: a.astype(np.float64).sum()),
+    "max of negatives": (lambda t: (-t.abs() - 1).max(), lambda a: (-np.abs(a) - 1).max()),
+    "min of positives": (lambda t: (t.abs() + 1).min(), lambda a: (np.abs(a) + 1).min()),
+    "prod of signs": (lambda t: t.sign().prod(), lambda a: np.prod(np.sign(a))),  # (exact: a 0 in the padding shows)
+    "argmax": (lambda t: t.argmax(), lambda a: a.argmax()),
+    "all": (lambda t: (t > -10).all(), lambda a: (a > -10).all()),
+    "int max of negatives": (lambda t: (-(t.abs() * 100).int() - 1).max(),
+                             lambda a: (-(np.abs(a) * 100).astype(np.int32) - 1).max()),
+}
+
+
+@pytest.mark.parametrize("name", list(PADDED))
+def test_padded_split_reductions_match_numpy(name: str) -> None:
+    """A prime length (1,000,003) is split with padding (on every device: the CPU splits such reductions for its
+    threads); sum, max, min, prod, argmax, all and an int max each see only their own identity in the padding."""
+    a = np.random.default_rng(0).standard_normal(1_000_003).astype(np.float32)
+    got, want = PADDED[name][0](Tensor(a)).numpy(), PADDED[name][1](a)
+    np.testing.assert_allclose(got, want, rtol=1e-4)

@@ -46,3 +46,37 @@ def test_elementwise_half_products_still_round() -> None:
     """Only a sum's products are exact: `x * y` of halves is a half, rounded as PyTorch rounds it."""
     (a, a64), (b, b64) = halves((1000,), "float16", 1e-3, 4), halves((1000,), "float16", 1e-3, 5)
     np.testing.assert_array_equal((a * b).numpy(), (a64 * b64).astype(np.float16))
+
+
+INT_PRODUCTS = {
+    "matmul": (lambda a, b, dt: a.matmul(b, dtype=dt), lambda a, b: a @ b),
+    "dot": (lambda a, b, dt: a.dot(b, dtype=dt), lambda a, b: a @ b),
+    "linear": (lambda a, b, dt: a.linear(b, dtype=dt), lambda a, b: a @ b),
+    "einsum": (lambda a, b, dt: Tensor.einsum("ij,jk->ik", a, b, dtype=dt), lambda a, b: a @ b),
+    "conv2d": (lambda a, b, dt: a.reshape(1, 1, *a.shape).conv2d(b.T.reshape(b.shape[1], 1, 1, b.shape[0]), dtype=dt)
+               .reshape(b.shape[1], a.shape[0]).T, lambda a, b: a @ b),
+}
+
+
+@pytest.mark.parametrize("acc", ["int32", "int64", "float32"])
+@pytest.mark.parametrize("src", ["int8", "uint8", "int16"])
+@pytest.mark.parametrize("op", list(INT_PRODUCTS))
+def test_int_products_are_exact_in_the_accumulation_dtype(op: str, src: str, acc: str) -> None:
+    """int8 @ int8 accumulated in int32 (a quantized layer) sums the exact products, as numpy's matmul(dtype=): each
+    product was computed (and wrapped, mod 256) in int8 before the int32 sum, so products of ~100s were garbage."""
+    rng = np.random.default_rng(0)
+    lo, hi = (0, 255) if src == "uint8" else (-120, 120) if src == "int8" else (-300, 300)  # (sums exact in float32)
+    a, b = rng.integers(lo, hi, (9, 40)).astype(src), rng.integers(lo, hi, (40, 5)).astype(src)
+    fn, ref = INT_PRODUCTS[op]
+    out = fn(Tensor(a), Tensor(b), getattr(dtypes, acc))
+    assert out.dtype == getattr(dtypes, acc)
+    want = ref(a.astype(np.int64), b.astype(np.int64))
+    np.testing.assert_array_equal(out.numpy(), want.astype(acc))
+
+
+def test_int_products_without_a_dtype_still_wrap_in_theirs() -> None:
+    """Without `dtype`, int8 @ int8 stays int8 and wraps (PyTorch's and tinygrad's result dtype)."""
+    a = np.full((2, 3), 100, np.int8)
+    out = Tensor(a) @ Tensor(a.T.copy())
+    assert out.dtype == dtypes.int8
+    np.testing.assert_array_equal(out.numpy(), (a.astype(np.int64) @ a.T.astype(np.int64)).astype(np.int8))

@@ -22,10 +22,11 @@ cpu_only = pytest.mark.skipif(Device.DEFAULT != "CPU", reason="the CPU backend's
 
 
 def run_script(prelude: str, code: str = "", timeout: float = 120, env: dict[str, str] | None = None) -> str:
-    """Run `prelude` and `code` (each dedented) in a fresh interpreter (this checkout's glassgrad); its stdout. Fails on
-    a non-zero exit, and on a hang (after `timeout` seconds)."""
+    """Run `prelude` and `code` (each dedented) in a fresh interpreter (this checkout's glassgrad, on the CPU unless
+    `env` says otherwise); its stdout. Fails on a non-zero exit, and on a hang (after `timeout` seconds)."""
+    # (on the CPU backend, whatever DEV this suite runs under: a forked child cannot use CUDA, by design)
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               **(env or {})}
+               "DEV": "CPU", **(env or {})}
     with tempfile.TemporaryDirectory() as tmp:  # (a file, not -c: a spawned child imports the main module)
         script = pathlib.Path(tmp) / "scenario.py"
         script.write_text(textwrap.dedent(prelude) + "\n" + textwrap.dedent(code))

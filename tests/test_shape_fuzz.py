@@ -778,6 +778,7 @@ def test_argmax_of_libm_expression(shape: Shape, axis: int) -> None:
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.usefixtures("literal_constants")
 def test_max_reduction_names_its_value_once() -> None:
     """The C renderer's max accumulation `(v > acc || v != v) ? v : acc` names an expression v once instead of
     writing it out three times (gcc 12 made NaN flags from such a repeated select); the values stay numpy's."""

@@ -327,6 +327,20 @@ def test_reductions_with_special_values(name: str, row: str) -> None:
     assert_special_close(op(Tensor(x, device=DEVICE)).numpy(), ref, 1e-6, DENORMAL, x)
 
 
+@pytest.mark.parametrize("where", [(1, 5), (0, 0), (8, 999), (4, 500)])
+def test_whole_max_keeps_an_earlier_rows_nan(where: tuple[int, int]) -> None:
+    """max()/min() of a (9, 1000) matrix with one NaN is NaN. The CPU kernel loops over the rows with an OpenMP simd
+    max of each row inside; the NaN flag of a row was reset for the next row and the NaN already in the accumulator
+    was lost (`v > NaN` is false, OpenMP's max combine drops it): 3.26 came back, or inf with an inf in a later row."""
+    x = np.random.default_rng(0).standard_normal((9, 1000)).astype(np.float32)
+    x[where] = NAN
+    x[6, 7] = INF
+    t = Tensor(x, device=DEVICE)
+    assert np.isnan(t.max().numpy()) and np.isnan(t.min().numpy())
+    assert np.isnan(t.permute(1, 0).max().numpy())
+    assert np.isnan(t.max(0).numpy()[where[1]])
+
+
 def test_empty_reductions() -> None:
     """sum and prod of nothing are their identities, mean NaN, logsumexp -inf (log 0, as PyTorch; it raised from
     its max); max, min and argmax of nothing raise (no identity), as in numpy and PyTorch."""

@@ -144,6 +144,7 @@ def test_realized_symbolic_tensor(x: Tensor, n: int) -> None:
     assert a.tolist() == (X[:n] * 3).tolist()
 
 
+@pytest.mark.usefixtures("literal_constants")
 def test_one_kernel_serves_every_size(x: Tensor, monkeypatch: pytest.MonkeyPatch) -> None:
     """Realizing with the Variable bound to 3 and then to 7 compiles one kernel; both results are right."""
     v = Variable("once", 1, 10)  # a name no other test uses: its kernel is not in the cache yet
@@ -188,6 +189,7 @@ def _gpu_kernels(n: int, device: str) -> list[ProgramSpec]:
 
 
 @pytest.mark.parametrize("n", [1, 300, 2000])
+@pytest.mark.usefixtures("literal_constants")
 def test_gpu_kernels_take_the_variable(n: int) -> None:
     cuda, metal = _gpu_kernels(n, "CUDA"), _gpu_kernels(n, "METAL")
     assert all(s.vars == ("i",) and "const int i)" in s.source for s in cuda)

@@ -40,11 +40,17 @@ class ProgramSpec:
     uops: tuple[UOp, ...]
     vars: tuple[str, ...] = ()
     opts: tuple[Opt, ...] = ()  # the optimisations applied
+    opt_level: int | None = None  # the compiler optimisation level an OPTLEVEL opt chose (in the source's first line)
 
     def __repr__(self) -> str:
         sizes = [render_sint(g) for g in self.global_size]
         grid = "(" + ", ".join(sizes) + ("," if len(sizes) == 1 else "") + ")"
         return f"<Kernel {self.name} global={grid} local={self.local_size}>"
+
+    def renamed(self, name: str, renderer: CStyleLanguage) -> ProgramSpec:
+        """The same kernel rendered under another name (to share one compiler run with a kernel of its name)."""
+        return replace(self, name=name, source=renderer.with_opt_level(renderer.render(name, list(self.uops)),
+                                                                       self.opt_level))
 
     def at(self, var_vals: dict[str, int]) -> ProgramSpec:
         """This spec with its symbolic sizes evaluated for the given Variable values."""
@@ -146,6 +152,7 @@ def _get_program(ast: UOp, renderer: CStyleLanguage, opts: list[Opt] | None) -> 
         if global_ranges and not outer_loop_splits(ast, global_ranges[0]):
             work = 0  # one thread runs the whole outer loop (see `outer_loop_splits`)
     program = linearize(ast, upcast)
-    source = renderer.render(name, program)
+    source = renderer.with_opt_level(renderer.render(name, program), kernel.opt_level)
     variables = tuple(u.arg[0] for u in program if u.op is Ops.DEFINE_VAR)
-    return ProgramSpec(name, source, global_size, local_size, flops, work, tuple(program), variables, tuple(opts))
+    return ProgramSpec(name, source, global_size, local_size, flops, work, tuple(program), variables, tuple(opts),
+                       kernel.opt_level)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from glassgrad.codegen.linearize import Scopes
 from glassgrad.dtype import dtypes
 from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.params import is_const_param
 from glassgrad.uop.pattern import substitute
 from glassgrad.uop.symbolic import divmod_under, gate_bounds, simplify
 
@@ -63,7 +64,8 @@ def polyphase(ast: UOp) -> UOp:
 def _find(ast: UOp) -> tuple[UOp, _Congruence] | None:
     nodes = ast.toposort()
     reduces = [u for u in nodes if u.op is Ops.REDUCE]
-    if len(reduces) != 1 or reduces[0].arg is not Ops.ADD or any(u.op is Ops.DEFINE_VAR for u in nodes):
+    sized = any(u.op is Ops.DEFINE_VAR and not is_const_param(u) for u in nodes)  # (a symbolic size)
+    if len(reduces) != 1 or reduces[0].arg is not Ops.ADD or sized:
         return None
     red = reduces[0]
     clauses = _guards(red.src[0])

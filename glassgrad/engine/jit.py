@@ -72,6 +72,7 @@ from glassgrad.tensor import (
     requires_grad_changes,
 )
 from glassgrad.uop.ops import Ops, UOp
+from glassgrad.uop.params import size_vars
 from glassgrad.uop.sint import rebind, sint_eval, unbind
 
 ReturnType = TypeVar("ReturnType")
@@ -261,6 +262,7 @@ class _Kernel:
     inputs: list[tuple[int, int]]  # (argument position, input index)
     spec: ProgramSpec | None = None  # with Variables only
     var_vals: dict[str, int] = field(default_factory=dict)
+    vals: tuple[int, ...] = ()  # without Variables: its lifted constants' values (uop/params.py), the same each call
 
     @property
     def changes_per_call(self) -> bool:
@@ -273,7 +275,7 @@ class _Kernel:
         for pos, i in self.inputs:
             args[pos] = handles[i]
         if self.spec is None:
-            return Launch(self.program, args, self.global_size, self.local_size, (), self.work), self.flops
+            return Launch(self.program, args, self.global_size, self.local_size, self.vals, self.work), self.flops
         values, spec = {**self.var_vals, **var_vals}, self.spec
         if any(name not in values for name in spec.vars):
             spec.at(values)  # (raises: which Variables have no value)
@@ -487,10 +489,12 @@ class _Capture:
         kernel = compile_kernel(step.device, step.item_ast)
         args = [None if isinstance(b, int) else b.handle for b in bufs]
         inputs = [(pos, b) for pos, b in enumerate(bufs) if isinstance(b, int)]
+        sized = bool(size_vars(kernel.spec.vars))  # (lifted constants keep their captured values: not per call)
         spec = kernel.spec.at(step.var_vals) if kernel.spec.vars else kernel.spec  # the captured launch
         return _Kernel(kernel.program, spec.name, step.device, tuple(sint_eval(g) for g in spec.global_size),
                        spec.local_size, sint_eval(spec.work), sint_eval(spec.flops), step.nbytes, args, inputs,
-                       kernel.spec if kernel.spec.vars else None, step.var_vals)
+                       kernel.spec if sized else None, step.var_vals,
+                       () if sized else tuple(step.var_vals[name] for name in kernel.spec.vars))
 
     def replay(self, tensors: list[Tensor], inputs: list[Buffer], var_vals: dict[str, int]) -> Any:
         self._check_outside_reads()

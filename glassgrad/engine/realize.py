@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from glassgrad.codegen import ProgramSpec, get_program
@@ -21,6 +21,7 @@ from glassgrad.helpers import BEAM, DEBUG, NOOPT, TIMING, getenv, kernel_flags
 from glassgrad.runtime.cpu_guard import BufferGuardError
 from glassgrad.schedule import CachedSchedule, ScheduleItem, find_schedule, view_versions
 from glassgrad.uop.ops import OP_ALLREDUCE, OP_COPY, Ops, UOp
+from glassgrad.uop.params import size_vars
 from glassgrad.uop.sint import sint_eval
 
 
@@ -54,7 +55,8 @@ class CompiledKernel:
     fixed: tuple[int, int] | None = field(init=False)
 
     def __post_init__(self) -> None:
-        self.fixed = None if self.spec.vars else (sint_eval(self.spec.flops), sint_eval(self.spec.work))
+        fixed = not size_vars(self.spec.vars)  # (lifted constants are parameters, not sizes)
+        self.fixed = (sint_eval(self.spec.flops), sint_eval(self.spec.work)) if fixed else None
 
 
 KernelKey = tuple[str, UOp, tuple[int, ...]]
@@ -116,7 +118,7 @@ def _distinct_name(spec: ProgramSpec, taken: set[str], device: str) -> ProgramSp
     if spec.name not in taken:
         return spec
     name = f"{spec.name}_{hashlib.sha256(spec.source.encode()).hexdigest()[:8]}"
-    return replace(spec, name=name, source=Device[device].renderer.render(name, list(spec.uops)))
+    return spec.renamed(name, Device[device].renderer)
 
 
 @dataclass
@@ -323,6 +325,8 @@ def launch(kernel: CompiledKernel, bufs: Sequence[Buffer], var_vals: dict[str, i
     vals: tuple[int, ...] = ()
     if kernel.fixed is not None:  # (nearly every kernel: no Variables, nothing to evaluate per launch)
         spec, (flops, work) = kernel.spec, kernel.fixed
+        if spec.vars:  # lifted constants (uop/params.py)
+            vals = tuple(var_vals[name] for name in spec.vars)
     else:
         spec = kernel.spec.at(var_vals)  # symbolic sizes: this launch's
         vals = tuple(var_vals[name] for name in spec.vars)
@@ -382,10 +386,11 @@ def replay(hit: CachedSchedule) -> dict[UOp, UOp] | None:
             kernels.append(kernel)
         else:
             return None
+    values = hit.key.values()
     done = 0
     try:
-        for (ast, refs, _, writes, var_vals), kernel in zip(template.items, kernels):
-            run_ast(ast, [bufs[r] for r in refs], var_vals, kernel)
+        for i, ((ast, refs, _, writes, _), kernel) in enumerate(zip(template.items, kernels)):
+            run_ast(ast, [bufs[r] for r in refs], template.var_vals(i, values), kernel)
             for ref, offset in writes:
                 buf, version = bufs[ref], base_version[ref] + offset
                 if buf.version < version:

@@ -88,6 +88,16 @@ class CStyleLanguage:
         dtypes.float32: "float", dtypes.float64: "double"}
     float_functions: dict[Ops, str] = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin",
                                        Ops.TRUNC: "trunc", Ops.POW: "pow", Ops.MOD: "fmod"}
+    # the compiler optimisation levels an OPTLEVEL opt may choose (none: the backend's compiler has one setting), and
+    # the level of a kernel without one
+    opt_levels: tuple[int, ...] = ()
+    default_opt_level = 0
+
+    def with_opt_level(self, source: str, level: int | None) -> str:
+        """A rendered kernel's source, marked to be built at optimisation `level` (None: the compiler's default)."""
+        if level is None:
+            return source
+        raise NotImplementedError(f"{type(self).__name__} has no optimisation levels")
 
     def supported_dtypes(self) -> set[DType]:
         """The dtypes this device's kernels can compute with (tinygrad's `renderer.supported_dtypes()`, which its
@@ -441,10 +451,11 @@ class CStyleLanguage:
                     nan_flags[u] = (max_acc.src[0], flag)
                     # OpenMP's max identity may be the lowest finite value (clang's) rather than -inf: a row of -infs
                     # would then come out as -FLT_MAX, so the start value is kept and restored if no element is above
-                    # -inf (and NaNs are flagged apart)
+                    # -inf (and NaNs are flagged apart). The flag starts set when the accumulator already holds a
+                    # NaN (from an earlier pass of an outer loop): OpenMP's max combine would drop it
                     acc_name = names[max_acc.src[0]]
-                    line(f"int {flag} = 0, {flag}_above = 0; {self.render_dtype(max_acc.dtype)} {flag}_start = "
-                         f"{acc_name};")
+                    line(f"int {flag} = {acc_name} != {acc_name}, {flag}_above = 0; "
+                         f"{self.render_dtype(max_acc.dtype)} {flag}_start = {acc_name};")
                     line(f"#pragma omp simd reduction(max:{acc_name}) reduction(|:{flag}) reduction(|:{flag}_above)")
                     line(f"for ({self.loop_var_type(u.dtype)} {names[u]} = 0; {names[u]} < {a[0]}; {names[u]}++) {{")
                 else:
@@ -1092,29 +1103,50 @@ def _calls_svml_function(text: str) -> bool:
     return any(f"{fn}{suffix}(" in text for fn, _ in SVML_FUNCTIONS for suffix in ("f", ""))
 
 
+def opt_level_line(level: int) -> str:
+    """The first line of a CPU kernel's source built at `-O<level>` (an OPTLEVEL opt): the C compiler
+    (`runtime/ops_cpu.py`) reads it back with `opt_level_of` and builds the kernel with that level. A comment, so
+    the source compiles alike without it; in the source, so every cache keyed by the source (the compile cache, BEAM's
+    candidates, the batches of one compiler run) tells the levels apart."""
+    return f"/* glassgrad: built with -O{level} */"
+
+
+_OPT_LEVEL_LINE = re.compile(r"/\* glassgrad: built with -O(\d) \*/\n")
+
+
+def opt_level_of(source: str) -> int | None:
+    """The optimisation level `opt_level_line` asked for at the start of `source`, else None (the default)."""
+    found = _OPT_LEVEL_LINE.match(source)
+    return int(found.group(1)) if found else None
+
+
 class ClangRenderer(CStyleLanguage):
     """C for the CPU backend. The outermost loop runs over [start, end) so the runtime can split it over threads."""
     device = "CPU"
+    opt_levels = (2, 3)  # gcc's and clang's -O2 (the default, `runtime/ccompiler.py` BASE_FLAGS) and -O3
+    default_opt_level = 2
     extra_matcher = float32_compute
     type_names = {**CStyleLanguage.type_names, dtypes.float16: "unsigned short", dtypes.bfloat16: "unsigned short"}
 
     def __init__(self, native_half: bool = False, omp_simd: bool = True, vector_bytes: int = 64,
-                 max_lanes: bool = True) -> None:
+                 max_lanes: bool = True, family: str = "") -> None:
         """What the C compiler can do (`runtime/ccompiler.py` probes it; the defaults build with any C99 compiler):
         `native_half`: float16 is `_Float16`, else its 16 bits (`unsigned short`) converted by exact helpers;
         `omp_simd`: the compiler takes `-fopenmp-simd`, so loops get `#pragma omp simd` hints; `vector_bytes`: the
         width of the SIMD registers it targets (64: AVX-512, 32: AVX2), which sizes the optimiser's register tiles;
         `max_lanes`: a row max needs accumulator lanes of less than a register (8, 4) to vectorise (clang 14 leaves
-        its NaN-aware select scalar without them; gcc vectorises the plain loop, 4x faster than with them)."""
+        its NaN-aware select scalar without them; gcc vectorises the plain loop, 4x faster than with them); `family`:
+        'gcc' or 'clang' ('' another or none), whose measured optimisation levels the heuristic picks by kernel kind."""
         self.native_half = native_half
         self.omp_simd = omp_simd
         self.vector_bytes = vector_bytes
         self.max_lanes = max_lanes
+        self.family = family
         self.type_names = {**self.type_names, dtypes.float16: "_Float16" if native_half else "unsigned short"}
 
     def __repr__(self) -> str:
         return f"ClangRenderer(native_half={self.native_half}, omp_simd={self.omp_simd}, " \
-            f"vector_bytes={self.vector_bytes}, max_lanes={self.max_lanes})"
+            f"vector_bytes={self.vector_bytes}, max_lanes={self.max_lanes}, family={self.family!r})"
 
     wide_index_type = "long long"
     split_strided_base = True
@@ -1256,6 +1288,14 @@ class ClangRenderer(CStyleLanguage):
         if not _reads_backwards_unvectorised(program, _simd_loops(program)):
             return source
         return source.replace(f"void {name}(", f"{_NO_AUTO_VECTORIZER}\nvoid {name}(", 1)
+
+    def with_opt_level(self, source: str, level: int | None) -> str:
+        """The source headed by `opt_level_line` (none for the default level: its source is the one it always was)."""
+        if level is None or level == self.default_opt_level:
+            return source
+        if level not in self.opt_levels:
+            raise ValueError(f"the CPU's optimisation levels are {self.opt_levels}, not {level!r}")
+        return f"{opt_level_line(level)}\n{source}"
 
     def render_kernel(self, name: str, params: list[str], body: list[str], local_size: int = 1) -> str:
         signature = ", ".join([*params, "long long start", "long long end"])

@@ -12,6 +12,8 @@ its capabilities, each found by building (and, where numbers matter, running) a 
 * `omp_simd`: `-fopenmp-simd` is accepted, so the renderer's `#pragma omp simd` hints mean something.
 * `march_native`: `-march=native` is accepted (code for this machine's vector units).
 * `vector_math`: glibc's SIMD `exp2f`/`log2f`/`sinf` (libmvec) link and load (`-DGG_VECTOR_MATH`).
+* `vector_bytes`, `family`: the widest SIMD registers the flags allow, and whether it is gcc or clang, from the
+  macros it predefines (the heuristic sizes register tiles by the first and picks optimisation levels by the second).
 * `svml_libmvec`: the compiler takes `-fveclib=SVML` and then vectorises a loop of `exp2f` into calls of SVML's
   names, which the renderer's definitions (`renderer/cstyle.py`, `SVML_WRAPPERS`) forward to glibc's libmvec: the
   library builds, loads and computes exp2f (`-fveclib=SVML -DGG_SVML_LIBMVEC`). clang 14: its libmvec table has no
@@ -50,7 +52,9 @@ from glassgrad.renderer.cstyle import SVML_WRAPPERS, ClangRenderer
 # rounds like numpy), -fno-math-errno (math functions may vectorise; NaN and inf handling is unchanged),
 # -fno-trapping-math (no program here reads the floating-point exception flags, so both arms of a select may be
 # computed: gcc then vectorises a loop whose selects hold arithmetic, GELU's tanh among them; values are unchanged)
-BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math")
+# -O2 unless a kernel asks for another level (an OPTLEVEL opt: `ClangCompiler.flags_for`, docs/OPTIMIZER.md)
+OPT_FLAG = "-O2"
+BASE_FLAGS = (OPT_FLAG, "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math")
 # tried as groups (a group is taken whole or not at all), each where the compiler accepts it:
 # * -fno-ivopts: gcc 12.2's induction-variable pass rewrote a read of a local array (a register tile's accumulators,
 #   in a loop of masked stores: a column max or sum over a padded row of 257 or 1021) as an address based on the
@@ -97,6 +101,7 @@ class CCompilerInfo:
     vector_math: bool = False
     svml_libmvec: bool = False
     vector_bytes: int = 16
+    family: str = ""  # 'gcc' or 'clang' (from its predefined macros), '' for another compiler
     problem: str = ""
 
     def describe(self) -> str:
@@ -291,19 +296,31 @@ def _has_svml_libmvec(path: str, flags: tuple[str, ...]) -> bool:
 # the widest SIMD registers the flags let the compiler use, from its predefined macros (bytes); 16 (SSE2, NEON, or
 # nothing known) otherwise
 SIMD_MACROS = (("__AVX512F__", 64), ("__AVX__", 32))
+# which compiler it is, from the same macros (clang defines __GNUC__ too, so it is asked first): the optimisation
+# level a kernel kind measured fastest at depends on it (codegen/opt/heuristic.py, `_level_for_kind`)
+FAMILY_MACROS = (("__clang__", "clang"), ("__GNUC__", "gcc"))
 
 
-def _vector_bytes(path: str, flags: tuple[str, ...]) -> int:
-    """How wide the SIMD registers the kernels may use are, in bytes (`-march=native` decides): the heuristic's
-    register tiles are sized by it (codegen/opt/heuristic.py)."""
+def _predefined_macros(path: str, flags: tuple[str, ...]) -> set[str]:
+    """The names of the macros the compiler predefines with these flags (empty if it cannot say)."""
     try:
         proc = subprocess.run([path, *[f for f in flags if f != "-shared"], "-dM", "-E", "-x", "c", "-"], input=b"",
                               capture_output=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
-        return 16
-    defined = {line.split()[1] for line in proc.stdout.decode(errors="replace").splitlines()
-               if line.startswith("#define ") and len(line.split()) > 1}
+        return set()
+    return {line.split()[1] for line in proc.stdout.decode(errors="replace").splitlines()
+            if line.startswith("#define ") and len(line.split()) > 1}
+
+
+def _vector_bytes(defined: set[str]) -> int:
+    """How wide the SIMD registers the kernels may use are, in bytes (`-march=native` decides): the heuristic's
+    register tiles are sized by it (codegen/opt/heuristic.py)."""
     return next((width for macro, width in SIMD_MACROS if macro in defined), 16)
+
+
+def _family(defined: set[str]) -> str:
+    """'gcc', 'clang', or '' for a compiler that is neither."""
+    return next((family for macro, family in FAMILY_MACROS if macro in defined), "")
 
 
 def _version(path: str) -> str:
@@ -339,16 +356,19 @@ def probe(command: str, path: str) -> CCompilerInfo:
     svml = svml and vector_math
     if svml:  # ... and defines SVML's names as them under this one
         flags = (*flags, *SVML_FLAGS)
+    defined = _predefined_macros(path, flags)
     return dataclasses.replace(info, flags=flags, libs=libs, native_half=native_half, native_bfloat16=native_bfloat16,
                                omp_simd="-fopenmp-simd" in flags, march_native="-march=native" in flags,
-                               vector_math=vector_math, svml_libmvec=svml, vector_bytes=_vector_bytes(path, flags))
+                               vector_math=vector_math, svml_libmvec=svml, vector_bytes=_vector_bytes(defined),
+                               family=_family(defined))
 
 
 # ---------- caching: in memory, and on disk keyed by the compiler's identity ----------
 
 _PROBES_KEY = hashlib.sha256("\n".join([*BASE_FLAGS, *map(" ".join, OPTIONAL_FLAGS), KERNEL_PROBE, SIMD_PROBE,
                                         HALF_PROBE, BFLOAT16_PROBE, VECTOR_MATH_PROBE, SVML_PROBE, *SVML_FLAGS,
-                                        repr(HALF_CHECKS.tolist()), repr(SIMD_MACROS)]).encode())
+                                        repr(HALF_CHECKS.tolist()), repr(SIMD_MACROS),
+                                        repr(FAMILY_MACROS)]).encode())
 _MEMORY: dict[str, CCompilerInfo] = {}
 
 

@@ -30,8 +30,8 @@ import numpy as np
 
 from glassgrad.device import Allocator, Compiled, Compiler, ran
 from glassgrad.helpers import CACHELEVEL, atomic_write, cache_dir, getenv, read_checked, write_checked
-from glassgrad.renderer.cstyle import ClangRenderer
-from glassgrad.runtime.ccompiler import CCompilerError, CCompilerInfo, find_c_compiler
+from glassgrad.renderer.cstyle import ClangRenderer, opt_level_of
+from glassgrad.runtime.ccompiler import OPT_FLAG, CCompilerError, CCompilerInfo, find_c_compiler
 from glassgrad.runtime.cpu_guard import check_guards, guarded_alloc, release
 from glassgrad.runtime.cpu_pool import LazyPool
 
@@ -108,20 +108,39 @@ class ClangCompiler(Compiler):
         if self.info is None:
             return ClangRenderer()
         return ClangRenderer(native_half=self.info.native_half, omp_simd=self.info.omp_simd,
-                             vector_bytes=self.info.vector_bytes, max_lanes="-mllvm" in self.info.flags)
+                             vector_bytes=self.info.vector_bytes, max_lanes="-mllvm" in self.info.flags,
+                             family=self.info.family)
 
     def describe(self) -> str:
         return self.info.describe() if self.info else "no C compiler"
 
+    def flags_for(self, level: int | None) -> list[str]:
+        """The flags a kernel of optimisation `level` is built with: the probed flags with their `-O2` replaced by
+        `-O<level>` (an OPTLEVEL opt's choice, read from the kernel's first line); None: the probed flags."""
+        if level is None:
+            return self.flags
+        if OPT_FLAG not in self.flags:  # (the probe's flags always start with BASE_FLAGS)
+            raise RuntimeError(f"the CPU compiler's flags {self.flags} have no {OPT_FLAG} to replace by -O{level}")
+        return [f"-O{level}" if flag == OPT_FLAG else flag for flag in self.flags]
+
+    def batch_groups(self, sources: list[str]) -> list[list[str]]:
+        """The kernels of each optimisation level (a compiler run has one), in the order their levels first occur."""
+        groups: dict[int | None, list[str]] = {}
+        for src in sources:
+            groups.setdefault(opt_level_of(src), []).append(src)
+        return list(groups.values())
+
     def _try_compile(self, src: str) -> tuple[bytes | None, str]:
         """(the shared library, or None if the compiler failed; the compiler's messages). Safe to call from several
-        threads at once: each call has its own process and temporary directory."""
+        threads at once: each call has its own process and temporary directory. The flags are those of the
+        optimisation level the source's first line asks for (the first kernel's, for a batch: `batch_groups` puts
+        kernels of one level together)."""
         if self.error is not None:
             raise self.error
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "kernel.so")
-            proc = subprocess.run([self.cc, *self.flags, "-x", "c", "-", "-o", out, *self.libs],
-                                  input=src.encode(), capture_output=True)
+            proc = subprocess.run([self.cc, *self.flags_for(opt_level_of(src)), "-x", "c", "-", "-o", out,
+                                   *self.libs], input=src.encode(), capture_output=True)
             if proc.returncode != 0:
                 return None, proc.stderr.decode(errors="replace")
             with open(out, "rb") as f:
@@ -129,7 +148,10 @@ class ClangCompiler(Compiler):
 
     def compile_batch(self, sources: list[str]) -> bytes | None:
         """All the kernels in one shared library: the sources one after another in one C file (their helpers, such
-        as float16's conversions, are guarded so that a second copy is skipped)."""
+        as float16's conversions, are guarded so that a second copy is skipped). None for kernels of several
+        optimisation levels (`batch_groups` keeps them apart)."""
+        if len(self.batch_groups(sources)) > 1:
+            return None
         return self._try_compile("\n".join(sources))[0]
 
     def compile(self, src: str) -> bytes:

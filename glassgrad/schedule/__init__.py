@@ -34,21 +34,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import struct
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from glassgrad.codegen.linearize import reduce_identity
 from glassgrad.device import Buffer
 from glassgrad.dtype import DType, dtypes
 from glassgrad.engine.memory import SchedulePlan
-from glassgrad.helpers import FLASH_ATTENTION, SCACHE, prod
-from glassgrad.schedule.cache import GraphKey, ScheduleCache, ScheduleTemplate, walk_graph
+from glassgrad.helpers import FLASH_ATTENTION, LIFT_CONSTANTS, SCACHE, prod
+from glassgrad.schedule.cache import LITERAL_VALUES, SEEN_ONCE, GraphKey, ScheduleCache, ScheduleTemplate, walk_graph
 from glassgrad.schedule.gather import gather_one_hot
 from glassgrad.schedule.indexing import KernelBuilder
 from glassgrad.schedule.rewrite import merge_nested_reduce, rebuild
 from glassgrad.schedule.scatter import scatter_one_hot
 from glassgrad.uop.ops import OP_ASSIGN, OP_BUFFER, OP_RESHAPE, OP_SHRINK, GroupOp, Ops, UOp, sint
+from glassgrad.uop.params import PARAM_PREFIX, float_bits, lift_constants
+from glassgrad.uop.pattern import substitute
 from glassgrad.uop.sint import max_size, sint_prod
 from glassgrad.uop.symbolic import simplify
 
@@ -580,13 +584,25 @@ def _choose_roots(outs: list[UOp], nodes: list[UOp]) -> dict[UOp, None]:
 BUFFER_MARGIN = 2  # argument slots kept free under a device's buffer limit (a kernel's symbolic sizes)
 
 
-def _max_kernel_inputs(device: Any) -> int | None:
-    """How many buffers one kernel may read on `device` (its renderer's `max_buffers`, less the output and a
-    margin), or None where there is no limit worth checking (CPU, CUDA)."""
+def _argument_limit(device: Any) -> int | None:
+    """How many arguments one kernel may take on `device` (its renderer's `max_buffers`: Metal's argument table),
+    or None where there is no limit worth checking (CPU, CUDA)."""
     from glassgrad.kernels import renderer_class  # (kernels.py imports the scheduler)
     name = device[0] if isinstance(device, tuple) else device
-    limit = renderer_class(name).max_buffers if isinstance(name, str) else None
+    return renderer_class(name).max_buffers if isinstance(name, str) else None
+
+
+def _max_kernel_inputs(device: Any) -> int | None:
+    """How many buffers one kernel may read on `device` (its argument limit, less the output and a margin)."""
+    limit = _argument_limit(device)
     return None if limit is None else limit - 1 - BUFFER_MARGIN
+
+
+def _parameter_room(device: Any, builder: KernelBuilder) -> int | None:
+    """How many lifted constants (uop/params.py) a kernel's arguments have room for beside its buffers and
+    Variables, where the device limits them (Metal), else None."""
+    limit = _argument_limit(device)
+    return None if limit is None else max(0, limit - len(builder.buffers) - len(builder.var_vals))
 
 
 def _split_for_buffer_limit(roots: dict[UOp, None], nodes: list[UOp]) -> set[UOp]:
@@ -705,10 +721,15 @@ def find_schedule(outs: list[UOp]) -> CachedSchedule | tuple[list[ScheduleItem],
     (which goes into the cache) as `create_schedule` returns it."""
     originals = tuple([without_reshapes(o) for o in outs])
     # the walk (stopping at materialised nodes) and the structure key in one pass
-    nodes, _, key = walk_graph(originals, outs, REALIZED.get, REALIZED.id_tables(), bool(SCACHE))
-    graph_key = (FLASH_ATTENTION.value, key.graph) if key is not None else ()  # (the flag changes the fusion)
-    if key is not None and (template := SCHEDULE_CACHE.get(graph_key)) is not None:
-        return CachedSchedule(template, key, nodes, outs)
+    lift = bool(LIFT_CONSTANTS.value)
+    nodes, _, key = walk_graph(originals, outs, REALIZED.get, REALIZED.id_tables(), bool(SCACHE), lift)
+    # (the flags change the fusion, and the kernels' parameters)
+    graph_key: tuple[Any, ...] = (FLASH_ATTENTION.value, lift, key.graph) if key is not None else ()
+    marker = None
+    if key is not None:
+        found, marker = SCHEDULE_CACHE.lookup(graph_key, key.values())
+        if found is not None:
+            return CachedSchedule(found, key, nodes, outs)
     sink = UOp(Ops.SINK, dtypes.void, originals)
     nodes.append(sink)  # (the scheduler's node list ends with the SINK, as `sink.toposort` lists it)
     created: list[Buffer] = []
@@ -727,8 +748,85 @@ def find_schedule(outs: list[UOp]) -> CachedSchedule | tuple[list[ScheduleItem],
     plan.place(created)
     if key is not None and (template := ScheduleTemplate.capture((schedule, views), key, created, outs,
                                                                  plan)) is not None:
-        SCHEDULE_CACHE.put(graph_key, template)
+        _cache_template(graph_key, key, template, marker, schedule, outs)
     return schedule, views
+
+
+def _cache_template(graph_key: tuple[Any, ...], key: GraphKey, template: ScheduleTemplate, marker: str | None,
+                    schedule: list[ScheduleItem], outs: list[UOp]) -> None:
+    """Put a new schedule's template in the cache. A structure without lifted constants: under its key. With
+    them: per value (under the key with the values) the first time; the second time, with other values, the probe
+    (`_constant_slots`) decides whether one template serves every value (then under the structure's key alone) or
+    the structure stays cached per value (LITERAL_VALUES). A structure seen once never pays for the probe."""
+    if not key.consts:
+        SCHEDULE_CACHE.put(graph_key, template)
+        return
+    if marker is SEEN_ONCE and (slots := _constant_slots(schedule, key, outs)) is not None:
+        SCHEDULE_CACHE.put(graph_key, replace(template, param_slots=slots))
+        return
+    SCHEDULE_CACHE.put(graph_key, LITERAL_VALUES if marker is not None else SEEN_ONCE)
+    SCHEDULE_CACHE.put((*graph_key, key.values()), template)
+
+
+def _sentinels(values: tuple[float, ...]) -> list[float] | None:
+    """For each value, another float32 a few ulps further from 0: finite, not special (0, ±1), and unlike every
+    value and every other sentinel. None where that fails (values near the float32 maximum)."""
+    out: list[float] = []
+    taken = set(values)
+    for k, v in enumerate(values):
+        bits = float_bits(v)
+        magnitude = (bits & 0x7FFFFFFF) + 3 * (k + 1)
+        if magnitude >= 0x7F800000:
+            return None
+        s = struct.unpack("<f", struct.pack("<I", magnitude | (bits & 0x80000000) & 0xFFFFFFFF))[0]
+        if s in taken or s in (0.0, 1.0, -1.0):
+            return None
+        taken.add(s)
+        out.append(s)
+    return out
+
+
+def _constant_slots(schedule: list[ScheduleItem], key: GraphKey, outs: list[UOp]
+                    ) -> tuple[tuple[tuple[str, int], ...], ...] | None:
+    """Which kernel parameter takes which graph constant, per item (the template's `param_slots`), or None when the
+    schedule depends on the constants' values otherwise (then the cache keys it with them).
+
+    The graph is scheduled a second time with each lifted constant moved by a few ulps (`_sentinels`). Every item
+    must come out with the same AST, and each parameter either keeps its value (a constant of the structure, e.g.
+    a mean's 1/n) or takes exactly one constant's sentinel where the first schedule took that constant's value.
+    Anything else (a constant folded into another, a kernel that keeps its constants as literals, a value that
+    changed a decision) shows up as a difference, and the structure's schedule is then cached per value."""
+    values = key.values()
+    sentinels = _sentinels(values)
+    if sentinels is None:
+        return None
+    mapping = {c: UOp(c.op, c.dtype, c.src, s) for c, s in zip(key.consts, sentinels)}
+    outs_b = [substitute(o, mapping) for o in outs]
+    originals_b = tuple([without_reshapes(o) for o in outs_b])
+    nodes_b, _, _ = walk_graph(originals_b, outs_b, REALIZED.get, REALIZED.id_tables(), False)
+    sink_b = UOp(Ops.SINK, dtypes.void, originals_b)
+    nodes_b.append(sink_b)
+    try:
+        schedule_b, _ = _schedule_graph(outs_b, list(originals_b), sink_b, nodes_b, [])
+    except Exception:  # (the first schedule was made; this one is only a probe)
+        return None
+    if len(schedule_b) != len(schedule):
+        return None
+    slot_of = {float_bits(s): k for k, s in enumerate(sentinels)}
+    slots: list[tuple[tuple[str, int], ...]] = []
+    for a, b in zip(schedule, schedule_b):
+        if a.ast is not b.ast or a.var_vals.keys() != b.var_vals.keys() or len(a.bufs) != len(b.bufs):
+            return None
+        item: list[tuple[str, int]] = []
+        for name, value in a.var_vals.items():
+            if b.var_vals[name] == value:
+                continue  # a size's Variable, or a constant of the structure
+            k = slot_of.get(b.var_vals[name])
+            if k is None or not name.startswith(PARAM_PREFIX) or float_bits(values[k]) != value:
+                return None
+            item.append((name, k))
+        slots.append(tuple(item))
+    return tuple(slots)
 
 
 def _schedule_graph(outs: list[UOp], originals: list[UOp], sink: UOp, nodes: list[UOp],
@@ -1119,14 +1217,32 @@ def _thread_per_output(device: str) -> bool:
 def _split_factor(u: UOp) -> int | None:
     """The number of parts: at most 256 (and SPLIT_GROUPS or SPLIT_PARTIALS first-stage outputs), at least 16; one
     that divides the outermost reduced axis where there is one (the parts are then whole slices of it: simpler
-    indices), else the whole."""
+    indices), else the whole. Where no divisor of at least a quarter of that limit exists (a prime length, or 2**31
+    + 77 = 25 x 85899349), the limit itself, the reduction padded with its identity to a multiple (`_split_reduce`):
+    with 25 parts, or unsplit, a GPU reduced 2**31 bytes in 25 work-groups (one for a prime length), each of whose
+    threads summed 335,000 values in float32, past 2**24 (the mean of 2**31 uint8 values ~125 came out 124.72)."""
     sizes = [u.src[0].shape[a] for a in u.arg[1]]
     size = max(1, u.size)
     limit = min(256, (SPLIT_GROUPS if size <= SPLIT_MAX_OUTPUTS else SPLIT_PARTIALS) // size)
+    if limit < 16:
+        return None
     for n in (sizes[0], prod(sizes)):
-        if (k := next((k for k in range(limit, 15, -1) if n % k == 0), None)) is not None:
+        if (k := next((k for k in range(limit, 15, -1) if n % k == 0), None)) is not None and k >= limit // 4:
             return k
-    return None
+    return limit
+
+
+def _pad_with_identity(u: UOp, op: Ops, extra: int) -> UOp:
+    """`u` with `extra` more elements at the end of its last axis, each the identity of the reduction `op` (0 for
+    ADD, 1 for MUL, the dtype's lowest value for MAX), so that a split's parts need not divide the reduction."""
+    pads = ((0, 0),) * (len(u.shape) - 1) + ((0, extra),)
+    padded = u.pad(pads)
+    identity = reduce_identity(op, u.dtype)
+    if identity == 0:
+        return padded
+    ones = (1,) * len(u.shape)
+    inside = UOp.const(dtypes.bool, True, u.device).reshape(ones).expand(u.shape).pad(pads)
+    return inside.where(padded, UOp.const(u.dtype, identity, u.device).reshape(ones).expand(padded.shape))
 
 
 def _split_reduce(u: UOp, factor: int, batch: bool) -> UOp:
@@ -1139,8 +1255,17 @@ def _split_reduce(u: UOp, factor: int, batch: bool) -> UOp:
     sizes = [src.shape[a] for a in axes]
     # parts of the outermost reduced axis keep the others as they are (the kernel's indices stay affine in each);
     # otherwise the reduced axes are flattened first
-    inner = (sizes[0] // factor, *sizes[1:]) if sizes[0] % factor == 0 else (prod(sizes) // factor,)
-    grouped = src.permute(tuple(keep + list(axes))).reshape(tuple(src.shape[i] for i in keep) + (factor, *inner))
+    kept = tuple(src.shape[i] for i in keep)
+    moved = src.permute(tuple(keep + list(axes)))
+    if sizes[0] % factor == 0:
+        inner: tuple[sint, ...] = (sizes[0] // factor, *sizes[1:])
+    else:  # the reduced axes flattened, padded with the identity where the parts do not divide them
+        total = prod(sizes)
+        inner = (-(-total // factor),)
+        moved = moved.reshape(kept + (total,))
+        if total % factor:
+            moved = _pad_with_identity(moved, op, factor * inner[0] - total)
+    grouped = moved.reshape(kept + (factor, *inner))
     n = len(keep)
     if batch:  # the parts outermost: the CPU's threads and loops go image by image
         grouped = grouped.permute((n, *range(n), *range(n + 1, n + 1 + len(inner))))
@@ -1159,8 +1284,9 @@ def _kernel_item(node: UOp, out: Buffer, version: int, view_of: Callable[[UOp], 
     in-place write making that buffer's next version, or a new buffer's version 0)."""
     builder = KernelBuilder(view_of)
     ast = builder.build(node, out, [(n, buf) for n, buf, _ in also])
+    ast, params = lift_constants(ast, _parameter_room(node.device, builder))
     writes = ((out, version), *((buf, v) for _, buf, v in also))
-    return ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), writes, builder.var_vals)
+    return ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), writes, {**builder.var_vals, **params})
 
 
 def _scatter_items(node: UOp, out: Buffer, view_of: Callable[[UOp], UOp | None]) -> list[ScheduleItem]:
@@ -1171,8 +1297,10 @@ def _scatter_items(node: UOp, out: Buffer, view_of: Callable[[UOp], UOp | None])
     fill_ast = fill.build_fill(out, node.size)
     builder = KernelBuilder(view_of)
     ast = builder.build_scatter(node, out, outer_kept=not _thread_per_output(node.device))
+    ast, params = lift_constants(ast, _parameter_room(node.device, builder))
     return [ScheduleItem(fill_ast, tuple(fill.buffers), frozenset(), ((out, 0),)),
-            ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), ((out, 0),), builder.var_vals)]
+            ScheduleItem(ast, tuple(builder.buffers), frozenset(builder.reads), ((out, 0),),
+                         {**builder.var_vals, **params})]
 
 
 def _assign_items(node: UOp, view_of: Callable[[UOp], UOp | None], created: list[Buffer],

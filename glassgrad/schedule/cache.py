@@ -20,13 +20,14 @@ buffers at a new version every step, therefore hits.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from glassgrad.device import Buffer
 from glassgrad.dtype import DType
 from glassgrad.engine.memory import SchedulePlan
-from glassgrad.uop.ops import OP_BUFFER, OP_RESHAPE, Ops, UOp
+from glassgrad.uop.ops import OP_BUFFER, OP_CONST, OP_RESHAPE, Ops, UOp
+from glassgrad.uop.params import float_bits, liftable
 
 # what the scheduler returns: the items (typed as Any here: ScheduleItem lives in the package that imports this)
 # and {tensor-graph node: buffer view}
@@ -45,14 +46,28 @@ def reshape_chain(u: UOp) -> tuple[UOp, tuple[tuple[int, ...], ...]]:
 
 @dataclass
 class GraphKey:
-    """A graph's structure (`graph`, hashable), the buffers in its slots, and each node's position in the walk."""
+    """A graph's structure (`graph`, hashable), the buffers in its slots, and each node's position in the walk.
+    `consts`: the float32 constants that kernels take as parameters (uop/params.py), in walk order; the structure
+    has a placeholder for each value (see `values`)."""
     graph: tuple[Any, ...]
     buffers: list[Buffer]
     position: dict[UOp, int]
+    consts: list[UOp] = field(default_factory=list)
+
+    def values(self) -> tuple[float, ...]:
+        """The values of `consts`: with `graph`, the key of a structure whose schedule holds its constants."""
+        return tuple([c.arg for c in self.consts])
+
+
+VALUE = "value"  # a lifted constant's placeholder in the structure (its value is one of GraphKey.values)
+# Markers, the cache's entry for a structure with lifted constants whose schedules are cached per value, under
+# (the structure's key, GraphKey.values()): seen with one set of values so far (the next set probes whether one
+# schedule serves all: schedule/__init__.py `_constant_slots`), or known to depend on its values.
+SEEN_ONCE, LITERAL_VALUES = "seen once", "literal values"
 
 
 def walk_graph(roots: tuple[UOp, ...], outs: list[UOp], realized: Callable[[UOp], UOp | None],
-               realized_ids: tuple[dict[int, Any], dict[int, Any]], keyed: bool = True
+               realized_ids: tuple[dict[int, Any], dict[int, Any]], keyed: bool = True, lift: bool = False
                ) -> tuple[list[UOp], dict[UOp, UOp], GraphKey | None]:
     """The scheduler's walk of the graph under `roots` and, in the same pass, its cache key.
 
@@ -62,7 +77,9 @@ def walk_graph(roots: tuple[UOp, ...], outs: list[UOp], realized: Callable[[UOp]
     leaf that reads an old version of its buffer, or a view that is not reshapes of a buffer). `realized` is asked
     only about nodes whose id is in one of `realized_ids` (REALIZED's tables: nearly every node is in none, and a
     dictionary test is cheaper than a call). No SINK node is built: a cache hit never needs one (the scheduler
-    builds it on a miss), so the roots are the walk's first frame and the key ends with their positions."""
+    builds it on a miss), so the roots are the walk's first frame and the key ends with their positions. With `lift`
+    (LIFT_CONSTANTS), a float32 constant that kernels take as a parameter is written as a placeholder, `VALUE`, and
+    listed in the key's `consts`."""
     leaves: dict[UOp, UOp] = {}
     # each node's position in the walk; the dictionary keeps the order of insertion, so it is the node list too
     position: dict[UOp, int] = {}
@@ -70,7 +87,8 @@ def walk_graph(roots: tuple[UOp, ...], outs: list[UOp], realized: Callable[[UOp]
     parts: list[tuple[Any, ...]] | None = [] if keyed else None
     # (locals: this loop runs for every node of every graph realized)
     ids_a, ids_b = realized_ids
-    get, buffer_op = position.__getitem__, OP_BUFFER
+    get, buffer_op, const_op = position.__getitem__, OP_BUFFER, OP_CONST
+    consts: list[UOp] = []
     stack: list[tuple[UOp | None, Iterator[UOp]]] = [(None, iter(roots))]  # (the roots' frame: no node of its own)
     push = stack.append
     while stack:
@@ -103,7 +121,10 @@ def walk_graph(roots: tuple[UOp, ...], outs: list[UOp], realized: Callable[[UOp]
             position[node] = len(position)
             if parts is not None:  # (op, dtype, argument, positions of the sources)
                 src = node.src
-                if len(src) == 2:  # (the most common node: no map over its sources)
+                if node.op is const_op and lift and liftable(node):
+                    consts.append(node)
+                    parts.append((const_op, node.dtype, VALUE, *map(get, src)))
+                elif len(src) == 2:  # (the most common node: no map over its sources)
                     parts.append((node.op, node.dtype, node.arg_key, get(src[0]), get(src[1])))
                 elif len(src) == 1:
                     parts.append((node.op, node.dtype, node.arg_key, get(src[0])))
@@ -112,7 +133,9 @@ def walk_graph(roots: tuple[UOp, ...], outs: list[UOp], realized: Callable[[UOp]
     nodes = list(position)
     if parts is None:
         return nodes, leaves, None
-    return nodes, leaves, _graph_key(parts, roots, outs, slot_of, position)
+    key = _graph_key(parts, roots, outs, slot_of, position)
+    key.consts = consts
+    return nodes, leaves, key
 
 
 def _graph_key(parts: list[tuple[Any, ...]], roots: tuple[UOp, ...], outs: list[UOp], slot_of: dict[Buffer, int],
@@ -178,6 +201,16 @@ class ScheduleTemplate:
                  ...]
     views: tuple[tuple[bool, int, ViewTemplate], ...]  # (is an output, its index in outs / position in the walk, view)
     plan: SchedulePlan  # which created buffers share memory
+    # per item, (parameter name, index into the key's consts) of each lifted constant that a graph constant gives:
+    # a graph of this structure with other values gets its own values there (`var_vals`)
+    param_slots: tuple[tuple[tuple[str, int], ...], ...] = ()
+
+    def var_vals(self, i: int, values: tuple[float, ...]) -> dict[str, int]:
+        """Item i's `var_vals` for a graph whose constants (GraphKey.values) are `values`."""
+        var_vals = self.items[i][4]
+        if not self.param_slots or not self.param_slots[i]:
+            return var_vals
+        return {**var_vals, **{name: float_bits(values[k]) for name, k in self.param_slots[i]}}
 
     @staticmethod
     def capture(schedule: Schedule, key: GraphKey, created: list[Buffer], outs: list[UOp],
@@ -227,11 +260,12 @@ class ScheduleTemplate:
         """The schedule for the graph of `key`: this template bound to the graph's buffers (`bind`).
         `make_item(ast, bufs, reads, writes, var_vals)` builds a ScheduleItem."""
         bufs, base_version = self.bind(key)
+        values = key.values()
         # (list comprehensions, not generators: this runs for every item of every cache hit)
         items = [make_item(ast, tuple([bufs[r] for r in refs]),
                            frozenset([(bufs[b], base_version[b] + k) for b, k in reads]),
-                           tuple([(bufs[b], base_version[b] + k) for b, k in writes]), dict(var_vals))
-                 for ast, refs, reads, writes, var_vals in self.items]
+                           tuple([(bufs[b], base_version[b] + k) for b, k in writes]), dict(self.var_vals(i, values)))
+                 for i, (ast, refs, reads, writes, _) in enumerate(self.items)]
         return items, self.views_for(bufs, base_version, nodes, outs)
 
     def views_for(self, bufs: list[Buffer], base_version: list[int], nodes: list[UOp],
@@ -261,17 +295,30 @@ class ScheduleCache:
         self.hits = self.misses = 0
 
     def get(self, graph: tuple[Any, ...]) -> ScheduleTemplate | None:
-        entry = self._entries.get(graph)
-        if entry is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self._clock += 1
-        entry[1] = self._clock
-        template: ScheduleTemplate = entry[0]
+        template, _ = self.lookup(graph, ())
         return template
 
-    def put(self, graph: tuple[Any, ...], template: ScheduleTemplate) -> None:
+    def lookup(self, graph: tuple[Any, ...], values: tuple[float, ...]) -> tuple[ScheduleTemplate | None, str | None]:
+        """(the template for a graph of structure `graph` and constants `values`, or None; the structure's marker,
+        SEEN_ONCE or LITERAL_VALUES, where it has one). One hit or miss is counted."""
+        found, marker = self._touch(graph), None
+        if isinstance(found, str):
+            marker, found = found, self._touch((*graph, values))
+        if found is None:
+            self.misses += 1
+            return None, marker
+        self.hits += 1
+        return found, marker
+
+    def _touch(self, graph: tuple[Any, ...]) -> Any:
+        entry = self._entries.get(graph)
+        if entry is None:
+            return None
+        self._clock += 1
+        entry[1] = self._clock
+        return entry[0]
+
+    def put(self, graph: tuple[Any, ...], template: ScheduleTemplate | str) -> None:
         self._clock += 1
         self._entries[graph] = [template, self._clock]
         if len(self._entries) > self.capacity:

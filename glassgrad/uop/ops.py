@@ -91,8 +91,8 @@ class Ops(Enum):
 # `Ops.X` is read through the enum metaclass's `__getattr__` hook on Python 3.11 (`EnumType` defines one, which
 # turns off the interpreter's fast attribute path for the class): ~85 ns a read, three times a plain class attribute.
 # The host paths that run for every node or every realize compare with these module constants instead.
-OP_BUFFER, OP_RESHAPE, OP_ASSIGN, OP_MULTI, OP_SHRINK, OP_COPY, OP_ALLREDUCE = (
-    Ops.BUFFER, Ops.RESHAPE, Ops.ASSIGN, Ops.MULTI, Ops.SHRINK, Ops.COPY, Ops.ALLREDUCE)
+OP_BUFFER, OP_RESHAPE, OP_ASSIGN, OP_MULTI, OP_SHRINK, OP_COPY, OP_ALLREDUCE, OP_CONST = (
+    Ops.BUFFER, Ops.RESHAPE, Ops.ASSIGN, Ops.MULTI, Ops.SHRINK, Ops.COPY, Ops.ALLREDUCE, Ops.CONST)
 
 
 class GroupOp:

@@ -27,7 +27,7 @@ from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.symbolic import exec_alu
 
 # names the renderers give their own variables and parameters; a Variable may not take one (it is a parameter too)
-_RESERVED = re.compile(r"^((data|ridx|val|alu|acc|smem|red|gidx|bidx|lidx)\d*|start|end|gid|lid)$")
+_RESERVED = re.compile(r"^((data|ridx|val|alu|acc|smem|red|gidx|bidx|lidx)\d*|start|end|gid|lid|gg_const.*)$")
 _C_WORDS = {"auto", "bool", "break", "case", "char", "const", "constant", "continue", "default", "device", "do",
             "double", "else", "enum", "extern", "float", "for", "goto", "half", "if", "inline", "int", "kernel",
             "long", "register", "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch",

@@ -85,6 +85,7 @@ class Encoder:
         self.command = command
         self.pipeline: Pipeline | None = None
         self.buffers: dict[int, tuple[Buffer, int]] = {}
+        self.ints: dict[int, int] = {}  # setBytes of 4 bytes: an int argument (a Variable, a lifted constant)
         self.dispatch: tuple[MTLSize, MTLSize] | None = None
 
     def setComputePipelineState_(self, pipeline: Pipeline) -> None:
@@ -97,6 +98,8 @@ class Encoder:
 
     def setBytes_length_atIndex_(self, data: bytes, length: int, index: int) -> None:
         self.command.device.log.append(("setBytes", data, length, index))
+        assert length == 4, "glassgrad binds 32-bit ints with setBytes"
+        self.ints[index] = int.from_bytes(data[:4], "little", signed=True)
 
     def dispatchThreadgroups_threadsPerThreadgroup_(self, groups: MTLSize, threads: MTLSize) -> None:
         self.command.device.log.append(("dispatch", groups, threads))
@@ -108,8 +111,10 @@ class Encoder:
     def run(self) -> None:
         assert self.pipeline is not None and self.dispatch is not None, "dispatch without a pipeline"
         views = [self.buffers[i][0].memory[self.buffers[i][1]:] for i in range(len(self.buffers))]
+        assert sorted(self.ints) == list(range(len(views), len(views) + len(self.ints))), "ints follow the buffers"
         groups, threads = self.dispatch
-        self.pipeline.program(*views, global_size=tuple(groups), local_size=tuple(threads))
+        self.pipeline.program(*views, global_size=tuple(groups), local_size=tuple(threads),
+                              vals=tuple(self.ints[i] for i in sorted(self.ints)))
 
 
 class CommandBuffer:

@@ -37,14 +37,16 @@ def install() -> None:
     if EMULATION:
         metal_emulator.install()
     if SYNTAX_CHECK:
-        _wrap_compile_kernel()
+        wrap_render()
 
 
-def _wrap_compile_kernel() -> None:
+def wrap_render() -> None:
+    """Syntax-check the MSL of every kernel the engine renders (`realize._render`: the one step of every compile, a
+    lone kernel's `compile_kernel`, a schedule's batched `compile_schedule` and a TinyJit capture alike)."""
     renderer = MetalRenderer()
-    original = realize.compile_kernel
+    original = realize._render
 
-    def compile_and_check(device: str, ast: Any) -> Any:
+    def render_and_check(device: str, ast: Any) -> Any:
         try:
             spec = get_program(ast, renderer)
         except MetalDTypeError:
@@ -55,7 +57,7 @@ def _wrap_compile_kernel() -> None:
                 checked.add(spec.source)
         return original(device, ast)
 
-    realize.compile_kernel = compile_and_check  # type: ignore[assignment]
+    realize._render = render_and_check  # type: ignore[assignment]
 
 
 @pytest.hookimpl(hookwrapper=True)

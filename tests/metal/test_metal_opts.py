@@ -22,7 +22,8 @@ from glassgrad.device import Compiled, Device
 from glassgrad.schedule import create_schedule
 from glassgrad.uop.ops import Ops, UOp
 
-pytestmark = metal_emulator.needs_cxx
+# (these tests run schedules' kernel ASTs by hand: their float constants stay literals)
+pytestmark = [metal_emulator.needs_cxx, pytest.mark.usefixtures("literal_constants")]
 L, G, U, R = OptOps.LOCAL, OptOps.GROUP, OptOps.UPCAST, OptOps.UNROLL
 
 

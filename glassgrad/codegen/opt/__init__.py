@@ -14,6 +14,13 @@ inside the reductions (the upcast ranges). The kernel's *axes* are its RANGE nod
 | upcast   | the inner part of a split output loop, placed *inside* the reduction loops: a    |
 |          | register tile (one accumulator per iteration), the innermost one SIMD lanes      |
 
+`OPTLEVEL` changes no loop: it is the C compiler's optimisation level for this kernel (CPU only; `amount` is the
+level, 2 or 3, `axis` 0): `-O3` completely unrolls and peels the short loops of a convolution's window (1.2-1.5x
+faster with gcc 12) where it slowed other kernels (docs/OPTIMIZER.md, "Per-kernel optimisation level"). The
+heuristic picks it by kernel kind, BEAM searches it like any other action; the level is written into the kernel's
+source (a first line the CPU compiler reads: `renderer/cstyle.py`, `opt_level_line`), so every cache keyed by the
+source keys on it.
+
 `PADTO` changes no kind: it grows a global axis to a multiple of its amount (an output axis of 1023 becomes 1024),
 so that an `UPCAST` by that amount divides it. The iterations past the original size compute values nobody sees:
 every load and store they would make is gated off (their loads read nothing and give 0, their stores are skipped).
@@ -35,6 +42,7 @@ class OptOps(Enum):
     GROUP = "group"     # GPU only: split a reduce axis; its inner part becomes threads that combine their shares
     SWAP = "swap"       # exchange the loop order of two output axes (`amount` is the other axis)
     PADTO = "padto"     # CPU only: grow an output axis to a multiple of `amount`; the extra iterations are gated off
+    OPTLEVEL = "optlevel"  # CPU only: build the kernel with the C compiler's `-O<amount>` (no axis: `axis` is 0)
 
 
 @dataclass(frozen=True)

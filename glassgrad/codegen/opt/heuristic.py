@@ -50,6 +50,10 @@ register, and 4 such registers for a long row (independent chains). Elementwise 
 (the C renderer marks their innermost loop `omp simd`), a transpose's aside; a scatter's outermost (output) axis
 becomes SIMD lanes inside its token loop (`_scatter_lanes`).
 
+Last, a CPU kernel's C optimisation level (`_opt_level`): `OPTLEVEL 3` where its kind (`kernel_kind`: a sum over a 3x3
+or smaller window, short untiled rows) measured faster at -O3 with the renderer's compiler (`O3_KINDS`: gcc's), no
+opt (-O2) elsewhere; `CPU_OPT_LEVEL=2/3` fixes it for every kernel.
+
 GPU kernels (`gpu_launch_opts`): the *flat* and *grouped* launch shapes of `codegen/gpudims.py`, written as opts where
 their sizes divide exactly: `LOCAL`s of the innermost output axes making 256 threads (and an `UPCAST` of 4 for large
 elementwise kernels: 4 elements per thread, a block apart), or a `GROUP` of 256 threads on the innermost reduce axis;
@@ -67,12 +71,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from glassgrad.codegen.gpudims import ELEMENTS_PER_THREAD, LOCAL_SIZE, MANY_ELEMENTS, automatic_shape
-from glassgrad.codegen.linearize import Scopes
+from glassgrad.codegen.linearize import Scopes, loop_iterations
 from glassgrad.codegen.opt import KernelOptError, Opt, OptOps
 from glassgrad.codegen.opt.kernel import MAX_UPCAST, Kernel
 from glassgrad.codegen.stage import PACK_REUSE, STAGE_MAX, stages_before_reduction
-from glassgrad.helpers import prod
-from glassgrad.renderer.cstyle import index_stride
+from glassgrad.helpers import CPU_OPT_LEVEL, prod
+from glassgrad.renderer.cstyle import TINY_KERNEL_ITERATIONS, index_stride
 from glassgrad.uop.ops import Ops, UOp
 
 VECTOR_WIDTH = 16            # floats in one AVX-512 register: a vector axis of a multiple of this is split by it
@@ -101,6 +105,15 @@ L1_SETS, L1_WAYS = 64, 8     # a 32 KB 8-way L1: where a transposed read's lines
 INVARIANT_TILE_MAX = 256     # accumulators of a tile of output axes no load moves along (`_invariant_rows`)
 COLUMN_CHAINS = 8            # registers of independent accumulators in a tile with no rows (`_column_chains`)
 TRANSPOSE_ROWS = 8           # rows of an elementwise transpose tile (16 measured slower: 2048^2 x.T + x 5.6 -> 8.8 ms)
+WINDOW_TAPS = 3              # an innermost reduce loop this short is a window's taps (`kernel_kind`)
+SHORT_LOOP = 128             # untiled rows shorter than this make 'short row' kernels (`kernel_kind`)
+# the kernel kinds built at -O3, by compiler family (the rest at -O2): gcc 12 completely unrolls and peels a 3x3
+# window's loops at -O3 (one thread: convolutions 1.2-2.0x faster, a depthwise one 2x) and short rows (softmax of rows
+# of 77 1.8x, layernorm 1.6x, MNIST's elementwise backward kernels over 20x20 maps 1.45x); where -O3 slowed kernels
+# (a 7x7 window 0.78x, max-pool 0.91x, some matmul tiles 0.66x, an elementwise kernel over rows of 1000 0.92x) they
+# keep -O2. clang 14's -O3 gained and lost by a few percent on the same kinds (3x3 convolutions 0.94-1.22x): -O2
+# throughout. docs/OPTIMIZER.md, "Per-kernel optimisation level"; bench/opt_levels.py
+O3_KINDS: dict[str, tuple[str, ...]] = {"gcc": ("window", "short row")}
 
 
 @dataclass(frozen=True)
@@ -124,9 +137,51 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     if k.renderer.has_local:
         return gpu_launch_opts(k)
     if not k.has_reduce:
-        return _scatter_lanes(k) or _transposed_rows(k)
-    tile = _reduction_tile(k.copy())  # (its steps apply some of their opts to the kernel they are given)
-    return tile + _hoisted_axis(k.copy().apply_opts(tile))
+        opts = _scatter_lanes(k) or _transposed_rows(k)
+    else:
+        tile = _reduction_tile(k.copy())  # (its steps apply some of their opts to the kernel they are given)
+        opts = tile + _hoisted_axis(k.copy().apply_opts(tile))
+    return opts + _opt_level(k.copy().apply_opts(opts))
+
+
+def _opt_level(k: Kernel) -> list[Opt]:
+    """The C compiler's optimisation level for a CPU kernel (`k`, its tile applied): CPU_OPT_LEVEL's when set, else
+    the level its kind measured fastest at (docs/OPTIMIZER.md, "Per-kernel optimisation level"); no opt for the
+    renderer's default level."""
+    level = int(CPU_OPT_LEVEL) or _level_for_kind(k)
+    if level == k.renderer.default_opt_level or level not in k.renderer.opt_levels:
+        return []
+    iterations = loop_iterations(k.ast)
+    if isinstance(iterations, int) and iterations <= TINY_KERNEL_ITERATIONS:
+        return []  # (gcc builds a tiny kernel without optimisation whatever the level: `ClangRenderer.render`)
+    return [Opt(OptOps.OPTLEVEL, 0, level)]
+
+
+def kernel_kind(k: Kernel) -> str:
+    """What `_level_for_kind` tells apart (`k` with its tile applied):
+
+    * 'window': a sum whose innermost reduce loop (not tiled) has at most WINDOW_TAPS iterations: a convolution's
+      (or a pool's sum, a depthwise convolution's) 3x3 or smaller window of taps, inside its channel loop if any;
+    * 'short row': no register tile, and loops over rows of fewer than SHORT_LOOP elements: every reduce loop of a
+      reduction (a softmax or layernorm over rows of 77), the innermost output loop of an elementwise kernel (a
+      backward kernel over 20x20 maps, a permute into 64 channels);
+    * 'reduction' (another kernel with a reduction) and 'elementwise'."""
+    reductions = [u for u in k.ast.toposort() if u.op is Ops.REDUCE]
+    rows = k.axes_of("reduce") if reductions else k.axes_of("global")[-1:]  # (a reduction's loops, or the innermost)
+    loops = [k.size(axis) for axis in rows]
+    if reductions and loops and (loops[-1] or WINDOW_TAPS + 1) <= WINDOW_TAPS and \
+            all(u.arg is Ops.ADD for u in reductions):
+        return "window"
+    if not k.upcast and loops and all(size is not None and size < SHORT_LOOP for size in loops):
+        return "short row"
+    return "reduction" if reductions else "elementwise"
+
+
+def _level_for_kind(k: Kernel) -> int:
+    """The optimisation level of `k`'s kind (`kernel_kind`) for the renderer's compiler (`O3_KINDS`), else the
+    default level."""
+    return 3 if kernel_kind(k) in O3_KINDS.get(getattr(k.renderer, "family", ""), ()) else \
+        k.renderer.default_opt_level
 
 
 def _reduction_tile(k: Kernel) -> list[Opt]:

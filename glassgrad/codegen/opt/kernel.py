@@ -1,9 +1,10 @@
 """`Kernel`: a kernel AST and the opts applied to it, with the axis model of `glassgrad.codegen.opt`.
 
-In: a simplified kernel AST and the renderer it is for. Out: after `apply_opt`s, `.ast` (loops split and retyped)
-and `.upcast` (the upcast ranges, outermost first, for the linearizer) and `.local_order` (the work-group ranges,
-outermost first, for `codegen/gpudims.py`). Each action checks that it fits first and raises `KernelOptError`
-otherwise, leaving the kernel as it was.
+In: a simplified kernel AST and the renderer it is for. Out: after `apply_opt`s, `.ast` (loops split and retyped),
+`.upcast` (the upcast ranges, outermost first, for the linearizer), `.local_order` (the work-group ranges, outermost
+first, for `codegen/gpudims.py`) and `.opt_level` (the C compiler's optimisation level an `OPTLEVEL` chose; None:
+the compiler's default). Each action checks that it fits first and raises `KernelOptError` otherwise, leaving the
+kernel as it was.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class Kernel:
         self.ast = ast
         self.renderer = renderer
         self.applied: list[Opt] = []
+        self.opt_level: int | None = None  # OPTLEVEL's choice (CPU): the C compiler's -O level; None: its default
         # an upcast or local range -> (id of the loop it came from, -order)
         self._tile_order: dict[UOp, int] = {}  # an upcast or unrolled range -> how many opts made one before it
         self._local_origin: dict[UOp, tuple[int, int]] = {}
@@ -37,6 +39,7 @@ class Kernel:
     def copy(self) -> Kernel:
         new = Kernel(self.ast, self.renderer)
         new.applied = list(self.applied)
+        new.opt_level = self.opt_level
         new._tile_order = dict(self._tile_order)
         new._local_origin = dict(self._local_origin)
         return new
@@ -108,6 +111,10 @@ class Kernel:
 
     def apply_opt(self, opt: Opt) -> None:
         check(isinstance(opt, Opt) and isinstance(opt.op, OptOps), f"not an Opt: {opt!r}")
+        if opt.op is OptOps.OPTLEVEL:  # (no axis: a kernel without loops has one too)
+            self._opt_level(opt)
+            self.applied.append(opt)
+            return
         axes = self.axes
         check(isinstance(opt.axis, int) and 0 <= opt.axis < len(axes),
               f"{opt}: axis {opt.axis} is out of range; this kernel has {len(axes)} axes ({self.describe()})")
@@ -225,6 +232,20 @@ class Kernel:
         ast = graph_rewrite(self.ast, PatternMatcher([(UPat(Ops.RANGE, name="x"),
                                                        lambda x: grown if x is rng else None)]))
         self.ast = simplify(pad_accesses(ast, grown, size, lanes=not self.upcast))
+
+    def _opt_level(self, opt: Opt) -> None:
+        """OPTLEVEL: the C compiler's optimisation level for this kernel, one of the renderer's `opt_levels` (the
+        CPU's: 2 and 3), other than the level the kernel has already (the renderer's `default_opt_level` before any
+        OPTLEVEL): a later OPTLEVEL replaces an earlier one, so BEAM can try the other level on any candidate."""
+        name = type(self.renderer).__name__
+        levels = self.renderer.opt_levels
+        check(bool(levels), f"{opt}: {name} has no optimisation levels to choose (OPTLEVEL is for CPU kernels)")
+        check(opt.axis == 0, f"{opt}: OPTLEVEL names no axis; its axis must be 0")
+        check(isinstance(opt.amount, int) and opt.amount in levels,
+              f"{opt}: the optimisation level must be one of {levels}, not {opt.amount!r}")
+        current = self.renderer.default_opt_level if self.opt_level is None else self.opt_level
+        check(opt.amount != current, f"{opt}: the kernel is built with -O{current} already")
+        self.opt_level = opt.amount
 
     def _swap(self, opt: Opt, rng: UOp) -> None:
         axes = self.axes

@@ -37,6 +37,7 @@ from glassgrad.helpers import (
     ALLOW_TF32,
     BEAM_BUDGET,
     CACHELEVEL,
+    CPU_OPT_LEVEL,
     DEBUG,
     IGNORE_BEAM_CACHE,
     atomic_write,
@@ -44,6 +45,7 @@ from glassgrad.helpers import (
     codegen_flags,
 )
 from glassgrad.uop.ops import Ops, UOp, pretty
+from glassgrad.uop.params import PARAM_PREFIX, float_bits, is_const_param
 
 UPCAST_AMOUNTS = (0, 2, 3, 4, 8, 16, 32)
 UNROLL_AMOUNTS = (0, 2, 4, 8)
@@ -67,6 +69,8 @@ def actions(k: Kernel) -> list[Opt]:
         out += [Opt(OptOps.GROUP, axis, amount) for axis in k.axes_of("reduce") for amount in GROUP_AMOUNTS]
     else:  # odd sizes (1023, 77): padded to a multiple of the UPCAST that the next round may try
         out += [Opt(OptOps.PADTO, axis, amount) for axis in global_axes for amount in PADTO_AMOUNTS]
+    # the C compiler's optimisation level (the CPU's -O2 or -O3; `Kernel.apply_opt` rejects the kernel's own)
+    out += [Opt(OptOps.OPTLEVEL, 0, level) for level in k.renderer.opt_levels]
     return out
 
 
@@ -117,18 +121,28 @@ class Candidate:
 
 
 def run_program(dev: Compiled, spec: ProgramSpec, binary: bytes, inputs: list[tuple[DType, np.ndarray]],
-                outputs: Sequence[int] = (0,), best: float = float("inf")) -> tuple[float, list[np.ndarray]]:
+                outputs: Sequence[int] = (0,), best: float = float("inf"),
+                vals: tuple[int, ...] | None = None) -> tuple[float, list[np.ndarray]]:
     """Run a compiled candidate on fresh copies of `inputs`: (best time of a few runs, what the first run wrote to
-    the buffers numbered `outputs`). A first run over SLOW x `best` is the only one."""
+    the buffers numbered `outputs`). A first run over SLOW x `best` is the only one. `vals`: the kernel's int
+    parameters (`spec.vars`: its lifted constants' bits; a kernel with symbolic sizes is not run here)."""
+    if vals is None and spec.vars:
+        raise ValueError(f"kernel {spec.name} takes the parameters {spec.vars}: pass their values as `vals`")
     program = dev.program(spec.name, binary)
     bufs = [Buffer(dev.name, a.size, dtype).copyin(a) for dtype, a in inputs]
     handles = [b.handle for b in bufs]
     kwargs: dict[str, Any] = {"global_size": spec.global_size, "local_size": spec.local_size, "work": spec.work,
-                              "wait": True}
+                              "wait": True, "vals": vals or ()}
     first = program(*handles, **kwargs)
     out = [bufs[i].numpy() for i in outputs]
     runs = 1 if first > SLOW * best else TIMING_RUNS
     return min([first, *(program(*handles, **kwargs) for _ in range(runs - 1))]), out
+
+
+def test_values(spec: ProgramSpec) -> tuple[int, ...]:
+    """Values for a candidate's lifted constants (uop/params.py; BEAM has the AST, not the values): 1.5 for each,
+    the same for every candidate of one kernel, so they still compute the same outputs."""
+    return tuple(float_bits(1.5) for name in spec.vars if name.startswith(PARAM_PREFIX))
 
 
 def _agrees(outs: list[np.ndarray], references: list[np.ndarray]) -> bool:
@@ -149,6 +163,10 @@ def _cache_path(ast: UOp, dev: Compiled, width: int) -> Any:
     of more than 40 nodes to its root and node count, so kernels of one size shared a file and got each other's opts:
     a KernelOptError, or another kernel's tiling)."""
     flags = f"\nflags {codegen_flags()}" if any(codegen_flags()) else ""  # (the default keeps its old keys)
+    # a renderer with optimisation levels: searched since OPTLEVEL was added (winners from before it are not reused),
+    # and the heuristic's candidate depends on CPU_OPT_LEVEL
+    if dev.renderer.opt_levels:
+        flags += f"\nopt levels {dev.renderer.opt_levels} heuristic {int(CPU_OPT_LEVEL)}"
     graph = pretty(ast, max_nodes=len(ast.toposort()))
     key = hashlib.sha256(f"{dev.name}\n{dev.compiler.cache_key}\n{width}{flags}\n{graph}".encode()).hexdigest()
     return cache_dir() / "beam" / f"{key}.json"
@@ -156,7 +174,7 @@ def _cache_path(ast: UOp, dev: Compiled, width: int) -> Any:
 
 def beam_search(ast: UOp, device: str, width: int) -> list[Opt]:
     dev = Device[device]
-    if any(u.op is Ops.DEFINE_VAR for u in ast.toposort()):  # symbolic sizes: no one launch to time
+    if any(u.op is Ops.DEFINE_VAR and not is_const_param(u) for u in ast.toposort()):  # symbolic sizes: no one launch
         return hand_coded_optimizations(Kernel(kernel_ast(ast, dev.renderer), dev.renderer))
     path = _cache_path(ast, dev, width)
     if CACHELEVEL >= 1 and not IGNORE_BEAM_CACHE and path.exists():
@@ -175,7 +193,8 @@ def _search(ast: UOp, dev: Compiled, width: int) -> list[Opt]:
     deadline = time.monotonic() + int(BEAM_BUDGET)
     inputs, outputs = random_inputs(ast), stored_buffers(ast)
     base = get_program(ast, dev.renderer, [])
-    reference_time, reference = run_program(dev, base, dev.compiler.compile(base.source), inputs, outputs)
+    reference_time, reference = run_program(dev, base, dev.compiler.compile(base.source), inputs, outputs,
+                                             vals=test_values(base))
     start = Kernel(kernel_ast(ast, dev.renderer), dev.renderer)
     beam = [Candidate([], base, reference_time)]
     seen = {base.source}
@@ -212,7 +231,7 @@ def _confirmed(winner: Candidate, heuristic: Candidate, dev: Compiled, inputs: l
     best = {id(c): float("inf") for c, _ in programs}  # (the search's own times left out: one of them was lucky)
     for _ in range(CONFIRM_ROUNDS):
         for cand, binary in programs:
-            seconds, _ = run_program(dev, cand.spec, binary, inputs, outputs)
+            seconds, _ = run_program(dev, cand.spec, binary, inputs, outputs, vals=test_values(cand.spec))
             best[id(cand)] = min(best[id(cand)], seconds)
     return winner if best[id(winner)] < best[id(heuristic)] else heuristic
 
@@ -236,7 +255,7 @@ def _time_candidates(fresh: list[Candidate], best: float, pool: ThreadPoolExecut
     for cand, binary in zip(fresh, binaries):
         if binary is None or time.monotonic() > deadline:
             continue
-        seconds, out = run_program(dev, cand.spec, binary, inputs, outputs, best)
+        seconds, out = run_program(dev, cand.spec, binary, inputs, outputs, best, test_values(cand.spec))
         if _agrees(out, reference):
             cand.seconds = seconds
             best = min(best, seconds)
