@@ -133,10 +133,13 @@ def in_use() -> bool:
     return _IN_USE[0]
 
 
-def lower(roots: Sequence[UOp], realized: Callable[[UOp], UOp | None]) -> list[UOp]:
+def lower(roots: Sequence[UOp], realized: Callable[[UOp], UOp | None], unchanged: set[UOp] | None = None
+          ) -> list[UOp]:
     """Each root as `MULTI(per-device graphs)` if it is on several devices; a single-device root with the copies
     from several devices inside it gathered (`x.to('CPU')`). `realized(node)` gives the view (a MULTI of buffer
-    views) of a node computed before: it is used, not recomputed."""
+    views) of a node computed before: it is used, not recomputed. `unchanged`, when given, receives the nodes of the
+    roots' graphs that are their own lowered form (single-device nodes with nothing on several devices below them):
+    the logical nodes that the lowered graphs still hold."""
     memo: dict[UOp, UOp] = {}
 
     def stop(u: UOp) -> bool:
@@ -147,8 +150,12 @@ def lower(roots: Sequence[UOp], realized: Callable[[UOp], UOp | None]) -> list[U
         for node in root.toposort(stop=stop):
             if node in memo:
                 continue
-            view = realized(node) if node.op is not Ops.MULTI else None
-            memo[node] = view if view is not None else node if stop(node) else _lower_node(node, memo)
+            # (a BUFFER is its own view, as in the scheduler: `realized` holds a copy of an old version of some
+            # buffers, which a read of that version gets there, but a write into the buffer must stay in it)
+            view = realized(node) if node.op is not Ops.MULTI and node.op is not Ops.BUFFER else None
+            memo[node] = low = view if view is not None else node if stop(node) else _lower_node(node, memo)
+            if unchanged is not None and low is node:
+                unchanged.add(node)
         out.append(memo[root])
     return out
 

@@ -771,23 +771,26 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         readers = _readers_of_overwritten(pending) if _PENDING_ASSIGNS else []
         pending += readers
         outs = [t.uop for t in pending]
-        lowered = lower(outs, REALIZED.get) if multi_in_use() else outs
+        unchanged: set[UOp] = set()
+        lowered = lower(outs, REALIZED.get, unchanged) if multi_in_use() else outs
+        if lowered is not outs and all(low is out for low, out in zip(lowered, outs)):
+            lowered = outs  # (nothing on several devices: realized exactly as in a process that never sharded)
         try:
             views = schedule_and_run([p for u in lowered for p in (u.src if u.op is OP_MULTI else (u,))])
         except BaseException as e:
             # a Ctrl-C or a failed compile part way: what did run is recorded as realized (its kernels may have
             # written buffers in place; recomputed from the old versions, a later realize raised a stale read)
             if (computed := getattr(e, "glassgrad_views", None)) is not None:
-                Tensor._realized(pending, readers, outs, lowered, computed, partial=True)
+                Tensor._realized(pending, readers, outs, lowered, computed, partial=True, unchanged=unchanged)
             raise
-        Tensor._realized(pending, readers, outs, lowered, views)
+        Tensor._realized(pending, readers, outs, lowered, views, unchanged=unchanged)
 
     @staticmethod
     def _realized(pending: list[Tensor], readers: list[Tensor], outs: list[UOp], lowered: list[UOp],
-                  views: dict[UOp, UOp], partial: bool = False) -> None:
+                  views: dict[UOp, UOp], partial: bool = False, unchanged: set[UOp] | None = None) -> None:
         """`realize_all`'s bookkeeping once the schedule of `outs` (`lowered`) ran: each computed node's view and
         lineage recorded, each pending tensor moved to its view (all of them, or, `partial`, after an exception the
-        ones computed before it)."""
+        ones computed before it). `unchanged`: the logical nodes the lowered graphs still hold (`multi.lower`)."""
         for out, low in zip(outs, lowered):  # a tensor on several devices: the MULTI of its parts' buffer views
             if (low is not out or low.op is OP_MULTI) and out not in views:
                 # (a part not computed, after an exception, leaves the tensor lazy)
@@ -798,7 +801,9 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
                     views[out] = part
         # after lowering, only the logical graphs are lineage (gradients are taken on them, never per device)
         # (and not a node whose lowered form is a buffer view already: `x.to(d)` of a replicated x is its part on d)
-        lineage_of = {o for o, low in zip(outs, lowered) if not is_realized(low)} if lowered is not outs else None
+        # (and the logical nodes inside the lowered graphs, computed as they are: an assign realized by a reader)
+        lineage_of = None if lowered is outs else \
+            {o for o, low in zip(outs, lowered) if not is_realized(low)} | (unchanged or set())
         if Tensor.no_grad:  # the tensors asked for get no lineage; the readers realized only because a write here
             # overwrites what they read keep theirs: they were built outside this block, maybe for a backward (a
             # training forward whose BatchNorm realizes the last step's statistics, and with them the update of a

@@ -34,6 +34,14 @@ if os.environ.get("GLASSGRAD_METAL_EMULATION") == "1" or os.environ.get("CHECK_M
         config.pluginmanager.register(metal_plugin, "glassgrad-metal")
 
 
+# GLASSGRAD_TEST_MULTI_IN_USE=1: every realize goes through the multi-device lowering (`multi.lower`), as it does in a
+# process once any tensor was sharded; single-device programs must behave the same (a JIT capture's random-state
+# advance once wrote into a kept copy of the state there, so every replay drew the same numbers)
+if os.environ.get("GLASSGRAD_TEST_MULTI_IN_USE") == "1":
+    from glassgrad import multi as _multi
+    _multi._IN_USE[0] = True
+
+
 @pytest.fixture(scope="module")
 def cuda() -> str:
     """"CUDA", for tests that run kernels on a GPU; they skip, with the reason, where no GPU can be used."""

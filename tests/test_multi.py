@@ -208,3 +208,37 @@ def test_conv_batchnorm_gradients_match_one_device() -> None:
 
     for got, want in zip(grads(D2), grads(None)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("where", ["CPU", D2])
+def test_jit_replays_draw_new_numbers_once_a_tensor_was_sharded(where: str | tuple[str, ...]) -> None:
+    """Once any tensor was sharded, every realize goes through the multi-device lowering. It replaced the random
+    state's buffer by the copy kept of its old version, so the TinyJit capture's advance wrote into that copy and
+    every replay drew the same batch (beautiful_mnist's `Tensor.randint` batches after a sharded test; the losses fell
+    smoothly, wrong). Each replay must draw what an eager run draws, on one device and on several."""
+    from glassgrad.helpers import Context
+    Tensor.ones(4).shard(D2).realize()  # (multi in use from here on, as in a process that sharded anything)
+
+    def draws(jit: int) -> list[list[float]]:
+        Tensor.manual_seed(3)
+        step = TinyJit(lambda: (Tensor.randint(6, high=1000, device=where) + Tensor.rand(6, device=where)).realize())
+        with Context(JIT=jit):
+            return [step().tolist() for _ in range(5)]
+
+    jitted, eager = draws(1), draws(0)
+    assert len({tuple(d) for d in jitted}) == 5
+    assert jitted == eager
+
+
+@pytest.mark.parametrize("axis", [None, 0])
+def test_gradient_through_a_sharded_assign_realized_by_a_reader(axis: int | None) -> None:
+    """`y.assign(w * 2)` realized inside a reader's graph (not as a root of the realize) keeps its lineage on several
+    devices too, as on one: backward through y reaches w."""
+    w = Tensor([1.0, 2.0, 3.0, 4.0]).shard(D2, axis=axis)
+    w.requires_grad = True
+    y = Tensor.zeros(4).shard(D2, axis=axis).realize()
+    y.assign(w * 2)
+    (y * 1).realize()
+    y.sum().backward()
+    assert w.grad is not None
+    np.testing.assert_array_equal(w.grad.numpy(), [2, 2, 2, 2])
