@@ -597,9 +597,12 @@ def _simt_shape(plan: MatmulPlan, tensor_cores: bool) -> _SimtShape:
         tiles = _SimtTiles(candidate, tile_k if _reduce_size(candidate.reduce) >= tile_k else TILE_K, stages)
         b = _block(candidate, tiles.tile_k, tiles.tile_k, threads)
         groups = tiles.copies(b, b.k_outer)
-        elementwise = tuple(_copy_runs(group, 4) is None for group in groups)  # (else 16-byte runs)
+        # (else 16-byte runs: 4 float32 or 8 half elements, as `_async_copies` copies them)
+        elementwise = tuple(_copy_runs(group, 16 // group[0][1].dtype.itemsize) is None for group in groups)
         asynchronous = tensor_cores and all(not each or all(_gathered(value) is not None for _, value in group)
-                                            for group, each in zip(groups, elementwise))
+                                            for group, each in zip(groups, elementwise)) and \
+            all(each or _copy_runs(group, 16 // group[0][1].dtype.itemsize) is not None
+                for k in _pipeline_k_tiles(b, stages) for group, each in zip(tiles.copies(b, k), elementwise))
         return _SimtShape(candidate, row_per, tiles, b, asynchronous, cast(tuple[bool, bool], elementwise))
     if tensor_cores and plan.rows.size >= WIDE_TILE and plan.cols.tile == TILE and \
             _reduce_size(plan.reduce) >= WIDE_TILE_K and \
@@ -610,6 +613,13 @@ def _simt_shape(plan: MatmulPlan, tensor_cores: bool) -> _SimtShape:
         if wide.asynchronous:
             return wide
     return shape(plan, PER_THREAD, ASYNC_TILE_K, SIMT_STAGES)
+
+
+def _pipeline_k_tiles(b: _Block, stages: int) -> list[UOp]:
+    """The k tiles `_async_pipeline` copies, spelled as it spells them: the first `stages - 1` by their constant
+    index, then `k + stages - 1` in step k. A factor whose copies form 16-byte runs at a symbolic step can fail to
+    at a constant one (a convolution's input gradient, whose taps' bounds fold differently)."""
+    return [UOp.const(b.dt, t) for t in range(stages - 1)] + [b.k_outer + UOp.const(b.dt, stages - 1)]
 
 
 def _async_pipeline(smem: UOp, b: _Block, copies: Callable[[UOp], list[list[tuple[UOp, UOp]]]], stages: int,
@@ -730,6 +740,9 @@ def _tensor_core_tiled(ast: UOp, plan: MatmulPlan, tc: tuple[TensorCoreKind, UOp
     # cp.async: 16-byte runs, or (float32) one gathered element each, zero-filled where its gate is off
     asynchronous = _copy_runs(sample, kind.chunk) is not None or \
         (kind.tf32 and all(_gathered(value) is not None for _, value in sample))
+    if asynchronous and not kind.tf32:  # (runs at a symbolic step, and at the pipeline's first, constant, steps too)
+        asynchronous = all(_copy_runs(_tc_copies(plan, b, layout, (x, y), k), kind.chunk) is not None
+                           for k in _pipeline_k_tiles(b, ASYNC_STAGES))
     warpgroup = warpgroup and asynchronous and not kind.tf32
     if warpgroup:  # one warpgroup MMA step is the whole k tile (two k16 halves)
         kind = replace(kind, mma_k=kind.tile_k)

@@ -133,16 +133,36 @@ def _exact_half_products(red: UOp) -> UOp | None:
     takes each product exactly, as numpy, PyTorch, cuBLAS and our own tensor-core tiles do: a product of two halves
     is exact in float32 (22 and 16 bits of mantissa; float32 holds their range), so the rounding to half is dropped.
     Rounded, a product below half's normal range lost most of its bits (an fp16 convolution's input gradient from a
-    small loss was 6% off PyTorch's on the GPU's generic path, exact on its tensor-core path)."""
+    small loss was 6% off PyTorch's on the GPU's generic path, exact on its tensor-core path). The product may sit
+    under gates, `where(c, half(x * y), 0)` (a padded convolution's input gradient sums its taps so: 4x PyTorch's
+    error on the CPU, from a mean loss over a large output, until the gates were looked through)."""
     value = red.src[0]
-    if red.arg is not Ops.ADD or value.op is not Ops.CAST or value.src[0].op is not Ops.CAST:
+    if red.arg is not Ops.ADD or value.op is not Ops.CAST or value.dtype not in (dtypes.float32, dtypes.float64):
         return None
-    half, product = value.src[0], value.src[0].src[0]
-    if half.dtype not in (dtypes.float16, dtypes.bfloat16) or product.op is not Ops.MUL or \
-            product.dtype != value.dtype or value.dtype not in (dtypes.float32, dtypes.float64) or \
-            not all(s.op is Ops.CAST and s.src[0].dtype == half.dtype for s in product.src):
+    exact = _exact_half_value(value.src[0], value.dtype)
+    return None if exact is None else red.replace(src=(exact, *red.src[1:]))
+
+
+def _exact_half_value(u: UOp, wide: DType, depth: int = 0) -> UOp | None:
+    """A half node `half(x * y)` (x, y widened halves of its dtype) as the product in `wide`, not rounded; through
+    gates `where(c, v, 0)` and `where(c, 0, v)`, which keep their conditions. None for anything else."""
+    if u.op is Ops.CAST and u.dtype in (dtypes.float16, dtypes.bfloat16):
+        product = u.src[0]
+        if product.op is Ops.MUL and product.dtype == wide and \
+                all(s.op is Ops.CAST and s.src[0].dtype == u.dtype for s in product.src):
+            return product
         return None
-    return red.replace(src=(product, *red.src[1:]))
+    if u.op is not Ops.WHERE or depth > 8:
+        return None
+    for kept in (1, 2):
+        zero = u.src[3 - kept]
+        if zero.op is Ops.CONST and not zero.src and zero.arg == 0:
+            inner = _exact_half_value(u.src[kept], wide, depth + 1)
+            if inner is None:
+                return None
+            srcs = [u.src[0], inner, UOp.const(wide, 0.0)] if kept == 1 else [u.src[0], UOp.const(wide, 0.0), inner]
+            return UOp(Ops.WHERE, wide, tuple(srcs))
+    return None
 
 
 def _fold_by_range(x: UOp) -> UOp | None:
