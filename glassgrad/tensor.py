@@ -41,7 +41,7 @@ from glassgrad.tensor_math import MathOps, accepts_dim, computed_in_float32
 from glassgrad.tensor_nn import NNOps
 from glassgrad.tensor_shape import ShapeOps
 from glassgrad.tensor_torch import TorchNames
-from glassgrad.uop.ops import OP_ASSIGN, OP_MULTI, GroupOp, Ops, UOp, _arg_key, sint
+from glassgrad.uop.ops import OP_ASSIGN, OP_MAX, OP_MULTI, GroupOp, Ops, UOp, _arg_key, sint
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.sint import (
     as_sint,
@@ -2195,8 +2195,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     # ------------------------------------------------------------------ reductions
     def _resolve_axes(self, axis: AxisArg) -> tuple[int, ...]:
         """Sorted, non-negative axes. A 0-d tensor accepts axis 0 or -1 (as PyTorch does) and reduces nothing."""
+        ndim = len(self.uop.shape)
+        if type(axis) is int and -ndim <= axis < ndim:  # (the common call, one valid axis: what the checks give)
+            return (axis % ndim,)
         if axis is None:
-            return tuple(range(self.ndim))
+            return tuple(range(ndim))
         if not isinstance(axis, (int, tuple, list)):
             raise TypeError(f"axis must be an int, a tuple of ints or None, got {type(axis).__name__} {axis!r}")
         axes = (axis,) if isinstance(axis, int) else tuple(axis)
@@ -2207,15 +2210,20 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     def _reduce(self, op: Ops, axis: AxisArg, keepdim: bool) -> Tensor:
         axes = self._resolve_axes(axis)
-        kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
-        if op is Ops.MAX and any(self.shape[a] == 0 for a in axes):
-            raise ShapeError(f"max/min over an empty dimension (shape {self.shape}, axis {axis}) has no identity")
+        shape = self.uop.shape
+        if op is OP_MAX and any(shape[a] == 0 for a in axes):
+            raise ShapeError(f"max/min over an empty dimension (shape {shape}, axis {axis}) has no identity")
         src = self
-        if op is Ops.MAX and axes and self.dtype.is_float and _calls_libm(self.uop) and self.requires_grad:
+        if op is OP_MAX and axes and self.dtype.is_float and _calls_libm(self.uop) and self.requires_grad:
             src = self.contiguous()  # the gradient compares its input with the max: they must be the same values
+        # (a REDUCE_AXIS keeps the reduced axes as 1s: the keepdim shape)
         out = src._wrap(src.uop.reduce_axis(op, axes)) if axes else self._same_value()
-        out = out if out.shape == kept else out.reshape(kept)
-        return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+        if keepdim or not axes:
+            return out if keepdim else out.reshape(shape)
+        dims = tuple([s for i, s in enumerate(shape) if i not in axes])
+        if type(prod(shape)) is int:  # (concrete: the dims are ints of the same count, reshape's checks cannot fail)
+            return out._view(out.uop.reshape(dims))
+        return out.reshape(dims)
 
     def _sum_dtype(self) -> DType:
         return sum_acc_dtype(self.dtype)
