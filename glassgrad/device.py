@@ -287,6 +287,7 @@ class Buffer:
     lifetimes do not overlap use one after another (engine/memory.py)."""
 
     serials = itertools.count()  # creation order (a TinyJit tells the buffers made before its capture from those after)
+    _allocator: Allocator  # the one its memory came from (set with the handle, unless it lives in a block)
 
     def __init__(self, device: str, size: int, dtype: DType, owned: bool = False) -> None:
         self.serial = next(Buffer.serials)
@@ -319,14 +320,17 @@ class Buffer:
     @property
     def handle(self) -> Any:
         if self._handle is None:
-            self._handle = self.block.handle if self.block is not None else \
-                Device[self.device].allocator.alloc(max(self.nbytes, 1))
+            if self.block is not None:
+                self._handle = self.block.handle
+            else:  # (the allocator kept: the memory goes back to it when this buffer dies, without a device lookup)
+                self._allocator = Device[self.device].allocator
+                self._handle = self._allocator.alloc(max(self.nbytes, 1))
         return self._handle
 
     def __del__(self) -> None:
         if self._handle is not None and self.block is None:
             try:
-                Device[self.device].allocator.free(self._handle, max(self.nbytes, 1))
+                self._allocator.free(self._handle, max(self.nbytes, 1))
             except Exception:  # interpreter shutdown: nothing to give back to
                 pass
 

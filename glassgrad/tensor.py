@@ -799,10 +799,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         # after lowering, only the logical graphs are lineage (gradients are taken on them, never per device)
         # (and not a node whose lowered form is a buffer view already: `x.to(d)` of a replicated x is its part on d)
         lineage_of = {o for o, low in zip(outs, lowered) if not is_realized(low)} if lowered is not outs else None
-        if Tensor.no_grad:  # the tensors asked for get no lineage; the readers realized only because a write here
-            # overwrites what they read keep theirs: they were built outside this block, maybe for a backward (a
-            # training forward whose BatchNorm realizes the last step's statistics, and with them the update of a
-            # weight that the forward read: the forward so far is realized, and must still lead to the weight)
+        if _no_grad():  # (Tensor.no_grad, without its metaclass property) the tensors asked for get no lineage; the
+            # readers realized only because a write here overwrites what they read keep theirs: they were built outside
+            # this block, maybe for a backward (a training forward whose BatchNorm realizes the last step's statistics,
+            # and with them the update of a weight that the forward read: the forward so far is realized, and must
+            # still lead to the weight)
             kept = {t.uop for t in readers}
             lineage_of = kept if lineage_of is None else lineage_of & kept
         assigned = any(node.op is OP_ASSIGN for node in views)
