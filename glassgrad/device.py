@@ -39,8 +39,9 @@ class Allocator:
 
     def alloc(self, nbytes: int) -> Any:
         with self._lock:
-            self.live_bytes += nbytes
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            live = self.live_bytes = self.live_bytes + nbytes
+            if live > self.peak_bytes:
+                self.peak_bytes = live
             if free := self._free.get(nbytes):
                 return free.pop()
         try:
@@ -323,7 +324,10 @@ class Buffer:
             if self.block is not None:
                 self._handle = self.block.handle
             else:  # (the allocator kept: the memory goes back to it when this buffer dies, without a device lookup)
-                self._allocator = Device[self.device].allocator
+                # (`device` is canonical already: the registry's own table first, its lookup only for a device not
+                # opened yet)
+                dev = Device._devices.get(self.device) or Device[self.device]
+                self._allocator = dev.allocator
                 self._handle = self._allocator.alloc(max(self.nbytes, 1))
         return self._handle
 

@@ -544,7 +544,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None) -> None:
         if type(data) is UOp and device is None and dtype is None and requires_grad is None \
-                and not _is_size_expression(data):  # every op's result
+                and (data.dtype is not dtypes.int32 or not _is_size_expression(data)):  # every op's result
             self.uop, self.grad, self._requires_grad, self._view_of = data, None, None, None
             _LAZY.add(self)  # (one place for it: an inlined copy once missed the open no_grad block's list)
             return

@@ -205,6 +205,9 @@ class ScheduleTemplate:
     # per item, (parameter name, index into the key's consts) of each lifted constant that a graph constant gives:
     # a graph of this structure with other values gets its own values there (`var_vals`)
     param_slots: tuple[tuple[tuple[str, int], ...], ...] = ()
+    # per item, the bytes of its buffers (GlobalCounters.global_mem's count of a launch): fixed by the structure, whose
+    # key holds each slot's size and dtype
+    item_bytes: tuple[int, ...] = ()
     # per view, (an earlier view whose node chain starts its own, or -1; how many of its reshapes that one covers):
     # views of one buffer (a reduction's node and the output reshaped from it) share nodes, made once per replay
     prefixes: tuple[tuple[int, int], ...] = field(init=False)
@@ -252,7 +255,8 @@ class ScheduleTemplate:
         except KeyError:
             return None
         return ScheduleTemplate(tuple((b.device, b.size, b.dtype) for b in created), item_templates, view_templates,
-                                plan)
+                                plan, item_bytes=tuple(sum(b.size * b.dtype.itemsize for b in item.bufs)
+                                                       for item in items))
 
     def bind(self, key: GraphKey) -> tuple[list[Buffer], list[int]]:
         """The buffers this template's references stand for in the graph of `key`: the key's slots, then fresh
