@@ -806,7 +806,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
             # still lead to the weight)
             kept = {t.uop for t in readers}
             lineage_of = kept if lineage_of is None else lineage_of & kept
-        assigned = any(node.op is OP_ASSIGN for node in views)
+        assigned = False
+        for node in views:  # (a loop, not any() of a generator: every realize)
+            if node.op is OP_ASSIGN:
+                assigned = True
+                break
         _record_realized(views, True, lineage_of, assigned)
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop

@@ -710,7 +710,7 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     return found.instantiate() if isinstance(found, CachedSchedule) else found
 
 
-@dataclass
+@dataclass(slots=True)
 class CachedSchedule:
     """A graph whose structure the schedule cache holds: the template with what binds it to this graph (the walk's
     key, with the buffers in the slots, and nodes). `instantiate()` makes the schedule's items; a realize that needs

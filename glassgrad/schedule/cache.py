@@ -44,7 +44,7 @@ def reshape_chain(u: UOp) -> tuple[UOp, tuple[tuple[int, ...], ...]]:
     return u, tuple(reversed(shapes))
 
 
-@dataclass
+@dataclass(slots=True)
 class GraphKey:
     """A graph's structure (`graph`, hashable), the buffers in its slots, and each node's position in the walk.
     `consts`: the float32 constants that kernels take as parameters (uop/params.py), in walk order; the structure
