@@ -41,7 +41,7 @@ from glassgrad.tensor_math import MathOps, accepts_dim, computed_in_float32
 from glassgrad.tensor_nn import NNOps
 from glassgrad.tensor_shape import ShapeOps
 from glassgrad.tensor_torch import TorchNames
-from glassgrad.uop.ops import OP_ASSIGN, OP_MAX, OP_MULTI, GroupOp, Ops, UOp, _arg_key, sint
+from glassgrad.uop.ops import OP_ADD, OP_ASSIGN, OP_MAX, OP_MUL, OP_MULTI, OP_NEG, GroupOp, Ops, UOp, _arg_key, sint
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.sint import (
     as_sint,
@@ -1450,14 +1450,14 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """Ints and bools become the default float; floats stay as they are."""
         return self if self.dtype.is_float else self.cast(dtypes.default_float)
 
-    def add(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(Ops.ADD, x, reverse)  # noqa
-    def mul(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(Ops.MUL, x, reverse)  # noqa
+    def add(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(OP_ADD, x, reverse)  # noqa
+    def mul(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(OP_MUL, x, reverse)  # noqa
 
     def sub(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         dtype = self.uop.dtype
         if not dtype.is_bool and (other := self._operand(x)) is not None:  # (`_sub_general`'s nodes, made directly)
             a, b = (other, self.uop) if reverse else (self.uop, other)
-            return Tensor(UOp(Ops.ADD, dtype, (a, UOp(Ops.NEG, dtype, (b,)))))
+            return Tensor(UOp(OP_ADD, dtype, (a, UOp(OP_NEG, dtype, (b,)))))
         return self._sub_general(x, reverse)
 
     def _sub_general(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
@@ -1786,11 +1786,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     # ------------------------------------------------------------------ operators
     def __neg__(self) -> Tensor: return self.neg()  # noqa: E704
-    def __add__(self, x: Tensor | Scalar) -> Tensor: return self._binary(Ops.ADD, x)  # noqa: E704
+    # (+ and * name their ops by module constants: `Ops.X` is a slow read, see uop/ops.py)
+    def __add__(self, x: Tensor | Scalar) -> Tensor: return self._binary(OP_ADD, x)  # noqa: E704
     def __radd__(self, x: Tensor | Scalar) -> Tensor: return self.add(x, True)  # noqa: E704
     def __sub__(self, x: Tensor | Scalar) -> Tensor: return self.sub(x)  # noqa: E704
     def __rsub__(self, x: Tensor | Scalar) -> Tensor: return self.sub(x, True)  # noqa: E704
-    def __mul__(self, x: Tensor | Scalar) -> Tensor: return self._binary(Ops.MUL, x)  # noqa: E704
+    def __mul__(self, x: Tensor | Scalar) -> Tensor: return self._binary(OP_MUL, x)  # noqa: E704
     def __rmul__(self, x: Tensor | Scalar) -> Tensor: return self.mul(x, True)  # noqa: E704
     def __truediv__(self, x: Tensor | Scalar) -> Tensor: return self.div(x)  # noqa: E704
     def __rtruediv__(self, x: Tensor | Scalar) -> Tensor: return self.div(x, True)  # noqa: E704

@@ -93,6 +93,7 @@ class Ops(Enum):
 # The host paths that run for every node or every realize compare with these module constants instead.
 OP_BUFFER, OP_RESHAPE, OP_ASSIGN, OP_MULTI, OP_SHRINK, OP_COPY, OP_ALLREDUCE, OP_CONST, OP_MAX = (
     Ops.BUFFER, Ops.RESHAPE, Ops.ASSIGN, Ops.MULTI, Ops.SHRINK, Ops.COPY, Ops.ALLREDUCE, Ops.CONST, Ops.MAX)
+OP_ADD, OP_MUL, OP_NEG = Ops.ADD, Ops.MUL, Ops.NEG  # (Tensor's +, * and -: every elementwise op of a model)
 OP_DEVICE, OP_ARANGE, OP_EXPAND, OP_PERMUTE, OP_PAD, OP_REDUCE_AXIS, OP_GATHER, OP_SCATTER, OP_BITCAST = (
     Ops.DEVICE, Ops.ARANGE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.REDUCE_AXIS, Ops.GATHER, Ops.SCATTER, Ops.BITCAST)
 
