@@ -288,7 +288,6 @@ class Buffer:
     lifetimes do not overlap use one after another (engine/memory.py)."""
 
     serials = itertools.count()  # creation order (a TinyJit tells the buffers made before its capture from those after)
-    _allocator: Allocator  # the one its memory came from (set with the handle, unless it lives in a block)
 
     def __init__(self, device: str, size: int, dtype: DType, owned: bool = False) -> None:
         self.serial = next(Buffer.serials)
@@ -323,18 +322,16 @@ class Buffer:
         if self._handle is None:
             if self.block is not None:
                 self._handle = self.block.handle
-            else:  # (the allocator kept: the memory goes back to it when this buffer dies, without a device lookup)
-                # (`device` is canonical already: the registry's own table first, its lookup only for a device not
-                # opened yet)
+            else:  # (`device` is canonical: the registry's table, its lookup only for a device not opened yet)
                 dev = Device._devices.get(self.device) or Device[self.device]
-                self._allocator = dev.allocator
-                self._handle = self._allocator.alloc(max(self.nbytes, 1))
+                self._handle = dev.allocator.alloc(max(self.nbytes, 1))
         return self._handle
 
     def __del__(self) -> None:
         if self._handle is not None and self.block is None:
             try:
-                self._allocator.free(self._handle, max(self.nbytes, 1))
+                (Device._devices.get(self.device) or Device[self.device]).allocator.free(self._handle,
+                                                                                         max(self.nbytes, 1))
             except Exception:  # interpreter shutdown: nothing to give back to
                 pass
 

@@ -2227,8 +2227,8 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         if keepdim or not axes:
             return out if keepdim else out.reshape(shape)
         dims = tuple([s for i, s in enumerate(shape) if i not in axes])
-        if type(prod(shape)) is int:  # (concrete: the dims are ints of the same count, reshape's checks cannot fail)
-            return out._view(out.uop.reshape(dims))
+        if all(type(s) is int for s in shape):  # (concrete: the dims are ints of the same count, reshape's checks
+            return out._view(out.uop.reshape(dims))  # cannot fail)
         return out.reshape(dims)
 
     def _sum_dtype(self) -> DType:
