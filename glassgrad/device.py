@@ -39,8 +39,9 @@ class Allocator:
 
     def alloc(self, nbytes: int) -> Any:
         with self._lock:
-            self.live_bytes += nbytes
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            live = self.live_bytes = self.live_bytes + nbytes
+            if live > self.peak_bytes:
+                self.peak_bytes = live
             if free := self._free.get(nbytes):
                 return free.pop()
         try:
@@ -319,14 +320,18 @@ class Buffer:
     @property
     def handle(self) -> Any:
         if self._handle is None:
-            self._handle = self.block.handle if self.block is not None else \
-                Device[self.device].allocator.alloc(max(self.nbytes, 1))
+            if self.block is not None:
+                self._handle = self.block.handle
+            else:  # (`device` is canonical: the registry's table, its lookup only for a device not opened yet)
+                dev = Device._devices.get(self.device) or Device[self.device]
+                self._handle = dev.allocator.alloc(max(self.nbytes, 1))
         return self._handle
 
     def __del__(self) -> None:
         if self._handle is not None and self.block is None:
             try:
-                Device[self.device].allocator.free(self._handle, max(self.nbytes, 1))
+                (Device._devices.get(self.device) or Device[self.device]).allocator.free(self._handle,
+                                                                                         max(self.nbytes, 1))
             except Exception:  # interpreter shutdown: nothing to give back to
                 pass
 

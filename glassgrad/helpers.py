@@ -143,7 +143,9 @@ def kernel_flags() -> tuple[int, ...]:
     and the choice of opts (the heuristic's CPU_OPT_LEVEL, BEAM's width, NOOPT). Part of the key of every cache of
     built kernels (engine/realize.py's, the JIT's captures), so that switching one (`with Context(BEAM=2):`) never
     reuses a kernel built under the other setting. The compile cache is keyed by the source, which they change."""
-    return (*codegen_flags(), int(CPU_OPT_LEVEL), int(BEAM), int(NOOPT))
+    # (codegen_flags' two, then the opts'; read as `.value`, not through `int()`'s call of `__int__`, which returns the
+    # value: equal keys either way, and every launch of a cached schedule asks for these. Only in-memory keys use it)
+    return (ALLOW_TF32.value, WGMMA.value, CPU_OPT_LEVEL.value, BEAM.value, NOOPT.value)
 
 # tinygrad's flags that glassgrad has under another name: tinygrad's name -> (glassgrad's, value conversion)
 FLAG_ALIASES: dict[str, tuple[str, Callable[[int], int]]] = {

@@ -41,7 +41,7 @@ from glassgrad.tensor_math import MathOps, accepts_dim, computed_in_float32
 from glassgrad.tensor_nn import NNOps
 from glassgrad.tensor_shape import ShapeOps
 from glassgrad.tensor_torch import TorchNames
-from glassgrad.uop.ops import OP_ASSIGN, OP_MULTI, GroupOp, Ops, UOp, _arg_key, sint
+from glassgrad.uop.ops import OP_ADD, OP_ASSIGN, OP_MAX, OP_MUL, OP_MULTI, OP_NEG, GroupOp, Ops, UOp, _arg_key, sint
 from glassgrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from glassgrad.uop.sint import (
     as_sint,
@@ -544,7 +544,7 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None) -> None:
         if type(data) is UOp and device is None and dtype is None and requires_grad is None \
-                and not _is_size_expression(data):  # every op's result
+                and (data.dtype is not dtypes.int32 or not _is_size_expression(data)):  # every op's result
             self.uop, self.grad, self._requires_grad, self._view_of = data, None, None, None
             _LAZY.add(self)  # (one place for it: an inlined copy once missed the open no_grad block's list)
             return
@@ -804,13 +804,18 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         # (and the logical nodes inside the lowered graphs, computed as they are: an assign realized by a reader)
         lineage_of = None if lowered is outs else \
             {o for o, low in zip(outs, lowered) if not is_realized(low)} | (unchanged or set())
-        if Tensor.no_grad:  # the tensors asked for get no lineage; the readers realized only because a write here
-            # overwrites what they read keep theirs: they were built outside this block, maybe for a backward (a
-            # training forward whose BatchNorm realizes the last step's statistics, and with them the update of a
-            # weight that the forward read: the forward so far is realized, and must still lead to the weight)
+        if _no_grad():  # (Tensor.no_grad, without its metaclass property) the tensors asked for get no lineage; the
+            # readers realized only because a write here overwrites what they read keep theirs: they were built outside
+            # this block, maybe for a backward (a training forward whose BatchNorm realizes the last step's statistics,
+            # and with them the update of a weight that the forward read: the forward so far is realized, and must
+            # still lead to the weight)
             kept = {t.uop for t in readers}
             lineage_of = kept if lineage_of is None else lineage_of & kept
-        assigned = any(node.op is OP_ASSIGN for node in views)
+        assigned = False
+        for node in views:  # (a loop, not any() of a generator: every realize)
+            if node.op is OP_ASSIGN:
+                assigned = True
+                break
         _record_realized(views, True, lineage_of, assigned)
         for t in pending:
             t.uop = views.get(t.uop) or REALIZED.get(t.uop) or t.uop
@@ -1450,14 +1455,14 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         """Ints and bools become the default float; floats stay as they are."""
         return self if self.dtype.is_float else self.cast(dtypes.default_float)
 
-    def add(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(Ops.ADD, x, reverse)  # noqa
-    def mul(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(Ops.MUL, x, reverse)  # noqa
+    def add(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(OP_ADD, x, reverse)  # noqa
+    def mul(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor: return self._binary(OP_MUL, x, reverse)  # noqa
 
     def sub(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         dtype = self.uop.dtype
         if not dtype.is_bool and (other := self._operand(x)) is not None:  # (`_sub_general`'s nodes, made directly)
             a, b = (other, self.uop) if reverse else (self.uop, other)
-            return Tensor(UOp(Ops.ADD, dtype, (a, UOp(Ops.NEG, dtype, (b,)))))
+            return Tensor(UOp(OP_ADD, dtype, (a, UOp(OP_NEG, dtype, (b,)))))
         return self._sub_general(x, reverse)
 
     def _sub_general(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
@@ -1786,11 +1791,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     # ------------------------------------------------------------------ operators
     def __neg__(self) -> Tensor: return self.neg()  # noqa: E704
-    def __add__(self, x: Tensor | Scalar) -> Tensor: return self._binary(Ops.ADD, x)  # noqa: E704
+    # (+ and * name their ops by module constants: `Ops.X` is a slow read, see uop/ops.py)
+    def __add__(self, x: Tensor | Scalar) -> Tensor: return self._binary(OP_ADD, x)  # noqa: E704
     def __radd__(self, x: Tensor | Scalar) -> Tensor: return self.add(x, True)  # noqa: E704
     def __sub__(self, x: Tensor | Scalar) -> Tensor: return self.sub(x)  # noqa: E704
     def __rsub__(self, x: Tensor | Scalar) -> Tensor: return self.sub(x, True)  # noqa: E704
-    def __mul__(self, x: Tensor | Scalar) -> Tensor: return self._binary(Ops.MUL, x)  # noqa: E704
+    def __mul__(self, x: Tensor | Scalar) -> Tensor: return self._binary(OP_MUL, x)  # noqa: E704
     def __rmul__(self, x: Tensor | Scalar) -> Tensor: return self.mul(x, True)  # noqa: E704
     def __truediv__(self, x: Tensor | Scalar) -> Tensor: return self.div(x)  # noqa: E704
     def __rtruediv__(self, x: Tensor | Scalar) -> Tensor: return self.div(x, True)  # noqa: E704
@@ -2200,8 +2206,11 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
     # ------------------------------------------------------------------ reductions
     def _resolve_axes(self, axis: AxisArg) -> tuple[int, ...]:
         """Sorted, non-negative axes. A 0-d tensor accepts axis 0 or -1 (as PyTorch does) and reduces nothing."""
+        ndim = len(self.uop.shape)
+        if type(axis) is int and -ndim <= axis < ndim:  # (the common call, one valid axis: what the checks give)
+            return (axis % ndim,)
         if axis is None:
-            return tuple(range(self.ndim))
+            return tuple(range(ndim))
         if not isinstance(axis, (int, tuple, list)):
             raise TypeError(f"axis must be an int, a tuple of ints or None, got {type(axis).__name__} {axis!r}")
         axes = (axis,) if isinstance(axis, int) else tuple(axis)
@@ -2212,15 +2221,20 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
 
     def _reduce(self, op: Ops, axis: AxisArg, keepdim: bool) -> Tensor:
         axes = self._resolve_axes(axis)
-        kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
-        if op is Ops.MAX and any(self.shape[a] == 0 for a in axes):
-            raise ShapeError(f"max/min over an empty dimension (shape {self.shape}, axis {axis}) has no identity")
+        shape = self.uop.shape
+        if op is OP_MAX and any(shape[a] == 0 for a in axes):
+            raise ShapeError(f"max/min over an empty dimension (shape {shape}, axis {axis}) has no identity")
         src = self
-        if op is Ops.MAX and axes and self.dtype.is_float and _calls_libm(self.uop) and self.requires_grad:
+        if op is OP_MAX and axes and self.dtype.is_float and _calls_libm(self.uop) and self.requires_grad:
             src = self.contiguous()  # the gradient compares its input with the max: they must be the same values
+        # (a REDUCE_AXIS keeps the reduced axes as 1s: the keepdim shape)
         out = src._wrap(src.uop.reduce_axis(op, axes)) if axes else self._same_value()
-        out = out if out.shape == kept else out.reshape(kept)
-        return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+        if keepdim or not axes:
+            return out if keepdim else out.reshape(shape)
+        dims = tuple([s for i, s in enumerate(shape) if i not in axes])
+        if all(type(s) is int for s in shape):  # (concrete: the dims are ints of the same count, reshape's checks
+            return out._view(out.uop.reshape(dims))  # cannot fail)
+        return out.reshape(dims)
 
     def _sum_dtype(self) -> DType:
         return sum_acc_dtype(self.dtype)

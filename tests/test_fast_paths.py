@@ -296,3 +296,95 @@ def test_windows_node_is_the_tensor_paths(shape: tuple[int, ...]) -> None:
             finally:
                 tn._window_nodes = saved
         assert outcomes[0] is outcomes[1] or outcomes[0] == outcomes[1], (k, s, d)
+
+
+REDUCE_SHAPES = [(), (1,), (5,), (3, 4), (2, 1, 4), (2, 3, 0)]
+AXES: list[object] = [None, 0, 1, 2, -1, -2, -3, 3, -4, (0,), (0, -1), (1, 0), [2], (), (0, 0), True, 1.0]
+
+
+def _reduce_general(t: Tensor, axis: object, keepdim: bool) -> Tensor:
+    """`Tensor._reduce`'s spelling before its fast paths: the axes checked one by one, the keepdim node made by
+    `reshape`, the result by `reshape` with all its checks."""
+    from glassgrad.helpers import normalize_axis
+    if axis is None:
+        axes: tuple[int, ...] = tuple(range(t.ndim))
+    elif not isinstance(axis, (int, tuple, list)):
+        raise TypeError("axis type")
+    else:
+        norm = tuple(normalize_axis(a, t.ndim) for a in ((axis,) if isinstance(axis, int) else tuple(axis)))
+        if len(set(norm)) != len(norm):
+            raise ValueError("axis twice")
+        axes = tuple(sorted(norm)) if t.ndim else ()
+    kept = tuple(1 if i in axes else s for i, s in enumerate(t.shape))
+    out = Tensor(t.uop.reduce_axis(Ops.ADD, axes)) if axes else Tensor(t.uop)
+    out = out if out.shape == kept else out.reshape(kept)
+    return out if keepdim else out.reshape(tuple(s for i, s in enumerate(t.shape) if i not in axes))
+
+
+@pytest.mark.parametrize("shape", REDUCE_SHAPES)
+@pytest.mark.parametrize("axis", AXES)
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_reduce_fast_paths_are_the_general_path(shape: tuple[int, ...], axis: object, keepdim: bool) -> None:
+    """`_resolve_axes` answers one valid int axis directly and `_reduce` makes the result's reshape node without
+    `reshape`'s checks: the same node (and a view of the reduction, as `reshape` makes), and the same error kind
+    for an axis out of range, repeated, a bool or a float."""
+    t = Tensor.empty(*shape)
+    try:
+        general = _reduce_general(t, axis, keepdim)
+    except Exception as e:  # the fast path must raise too (a TypeError, an IndexError or a ShapeError)
+        with pytest.raises((TypeError, IndexError, ValueError)):
+            t._reduce(Ops.ADD, axis, keepdim)  # type: ignore[arg-type]
+        assert isinstance(e, (TypeError, IndexError, ValueError))
+        return
+    fast = t._reduce(Ops.ADD, axis, keepdim)  # type: ignore[arg-type]
+    assert fast.uop is general.uop and fast.shape == general.shape
+    assert (fast._view_of is None) == (general._view_of is None)
+    if not shape:  # (numpy has no axis 0 of a 0-d array; PyTorch and glassgrad reduce nothing there)
+        return
+    values = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    np.testing.assert_allclose(Tensor(values).sum(axis, keepdim=keepdim).numpy(),  # type: ignore[arg-type]
+                               values.sum(axis if not isinstance(axis, list) else tuple(axis), keepdims=keepdim))
+
+
+def test_least_upper_dtype_memo_follows_the_default_float() -> None:
+    """`least_upper_dtype` remembers its answers, keyed with the default float, which is its answer for ints that
+    meet only at a float: a memo without it answered float32 after `DEFAULT_FLOAT` changed. Every memoised answer
+    is the computed one, for every pair and triple of dtypes under two default floats."""
+    import itertools
+
+    from glassgrad import Context
+    from glassgrad.dtype import _LEAST_UPPER, least_upper_dtype
+    assert least_upper_dtype(dtypes.int64, dtypes.uint64) == dtypes.float32  # (now memoised)
+    with Context(DEFAULT_FLOAT=dtypes.float16):
+        assert least_upper_dtype(dtypes.int64, dtypes.uint64) == dtypes.float16
+        assert (Tensor([1], dtype=dtypes.int64) + Tensor([2], dtype=dtypes.uint64)).dtype == dtypes.float16
+    assert least_upper_dtype(dtypes.int64, dtypes.uint64) == dtypes.float32
+    all_dtypes = [dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
+                  dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64]
+    for default in (dtypes.float32, dtypes.float16):
+        with Context(DEFAULT_FLOAT=default):
+            for ds in [*itertools.product(all_dtypes, repeat=2), *itertools.combinations(all_dtypes, 3)]:
+                remembered = least_upper_dtype(*ds)
+                _LEAST_UPPER.clear()
+                assert least_upper_dtype(*ds) is remembered, ds
+
+
+@pytest.mark.parametrize("arg", [(Ops.ADD, (0, 1)), ((0, 1), (2, 3)), (3, (4,), 5), ((),), (Ops.MAX, ())])
+def test_arg_key_of_tuples_of_int_tuples_is_the_tuple(arg: tuple[object, ...]) -> None:
+    """`_arg_key` of a tuple whose tuples hold ints only (a reduction's (op, axes), a pad's pairs) is the tuple
+    itself, found without recursion, as the recursive rule finds it."""
+    from glassgrad.uop.ops import _arg_key, _tuple_key
+    assert _arg_key(arg) is arg and _tuple_key(arg) is arg
+
+
+@pytest.mark.parametrize("pair", [((Ops.ADD, (0.0,)), (Ops.ADD, (-0.0,))), (((1,), (True,)), ((1,), (1,))),
+                                  (((1,), (1.0,)), ((1,), (1,))), ((0, (1, (2,))), (0, (1, (2.0,)))),
+                                  ((1, True), (1, 1)), (((0, 1), (2, False)), ((0, 1), (2, 0)))])
+def test_arg_key_tells_floats_bools_and_ints_apart_inside_tuples(pair: tuple[object, object]) -> None:
+    """Arguments that are equal in Python but not the same constant (0.0 and -0.0, 1 and 1.0 and True), nested in
+    tuples next to tuples of ints, have different keys, so hash-consing keeps their nodes apart."""
+    from glassgrad.dtype import dtypes as dt
+    from glassgrad.uop.ops import UOp, _arg_key
+    a, b = pair
+    assert a == b and _arg_key(a) != _arg_key(b)
+    assert UOp(Ops.PAD, dt.void, (), a) is not UOp(Ops.PAD, dt.void, (), b)

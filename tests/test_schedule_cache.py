@@ -396,6 +396,63 @@ def test_a_replay_hands_back_view_outputs(replays: list[bool]) -> None:
     assert replays == [True, True]
 
 
+def _graphs_of_views() -> list[Callable[[Tensor], list[Tensor]]]:
+    """Graphs whose outputs are views: a reduction reshaped (its keepdim node's view shares the output's buffer),
+    several reshapes of one buffer, two kernels."""
+    return [lambda x: [x.sum(axis=1)], lambda x: [x.sum(axis=0, keepdim=True), x.max(axis=1)],
+            lambda x: [(s := x * 2 + 1).reshape(24), s.reshape(2, 2, 6), s, s.sum(axis=1)],
+            lambda x: [graph(x, x + 1)]]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_a_replays_views_are_the_templates_chains(case: int) -> None:
+    """`views_for` starts a view's chain of nodes from an earlier view's where one is its prefix (the same buffer
+    and version): every view is still the node its own chain builds (hash-consing: the same node), and the outputs
+    hold the right values."""
+    from glassgrad.schedule import find_schedule
+    from glassgrad.schedule.cache import ScheduleTemplate
+    make = _graphs_of_views()[case]
+    x_ref = data(4, 6, seed=50 + case)
+    x = Tensor(x_ref)
+    for _ in range(2):
+        Tensor.realize_all(*make(x))
+    outs = make(x)
+    found = find_schedule([t.uop for t in outs])
+    assert not isinstance(found, tuple)
+    template: ScheduleTemplate = found.template
+    bufs, base_version = template.bind(found.key)
+    views = template.views_for(bufs, base_version, found.nodes, found.outs)
+    for is_out, index, (ref, offset, shapes) in template.views:  # each chain built on its own
+        buf = bufs[ref]
+        view = UOp(Ops.BUFFER, buf.dtype, (), (buf, base_version[ref] + offset))
+        for shape in shapes:
+            view = UOp(Ops.RESHAPE, buf.dtype, (view,), shape)
+        assert views[found.outs[index] if is_out else found.nodes[index]] is view
+    Tensor.realize_all(*outs)
+    with Context(SCACHE=0):
+        want = [t.numpy() for t in make(Tensor(x_ref))]
+    for out, ref in zip(outs, want):
+        np.testing.assert_array_equal(out.numpy(), ref)
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_a_replay_counts_what_run_schedule_counts(case: int, replays: list[bool]) -> None:
+    """GlobalCounters after a replay (the template's bytes per item) are what running the scheduler's items
+    counts: kernels, FLOPs and bytes."""
+    from glassgrad import GlobalCounters
+    make = _graphs_of_views()[case]
+    x = Tensor(data(4, 6, seed=60 + case))
+    counts = []
+    for scache in (0, 1, 1, 1):
+        with Context(SCACHE=scache):
+            outs = make(x)
+            GlobalCounters.reset()
+            Tensor.realize_all(*outs)
+            counts.append((GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem))
+    assert replays and all(replays)
+    assert counts[0] == counts[1] == counts[2] == counts[3] and counts[0][0] > 0
+
+
 def test_a_replayed_result_keeps_its_lineage(replays: list[bool]) -> None:
     """A result realized by a replay is recorded (REALIZED, LINEAGE) as any other: a backward through it reaches
     the parameter it was computed from."""

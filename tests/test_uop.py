@@ -98,6 +98,19 @@ class TestImmutability:
                 setattr(u, name, value)
         assert u.arg == 5 and u.op is Ops.CONST
 
+    def test_a_new_node_is_a_uop_that_refuses_writes_to_every_field(self) -> None:
+        """`UOp.__new__` fills a node's fields on a plain instance and then makes it a UOp: every node it returns,
+        new or found, is exactly a UOp, and none of its fields (the cached shape, device and range too) can be
+        written or deleted afterwards."""
+        u = UOp(Ops.ADD, I32, (c(424201), c(424202)))
+        assert type(u) is UOp and type(UOp(Ops.ADD, I32, (c(424201), c(424202)))) is UOp
+        for name in ("op", "dtype", "src", "arg", "arg_key", "_shape", "_range", "_device"):
+            with pytest.raises(AttributeError):
+                setattr(u, name, None)
+            with pytest.raises(AttributeError):
+                delattr(u, name)
+        assert u.op is Ops.ADD and u.arg is None and u.vmin == 424201 + 424202
+
     def test_attributes_cannot_be_deleted(self) -> None:
         u = c(5)
         with pytest.raises(AttributeError):

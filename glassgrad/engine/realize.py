@@ -318,8 +318,9 @@ def run_ast(ast: UOp, bufs: Sequence[Buffer], var_vals: dict[str, int], kernel: 
     launch(kernel, bufs, var_vals)
 
 
-def launch(kernel: CompiledKernel, bufs: Sequence[Buffer], var_vals: dict[str, int]) -> None:
-    """Run a compiled kernel on `bufs` (output first) with the Variables' values, and count it."""
+def launch(kernel: CompiledKernel, bufs: Sequence[Buffer], var_vals: dict[str, int], nbytes: int = -1) -> None:
+    """Run a compiled kernel on `bufs` (output first) with the Variables' values, and count it (`nbytes`: the
+    buffers' bytes, where the caller knows them: a cached schedule's template)."""
     # (every launch: a buffer's handle is nearly always made already, read without the property's call)
     handles = [h if (h := b._handle) is not None else b.handle for b in bufs]
     vals: tuple[int, ...] = ()
@@ -339,9 +340,10 @@ def launch(kernel: CompiledKernel, bufs: Sequence[Buffer], var_vals: dict[str, i
         buf = bufs[e.argument]
         e.attach(spec.source, repr(buf) + (f" in the memory of {buf.block!r}" if buf.block else ""))
         raise
-    nbytes = 0
-    for b in bufs:
-        nbytes += b.size * b.dtype.itemsize
+    if nbytes < 0:
+        nbytes = 0
+        for b in bufs:
+            nbytes += b.size * b.dtype.itemsize
     if debug >= 2:
         count_launch(spec.name, seconds or 0.0, flops, nbytes, "", work=work)
     else:  # (count_launch without its DEBUG line: every launch)
@@ -387,10 +389,18 @@ def replay(hit: CachedSchedule) -> dict[UOp, UOp] | None:
         else:
             return None
     values = hit.key.values()
+    lifted = bool(template.param_slots)  # (else each item's var_vals are the template's own: no call per item)
+    item_bytes = template.item_bytes or (-1,) * len(template.items)
     done = 0
     try:
-        for i, ((ast, refs, _, writes, _), kernel) in enumerate(zip(template.items, kernels)):
-            run_ast(ast, [bufs[r] for r in refs], template.var_vals(i, values), kernel)
+        for i, ((ast, refs, _, writes, var_vals), kernel) in enumerate(zip(template.items, kernels)):
+            item_bufs = [bufs[r] for r in refs]
+            if lifted:
+                var_vals = template.var_vals(i, values)
+            if kernel is not None:  # (run_ast's kernel case, without its call)
+                launch(kernel, item_bufs, var_vals, item_bytes[i])
+            else:
+                run_ast(ast, item_bufs, var_vals)
             for ref, offset in writes:
                 buf, version = bufs[ref], base_version[ref] + offset
                 if buf.version < version:

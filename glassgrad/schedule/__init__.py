@@ -77,10 +77,19 @@ class RealizedMap:
         self.owned_epoch = 0
 
     def __setitem__(self, node: UOp, view: UOp) -> None:
-        assign = node.op is OP_ASSIGN
-        if assign or _views_owned_buffer(view):
+        if node.op is OP_ASSIGN:
             self.owned_epoch += 1
-        self._put(self._map, node, (lambda: view) if assign else weakref.ref(view))
+            self._put(self._map, node, lambda: view)
+            return
+        # (every realized node: `_views_owned_buffer` and `_put` inline for the common view, reshapes of a buffer)
+        base = view
+        while base.op is OP_RESHAPE:
+            base = base.src[0]
+        if base.arg[0].owned if base.op is OP_BUFFER else _views_owned_buffer(view):
+            self.owned_epoch += 1
+        ref = _EntryRef(node, _forget_entry)
+        ref.table, ref.key = self._map, id(node)
+        self._map[ref.key] = (ref, weakref.ref(view))
 
     def set_assigned_value(self, value: UOp, view: UOp) -> None:
         """`value` was written into an assign target, whose buffer holds it at `view` (while the view lives). Unlike
@@ -701,7 +710,7 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     return found.instantiate() if isinstance(found, CachedSchedule) else found
 
 
-@dataclass
+@dataclass(slots=True)
 class CachedSchedule:
     """A graph whose structure the schedule cache holds: the template with what binds it to this graph (the walk's
     key, with the buffers in the slots, and nodes). `instantiate()` makes the schedule's items; a realize that needs
@@ -722,7 +731,7 @@ def find_schedule(outs: list[UOp]) -> CachedSchedule | tuple[list[ScheduleItem],
     originals = tuple([without_reshapes(o) for o in outs])
     # the walk (stopping at materialised nodes) and the structure key in one pass
     lift = bool(LIFT_CONSTANTS.value)
-    nodes, _, key = walk_graph(originals, outs, REALIZED.get, REALIZED.id_tables(), bool(SCACHE), lift)
+    nodes, _, key = walk_graph(originals, outs, REALIZED.get, REALIZED.id_tables(), bool(SCACHE.value), lift)
     # (the flags change the fusion, and the kernels' parameters)
     graph_key: tuple[Any, ...] = (FLASH_ATTENTION.value, lift, key.graph) if key is not None else ()
     marker = None

@@ -44,7 +44,7 @@ def reshape_chain(u: UOp) -> tuple[UOp, tuple[tuple[int, ...], ...]]:
     return u, tuple(reversed(shapes))
 
 
-@dataclass
+@dataclass(slots=True)
 class GraphKey:
     """A graph's structure (`graph`, hashable), the buffers in its slots, and each node's position in the walk.
     `consts`: the float32 constants that kernels take as parameters (uop/params.py), in walk order; the structure
@@ -133,21 +133,22 @@ def walk_graph(roots: tuple[UOp, ...], outs: list[UOp], realized: Callable[[UOp]
     nodes = list(position)
     if parts is None:
         return nodes, leaves, None
-    key = _graph_key(parts, roots, outs, slot_of, position)
-    key.consts = consts
-    return nodes, leaves, key
+    return nodes, leaves, _graph_key(parts, roots, outs, slot_of, position, consts)
 
 
 def _graph_key(parts: list[tuple[Any, ...]], roots: tuple[UOp, ...], outs: list[UOp], slot_of: dict[Buffer, int],
-               position: dict[UOp, int]) -> GraphKey:
+               position: dict[UOp, int], consts: list[UOp] | None = None) -> GraphKey:
     """The key from the nodes' parts: they, the roots' positions (where a SINK of them would be), and each output's
     node under its reshapes with the reshapes' shapes."""
     parts.append(("roots", *[position[r] for r in roots]))
     outputs = []
     for out in outs:
-        under, shapes = reshape_chain(out)
-        outputs.append((position[under], shapes))
-    return GraphKey((tuple(parts), tuple(outputs)), list(slot_of), position)
+        if out.op is OP_RESHAPE:
+            under, shapes = reshape_chain(out)
+            outputs.append((position[under], shapes))
+        else:  # (reshape_chain's answer without its call)
+            outputs.append((position[out], ()))
+    return GraphKey((tuple(parts), tuple(outputs)), list(slot_of), position, [] if consts is None else consts)
 
 
 def _add_leaf(parts: list[tuple[Any, ...]], node: UOp, view: UOp, slot_of: dict[Buffer, int]) -> bool:
@@ -204,6 +205,15 @@ class ScheduleTemplate:
     # per item, (parameter name, index into the key's consts) of each lifted constant that a graph constant gives:
     # a graph of this structure with other values gets its own values there (`var_vals`)
     param_slots: tuple[tuple[tuple[str, int], ...], ...] = ()
+    # per item, the bytes of its buffers (GlobalCounters.global_mem's count of a launch): fixed by the structure, whose
+    # key holds each slot's size and dtype
+    item_bytes: tuple[int, ...] = ()
+    # per view, (an earlier view whose node chain starts its own, or -1; how many of its reshapes that one covers):
+    # views of one buffer (a reduction's node and the output reshaped from it) share nodes, made once per replay
+    prefixes: tuple[tuple[int, int], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefixes", tuple(_shared_prefix(self.views, i) for i in range(len(self.views))))
 
     def var_vals(self, i: int, values: tuple[float, ...]) -> dict[str, int]:
         """Item i's `var_vals` for a graph whose constants (GraphKey.values) are `values`."""
@@ -245,7 +255,8 @@ class ScheduleTemplate:
         except KeyError:
             return None
         return ScheduleTemplate(tuple((b.device, b.size, b.dtype) for b in created), item_templates, view_templates,
-                                plan)
+                                plan, item_bytes=tuple(sum(b.size * b.dtype.itemsize for b in item.bufs)
+                                                       for item in items))
 
     def bind(self, key: GraphKey) -> tuple[list[Buffer], list[int]]:
         """The buffers this template's references stand for in the graph of `key`: the key's slots, then fresh
@@ -272,13 +283,28 @@ class ScheduleTemplate:
                   outs: list[UOp]) -> dict[UOp, UOp]:
         """{node: buffer view} for the graph whose walk is `nodes`, on the buffers (and versions) of `bind`."""
         views: dict[UOp, UOp] = {}
-        for is_out, index, (buf_ref, offset, shapes) in self.views:
+        made: list[UOp] = []
+        for (is_out, index, (buf_ref, offset, shapes)), (prefix, done) in zip(self.views, self.prefixes):
             buf = bufs[buf_ref]
-            view = UOp(OP_BUFFER, buf.dtype, (), (buf, base_version[buf_ref] + offset))
-            for shape in shapes:
+            view = made[prefix] if prefix >= 0 else UOp(OP_BUFFER, buf.dtype, (), (buf, base_version[buf_ref] + offset))
+            for shape in shapes[done:]:
                 view = UOp(OP_RESHAPE, buf.dtype, (view,), shape)
+            made.append(view)
             views[outs[index] if is_out else nodes[index]] = view
         return views
+
+
+def _shared_prefix(views: tuple[tuple[bool, int, ViewTemplate], ...], i: int) -> tuple[int, int]:
+    """(the earlier view with the longest chain that starts view i's: the same buffer and version, its reshapes a
+    prefix of i's; how many reshapes it has), or (-1, 0) where none does."""
+    _, _, (buf_ref, offset, shapes) = views[i]
+    best = (-1, 0)
+    for j in range(i):
+        _, _, (other_ref, other_offset, other_shapes) = views[j]
+        n = len(other_shapes)
+        if other_ref == buf_ref and other_offset == offset and shapes[:n] == other_shapes and n >= best[1]:
+            best = (j, n)
+    return best
 
 
 class ScheduleCache:

@@ -91,8 +91,11 @@ class Ops(Enum):
 # `Ops.X` is read through the enum metaclass's `__getattr__` hook on Python 3.11 (`EnumType` defines one, which
 # turns off the interpreter's fast attribute path for the class): ~85 ns a read, three times a plain class attribute.
 # The host paths that run for every node or every realize compare with these module constants instead.
-OP_BUFFER, OP_RESHAPE, OP_ASSIGN, OP_MULTI, OP_SHRINK, OP_COPY, OP_ALLREDUCE, OP_CONST = (
-    Ops.BUFFER, Ops.RESHAPE, Ops.ASSIGN, Ops.MULTI, Ops.SHRINK, Ops.COPY, Ops.ALLREDUCE, Ops.CONST)
+OP_BUFFER, OP_RESHAPE, OP_ASSIGN, OP_MULTI, OP_SHRINK, OP_COPY, OP_ALLREDUCE, OP_CONST, OP_MAX = (
+    Ops.BUFFER, Ops.RESHAPE, Ops.ASSIGN, Ops.MULTI, Ops.SHRINK, Ops.COPY, Ops.ALLREDUCE, Ops.CONST, Ops.MAX)
+OP_ADD, OP_MUL, OP_NEG = Ops.ADD, Ops.MUL, Ops.NEG  # (Tensor's +, * and -: every elementwise op of a model)
+OP_DEVICE, OP_ARANGE, OP_EXPAND, OP_PERMUTE, OP_PAD, OP_REDUCE_AXIS, OP_GATHER, OP_SCATTER, OP_BITCAST = (
+    Ops.DEVICE, Ops.ARANGE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.REDUCE_AXIS, Ops.GATHER, Ops.SCATTER, Ops.BITCAST)
 
 
 class GroupOp:
@@ -125,20 +128,33 @@ def _arg_key(arg: Any) -> Any:
     if kind is tuple:
         for a in arg:  # (a loop, not all(): shapes are the most common argument)
             t = type(a)  # only floats, bools and tuples have keys other than themselves (a BUFFER's (buffer, version)
-            if t is not int and (t is float or t is bool or t is tuple or isinstance(a, float)):  # is its own key)
-                keys = [_arg_key(a) for a in arg]
-                # a tuple of tuples that are their own keys (a reduction's (op, axes), a pad's pairs of ints) is too
-                return arg if all(k is a for k, a in zip(keys, arg)) else tuple(keys)
+            if t is int:  # is its own key)
+                continue
+            if t is tuple:  # (a reduction's (op, axes), a pad's pairs: a tuple of ints is its own key, no recursion)
+                for b in a:
+                    if type(b) is not int:
+                        return _tuple_key(arg)
+            elif t is float or t is bool or isinstance(a, float):
+                return _tuple_key(arg)
         return arg
     if isinstance(arg, float):  # numpy floats
         return ("f", struct.pack("<d", arg))
     return arg
 
 
-class UOp:
-    """One node of the graph. Never mutate one: build a new node instead (they are shared)."""
+def _tuple_key(arg: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`_arg_key` of a tuple holding a float, a bool, or a tuple that is not all ints: each element's key (the tuple
+    itself where every element is its own key)."""
+    keys = [_arg_key(a) for a in arg]
+    return arg if all(k is a for k, a in zip(keys, arg)) else tuple(keys)
+
+
+class _UOpFields:
+    """A UOp's fields. `UOp.__new__` writes them on an instance of this plain class, whose attribute writes are the
+    interpreter's own slot stores (~35 ns for the eight, against ~270 through the slots' descriptors), then makes it a
+    UOp (`__class__`: the same layout), whose `__setattr__` refuses every later write: nodes are shared, never
+    changed."""
     __slots__ = ("op", "dtype", "src", "arg", "arg_key", "_shape", "_range", "_device", "__weakref__")
-    _cache: ClassVar[dict[tuple, _CacheRef]] = {}
 
     op: Ops
     dtype: DType
@@ -149,41 +165,37 @@ class UOp:
     _range: tuple[ConstType, ConstType] | None
     _device: str | tuple[str, ...] | None
 
+
+class UOp(_UOpFields):
+    """One node of the graph. Never mutate one: build a new node instead (they are shared)."""
+    __slots__ = ()
+    _cache: ClassVar[dict[tuple, _CacheRef]] = {}
+
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
         arg_key = arg if arg is None else _arg_key(arg)  # (ALU nodes have none: no call)
         key = (op, dtype, src, arg_key)
         ref = UOp._cache.get(key)
         if ref is not None and (hit := ref()) is not None:
             return hit
-        node = object.__new__(cls)
-        # UOp's own __setattr__ refuses (nodes are immutable once made), so the fields are set through their slot
-        # descriptors, which is also what object.__setattr__ would end up calling, without its lookup of the name
-        _set_op(node, op)
-        _set_dtype(node, dtype)
-        _set_src(node, src)
-        _set_arg(node, arg)
-        _set_arg_key(node, arg_key)
+        node = object.__new__(_UOpFields)  # (filled with plain writes, then made a UOp: see _UOpFields)
+        node.op, node.dtype, node.src, node.arg, node.arg_key, node._range = op, dtype, src, arg, arg_key, None
         # the cached properties are computed when first asked, except what a node can take at no cost now (see
         # `_AT_BIRTH`): an elementwise node's shape and device are its first source's when that source knows them (so
         # `x * 2` on a known x knows them too), a reshape's or expand's shape is its argument
         birth = _AT_BIRTH.get(op)
         if birth == _FIRST and src:  # (the most common node first)
             first = src[0]
-            _set_shape(node, first._shape)
-            _set_device(node, first._device)
+            node._shape, node._device = first._shape, first._device
         elif birth == _ARG and src:
-            _set_shape(node, arg)
-            _set_device(node, src[0]._device)
+            node._shape, node._device = arg, src[0]._device
         elif birth == _BUFFER:  # arg (buffer, version)
-            _set_shape(node, (arg[0].size,))
-            _set_device(node, arg[0].device)
+            node._shape, node._device = (arg[0].size,), arg[0].device
         else:
-            _set_shape(node, None)
-            _set_device(node, None)
-        _set_range(node, None)
+            node._shape = node._device = None
+        node.__class__ = cls
         ref = UOp._cache[key] = _CacheRef(node, _forget)
         ref.key = key  # (set here: a constructor taking it would cost a Python call per node)
-        return node
+        return node  # type: ignore[return-value]  # (a UOp now)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("UOp is immutable; build a new one")
@@ -459,55 +471,56 @@ def _forget(ref: _CacheRef) -> None:
 
 
 def _slot_setter(name: str) -> Callable[[UOp, Any], None]:
-    """The setter of one of UOp's fields (its slot descriptor's __set__), for UOp.__new__ and the cached properties."""
-    setter: Callable[[UOp, Any], None] = vars(UOp)[name].__set__
+    """The setter of one of UOp's fields (its slot descriptor's __set__), for the cached properties (a node's shape,
+    device and range, found when first asked: UOp's own __setattr__ refuses writes)."""
+    setter: Callable[[UOp, Any], None] = vars(_UOpFields)[name].__set__
     return setter
 
 
-_set_op, _set_dtype, _set_src, _set_arg, _set_arg_key = (_slot_setter(name) for name in ("op", "dtype", "src", "arg",
-                                                                                       "arg_key"))
 _set_shape, _set_range, _set_device = (_slot_setter(name) for name in ("_shape", "_range", "_device"))
 
 
 def _infer_shape(u: UOp) -> tuple[int, ...]:
+    """A node's shape from its sources' (module constants, not `Ops.X`: a reduction's shape is asked at every build)."""
     op, arg = u.op, u.arg
     if op in _SAME_SHAPE_AS_SOURCES:  # the most common node, first: its sources have one shape (broadcast already)
         return u.src[0].shape
-    if op in (Ops.CONST, Ops.DEVICE) or op not in _SHAPED:
+    if op is OP_CONST or op is OP_DEVICE or op not in _SHAPED:
         return ()
-    if op is Ops.BUFFER:
+    if op is OP_BUFFER:
         return (arg[0].size,)
-    if op is Ops.ARANGE:
+    if op is OP_ARANGE:
         return (arg,)
-    if op in (Ops.RESHAPE, Ops.EXPAND):
+    if op is OP_RESHAPE or op is OP_EXPAND:
         return tuple(arg)
     src = u.src[0].shape
-    if op is Ops.PERMUTE:
+    if op is OP_PERMUTE:
         return tuple(src[i] for i in arg)
-    if op is Ops.PAD:
+    if op is OP_PAD:
         padded = tuple(s + b + a for s, (b, a) in zip(src, arg))
         if any(isinstance(x, UOp) for x in padded):  # a symbolic size (glassgrad/uop/sint.py): keep it simplified
             from glassgrad.uop.sint import as_sint
             padded = tuple(as_sint(x) for x in padded)
         return padded
-    if op is Ops.SHRINK:
+    if op is OP_SHRINK:
         sizes = tuple(e - b for b, e in arg)
         if any(isinstance(x, UOp) for x in sizes):  # symbolic bounds (glassgrad/uop/sint.py): keep sizes simplified
             from glassgrad.uop.sint import as_sint
             sizes = tuple(as_sint(x) for x in sizes)
         return sizes
-    if op is Ops.REDUCE_AXIS:
-        return tuple(1 if i in arg[1] else s for i, s in enumerate(src))
-    if op is Ops.GATHER:
+    if op is OP_REDUCE_AXIS:
+        axes = arg[1]
+        return tuple([1 if i in axes else s for i, s in enumerate(src)])
+    if op is OP_GATHER:
         return tuple(1 if i in arg else s for i, s in enumerate(src))
-    if op is Ops.SCATTER:
+    if op is OP_SCATTER:
         return tuple(1 if i in arg[1] else s for i, s in enumerate(src))
-    if op is Ops.MULTI and arg is not None:  # the parts joined along the axis
+    if op is OP_MULTI and arg is not None:  # the parts joined along the axis
         return tuple(sum(p.shape[arg] for p in u.src) if i == arg else s for i, s in enumerate(src))
-    if op is Ops.BITCAST and u.dtype.itemsize != u.src[0].dtype.itemsize:
+    if op is OP_BITCAST and u.dtype.itemsize != u.src[0].dtype.itemsize:
         return (*src[:-1], src[-1] * u.src[0].dtype.itemsize // u.dtype.itemsize)
     # elementwise: every shaped source has the same shape (the Tensor layer broadcasts first)
-    return next((s.shape for s in u.src if s.op is not Ops.DEVICE), ())
+    return next((s.shape for s in u.src if s.op is not OP_DEVICE), ())
 
 
 _SAME_SHAPE_AS_SOURCES = GroupOp.ALU | {Ops.CAST}
