@@ -322,16 +322,19 @@ class Buffer:
         if self._handle is None:
             if self.block is not None:
                 self._handle = self.block.handle
-            else:  # (`device` is canonical: the registry's table, its lookup only for a device not opened yet)
-                dev = Device._devices.get(self.device) or Device[self.device]
-                self._handle = dev.allocator.alloc(max(self.nbytes, 1))
+            else:
+                self._handle = self._allocator().alloc(max(self.nbytes, 1))
         return self._handle
+
+    def _allocator(self) -> Allocator:
+        """The device's allocator (`device` is canonical: the registry's table, its lookup only for a device not
+        opened yet; every allocation and free asks)."""
+        return (Device._devices.get(self.device) or Device[self.device]).allocator
 
     def __del__(self) -> None:
         if self._handle is not None and self.block is None:
             try:
-                (Device._devices.get(self.device) or Device[self.device]).allocator.free(self._handle,
-                                                                                         max(self.nbytes, 1))
+                self._allocator().free(self._handle, max(self.nbytes, 1))
             except Exception:  # interpreter shutdown: nothing to give back to
                 pass
 

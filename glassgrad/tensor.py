@@ -771,10 +771,12 @@ class Tensor(_CastShortcuts, NNOps, MathOps, ShapeOps, LinalgOps, ExtraOps, InPl
         readers = _readers_of_overwritten(pending) if _PENDING_ASSIGNS else []
         pending += readers
         outs = [t.uop for t in pending]
-        unchanged: set[UOp] = set()
-        lowered = lower(outs, REALIZED.get, unchanged) if multi_in_use() else outs
-        if lowered is not outs and all(low is out for low, out in zip(lowered, outs)):
-            lowered = outs  # (nothing on several devices: realized exactly as in a process that never sharded)
+        lowered, unchanged = outs, None
+        if multi_in_use():
+            unchanged = set[UOp]()
+            lowered = lower(outs, REALIZED.get, unchanged)
+            if all(low is out for low, out in zip(lowered, outs)):
+                lowered = outs  # (nothing on several devices: realized exactly as in a process that never sharded)
         try:
             views = schedule_and_run([p for u in lowered for p in (u.src if u.op is OP_MULTI else (u,))])
         except BaseException as e:
